@@ -1,0 +1,16 @@
+#pragma once
+// Entry points the backend calls: one per collective, algorithm chosen here.
+#include "algorithms/comm.h"
+#include "algorithms/select.h"
+
+namespace smdccl {
+
+void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t);
+// buf holds the full input (size() blocks); on return block rank() holds the result.
+void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t);
+// On entry block rank() of buf is filled; on return all blocks are.
+void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t);
+void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t);
+void barrier(Comm& c);
+
+}  // namespace smdccl

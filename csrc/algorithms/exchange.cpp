@@ -1,0 +1,157 @@
+#include "algorithms/exchange.h"
+
+#include <poll.h>
+#include <sched.h>
+
+#include <chrono>
+
+#include "common/error.h"
+
+namespace smdccl {
+
+std::string OpContext::describe() const {
+  return strCat(op, " #", seq, " on group '", group, "' (rank ", rank, ")");
+}
+
+Exchange& Exchange::send(Link& link, const void* buf, size_t bytes) {
+  t_.push_back({&link, Kind::Send, const_cast<char*>(static_cast<const char*>(buf)), bytes, 0,
+                DType::U8, RedOp::Sum});
+  return *this;
+}
+
+Exchange& Exchange::recv(Link& link, void* buf, size_t bytes) {
+  t_.push_back({&link, Kind::Recv, static_cast<char*>(buf), bytes, 0, DType::U8, RedOp::Sum});
+  return *this;
+}
+
+Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op) {
+  t_.push_back({&link, Kind::RecvReduce, static_cast<char*>(buf), bytes, 0, dtype, op});
+  return *this;
+}
+
+static inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+bool Exchange::progressOnce(bool* allDone) {
+  bool progressed = false;
+  *allDone = true;
+  for (auto& t : t_) {
+    if (t.done == t.bytes) continue;  // zero-length, or finished earlier
+    // Keep moving on this transfer while it makes progress: fewer trips
+    // through the loop for large messages.
+    while (t.done < t.bytes) {
+      size_t left = t.bytes - t.done;
+      size_t k;
+      try {
+        switch (t.kind) {
+          case Kind::Send: k = t.link->send(t.buf + t.done, left); break;
+          case Kind::Recv: k = t.link->recv(t.buf + t.done, left); break;
+          default: k = t.link->recvReduce(t.buf + t.done, left, t.dtype, t.op); break;
+        }
+      } catch (const CommError& e) {
+        throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
+      }
+      if (k == 0) break;
+      t.done += k;
+      progressed = true;
+    }
+    if (t.done == t.bytes) {
+      if (t.kind == Kind::Send) t.link->endSend();
+      else t.link->endRecv();
+    } else {
+      *allDone = false;
+    }
+  }
+  return progressed;
+}
+
+void Exchange::run() {
+  using Clock = std::chrono::steady_clock;
+  // Zero-length transfers complete at once but still mark message ends.
+  bool allDone = false;
+  auto idleSince = Clock::now();
+  auto lastHealth = idleSince;
+  int polls = 0;
+  while (true) {
+    if (progressOnce(&allDone)) {
+      if (allDone) break;
+      idleSince = Clock::now();
+      continue;
+    }
+    if (allDone) break;
+    // Nothing moved: back off, gently at first.
+    if ((++polls & 63) != 0) {
+      cpuRelax();
+      continue;
+    }
+    auto now = Clock::now();
+    auto idleUs = std::chrono::duration_cast<std::chrono::microseconds>(now - idleSince).count();
+    if (idleUs < ctx_.wait.spinUs) continue;
+    if (now - lastHealth > std::chrono::milliseconds(100)) {
+      checkHealth();
+      lastHealth = now;
+    }
+    if (idleUs < ctx_.wait.spinUs + ctx_.wait.yieldUs) {
+      sched_yield();
+      continue;
+    }
+    sleepForProgress();
+  }
+  t_.clear();
+}
+
+void Exchange::sleepForProgress() {
+  std::vector<pollfd> fds;
+  bool anyShm = false;
+  for (auto& t : t_) {
+    if (t.done == t.bytes) continue;
+    int fd = t.link->pollFd();
+    if (fd < 0) anyShm = true;
+    else fds.push_back({fd, static_cast<short>(t.kind == Kind::Send ? POLLOUT : POLLIN), 0});
+  }
+  if (!fds.empty()) {
+    // Shared-memory progress does not wake poll(): keep the nap short then.
+    poll(fds.data(), fds.size(), anyShm ? 1 : 20);
+    return;
+  }
+  if (!bell_) return;
+  bell_->sleeping.store(1, std::memory_order_seq_cst);
+  uint32_t seen = bell_->count.load(std::memory_order_seq_cst);
+  bool allDone = false;
+  // Re-check after arming: a peer that moved data before we armed rang the
+  // bell already, so the futex would not sleep on the stale value anyway.
+  if (!progressOnce(&allDone) && !allDone) futexWait(&bell_->count, seen, 20000);
+  bell_->sleeping.store(0, std::memory_order_relaxed);
+}
+
+void Exchange::checkHealth() {
+  for (auto& t : t_) {
+    if (t.done == t.bytes) continue;
+    try {
+      t.link->checkPeerAlive();
+    } catch (const CommError& e) {
+      throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
+    }
+  }
+  if (ctx_.deadline.expired()) timeout();
+}
+
+void Exchange::timeout() {
+  std::string waiting;
+  for (auto& t : t_) {
+    if (t.done == t.bytes) continue;
+    waiting += strCat(waiting.empty() ? "" : "; ", t.kind == Kind::Send ? "sending to" : "receiving from",
+                      " rank ", t.link->peer(), " (", t.done, " of ", t.bytes, " bytes, ",
+                      t.link->kind(), ")");
+  }
+  throw CommError(CommError::Kind::Timeout,
+                  strCat("smdccl: ", ctx_.describe(), " timed out waiting: ", waiting,
+                         ". Is that rank alive and did it call the same collective?"));
+}
+
+}  // namespace smdccl

@@ -1,0 +1,56 @@
+// Recursive doubling allreduce: log2(p) rounds of whole-buffer exchanges,
+// latency-optimal for small messages. Non-power-of-two sizes fold the extra
+// ranks into partners first and hand them the result at the end. Every
+// pair computes a op b in the same order on both sides, so all ranks end
+// with bitwise-identical results.
+#include <memory>
+
+#include "algorithms/comm.h"
+#include "kernels/cpu/reduce.h"
+
+namespace smdccl {
+
+void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op) {
+  int p = c.size();
+  if (p == 1 || count == 0) return;
+  size_t bytes = count * elementSize(dt);
+  int r = c.rank();
+  int pof2 = 1;
+  while (pof2 * 2 <= p) pof2 *= 2;
+  int rem = p - pof2;
+  std::unique_ptr<char[]> tmp(new char[bytes]);
+  Exchange ex = c.exchange();
+
+  // Fold: among the first 2*rem ranks, even ones give their data to the odd
+  // neighbour and sit out the doubling.
+  int vrank;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      ex.send(c.link(r + 1), buf, bytes).run();
+      vrank = -1;
+    } else {
+      ex.recvReduce(c.link(r - 1), buf, bytes, dt, op).run();
+      vrank = r / 2;
+    }
+  } else {
+    vrank = r - rem;
+  }
+
+  if (vrank >= 0) {
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      int vpeer = vrank ^ mask;
+      int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+      ex.send(c.link(peer), buf, bytes).recv(c.link(peer), tmp.get(), bytes).run();
+      // Lower rank's data first on both sides: identical rounding everywhere.
+      if (peer < r) reduceTo(buf, tmp.get(), buf, count, dt, op);
+      else reduceInto(buf, tmp.get(), count, dt, op);
+    }
+  }
+
+  if (r < 2 * rem) {
+    if (r % 2 == 0) ex.recv(c.link(r + 1), buf, bytes).run();
+    else ex.send(c.link(r - 1), buf, bytes).run();
+  }
+}
+
+}  // namespace smdccl

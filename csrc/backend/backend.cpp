@@ -1,0 +1,152 @@
+#include "backend/backend.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "backend/store_adapter.h"
+#include "common/env.h"
+#include "common/log.h"
+#include "topology/topology.h"
+
+namespace smdccl {
+
+namespace {
+
+std::string hostKey() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(host) + "/" + boot;
+}
+
+int usableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
+// Spinning only pays while every local rank's progress thread has a core;
+// oversubscribed, a spinner steals the core of the rank it waits for.
+WaitPolicy pickWaitPolicy(int localRanks) {
+  WaitPolicy w;
+  bool oversubscribed = localRanks > usableCores();
+  int64_t spin = envInt(env::kSpinUs);
+  w.spinUs = spin >= 0 ? static_cast<int>(spin) : (oversubscribed ? 0 : 50);
+  w.yieldUs = oversubscribed ? 300 : 2000;
+  return w;
+}
+
+int pickIdleSpin(int localRanks) {
+  int64_t v = envInt(env::kIdleSpinUs);
+  if (v >= 0) return static_cast<int>(v);
+  return localRanks > usableCores() ? 20 : 200;
+}
+
+Topology buildTopology(KVStore& store, const BackendConfig& cfg, Deadline deadline) {
+  std::vector<int> spec = parseTopologySpec(envString(env::kTopology));
+  if (!spec.empty()) {
+    bool wholeWorld = static_cast<int>(cfg.globalRanks.size()) == cfg.worldSize;
+    return topologyFromSpec(spec, cfg.globalRanks, wholeWorld);
+  }
+  return topologyFromHostKeys(
+      allGatherStrings(store, "smdccl/host", cfg.rank, cfg.size, hostKey(), deadline));
+}
+
+}  // namespace
+
+SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg)
+    : ::c10d::Backend(cfg.rank, cfg.size),
+      cfg_(std::move(cfg)),
+      store_(std::make_unique<C10dStoreAdapter>(std::move(store))),
+      timeoutMs_(cfg_.timeout.count()) {
+  if (cfg_.globalRanks.empty())
+    for (int r = 0; r < cfg_.size; ++r) cfg_.globalRanks.push_back(r);
+  if (cfg_.worldSize <= 0) cfg_.worldSize = cfg_.size;
+  setLogRank(cfg_.globalRanks[cfg_.rank]);
+  tuning_ = Tuning::fromEnv();
+  Deadline deadline = Deadline::after(cfg_.timeout);
+
+  MeshConfig mc;
+  mc.rank = cfg_.rank;
+  mc.size = cfg_.size;
+  mc.topology = buildTopology(*store_, cfg_, deadline);
+  mc.masterAddr = cfg_.masterAddr;
+  mc.shmRingBytes = static_cast<size_t>(envInt(env::kShmRingKB)) << 10;
+  mesh_ = std::make_unique<Mesh>(*store_, mc, deadline);
+  ring_ = mc.topology.ringOrder();
+  p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName);
+  int local = static_cast<int>(mesh_->localRanks().size());
+  waitPolicy_ = pickWaitPolicy(local);
+  progress_ = std::make_unique<ProgressThread>(pickIdleSpin(local));
+  SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",
+              mc.topology.describe(), "; spin ", waitPolicy_.spinUs, " us, yield ",
+              waitPolicy_.yieldUs, " us");
+}
+
+SmdcclBackend::~SmdcclBackend() {
+  progress_.reset();  // finishes queued work first
+  p2p_.reset();
+  mesh_.reset();
+}
+
+c10::intrusive_ptr<::c10d::Backend::Options> SmdcclBackend::getBackendOptions() {
+  auto o = c10::make_intrusive<Options>("smdccl", std::chrono::milliseconds(timeoutMs_.load()));
+  o->group_name = cfg_.groupName;
+  for (int g : cfg_.globalRanks) o->global_ranks_in_group.push_back(static_cast<uint64_t>(g));
+  return o;
+}
+
+std::chrono::milliseconds SmdcclBackend::effectiveTimeout(std::chrono::milliseconds op) const {
+  if (op > std::chrono::milliseconds(0)) return op;
+  return std::chrono::milliseconds(timeoutMs_.load());
+}
+
+c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, const char* name,
+                                                        std::vector<at::Tensor> outputs,
+                                                        std::function<void(Comm&)> body,
+                                                        std::chrono::milliseconds opTimeout) {
+  uint64_t seq = ++seq_;
+  auto work = c10::make_intrusive<SmdcclWork>(
+      rank_, type, nullptr, std::move(outputs),
+      strCat("smdccl ", name, " #", seq, " on group '", cfg_.groupName, "'"));
+  auto timeout = effectiveTimeout(opTimeout);
+  progress_->post([this, work, body = std::move(body), seq, name, timeout] {
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lock(fatalMu_);
+      err = fatal_;
+    }
+    if (err) {
+      // Streams between ranks are out of step after a failure: fail fast.
+      work->complete(err);
+      return;
+    }
+    work->markStarted();
+    OpContext ctx;
+    ctx.op = name;
+    ctx.group = cfg_.groupName;
+    ctx.rank = rank_;
+    ctx.seq = seq;
+    ctx.deadline = Deadline::after(timeout);
+    ctx.wait = waitPolicy_;
+    Comm c{*mesh_, ctx, ring_};
+    try {
+      body(c);
+    } catch (const CommError& e) {
+      SMDCCL_WARN(e.what());
+      err = toTorchError(std::current_exception());
+      std::lock_guard<std::mutex> lock(fatalMu_);
+      fatal_ = err;
+    } catch (...) {
+      err = toTorchError(std::current_exception());
+    }
+    work->complete(err);
+  });
+  return work;
+}
+
+}  // namespace smdccl

@@ -1,0 +1,120 @@
+#pragma once
+// smdccl as a c10d::Backend. The only layer (with bindings.cpp) that knows
+// torch: it validates arguments at call time, then queues each collective on
+// its progress thread and returns a Work at once.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "algorithms/comm.h"
+#include "algorithms/select.h"
+#include "backend/progress_thread.h"
+#include "backend/tensor_checks.h"
+#include "backend/work.h"
+#include "common/store.h"
+#include "transport/mesh.h"
+#include "transport/p2p_engine.h"
+
+namespace smdccl {
+
+struct BackendConfig {
+  int rank = 0;
+  int size = 1;
+  std::string groupName;
+  std::vector<int> globalRanks;  // of the group's members, by group rank
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  std::string masterAddr;  // interface hint
+  int worldSize = 0;       // of the default group (to validate SMDCCL_TOPOLOGY)
+};
+
+class SmdcclBackend : public ::c10d::Backend {
+ public:
+  SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg);
+  ~SmdcclBackend() override;
+
+  const std::string getBackendName() const override { return "smdccl"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setTimeout(std::chrono::milliseconds timeout) override { timeoutMs_ = timeout.count(); }
+
+  c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const ::c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs,
+                                             const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                   const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& outputSplits,
+                                                 std::vector<int64_t>& inputSplits,
+                                                 const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                            std::vector<at::Tensor>& inputs,
+                                            const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                        int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                        int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                                 int tag) override;
+  c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+  // Introspection for tests and `python -m smdccl.info`.
+  std::string describeTopology() const { return mesh_->topology().describe(); }
+  std::vector<int> localRanks() const { return mesh_->localRanks(); }
+
+ private:
+  // Runs `body` on the progress thread with a fresh deadline; the Work
+  // completes with `outputs` or the error.
+  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name,
+                                           std::vector<at::Tensor> outputs,
+                                           std::function<void(Comm&)> body,
+                                           std::chrono::milliseconds opTimeout);
+  std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
+  // The data parts of reduce-scatter shared by its three entry points.
+  void runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output, const ReduceSpec& spec);
+
+  BackendConfig cfg_;
+  std::unique_ptr<KVStore> store_;
+  std::unique_ptr<Mesh> mesh_;
+  std::unique_ptr<P2PEngine> p2p_;
+  std::vector<int> ring_;
+  Tuning tuning_;
+  WaitPolicy waitPolicy_;
+  std::atomic<int64_t> timeoutMs_;
+  uint64_t seq_ = 0;  // issue order, caller threads
+  std::mutex fatalMu_;
+  std::exception_ptr fatal_;  // a failed collective leaves the group unusable
+  std::unique_ptr<ProgressThread> progress_;  // last: stops first
+};
+
+}  // namespace smdccl

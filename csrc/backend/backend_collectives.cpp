@@ -1,0 +1,522 @@
+// The collectives of SmdcclBackend: argument checks on the caller's thread,
+// data movement on the progress thread (see enqueue()).
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <map>
+
+#include "algorithms/collectives.h"
+#include "backend/backend.h"
+#include "backend/tensor_checks.h"
+#include "common/error.h"
+
+namespace smdccl {
+
+using ::c10d::OpType;
+using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
+
+namespace {
+
+Blocks equalBlocks(int parts, size_t bytesEach) {
+  return Blocks::fromLengths(std::vector<size_t>(parts, bytesEach));
+}
+
+void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int size,
+                     const char* op, const char* what) {
+  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == size, "smdccl: ", op, ": ", what,
+                    " must hold one tensor per rank (", size, "), got ", list.size());
+  for (size_t i = 0; i < list.size(); ++i)
+    checkSameShapeAndType(list[i], ref, op, strCat(what, "[", i, "]"));
+}
+
+// Copies tensors into / out of consecutive blocks of a flat buffer.
+void packInto(char* dst, const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) {
+    std::memcpy(dst, t.data_ptr(), t.nbytes());
+    dst += t.nbytes();
+  }
+}
+void unpackFrom(const char* src, std::vector<at::Tensor>& ts) {
+  for (auto& t : ts) {
+    std::memcpy(t.data_ptr(), src, t.nbytes());
+    src += t.nbytes();
+  }
+}
+
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  auto* a0 = bytesOf(a);
+  auto* b0 = bytesOf(b);
+  return a.nbytes() && b.nbytes() && a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- allreduce
+
+WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                 const ::c10d::AllreduceOptions& opts) {
+  at::Tensor t = checkSingle(tensors, "allreduce");
+  ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
+  DType dt = toDType(t.scalar_type(), "allreduce");
+  Tuning tuning = tuning_;
+  return enqueue(
+      OpType::ALLREDUCE, "allreduce", tensors,
+      [t, spec, dt, tuning](Comm& c) mutable {
+        applyPreScale(t, spec);
+        smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
+        applyPostDivide(t, spec);
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                           const ::c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "smdccl: allreduce_coalesced needs at least one tensor");
+  std::vector<ReduceSpec> specs;
+  for (auto& t : tensors) {
+    checkTensor(t, "allreduce_coalesced", "tensor");
+    specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
+  }
+  Tuning tuning = tuning_;
+  std::vector<at::Tensor> ts = tensors;
+  return enqueue(
+      OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
+      [ts, specs, tuning](Comm& c) mutable {
+        // One flat buffer per dtype: one collective each instead of one per tensor.
+        std::map<at::ScalarType, std::vector<size_t>> byType;
+        for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
+        for (auto& [type, idx] : byType) {
+          std::vector<at::Tensor> group;
+          int64_t total = 0;
+          for (size_t i : idx) {
+            applyPreScale(ts[i], specs[i]);
+            group.push_back(ts[i]);
+            total += ts[i].numel();
+          }
+          at::Tensor flat = at::empty({total}, group[0].options());
+          packInto(bytesOf(flat), group);
+          smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), toDType(type, "allreduce"),
+                    specs[idx[0]].op, tuning);
+          unpackFrom(bytesOf(flat), group);
+          for (size_t i : idx) applyPostDivide(ts[i], specs[i]);
+        }
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) {
+  at::Tensor t = checkSingle(tensors, "reduce");
+  checkRank(opts.rootRank, size_, "reduce", "root rank");
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "smdccl: reduce: rootTensor must be 0");
+  ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "reduce");
+  DType dt = toDType(t.scalar_type(), "reduce");
+  bool isRoot = opts.rootRank == rank_;
+  Tuning tuning = tuning_;
+  return enqueue(
+      OpType::REDUCE, "reduce", tensors,
+      [t, spec, dt, isRoot, tuning](Comm& c) mutable {
+        // Non-roots reduce a scratch copy: their input stays as it was.
+        at::Tensor buf = isRoot ? t : t.clone();
+        applyPreScale(buf, spec);
+        smdccl::allreduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
+        applyPostDivide(buf, spec);
+      },
+      opts.timeout);
+}
+
+// ---------------------------------------------------------------- broadcast
+
+WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                 const ::c10d::BroadcastOptions& opts) {
+  at::Tensor t = checkSingle(tensors, "broadcast");
+  checkRank(opts.rootRank, size_, "broadcast", "root rank");
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "smdccl: broadcast: rootTensor must be 0");
+  int root = static_cast<int>(opts.rootRank);
+  Tuning tuning = tuning_;
+  return enqueue(
+      OpType::BROADCAST, "broadcast", tensors,
+      [t, root, tuning](Comm& c) { smdccl::broadcast(c, bytesOf(t), t.nbytes(), root, tuning); },
+      opts.timeout);
+}
+
+// ---------------------------------------------------------------- allgather
+
+WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                 std::vector<at::Tensor>& inputs,
+                                 const ::c10d::AllgatherOptions& opts) {
+  at::Tensor in = checkSingle(inputs, "allgather");
+  TORCH_CHECK_VALUE(outputs.size() == 1, "smdccl: allgather takes one output list per rank");
+  checkOutputList(outputs[0], in, size_, "allgather", "output_tensor_list");
+  std::vector<at::Tensor> outs = outputs[0];
+  Tuning tuning = tuning_;
+  return enqueue(
+      OpType::ALLGATHER, "allgather", outs,
+      [in, outs, tuning](Comm& c) mutable {
+        size_t each = in.nbytes();
+        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
+        if (each) std::memcpy(bytesOf(flat) + each * c.rank(), bytesOf(in), each);
+        smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
+        unpackFrom(bytesOf(flat), outs);
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                       const ::c10d::AllgatherOptions& opts) {
+  checkTensor(input, "all_gather_into_tensor", "input");
+  checkTensor(output, "all_gather_into_tensor", "output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
+                    "smdccl: all_gather_into_tensor: output dtype ", output.scalar_type(),
+                    " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
+                    "smdccl: all_gather_into_tensor: output must have world_size (", size_,
+                    ") x input elements = ", input.numel() * size_, ", got ", output.numel());
+  at::Tensor in = input, out = output;
+  Tuning tuning = tuning_;
+  return enqueue(
+      OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
+      [in, out, tuning](Comm& c) {
+        size_t each = in.nbytes();
+        char* mine = bytesOf(out) + each * c.rank();
+        if (each && mine != bytesOf(in)) std::memmove(mine, bytesOf(in), each);
+        smdccl::allgather(c, bytesOf(out), equalBlocks(c.size(), each), tuning);
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
+                                           std::vector<at::Tensor>& inputs,
+                                           const ::c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputLists.size() == inputs.size(),
+                    "smdccl: allgather_coalesced: one output list per input tensor expected");
+  std::vector<at::Tensor> allOutputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "allgather_coalesced", "input");
+    checkOutputList(outputLists[i], inputs[i], size_, "allgather_coalesced", "output list");
+    allOutputs.insert(allOutputs.end(), outputLists[i].begin(), outputLists[i].end());
+  }
+  std::vector<at::Tensor> ins = inputs;
+  std::vector<std::vector<at::Tensor>> outs = outputLists;
+  Tuning tuning = tuning_;
+  return enqueue(
+      OpType::ALLGATHER_COALESCED, "allgather_coalesced", allOutputs,
+      [ins, outs, tuning](Comm& c) mutable {
+        // All inputs travel as one message: rank r's block is its inputs packed.
+        size_t each = 0;
+        for (auto& t : ins) each += t.nbytes();
+        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
+        packInto(bytesOf(flat) + each * c.rank(), ins);
+        smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
+        for (int r = 0; r < c.size(); ++r) {
+          const char* src = bytesOf(flat) + each * r;
+          for (size_t i = 0; i < ins.size(); ++i) {
+            std::memcpy(outs[i][r].data_ptr(), src, ins[i].nbytes());
+            src += ins[i].nbytes();
+          }
+        }
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const ::c10d::AllgatherOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "smdccl: allgather_into_tensor_coalesced: ", inputs.size(), " inputs but ",
+                    outputs.size(), " outputs");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "allgather_into_tensor_coalesced", "input");
+    checkTensor(outputs[i], "allgather_into_tensor_coalesced", "output");
+    TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_ &&
+                          outputs[i].scalar_type() == inputs[i].scalar_type(),
+                      "smdccl: allgather_into_tensor_coalesced: output ", i,
+                      " must have the input's dtype and world_size x its elements");
+  }
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  Tuning tuning = tuning_;
+  return enqueue(
+      OpType::COALESCED, "allgather_into_tensor_coalesced", outputs,
+      [ins, outs, tuning](Comm& c) mutable {
+        size_t each = 0;
+        for (auto& t : ins) each += t.nbytes();
+        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
+        packInto(bytesOf(flat) + each * c.rank(), ins);
+        smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
+        for (int r = 0; r < c.size(); ++r) {
+          const char* src = bytesOf(flat) + each * r;
+          for (size_t i = 0; i < ins.size(); ++i) {
+            std::memcpy(bytesOf(outs[i]) + ins[i].nbytes() * r, src, ins[i].nbytes());
+            src += ins[i].nbytes();
+          }
+        }
+      },
+      opts.timeout);
+}
+
+// ---------------------------------------------------------------- gather / scatter
+
+WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                              std::vector<at::Tensor>& inputs, const ::c10d::GatherOptions& opts) {
+  at::Tensor in = checkSingle(inputs, "gather");
+  checkRank(opts.rootRank, size_, "gather", "root rank");
+  int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> outs;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(outputs.size() == 1, "smdccl: gather: the root needs one output list");
+    checkOutputList(outputs[0], in, size_, "gather", "gather_list");
+    outs = outputs[0];
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
+                      "smdccl: gather: only the root (rank ", root, ") passes gather_list");
+  }
+  return enqueue(
+      OpType::GATHER, "gather", outs,
+      [in, outs, root](Comm& c) mutable {
+        size_t each = in.nbytes();
+        if (c.rank() != root) {
+          directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
+          return;
+        }
+        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
+        if (each) std::memcpy(bytesOf(flat) + each * root, bytesOf(in), each);
+        directGather(c, bytesOf(in), each, bytesOf(flat), equalBlocks(c.size(), each), root);
+        unpackFrom(bytesOf(flat), outs);
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
+                               std::vector<std::vector<at::Tensor>>& inputs,
+                               const ::c10d::ScatterOptions& opts) {
+  at::Tensor out = checkSingle(outputs, "scatter");
+  checkRank(opts.rootRank, size_, "scatter", "root rank");
+  int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> ins;
+  if (rank_ == root) {
+    TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: scatter: the root needs one input list");
+    checkOutputList(inputs[0], out, size_, "scatter", "scatter_list");
+    ins = inputs[0];
+  } else {
+    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(),
+                      "smdccl: scatter: only the root (rank ", root, ") passes scatter_list");
+  }
+  return enqueue(
+      OpType::SCATTER, "scatter", outputs,
+      [ins, out, root](Comm& c) {
+        size_t each = out.nbytes();
+        if (c.rank() != root) {
+          directScatter(c, nullptr, Blocks(), bytesOf(out), each, root);
+          return;
+        }
+        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
+        packInto(bytesOf(flat), ins);
+        directScatter(c, bytesOf(flat), equalBlocks(c.size(), each), bytesOf(out), each, root);
+        if (each) std::memcpy(bytesOf(out), bytesOf(flat) + each * root, each);
+      },
+      opts.timeout);
+}
+
+// ---------------------------------------------------------------- reduce-scatter
+
+void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output,
+                                     const ReduceSpec& spec) {
+  size_t each = output.nbytes();
+  applyPreScale(work, spec);
+  smdccl::reduceScatter(c, bytesOf(work), equalBlocks(c.size(), each),
+                toDType(output.scalar_type(), "reduce_scatter"), spec.op, tuning_);
+  if (each) std::memcpy(bytesOf(output), bytesOf(work) + each * c.rank(), each);
+  applyPostDivide(output, spec);
+}
+
+WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                      std::vector<std::vector<at::Tensor>>& inputs,
+                                      const ::c10d::ReduceScatterOptions& opts) {
+  at::Tensor out = checkSingle(outputs, "reduce_scatter");
+  TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: reduce_scatter takes one input list per rank");
+  checkOutputList(inputs[0], out, size_, "reduce_scatter", "input_list");
+  ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
+  std::vector<at::Tensor> ins = inputs[0];
+  return enqueue(
+      OpType::REDUCE_SCATTER, "reduce_scatter", outputs,
+      [this, ins, out, spec](Comm& c) mutable {
+        at::Tensor work = at::empty({out.numel() * c.size()}, out.options());
+        packInto(bytesOf(work), ins);
+        runReduceScatter(c, work, out, spec);
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                            const ::c10d::ReduceScatterOptions& opts) {
+  checkTensor(input, "reduce_scatter_tensor", "input");
+  checkTensor(output, "reduce_scatter_tensor", "output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
+                    "smdccl: reduce_scatter_tensor: output dtype ", output.scalar_type(),
+                    " differs from input dtype ", input.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_,
+                    "smdccl: reduce_scatter_tensor: input must have world_size (", size_,
+                    ") x output elements = ", output.numel() * size_, ", got ", input.numel());
+  ReduceSpec spec = toReduceSpec(opts.reduceOp, output.scalar_type(), size_,
+                                 "reduce_scatter_tensor");
+  at::Tensor in = input, out = output;
+  return enqueue(
+      OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output},
+      [this, in, out, spec](Comm& c) mutable {
+        at::Tensor work = in.clone();  // the input is left as it was
+        runReduceScatter(c, work, out, spec);
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const ::c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "smdccl: reduce_scatter_tensor_coalesced: ", inputs.size(), " inputs but ",
+                    outputs.size(), " outputs");
+  std::vector<ReduceSpec> specs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "reduce_scatter_tensor_coalesced", "input");
+    checkTensor(outputs[i], "reduce_scatter_tensor_coalesced", "output");
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_ &&
+                          outputs[i].scalar_type() == inputs[i].scalar_type(),
+                      "smdccl: reduce_scatter_tensor_coalesced: input ", i,
+                      " must have the output's dtype and world_size x its elements");
+    specs.push_back(toReduceSpec(opts.reduceOp, outputs[i].scalar_type(), size_,
+                                 "reduce_scatter_tensor_coalesced"));
+  }
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  return enqueue(
+      OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs,
+      [this, ins, outs, specs](Comm& c) mutable {
+        for (size_t i = 0; i < ins.size(); ++i) {
+          at::Tensor work = ins[i].clone();
+          runReduceScatter(c, work, outs[i], specs[i]);
+        }
+      },
+      opts.timeout);
+}
+
+// ---------------------------------------------------------------- all-to-all
+
+static std::vector<size_t> splitBytes(const std::vector<int64_t>& splits, const at::Tensor& t,
+                                      int size, const char* which) {
+  int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+  size_t rowBytes = rows ? t.nbytes() / rows : 0;
+  std::vector<size_t> out;
+  if (splits.empty()) {
+    TORCH_CHECK_VALUE(rows % size == 0, "smdccl: all_to_all_single: ", which,
+                      " dim 0 (", rows, ") must divide by the world size (", size,
+                      ") when no split sizes are given");
+    out.assign(size, rowBytes * (rows / size));
+    return out;
+  }
+  TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == size, "smdccl: all_to_all_single: ",
+                    which, " split sizes need one entry per rank (", size, "), got ",
+                    splits.size());
+  int64_t sum = 0;
+  for (int64_t s : splits) {
+    TORCH_CHECK_VALUE(s >= 0, "smdccl: all_to_all_single: negative split size ", s);
+    sum += s;
+    out.push_back(rowBytes * static_cast<size_t>(s));
+  }
+  TORCH_CHECK_VALUE(sum == rows, "smdccl: all_to_all_single: ", which, " split sizes sum to ",
+                    sum, " but dim 0 is ", rows);
+  return out;
+}
+
+WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                     std::vector<int64_t>& outputSplits,
+                                     std::vector<int64_t>& inputSplits,
+                                     const ::c10d::AllToAllOptions& opts) {
+  checkTensor(input, "all_to_all_single", "input");
+  checkTensor(output, "all_to_all_single", "output");
+  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
+                    "smdccl: all_to_all_single: output dtype ", output.scalar_type(),
+                    " differs from input dtype ", input.scalar_type());
+  Blocks sendB = Blocks::fromLengths(splitBytes(inputSplits, input, size_, "input"));
+  Blocks recvB = Blocks::fromLengths(splitBytes(outputSplits, output, size_, "output"));
+  at::Tensor in = input, out = output;
+  return enqueue(
+      OpType::ALLTOALL_BASE, "all_to_all_single", {output},
+      [in, out, sendB, recvB](Comm& c) {
+        // Sending from memory that is being received into would corrupt it.
+        at::Tensor src = overlaps(in, out) ? in.clone() : in;
+        directAlltoall(c, bytesOf(src), sendB, bytesOf(out), recvB);
+      },
+      opts.timeout);
+}
+
+WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                const ::c10d::AllToAllOptions& opts) {
+  TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ &&
+                        static_cast<int>(outputs.size()) == size_,
+                    "smdccl: all_to_all needs one input and one output tensor per rank (", size_,
+                    "), got ", inputs.size(), " and ", outputs.size());
+  std::vector<size_t> sendLen, recvLen;
+  for (int r = 0; r < size_; ++r) {
+    checkTensor(inputs[r], "all_to_all", "input");
+    checkTensor(outputs[r], "all_to_all", "output");
+    TORCH_CHECK_VALUE(inputs[r].scalar_type() == inputs[0].scalar_type() &&
+                          outputs[r].scalar_type() == inputs[0].scalar_type(),
+                      "smdccl: all_to_all: all tensors must share one dtype");
+    sendLen.push_back(inputs[r].nbytes());
+    recvLen.push_back(outputs[r].nbytes());
+  }
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  Blocks sendB = Blocks::fromLengths(sendLen), recvB = Blocks::fromLengths(recvLen);
+  return enqueue(
+      OpType::ALLTOALL, "all_to_all", outputs,
+      [ins, outs, sendB, recvB](Comm& c) mutable {
+        at::Tensor in = at::empty({static_cast<int64_t>(sendB.total())}, at::kByte);
+        at::Tensor out = at::empty({static_cast<int64_t>(recvB.total())}, at::kByte);
+        packInto(bytesOf(in), ins);
+        directAlltoall(c, bytesOf(in), sendB, bytesOf(out), recvB);
+        unpackFrom(bytesOf(out), outs);
+      },
+      opts.timeout);
+}
+
+// ---------------------------------------------------------------- barrier, send/recv
+
+WorkPtr SmdcclBackend::barrier(const ::c10d::BarrierOptions& opts) {
+  return enqueue(OpType::BARRIER, "barrier", {}, [](Comm& c) { smdccl::barrier(c); },
+                 opts.timeout);
+}
+
+WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  at::Tensor t = checkSingle(tensors, "send");
+  checkRank(dstRank, size_, "send", "destination rank");
+  TORCH_CHECK_VALUE(dstRank != rank_, "smdccl: send: a rank cannot send to itself");
+  auto work = c10::make_intrusive<SmdcclWork>(
+      rank_, OpType::SEND, nullptr, tensors,
+      strCat("smdccl send to rank ", dstRank, " tag ", tag, " on group '", cfg_.groupName, "'"));
+  work->markStarted();
+  p2p_->send(dstRank, t.data_ptr(), t.nbytes(), tag,
+             Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
+             [work, t](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); });
+  return work;
+}
+
+WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  at::Tensor t = checkSingle(tensors, "recv");
+  checkRank(srcRank, size_, "recv", "source rank");
+  TORCH_CHECK_VALUE(srcRank != rank_, "smdccl: recv: a rank cannot receive from itself");
+  auto work = c10::make_intrusive<SmdcclWork>(
+      rank_, OpType::RECV, nullptr, tensors,
+      strCat("smdccl recv from rank ", srcRank, " tag ", tag, " on group '", cfg_.groupName, "'"));
+  work->markStarted();
+  p2p_->recv(srcRank, t.data_ptr(), t.nbytes(), tag,
+             Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
+             [work, t](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); });
+  return work;
+}
+
+WorkPtr SmdcclBackend::recvAnysource(std::vector<at::Tensor>&, int) {
+  TORCH_CHECK_VALUE(false,
+                    "smdccl: recv without a source rank (recv from any source) is not supported; "
+                    "pass src=");
+}
+
+}  // namespace smdccl

@@ -1,0 +1,71 @@
+// The Python module smdccl._C: the backend factory and introspection. The
+// only file (with backend/) that includes torch's Python headers.
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include "backend/backend.h"
+#include "common/env.h"
+#include "common/error.h"
+#include "kernels/cpu/reduce.h"
+
+namespace py = pybind11;
+
+namespace {
+
+c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
+    const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+    const std::string& groupName, const std::vector<int>& globalRanks, double timeoutSeconds,
+    const std::string& masterAddr, int worldSize) {
+  TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "smdccl: rank ", rank,
+                    " is out of range for a group of ", size);
+  smdccl::BackendConfig cfg;
+  cfg.rank = rank;
+  cfg.size = size;
+  cfg.groupName = groupName;
+  cfg.globalRanks = globalRanks;
+  cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000.0));
+  cfg.masterAddr = masterAddr;
+  cfg.worldSize = worldSize;
+  py::gil_scoped_release nogil;  // construction rendezvouses through the store
+  return c10::make_intrusive<smdccl::SmdcclBackend>(store, std::move(cfg));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "smdccl engine: a two-level collective-communication backend for torch.distributed";
+
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const smdccl::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    } catch (const smdccl::CommError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  py::class_<smdccl::SmdcclBackend, ::c10d::Backend, c10::intrusive_ptr<smdccl::SmdcclBackend>>(
+      m, "SmdcclBackend")
+      .def_property_readonly("topology", &smdccl::SmdcclBackend::describeTopology,
+                             "How the group's ranks are spread over nodes")
+      .def_property_readonly("local_ranks", &smdccl::SmdcclBackend::localRanks,
+                             "Group ranks that share this rank's node");
+
+  m.def("_create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_seconds"),
+        py::arg("master_addr"), py::arg("world_size"));
+
+  m.def("env_vars", [] {
+    std::vector<std::tuple<std::string, std::string, std::string>> out;
+    for (const auto& v : smdccl::envVars()) out.emplace_back(v.name, v.defaultValue, v.help);
+    return out;
+  }, "Every SMDCCL_* variable: (name, default, meaning)");
+
+  m.def("reduce_isa", [] { return std::string(smdccl::reduceIsa()); },
+        "Instruction set the CPU reductions use on this machine");
+}

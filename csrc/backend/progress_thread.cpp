@@ -1,0 +1,61 @@
+#include "backend/progress_thread.h"
+
+#include <sched.h>
+
+#include <chrono>
+
+namespace smdccl {
+
+ProgressThread::ProgressThread(int idleSpinUs) : idleSpinUs_(idleSpinUs) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+ProgressThread::~ProgressThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ProgressThread::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+    pending_.fetch_add(1);
+  }
+  if (sleeping_.load()) cv_.notify_one();
+}
+
+bool ProgressThread::tryPop(std::function<void()>* task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.empty()) return false;
+  *task = std::move(queue_.front());
+  queue_.pop_front();
+  return true;
+}
+
+void ProgressThread::loop() {
+  using Clock = std::chrono::steady_clock;
+  while (true) {
+    std::function<void()> task;
+    // Poll briefly first: the next collective usually follows at once.
+    auto until = Clock::now() + std::chrono::microseconds(idleSpinUs_);
+    bool got = false;
+    while (!(got = pending_.load() > 0 && tryPop(&task)) && Clock::now() < until) sched_yield();
+    if (!got) {
+      std::unique_lock<std::mutex> lock(mu_);
+      sleeping_ = true;
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      sleeping_ = false;
+      if (queue_.empty()) return;  // stop requested and nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+    pending_.fetch_sub(1);
+  }
+}
+
+}  // namespace smdccl

@@ -1,0 +1,124 @@
+#include "backend/tensor_checks.h"
+
+#include <c10/util/Exception.h>
+
+#include "common/error.h"
+
+namespace smdccl {
+
+#define SMDCCL_VALUE_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "smdccl: ", __VA_ARGS__)
+
+DType toDType(at::ScalarType t, const char* op) {
+  switch (t) {
+    case at::kFloat: return DType::F32;
+    case at::kDouble: return DType::F64;
+    case at::kHalf: return DType::F16;
+    case at::kBFloat16: return DType::BF16;
+    case at::kChar: return DType::I8;
+    case at::kInt: return DType::I32;
+    case at::kLong: return DType::I64;
+    case at::kByte: return DType::U8;
+    case at::kBool: return DType::Bool;
+    default:
+      SMDCCL_VALUE_CHECK(false, op, " does not support dtype ", t,
+                         "; supported: float32, float64, float16, bfloat16, int8, int32, int64, "
+                         "uint8, bool");
+  }
+}
+
+ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
+                        const char* op) {
+  ReduceSpec s;
+  bool floating = at::isFloatingType(t);
+  switch (rop.op_) {
+    case ::c10d::ReduceOp::SUM: s.op = RedOp::Sum; break;
+    case ::c10d::ReduceOp::PRODUCT: s.op = RedOp::Prod; break;
+    case ::c10d::ReduceOp::MIN: s.op = RedOp::Min; break;
+    case ::c10d::ReduceOp::MAX: s.op = RedOp::Max; break;
+    case ::c10d::ReduceOp::AVG:
+      SMDCCL_VALUE_CHECK(floating, op, " with ReduceOp.AVG needs a floating-point tensor, got ", t,
+                         "; use SUM and divide, or convert to float");
+      s.op = RedOp::Sum;
+      // 16-bit sums of many ranks can overflow where the average would not:
+      // scale those first; wider types divide the exact-as-possible sum.
+      if (t == at::kHalf || t == at::kBFloat16) s.preScale = 1.0 / worldSize;
+      else s.postDivide = worldSize;
+      break;
+    case ::c10d::ReduceOp::PREMUL_SUM: {
+      SMDCCL_VALUE_CHECK(floating, op, " with PREMUL_SUM needs a floating-point tensor, got ", t);
+      s.op = RedOp::Sum;
+      auto* sup = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
+      SMDCCL_VALUE_CHECK(sup != nullptr, op, ": PREMUL_SUM without a factor");
+      if (sup->tensor_factor.defined()) s.preScaleTensor = sup->tensor_factor;
+      else s.preScale = sup->double_factor;
+      break;
+    }
+    default:
+      SMDCCL_VALUE_CHECK(false, op, " does not support this ReduceOp (supported: SUM, AVG, MIN, "
+                         "MAX, PRODUCT, PREMUL_SUM)");
+  }
+  return s;
+}
+
+void checkTensor(const at::Tensor& t, const char* op, const char* what) {
+  SMDCCL_VALUE_CHECK(t.defined(), op, ": ", what, " is undefined");
+  SMDCCL_VALUE_CHECK(t.device().is_cpu(), op, ": ", what, " is on ", t.device(),
+                     "; this build of smdccl runs collectives on CPU tensors (move it with .cpu())");
+  SMDCCL_VALUE_CHECK(t.layout() == at::kStrided, op, ": ", what,
+                     " must be a dense (strided) tensor; sparse tensors are not supported");
+  SMDCCL_VALUE_CHECK(t.is_contiguous(), op, ": ", what,
+                     " must be contiguous; call .contiguous() on it first");
+  toDType(t.scalar_type(), op);
+}
+
+const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* op) {
+  SMDCCL_VALUE_CHECK(ts.size() == 1, op, " takes exactly one tensor per rank, got ", ts.size());
+  checkTensor(ts[0], op, "tensor");
+  return ts[0];
+}
+
+void checkSameShapeAndType(const at::Tensor& t, const at::Tensor& ref, const char* op,
+                           const std::string& what) {
+  checkTensor(t, op, what.c_str());
+  SMDCCL_VALUE_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", what, " has dtype ",
+                     t.scalar_type(), " but the input has ", ref.scalar_type());
+  SMDCCL_VALUE_CHECK(t.numel() == ref.numel(), op, ": ", what, " has ", t.numel(),
+                     " elements but the input has ", ref.numel());
+}
+
+void checkRank(int64_t r, int size, const char* op, const char* what) {
+  SMDCCL_VALUE_CHECK(r >= 0 && r < size, op, ": ", what, " ", r, " is out of range for a group of ",
+                     size, " ranks");
+}
+
+void applyPreScale(at::Tensor& t, const ReduceSpec& spec) {
+  if (spec.preScaleTensor.defined()) t.mul_(spec.preScaleTensor.to(t.device()));
+  else if (spec.preScale != 1.0) t.mul_(spec.preScale);
+}
+
+void applyPostDivide(at::Tensor& t, const ReduceSpec& spec) {
+  if (spec.postDivide != 1.0) t.div_(spec.postDivide);
+}
+
+std::exception_ptr toTorchError(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error&) {
+    return std::current_exception();
+  } catch (const InvalidArgument& ex) {
+    try {
+      C10_THROW_ERROR(ValueError, ex.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (const std::exception& ex) {
+    try {
+      C10_THROW_ERROR(DistBackendError, ex.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+  return e;
+}
+
+}  // namespace smdccl

@@ -1,0 +1,47 @@
+#pragma once
+// Validation of user arguments (raised at call time as ValueError with what
+// to fix) and the translation of torch types into the engine's.
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace smdccl {
+
+// How a torch ReduceOp maps onto the engine: an associative op plus a scale
+// applied to the local input before (PREMUL_SUM, AVG on 16-bit types) or to
+// the result after (AVG on float32/float64).
+struct ReduceSpec {
+  RedOp op = RedOp::Sum;
+  double preScale = 1.0;
+  at::Tensor preScaleTensor;  // PREMUL_SUM given a tensor factor
+  double postDivide = 1.0;
+  bool needsPreScale() const { return preScale != 1.0 || preScaleTensor.defined(); }
+};
+
+DType toDType(at::ScalarType t, const char* op);
+ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
+                        const char* op);
+
+// Single CPU, strided, contiguous tensor of a supported dtype.
+void checkTensor(const at::Tensor& t, const char* op, const char* what);
+const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* op);
+void checkSameShapeAndType(const at::Tensor& t, const at::Tensor& ref, const char* op,
+                           const std::string& what);
+void checkRank(int64_t r, int size, const char* op, const char* what);
+
+// Applies the scale parts of a ReduceSpec in place.
+void applyPreScale(at::Tensor& t, const ReduceSpec& spec);
+void applyPostDivide(at::Tensor& t, const ReduceSpec& spec);
+
+// Engine exceptions -> torch's Python-visible types (ValueError,
+// DistBackendError).
+std::exception_ptr toTorchError(std::exception_ptr e);
+
+inline char* bytesOf(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+}  // namespace smdccl

@@ -1,0 +1,37 @@
+#pragma once
+// The handle a collective returns at once. Completed by the progress thread
+// (or a send/recv thread) with the output tensors or the error; wait() spins
+// briefly, then sleeps.
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+
+namespace smdccl {
+
+class SmdcclWork : public ::c10d::Work {
+ public:
+  SmdcclWork(int rank, ::c10d::OpType type, const char* profilingTitle,
+             std::vector<at::Tensor> outputs, std::string description);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
+  std::vector<at::Tensor> result() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  float getDuration() const override;
+
+  // Called once, from the thread that ran the work.
+  void markStarted();
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  std::string description_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> done_{false};
+  std::chrono::steady_clock::time_point started_, finished_;
+};
+
+}  // namespace smdccl

@@ -1,0 +1,28 @@
+#pragma once
+// A point in time after which a blocking wait gives up. Every wait in the
+// library takes one, derived from the group's timeout.
+#include <chrono>
+
+namespace smdccl {
+
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
+  static Deadline never() { return Deadline(Clock::time_point::max()); }
+  Deadline() : at_(Clock::time_point::max()) {}  // never
+  bool expired() const { return Clock::now() >= at_; }
+  std::chrono::milliseconds remaining() const {
+    auto now = Clock::now();
+    if (now >= at_) return std::chrono::milliseconds(0);
+    if (at_ == Clock::time_point::max()) return std::chrono::hours(24 * 365);
+    return std::chrono::duration_cast<std::chrono::milliseconds>(at_ - now);
+  }
+  Clock::time_point at() const { return at_; }
+
+ private:
+  explicit Deadline(Clock::time_point at) : at_(at) {}
+  Clock::time_point at_;
+};
+
+}  // namespace smdccl

@@ -1,0 +1,37 @@
+#pragma once
+// Element types and reduction operators as the torch-free layers see them.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace smdccl {
+
+enum class DType : uint8_t { F32, F64, F16, BF16, I8, I32, I64, U8, Bool };
+// AVG and PREMUL_SUM are SUM with a scale applied by the backend, so the
+// engine only knows the four associative operators.
+enum class RedOp : uint8_t { Sum, Prod, Min, Max };
+
+inline size_t elementSize(DType t) {
+  switch (t) {
+    case DType::F64:
+    case DType::I64:
+      return 8;
+    case DType::F32:
+    case DType::I32:
+      return 4;
+    case DType::F16:
+    case DType::BF16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+inline bool isFloating(DType t) {
+  return t == DType::F32 || t == DType::F64 || t == DType::F16 || t == DType::BF16;
+}
+
+const char* dtypeName(DType t);
+const char* redOpName(RedOp op);
+
+}  // namespace smdccl

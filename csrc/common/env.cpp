@@ -1,0 +1,57 @@
+#include "common/env.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace smdccl {
+
+const std::vector<EnvVar>& envVars() {
+  static const std::vector<EnvVar> vars = {
+      {env::kDebug, "WARN", "Log level: WARN, INFO or TRACE (to stderr, prefixed with the rank)."},
+      {env::kAlgo, "auto",
+       "Force an allreduce algorithm: auto, ring (bandwidth-optimal) or rd (recursive doubling, "
+       "latency-optimal)."},
+      {env::kTopology, "",
+       "Override host detection: '2x2' (2 nodes of 2 ranks) or '3,1' (uneven nodes), by global "
+       "rank order. Ranks on different virtual nodes talk over TCP."},
+      {env::kSocketIfname, "",
+       "Network interface for the TCP transport (default: the interface that routes to "
+       "MASTER_ADDR)."},
+      {env::kShmRingKB, "1024", "Shared-memory ring size per direction per peer pair, in KiB."},
+      {env::kSmallMsgBytes, "65536",
+       "Allreduce messages up to this size use recursive doubling; larger use the ring."},
+      {env::kBcastTreeBytes, "65536",
+       "Broadcasts up to this size use a binomial tree; larger use a pipelined chain."},
+      {env::kTcpBufferKB, "4096", "Socket send/receive buffer size for TCP links, in KiB."},
+      {env::kSpinUs, "-1",
+       "Microseconds a waiting thread spins before yielding and then sleeping (-1: chosen from "
+       "the number of local ranks and cores)."},
+      {env::kIdleSpinUs, "-1",
+       "Microseconds the progress thread polls for new work before sleeping (-1: automatic)."},
+  };
+  return vars;
+}
+
+static const EnvVar& find(const char* name) {
+  for (const auto& v : envVars())
+    if (std::strcmp(v.name, name) == 0) return v;
+  throw std::logic_error(std::string("undeclared smdccl environment variable ") + name);
+}
+
+std::string envString(const char* name) {
+  const EnvVar& v = find(name);
+  const char* s = std::getenv(name);
+  return (s && *s) ? std::string(s) : std::string(v.defaultValue);
+}
+
+int64_t envInt(const char* name) {
+  std::string s = envString(name);
+  char* end = nullptr;
+  long long x = std::strtoll(s.c_str(), &end, 10);
+  if (end == s.c_str() || *end != '\0')
+    throw std::invalid_argument(std::string(name) + "='" + s + "' is not an integer");
+  return x;
+}
+
+}  // namespace smdccl

@@ -1,0 +1,37 @@
+#pragma once
+// Every SMDCCL_* environment variable is declared here, once, with its
+// default and meaning (printed by `python -m smdccl.info`, listed in README).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace smdccl {
+
+struct EnvVar {
+  const char* name;
+  const char* defaultValue;
+  const char* help;
+};
+
+// The declared variables, in a stable order.
+const std::vector<EnvVar>& envVars();
+
+// Reads a declared variable (throws std::logic_error for an undeclared one,
+// so a typo in our code cannot silently read nothing).
+std::string envString(const char* name);
+int64_t envInt(const char* name);
+
+namespace env {
+constexpr const char* kDebug = "SMDCCL_DEBUG";
+constexpr const char* kAlgo = "SMDCCL_ALGO";
+constexpr const char* kTopology = "SMDCCL_TOPOLOGY";
+constexpr const char* kSocketIfname = "SMDCCL_SOCKET_IFNAME";
+constexpr const char* kShmRingKB = "SMDCCL_SHM_RING_KB";
+constexpr const char* kSmallMsgBytes = "SMDCCL_SMALL_MSG_BYTES";
+constexpr const char* kBcastTreeBytes = "SMDCCL_BCAST_TREE_BYTES";
+constexpr const char* kTcpBufferKB = "SMDCCL_TCP_BUFFER_KB";
+constexpr const char* kSpinUs = "SMDCCL_SPIN_US";
+constexpr const char* kIdleSpinUs = "SMDCCL_IDLE_SPIN_US";
+}  // namespace env
+
+}  // namespace smdccl

@@ -1,0 +1,41 @@
+#include "common/log.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+
+#include "common/env.h"
+
+namespace smdccl {
+
+static std::atomic<int> gRank{-1};
+
+LogLevel logLevel() {
+  static const LogLevel level = [] {
+    std::string s = envString(env::kDebug);
+    for (auto& c : s) c = static_cast<char>(toupper(c));
+    if (s == "INFO") return LogLevel::Info;
+    if (s == "TRACE") return LogLevel::Trace;
+    return LogLevel::Warn;
+  }();
+  return level;
+}
+
+bool logEnabled(LogLevel level) { return static_cast<int>(level) <= static_cast<int>(logLevel()); }
+
+void setLogRank(int globalRank) {
+  int expected = -1;
+  gRank.compare_exchange_strong(expected, globalRank);
+}
+
+void logMessage(LogLevel level, const std::string& msg) {
+  static std::mutex mu;
+  static const char* names[] = {"WARN", "INFO", "TRACE"};
+  std::lock_guard<std::mutex> lock(mu);
+  std::fprintf(stderr, "[smdccl %s rank %d pid %d] %s\n", names[static_cast<int>(level)],
+               gRank.load(), static_cast<int>(getpid()), msg.c_str());
+}
+
+}  // namespace smdccl

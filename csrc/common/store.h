@@ -1,0 +1,28 @@
+#pragma once
+// The key-value store the torch-free layers rendezvous through. The backend
+// adapts torch's c10d::Store (already prefixed per group) to it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+
+namespace smdccl {
+
+class KVStore {
+ public:
+  virtual ~KVStore() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until the key exists or the deadline passes (then throws CommError).
+  virtual std::string get(const std::string& key, Deadline deadline) = 0;
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+// Every rank publishes `value` under prefix/rank and reads everyone's.
+std::vector<std::string> allGatherStrings(KVStore& store, const std::string& prefix, int rank,
+                                          int size, const std::string& value, Deadline deadline);
+
+// Blocks until all `size` ranks have reached the barrier named `name`.
+void storeBarrier(KVStore& store, const std::string& name, int size, Deadline deadline);
+
+}  // namespace smdccl

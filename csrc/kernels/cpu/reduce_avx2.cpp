@@ -1,0 +1,8 @@
+// The same loops compiled with -mavx2 -mf16c -mfma (set in CMakeLists.txt);
+// only called after the dispatcher saw those features on this CPU.
+#define SMDCCL_REDUCE_NS avx2
+#include "kernels/cpu/reduce_impl.h"
+
+namespace smdccl::avx2 {
+ReduceFn lookupAvx2(DType t, RedOp op) { return lookup(t, op); }
+}  // namespace smdccl::avx2

@@ -1,0 +1,144 @@
+#pragma once
+// Reduction loops written so the compiler vectorizes them. Included by one
+// translation unit per instruction set (see reduce_*.cpp); each defines
+// SMDCCL_REDUCE_NS and gets its own copy of the table.
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/dtype.h"
+
+namespace smdccl {
+namespace SMDCCL_REDUCE_NS {
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+struct Half16 { uint16_t bits; };
+struct BFloat16 { uint16_t bits; };
+
+static inline float bf16ToFloat(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t floatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+static inline float f16ToFloat(uint16_t h) {
+  _Float16 x;
+  std::memcpy(&x, &h, 2);
+  return static_cast<float>(x);
+}
+static inline uint16_t floatToF16(float f) {
+  _Float16 x = static_cast<_Float16>(f);
+  uint16_t h;
+  std::memcpy(&h, &x, 2);
+  return h;
+}
+
+template <typename T>
+static inline T applyOp(T a, T b, RedOp op) {
+  switch (op) {
+    case RedOp::Sum: return a + b;
+    case RedOp::Prod: return a * b;
+    case RedOp::Min: return b < a ? b : a;
+    default: return b > a ? b : a;
+  }
+}
+
+// Floating MIN/MAX: NaN wins, as in torch.minimum/maximum.
+template <RedOp OP, typename T>
+static inline T floatOp(T a, T b) {
+  if constexpr (OP == RedOp::Sum) return a + b;
+  else if constexpr (OP == RedOp::Prod) return a * b;
+  else if constexpr (OP == RedOp::Min) {
+    T r = b < a ? b : a;
+    return (a != a || b != b) ? a + b : r;
+  } else {
+    T r = b > a ? b : a;
+    return (a != a || b != b) ? a + b : r;
+  }
+}
+
+template <RedOp OP, typename T>
+static void floatLoop(void* out, const void* a, const void* b, size_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = floatOp<OP>(x[i], y[i]);
+}
+
+// Integers: SUM/PRODUCT in the unsigned type so overflow wraps (defined).
+template <RedOp OP, typename T>
+static void intLoop(void* out, const void* a, const void* b, size_t n) {
+  using U = std::make_unsigned_t<T>;
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (OP == RedOp::Sum) o[i] = static_cast<T>(static_cast<U>(x[i]) + static_cast<U>(y[i]));
+    else if constexpr (OP == RedOp::Prod) o[i] = static_cast<T>(static_cast<U>(x[i]) * static_cast<U>(y[i]));
+    else if constexpr (OP == RedOp::Min) o[i] = y[i] < x[i] ? y[i] : x[i];
+    else o[i] = y[i] > x[i] ? y[i] : x[i];
+  }
+}
+
+template <RedOp OP>
+static void boolLoop(void* out, const void* a, const void* b, size_t n) {
+  uint8_t* o = static_cast<uint8_t*>(out);
+  const uint8_t* x = static_cast<const uint8_t*>(a);
+  const uint8_t* y = static_cast<const uint8_t*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (OP == RedOp::Sum || OP == RedOp::Max) o[i] = (x[i] | y[i]) ? 1 : 0;
+    else o[i] = (x[i] && y[i]) ? 1 : 0;
+  }
+}
+
+template <RedOp OP>
+static void bf16Loop(void* out, const void* a, const void* b, size_t n) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = floatToBf16(floatOp<OP>(bf16ToFloat(x[i]), bf16ToFloat(y[i])));
+}
+
+template <RedOp OP>
+static void f16Loop(void* out, const void* a, const void* b, size_t n) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) o[i] = floatToF16(floatOp<OP>(f16ToFloat(x[i]), f16ToFloat(y[i])));
+}
+
+template <RedOp OP>
+static ReduceFn pick(DType t) {
+  switch (t) {
+    case DType::F32: return floatLoop<OP, float>;
+    case DType::F64: return floatLoop<OP, double>;
+    case DType::F16: return f16Loop<OP>;
+    case DType::BF16: return bf16Loop<OP>;
+    case DType::I8: return intLoop<OP, int8_t>;
+    case DType::I32: return intLoop<OP, int32_t>;
+    case DType::I64: return intLoop<OP, int64_t>;
+    case DType::U8: return intLoop<OP, uint8_t>;
+    case DType::Bool: return boolLoop<OP>;
+  }
+  return nullptr;
+}
+
+inline ReduceFn lookup(DType t, RedOp op) {
+  switch (op) {
+    case RedOp::Sum: return pick<RedOp::Sum>(t);
+    case RedOp::Prod: return pick<RedOp::Prod>(t);
+    case RedOp::Min: return pick<RedOp::Min>(t);
+    default: return pick<RedOp::Max>(t);
+  }
+}
+
+}  // namespace SMDCCL_REDUCE_NS
+}  // namespace smdccl

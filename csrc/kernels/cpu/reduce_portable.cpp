@@ -1,0 +1,7 @@
+// Baseline build of the reduction loops (any x86-64 / other CPU).
+#define SMDCCL_REDUCE_NS portable
+#include "kernels/cpu/reduce_impl.h"
+
+namespace smdccl::portable {
+ReduceFn lookupPortable(DType t, RedOp op) { return lookup(t, op); }
+}  // namespace smdccl::portable

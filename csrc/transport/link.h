@@ -1,0 +1,34 @@
+#pragma once
+// A Link is an ordered, reliable byte stream to one peer rank, driven without
+// blocking: each call moves what it can and returns at once. Algorithms only
+// see this interface (shared memory and TCP implement it).
+#include <cstddef>
+#include <string>
+
+#include "common/dtype.h"
+
+namespace smdccl {
+
+class Link {
+ public:
+  virtual ~Link() = default;
+  virtual int peer() const = 0;
+  // Moves up to n bytes; returns how many moved (0 when it would block).
+  // Throws CommError when the peer is gone.
+  virtual size_t send(const void* buf, size_t n) = 0;
+  virtual size_t recv(void* buf, size_t n) = 0;
+  // Receives up to n bytes and combines them into dst (dst = dst op incoming).
+  // Returns bytes consumed; always a multiple of the element size.
+  virtual size_t recvReduce(void* dst, size_t n, DType dtype, RedOp op) = 0;
+  // Marks the end of one message in each direction, so that every message
+  // starts aligned (both sides call it after the same messages).
+  virtual void endSend() {}
+  virtual void endRecv() {}
+  // File descriptor to poll() for readiness, or -1 for shared memory.
+  virtual int pollFd() const { return -1; }
+  // Shared-memory links only: throws CommError if the peer process died.
+  virtual void checkPeerAlive() const {}
+  virtual const char* kind() const = 0;
+};
+
+}  // namespace smdccl

@@ -1,0 +1,83 @@
+#include "transport/mesh.h"
+
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/socket_util.h"
+#include "transport/tcp_link.h"
+
+namespace smdccl {
+
+Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
+    : store_(store), cfg_(cfg), links_(cfg.size), p2pOut_(cfg.size, -1), p2pIn_(cfg.size, -1),
+      addrCache_(cfg.size) {
+  // Rank 0 draws the group's secret; every connection must present it.
+  if (cfg_.rank == 0) store_.set("smdccl/token", tokenToHex(randomToken()));
+  tokenHex_ = store_.get("smdccl/token", deadline);
+  token_ = tokenFromHex(tokenHex_);
+
+  localRanks_ = cfg_.topology.localRanks(cfg_.rank);
+  if (localRanks_.size() > 1)
+    shm_ = std::make_shared<ShmNode>(store_, tokenHex_, localRanks_, cfg_.rank, cfg_.shmRingBytes,
+                                     deadline);
+
+  // Every group gets a listener address, even a single-node one: send/recv
+  // between any two ranks goes over TCP.
+  if (cfg_.size > 1) {
+    listener_ = &TcpListener::instance(pickLocalAddress(cfg_.masterAddr));
+    listener_->registerGroup(token_, cfg_.size, cfg_.rank);
+    store_.set(strCat("smdccl/addr/", cfg_.rank), listener_->address());
+  }
+}
+
+Mesh::~Mesh() {
+  for (int fd : p2pOut_)
+    if (fd >= 0) close(fd);
+  for (int fd : p2pIn_)
+    if (fd >= 0) close(fd);
+  if (listener_) listener_->unregisterGroup(token_);
+}
+
+std::string Mesh::peerAddress(int peer, Deadline deadline) {
+  if (addrCache_[peer].empty())
+    addrCache_[peer] = store_.get(strCat("smdccl/addr/", peer), deadline);
+  return addrCache_[peer];
+}
+
+int Mesh::connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline) {
+  std::string what = strCat("rank ", peer);
+  if (weConnect)
+    return connectToPeer(peerAddress(peer, deadline), token_, cfg_.rank, peer, channel, deadline,
+                         what, &closing_);
+  return listener_->take(token_, peer, channel, deadline, what, &closing_);
+}
+
+Link& Mesh::link(int peer, Deadline deadline) {
+  if (!links_[peer]) {
+    if (shm_ && cfg_.topology.sameNode(cfg_.rank, peer)) {
+      links_[peer] = std::make_unique<ShmLink>(shm_, cfg_.rank, peer);
+    } else {
+      // The lower rank dials, the higher one accepts: one socket per pair.
+      int fd = connectOrAccept(peer, Channel::Collective, cfg_.rank < peer, deadline);
+      links_[peer] = std::make_unique<TcpLink>(fd, peer);
+      SMDCCL_INFO("TCP link to rank ", peer, " (", peerAddressOf(fd), ")");
+    }
+  }
+  return *links_[peer];
+}
+
+int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  std::vector<int>& slot = outgoing ? p2pOut_ : p2pIn_;
+  if (slot[peer] < 0) {
+    // Each direction has its own socket, dialled by the sender, so that
+    // sends never wait for the receiver to be set up first.
+    int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline);
+    tuneDataSocket(fd);
+    slot[peer] = fd;
+  }
+  return slot[peer];
+}
+
+}  // namespace smdccl

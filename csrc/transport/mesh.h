@@ -1,0 +1,69 @@
+#pragma once
+// Everything one rank of a group needs to reach its peers: shared memory for
+// ranks on its node, TCP for the rest (connected on first use), and the
+// point-to-point sockets used by send/recv.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/store.h"
+#include "topology/topology.h"
+#include "transport/link.h"
+#include "transport/shm_node.h"
+#include "transport/tcp_listener.h"
+
+namespace smdccl {
+
+struct MeshConfig {
+  int rank = 0;
+  int size = 1;
+  Topology topology;
+  std::string masterAddr;  // hint for picking the interface
+  size_t shmRingBytes = 1 << 20;
+};
+
+class Mesh {
+ public:
+  // Collective: every rank of the group constructs its Mesh at the same time.
+  Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline);
+  ~Mesh();
+
+  int rank() const { return cfg_.rank; }
+  int size() const { return cfg_.size; }
+  const Topology& topology() const { return cfg_.topology; }
+  const std::string& tokenHex() const { return tokenHex_; }
+  // Local ranks of this node, ascending (always includes this rank).
+  const std::vector<int>& localRanks() const { return localRanks_; }
+  // Shared-memory doorbell of this rank, if any peer is on this node.
+  Doorbell* myBell() const { return shm_ ? &shm_->myBell() : nullptr; }
+
+  // Collective-channel link to `peer` (not thread-safe: progress thread only).
+  Link& link(int peer, Deadline deadline);
+  // A connected blocking socket for send/recv to/from `peer` (thread-safe);
+  // `outgoing` picks which of the two per-pair sockets.
+  int p2pSocket(int peer, bool outgoing, Deadline deadline);
+  // Makes connection waits give up (on shutdown).
+  void cancelWaits() { closing_ = true; }
+  const std::atomic<bool>* cancelFlag() const { return &closing_; }
+
+ private:
+  int connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline);
+  std::string peerAddress(int peer, Deadline deadline);
+
+  KVStore& store_;
+  MeshConfig cfg_;
+  GroupToken token_;
+  std::string tokenHex_;
+  std::vector<int> localRanks_;
+  std::shared_ptr<ShmNode> shm_;
+  TcpListener* listener_ = nullptr;
+  std::vector<std::unique_ptr<Link>> links_;
+  std::mutex p2pMu_;
+  std::vector<int> p2pOut_, p2pIn_;
+  std::vector<std::string> addrCache_;
+  std::atomic<bool> closing_{false};
+};
+
+}  // namespace smdccl

@@ -1,0 +1,213 @@
+#include "transport/p2p_engine.h"
+
+#include <poll.h>
+
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/mesh.h"
+#include "transport/socket_util.h"
+
+namespace smdccl {
+
+namespace {
+struct Header {
+  uint32_t magic;
+  uint32_t reserved;
+  int64_t tag;
+  uint64_t bytes;
+};
+constexpr uint32_t kMagic = 0x50325053;  // "SP2P"
+constexpr uint64_t kMaxEarlyBytes = uint64_t(1) << 40;  // sanity bound on a header
+
+}  // namespace
+
+P2PEngine::P2PEngine(Mesh& mesh, std::string groupName) : mesh_(mesh), group_(std::move(groupName)) {}
+
+P2PEngine::~P2PEngine() {
+  stop_ = true;
+  mesh_.cancelWaits();
+  for (auto& [rank, p] : peers_) {
+    p->cv.notify_all();
+    if (p->sender.joinable()) p->sender.join();
+    if (p->receiver.joinable()) p->receiver.join();
+  }
+}
+
+P2PEngine::Peer& P2PEngine::peer(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& p = peers_[rank];
+  if (!p) p = std::make_unique<Peer>();
+  return *p;
+}
+
+void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
+                     Completion done) {
+  Peer& p = peer(rank);
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.failed) {
+    done(p.failed);
+    return;
+  }
+  p.sends.push_back({buf, bytes, tag, deadline, std::move(done)});
+  if (!p.sender.joinable()) p.sender = std::thread([this, rank, &p] { senderLoop(rank, p); });
+  p.cv.notify_all();
+}
+
+void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline deadline,
+                     Completion done) {
+  Peer& p = peer(rank);
+  std::unique_lock<std::mutex> lock(p.mu);
+  if (p.failed) {
+    lock.unlock();
+    done(p.failed);
+    return;
+  }
+  auto early = p.early.find(tag);
+  if (early != p.early.end() && !early->second.empty()) {
+    std::vector<char> msg = std::move(early->second.front());
+    early->second.pop_front();
+    lock.unlock();
+    if (msg.size() != bytes) {
+      done(std::make_exception_ptr(InvalidArgument(
+          strCat("smdccl: recv from rank ", rank, " with tag ", tag, " on group '", group_,
+                 "' expected ", bytes, " bytes but the matching send carried ", msg.size()))));
+      return;
+    }
+    if (bytes) std::memcpy(buf, msg.data(), bytes);
+    done(nullptr);
+    return;
+  }
+  p.recvs.push_back({buf, bytes, tag, deadline, std::move(done)});
+  if (!p.receiver.joinable())
+    p.receiver = std::thread([this, rank, &p] { receiverLoop(rank, p); });
+  p.cv.notify_all();
+}
+
+void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
+  std::deque<SendReq> sends;
+  std::deque<RecvReq> recvs;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.failed = e;
+    sends.swap(p.sends);
+    recvs.swap(p.recvs);
+  }
+  for (auto& s : sends) s.done(e);
+  for (auto& r : recvs) r.done(e);
+}
+
+void P2PEngine::senderLoop(int rank, Peer& p) {
+  std::string what = strCat("rank ", rank);
+  int fd = -1;
+  while (true) {
+    SendReq req;
+    {
+      std::unique_lock<std::mutex> lock(p.mu);
+      p.cv.wait(lock, [&] { return stop_ || !p.sends.empty(); });
+      if (stop_) return;
+      req = p.sends.front();
+    }
+    try {
+      if (fd < 0) fd = mesh_.p2pSocket(rank, /*outgoing=*/true, req.deadline);
+      Header h{kMagic, 0, req.tag, req.bytes};
+      sendAll(fd, &h, sizeof h, req.deadline, what, mesh_.cancelFlag());
+      sendAll(fd, req.buf, req.bytes, req.deadline, what, mesh_.cancelFlag());
+    } catch (const std::exception& e) {
+      SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
+      failAll(p, std::make_exception_ptr(CommError(
+                     CommError::Kind::PeerFailure,
+                     strCat("smdccl: send to rank ", rank, " (tag ", req.tag, ") on group '",
+                            group_, "' failed: ", e.what()))));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      p.sends.pop_front();
+    }
+    req.done(nullptr);
+  }
+}
+
+void P2PEngine::receiverLoop(int rank, Peer& p) {
+  std::string what = strCat("rank ", rank);
+  int fd = -1;
+  auto failWith = [&](const std::string& msg) {
+    failAll(p, std::make_exception_ptr(CommError(
+                   CommError::Kind::PeerFailure,
+                   strCat("smdccl: recv from rank ", rank, " on group '", group_, "': ", msg))));
+  };
+  try {
+    Deadline first = Deadline::never();
+    {
+      std::lock_guard<std::mutex> lock(p.mu);
+      if (!p.recvs.empty()) first = p.recvs.front().deadline;
+    }
+    fd = mesh_.p2pSocket(rank, /*outgoing=*/false, first);
+  } catch (const std::exception& e) {
+    failWith(e.what());
+    return;
+  }
+  while (!stop_) {
+    // Wait for a header, failing pending receives whose deadline passes.
+    bool ready = false;
+    while (!stop_ && !ready) {
+      pollfd pf{fd, POLLIN, 0};
+      ready = poll(&pf, 1, 100) > 0;
+      if (ready) break;
+      std::lock_guard<std::mutex> lock(p.mu);
+      if (!p.recvs.empty() && p.recvs.front().deadline.expired()) {
+        RecvReq late = p.recvs.front();
+        p.recvs.pop_front();
+        late.done(std::make_exception_ptr(CommError(
+            CommError::Kind::Timeout,
+            strCat("smdccl: recv from rank ", rank, " (tag ", late.tag, ", ", late.bytes,
+                   " bytes) on group '", group_, "' timed out: rank ", rank,
+                   " sent nothing. Did it call send with the same tag?"))));
+      }
+    }
+    if (stop_) return;
+    Header h{};
+    try {
+      recvAll(fd, &h, sizeof h, Deadline::after(std::chrono::minutes(5)), what, mesh_.cancelFlag());
+      if (h.magic != kMagic || h.bytes > kMaxEarlyBytes)
+        throw CommError(CommError::Kind::Protocol, "corrupt message header");
+      RecvReq target{};
+      bool matched = false;
+      {
+        std::lock_guard<std::mutex> lock(p.mu);
+        for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
+          if (it->tag == h.tag) {
+            target = *it;
+            p.recvs.erase(it);
+            matched = true;
+            break;
+          }
+        }
+      }
+      if (matched && target.bytes == h.bytes) {
+        recvAll(fd, target.buf, h.bytes, target.deadline, what, mesh_.cancelFlag());
+        target.done(nullptr);
+        continue;
+      }
+      std::vector<char> msg(h.bytes);
+      recvAll(fd, msg.data(), h.bytes, Deadline::after(std::chrono::minutes(5)), what,
+              mesh_.cancelFlag());
+      if (matched) {
+        target.done(std::make_exception_ptr(InvalidArgument(
+            strCat("smdccl: recv from rank ", rank, " with tag ", h.tag, " on group '", group_,
+                   "' expected ", target.bytes, " bytes but the matching send carried ",
+                   h.bytes))));
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(p.mu);
+      p.early[h.tag].push_back(std::move(msg));
+    } catch (const std::exception& e) {
+      failWith(e.what());
+      return;
+    }
+  }
+}
+
+}  // namespace smdccl

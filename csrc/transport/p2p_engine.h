@@ -1,0 +1,73 @@
+#pragma once
+// User-level send/recv with tags. Each (peer, direction) gets its own socket
+// and thread, so a send never waits behind a collective or behind a receive
+// (two ranks may both send first). A message is a header {tag, bytes} and the
+// payload; receives match the oldest pending receive of the same tag, and
+// messages that arrive before their receive is posted are buffered.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/deadline.h"
+
+namespace smdccl {
+
+class Mesh;
+
+using Completion = std::function<void(std::exception_ptr)>;
+
+class P2PEngine {
+ public:
+  P2PEngine(Mesh& mesh, std::string groupName);
+  ~P2PEngine();
+
+  void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
+            Completion done);
+  void recv(int peer, void* buf, size_t bytes, int64_t tag, Deadline deadline, Completion done);
+
+ private:
+  struct SendReq {
+    const void* buf;
+    size_t bytes;
+    int64_t tag;
+    Deadline deadline;
+    Completion done;
+  };
+  struct RecvReq {
+    void* buf;
+    size_t bytes;
+    int64_t tag;
+    Deadline deadline;
+    Completion done;
+  };
+  struct Peer {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<SendReq> sends;
+    std::deque<RecvReq> recvs;
+    std::map<int64_t, std::deque<std::vector<char>>> early;  // arrived before a recv
+    std::thread sender, receiver;
+    std::exception_ptr failed;  // sticky: the peer is gone
+  };
+
+  Peer& peer(int rank);
+  void senderLoop(int rank, Peer& p);
+  void receiverLoop(int rank, Peer& p);
+  void failAll(Peer& p, std::exception_ptr e);
+
+  Mesh& mesh_;
+  std::string group_;
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<Peer>> peers_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace smdccl

@@ -1,0 +1,156 @@
+#include "transport/shm_node.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "kernels/cpu/reduce.h"
+
+namespace smdccl {
+
+namespace {
+constexpr size_t kAlign = 16;          // every message starts 16-byte aligned
+constexpr size_t kMaxPiece = 128 << 10;  // bytes per call: keeps both directions moving, in cache
+size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+}  // namespace
+
+ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vector<int>& localRanks,
+                 int myRank, size_t ringBytes, Deadline deadline)
+    : localRanks_(localRanks), ringBytes_(roundUp(std::max<size_t>(ringBytes, 4096), 4096)) {
+  me_ = localIndex(myRank);
+  size_t L = localRanks_.size();
+  ctlOffset_ = 128;
+  hdrOffset_ = ctlOffset_ + L * sizeof(ShmRankCtl);
+  dataOffset_ = roundUp(hdrOffset_ + L * L * sizeof(ShmRingHeader), 4096);
+  size_t total = dataOffset_ + L * L * ringBytes_;
+
+  int leader = localRanks_[0];
+  std::string name = strCat("/smdccl-", groupToken.substr(0, 16), "-n", leader);
+  std::string key = strCat("smdccl/shm/", leader);
+  if (myRank == leader) {
+    ShmSegment::unlink(name);  // a stale one from a crashed job with the same token: impossible, but harmless
+    segment_ = ShmSegment::create(name, total);
+    store.set(key, name);
+  } else {
+    std::string published = store.get(key, deadline);
+    segment_ = ShmSegment::open(published, total);
+  }
+  ctl(me_)->pid = static_cast<int32_t>(getpid());
+  // Once every local rank has mapped it, the name is no longer needed.
+  storeBarrier(store, key + "/mapped", static_cast<int>(L), deadline);
+  ShmSegment::unlink(name);
+  SMDCCL_INFO("shared memory ", name, ": ", L, " local ranks, ", ringBytes_ >> 10,
+              " KiB rings, ", total >> 20, " MiB mapped");
+}
+
+int ShmNode::localIndex(int groupRank) const {
+  auto it = std::find(localRanks_.begin(), localRanks_.end(), groupRank);
+  if (it == localRanks_.end())
+    throw std::logic_error(strCat("rank ", groupRank, " is not on this node"));
+  return static_cast<int>(it - localRanks_.begin());
+}
+
+ShmRankCtl* ShmNode::ctl(int i) const {
+  return reinterpret_cast<ShmRankCtl*>(segment_.data() + ctlOffset_) + i;
+}
+
+ShmRingHeader* ShmNode::ringHeader(int from, int to) const {
+  return reinterpret_cast<ShmRingHeader*>(segment_.data() + hdrOffset_) +
+         (from * localRanks_.size() + to);
+}
+
+char* ShmNode::ringData(int from, int to) const {
+  return segment_.data() + dataOffset_ + (from * localRanks_.size() + to) * ringBytes_;
+}
+
+ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)
+    : node_(std::move(node)), peer_(peerRank) {
+  int me = node_->localIndex(myRank);
+  int p = node_->localIndex(peerRank);
+  out_ = node_->ringHeader(me, p);
+  in_ = node_->ringHeader(p, me);
+  outData_ = node_->ringData(me, p);
+  inData_ = node_->ringData(p, me);
+  peerBell_ = &node_->ctl(p)->bell;
+  peerPid_ = node_->ctl(p)->pid;
+  cap_ = node_->ringBytes();
+}
+
+size_t ShmLink::send(const void* buf, size_t n) {
+  uint64_t tail = out_->tail.value.load(std::memory_order_acquire);
+  size_t space = cap_ - static_cast<size_t>(sendPos_ - tail);
+  size_t off = sendPos_ % cap_;
+  size_t k = std::min({n, space, cap_ - off, kMaxPiece});
+  if (k == 0) return 0;
+  std::memcpy(outData_ + off, buf, k);
+  sendPos_ += k;
+  out_->head.value.store(sendPos_, std::memory_order_release);
+  peerBell_->ring();
+  return k;
+}
+
+size_t ShmLink::readable(const char** at) {
+  uint64_t head = in_->head.value.load(std::memory_order_acquire);
+  if (head <= recvPos_) return 0;  // also while the producer's padding is unpublished
+  size_t off = recvPos_ % cap_;
+  *at = inData_ + off;
+  return std::min({static_cast<size_t>(head - recvPos_), cap_ - off, kMaxPiece});
+}
+
+size_t ShmLink::recv(void* buf, size_t n) {
+  const char* at = nullptr;
+  size_t k = std::min(n, readable(&at));
+  if (k == 0) return 0;
+  std::memcpy(buf, at, k);
+  recvPos_ += k;
+  in_->tail.value.store(recvPos_, std::memory_order_release);
+  peerBell_->ring();
+  return k;
+}
+
+size_t ShmLink::recvReduce(void* dst, size_t n, DType dtype, RedOp op) {
+  const char* at = nullptr;
+  size_t es = elementSize(dtype);
+  size_t k = std::min(n, readable(&at)) / es * es;
+  if (k == 0) return 0;
+  reduceInto(dst, at, k / es, dtype, op);
+  recvPos_ += k;
+  in_->tail.value.store(recvPos_, std::memory_order_release);
+  peerBell_->ring();
+  return k;
+}
+
+void ShmLink::endSend() { sendPos_ = roundUp(sendPos_, kAlign); }
+
+void ShmLink::endRecv() { recvPos_ = roundUp(recvPos_, kAlign); }
+
+void ShmLink::checkPeerAlive() const {
+  if (!processAlive(peerPid_))
+    throw CommError(CommError::Kind::PeerFailure,
+                    strCat("rank ", peer_, " (pid ", peerPid_, ", same node) has exited"));
+}
+
+bool processAlive(int32_t pid) {
+  if (pid <= 0) return true;  // not yet published: cannot tell
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return errno == EACCES;
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // Format: "pid (comm) S ...": the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  if (close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X')) return false;
+  return true;
+}
+
+}  // namespace smdccl

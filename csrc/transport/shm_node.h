@@ -1,0 +1,88 @@
+#pragma once
+// The shared-memory area of one node in one group: a doorbell and pid per
+// local rank, and a single-producer/single-consumer byte ring for every
+// ordered pair of local ranks.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/store.h"
+#include "transport/futex.h"
+#include "transport/link.h"
+#include "transport/shm_segment.h"
+
+namespace smdccl {
+
+struct alignas(128) ShmRankCtl {
+  Doorbell bell;
+  int32_t pid;
+};
+
+struct alignas(128) ShmCounter {
+  std::atomic<uint64_t> value;
+};
+
+struct ShmRingHeader {
+  ShmCounter head;  // bytes published by the producer (monotonic)
+  ShmCounter tail;  // bytes released by the consumer (monotonic)
+};
+
+class ShmNode {
+ public:
+  // Collective over the group ranks in `localRanks` (all on this node):
+  // creates or opens the segment named after the group token, then unlinks it.
+  ShmNode(KVStore& store, const std::string& groupToken, const std::vector<int>& localRanks,
+          int myRank, size_t ringBytes, Deadline deadline);
+
+  int localIndex(int groupRank) const;
+  int myLocalIndex() const { return me_; }
+  ShmRankCtl* ctl(int localIdx) const;
+  ShmRingHeader* ringHeader(int from, int to) const;
+  char* ringData(int from, int to) const;
+  size_t ringBytes() const { return ringBytes_; }
+  Doorbell& myBell() const { return ctl(me_)->bell; }
+
+ private:
+  std::vector<int> localRanks_;
+  int me_ = -1;
+  size_t ringBytes_;
+  size_t ctlOffset_, hdrOffset_, dataOffset_;
+  ShmSegment segment_;
+};
+
+class ShmLink : public Link {
+ public:
+  ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank);
+  int peer() const override { return peer_; }
+  size_t send(const void* buf, size_t n) override;
+  size_t recv(void* buf, size_t n) override;
+  size_t recvReduce(void* dst, size_t n, DType dtype, RedOp op) override;
+  void endSend() override;
+  void endRecv() override;
+  void checkPeerAlive() const override;
+  const char* kind() const override { return "shm"; }
+
+ private:
+  // Readable bytes contiguous in the ring at recvPos_.
+  size_t readable(const char** at);
+
+  std::shared_ptr<ShmNode> node_;
+  int peer_;
+  ShmRingHeader* out_;
+  ShmRingHeader* in_;
+  char* outData_;
+  char* inData_;
+  Doorbell* peerBell_;
+  int32_t peerPid_;
+  size_t cap_;
+  uint64_t sendPos_ = 0;
+  uint64_t recvPos_ = 0;
+};
+
+// True unless the process is gone or a zombie.
+bool processAlive(int32_t pid);
+
+}  // namespace smdccl

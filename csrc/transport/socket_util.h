@@ -1,0 +1,42 @@
+#pragma once
+// Small POSIX socket helpers shared by the TCP listener and links.
+#include <cstddef>
+#include <cstdint>
+#include <atomic>
+#include <string>
+
+#include "common/deadline.h"
+
+namespace smdccl {
+
+// The IPv4 address this process should listen on: SMDCCL_SOCKET_IFNAME's
+// address if set, else the source address of the route to `masterAddr`
+// (found with a UDP connect, which sends nothing), else 127.0.0.1.
+std::string pickLocalAddress(const std::string& masterAddr);
+
+// Binds and listens on ip:0; returns the fd and the chosen port.
+int listenOn(const std::string& ip, int* port);
+
+// Connects (retrying refused connections until the deadline) and returns a
+// blocking fd. `what` names the peer in errors.
+// `cancel`, when given and set, aborts the wait (shutdown).
+int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
+              const std::atomic<bool>* cancel = nullptr);
+
+void setNonBlocking(int fd, bool on);
+void tuneDataSocket(int fd);  // TCP_NODELAY, buffer sizes
+
+// Moves exactly n bytes on a socket (blocking or not), waiting with poll()
+// until the deadline; throws CommError naming `what`.
+void sendAll(int fd, const void* buf, size_t n, Deadline deadline, const std::string& what,
+             const std::atomic<bool>* cancel = nullptr);
+void recvAll(int fd, void* buf, size_t n, Deadline deadline, const std::string& what,
+             const std::atomic<bool>* cancel = nullptr);
+
+std::string peerAddressOf(int fd);
+
+// "ip:port" <-> parts.
+std::string joinHostPort(const std::string& ip, int port);
+void splitHostPort(const std::string& hp, std::string* ip, int* port);
+
+}  // namespace smdccl

@@ -1,0 +1,208 @@
+#include "transport/tcp_listener.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/socket_util.h"
+
+namespace smdccl {
+
+namespace {
+constexpr uint32_t kAck = 0x594b4f53;  // "SOKY": sent back once a Hello is accepted
+constexpr int kHandshakeMs = 5000;     // a connection must say Hello within this
+constexpr size_t kMaxPending = 256;    // half-open connections kept at once
+}  // namespace
+
+GroupToken randomToken() {
+  GroupToken t;
+  std::random_device rd;  // /dev/urandom
+  for (auto& b : t) b = static_cast<uint8_t>(rd());
+  return t;
+}
+
+std::string tokenToHex(const GroupToken& t) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : t) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+GroupToken tokenFromHex(const std::string& hex) {
+  if (hex.size() != 32) throw CommError(CommError::Kind::Protocol, "malformed group token");
+  GroupToken t;
+  for (size_t i = 0; i < 16; ++i) t[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  return t;
+}
+
+TcpListener& TcpListener::instance(const std::string& localIp) {
+  // Never destroyed: the accept thread lives as long as the process.
+  static TcpListener* listener = new TcpListener(localIp);
+  return *listener;
+}
+
+TcpListener::TcpListener(const std::string& localIp) {
+  int port = 0;
+  listenFd_ = listenOn(localIp, &port);
+  setNonBlocking(listenFd_, true);
+  address_ = joinHostPort(localIp, port);
+  SMDCCL_INFO("listening on ", address_);
+  std::thread([this] { acceptLoop(); }).detach();
+}
+
+void TcpListener::registerGroup(const GroupToken& token, int groupSize, int myRank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_[token] = Group{groupSize, myRank, {}};
+}
+
+void TcpListener::unregisterGroup(const GroupToken& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = groups_.find(token);
+  if (it == groups_.end()) return;
+  for (auto& [key, fd] : it->second.inbox) close(fd);
+  groups_.erase(it);
+}
+
+int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
+                      const std::string& what, const std::atomic<bool>* cancel) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto key = std::make_pair(srcRank, static_cast<uint16_t>(channel));
+  while (true) {
+    auto g = groups_.find(token);
+    if (g == groups_.end()) throw CommError(CommError::Kind::Protocol, "group is shut down");
+    auto it = g->second.inbox.find(key);
+    if (it != g->second.inbox.end()) {
+      int fd = it->second;
+      g->second.inbox.erase(it);
+      return fd;
+    }
+    if (cancel && cancel->load())
+      throw CommError(CommError::Kind::Protocol, "shut down while waiting for " + what);
+    if (deadline.expired())
+      throw CommError(CommError::Kind::Timeout, strCat("timed out waiting for ", what,
+                                                       " to connect"));
+    // Short slices so a cancel is noticed.
+    auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    cv_.wait_until(lock, std::min(slice, deadline.at()));
+  }
+}
+
+void TcpListener::onHello(int fd, const Hello& h) {
+  std::string from = peerAddressOf(fd);
+  const char* why = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto g = groups_.find(h.token);
+    if (h.magic != Hello::kMagic || h.version != Hello::kVersion) why = "bad magic or version";
+    else if (g == groups_.end()) why = "unknown group token";
+    else if (h.srcRank < 0 || h.srcRank >= g->second.size || h.dstRank != g->second.myRank)
+      why = "ranks out of range";
+    else if (h.channel != static_cast<uint16_t>(Channel::Collective) &&
+             h.channel != static_cast<uint16_t>(Channel::PointToPoint))
+      why = "unknown channel";
+    else if (g->second.inbox.count({h.srcRank, h.channel}))
+      why = "duplicate connection";
+    if (!why) {
+      uint32_t ack = kAck;
+      if (::send(fd, &ack, sizeof ack, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof ack) {
+        why = "could not acknowledge";
+      } else {
+        g->second.inbox[{h.srcRank, h.channel}] = fd;
+      }
+    }
+  }
+  if (why) {
+    rejected_++;
+    SMDCCL_WARN("dropped connection from ", from, ": ", why);
+    close(fd);
+    return;
+  }
+  cv_.notify_all();
+}
+
+void TcpListener::acceptLoop() {
+  struct Pending {
+    int fd;
+    Hello hello;
+    size_t got;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Pending> pending;
+  while (true) {
+    std::vector<pollfd> fds{{listenFd_, POLLIN, 0}};
+    for (auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    poll(fds.data(), fds.size(), 200);
+    auto now = std::chrono::steady_clock::now();
+    if (fds[0].revents & POLLIN) {
+      while (true) {
+        int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        if (pending.size() >= kMaxPending) {
+          rejected_++;
+          SMDCCL_WARN("dropped connection from ", peerAddressOf(fd), ": too many half-open");
+          close(fd);
+          continue;
+        }
+        pending.push_back({fd, {}, 0, now + std::chrono::milliseconds(kHandshakeMs)});
+      }
+    }
+    std::vector<Pending> still;
+    for (auto& p : pending) {
+      ssize_t k = ::recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got,
+                         MSG_DONTWAIT);
+      if (k > 0) p.got += static_cast<size_t>(k);
+      bool dead = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      if (p.got == sizeof(Hello)) {
+        onHello(p.fd, p.hello);
+      } else if (dead || now > p.until) {
+        rejected_++;
+        SMDCCL_WARN("dropped connection from ", peerAddressOf(p.fd), ": ",
+                    dead ? "closed before a complete handshake" : "no handshake in time");
+        close(p.fd);
+      } else {
+        still.push_back(p);
+      }
+    }
+    pending.swap(still);
+  }
+}
+
+int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank,
+                  int peerRank, Channel channel, Deadline deadline, const std::string& what,
+                  const std::atomic<bool>* cancel) {
+  std::string ip;
+  int port = 0;
+  splitHostPort(peerAddress, &ip, &port);
+  int fd = connectTo(ip, port, deadline, what, cancel);
+  Hello h{};
+  h.magic = Hello::kMagic;
+  h.version = Hello::kVersion;
+  h.channel = static_cast<uint16_t>(channel);
+  h.srcRank = myRank;
+  h.dstRank = peerRank;
+  h.token = token;
+  try {
+    sendAll(fd, &h, sizeof h, deadline, what);
+    uint32_t ack = 0;
+    recvAll(fd, &ack, sizeof ack, deadline, what);
+    if (ack != kAck) throw CommError(CommError::Kind::Protocol, what + " refused the handshake");
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  return fd;
+}
+
+}  // namespace smdccl

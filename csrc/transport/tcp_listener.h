@@ -1,0 +1,78 @@
+#pragma once
+// One TCP listener per process, shared by every group. A connection is
+// accepted only if it opens with a Hello carrying a registered group's random
+// token and valid ranks; anything else is logged and dropped. Accepted
+// sockets wait in the group's inbox until the group takes them.
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "common/deadline.h"
+
+namespace smdccl {
+
+using GroupToken = std::array<uint8_t, 16>;
+
+GroupToken randomToken();
+std::string tokenToHex(const GroupToken& t);
+GroupToken tokenFromHex(const std::string& hex);
+
+// What a peer sends first on every connection (fixed size, little-endian).
+struct Hello {
+  static constexpr uint32_t kMagic = 0x43444d53;  // "SMDC"
+  static constexpr uint16_t kVersion = 1;
+  uint32_t magic;
+  uint16_t version;
+  uint16_t channel;  // which stream between the pair (collectives, p2p)
+  int32_t srcRank;   // group ranks
+  int32_t dstRank;
+  GroupToken token;
+};
+static_assert(sizeof(Hello) == 32, "Hello is a wire format");
+
+enum class Channel : uint16_t { Collective = 1, PointToPoint = 2 };
+
+class TcpListener {
+ public:
+  // The process-wide listener, started on first use on `localIp`.
+  static TcpListener& instance(const std::string& localIp);
+
+  std::string address() const { return address_; }
+  void registerGroup(const GroupToken& token, int groupSize, int myRank);
+  void unregisterGroup(const GroupToken& token);
+  // Waits for the connection `srcRank` opens to us on `channel`.
+  int take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
+           const std::string& what, const std::atomic<bool>* cancel = nullptr);
+  // Counts connections dropped for a bad handshake (tests read it).
+  uint64_t rejectedCount() const { return rejected_; }
+
+ private:
+  explicit TcpListener(const std::string& localIp);
+  void acceptLoop();
+  void onHello(int fd, const Hello& h);
+
+  struct Group {
+    int size;
+    int myRank;
+    std::map<std::pair<int, uint16_t>, int> inbox;
+  };
+  int listenFd_;
+  std::string address_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<GroupToken, Group> groups_;
+  std::atomic<uint64_t> rejected_{0};
+};
+
+// Opens our side of a pair: connects to the peer's listener and sends Hello.
+int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank,
+                  int peerRank, Channel channel, Deadline deadline, const std::string& what,
+                  const std::atomic<bool>* cancel = nullptr);
+
+}  // namespace smdccl

@@ -1,0 +1,23 @@
+"""smdccl: a two-level (intra-node / inter-node) collective-communication
+backend for torch.distributed.
+
+    import torch.distributed as dist
+    dist.init_process_group(backend="smdccl")   # importing smdccl is optional
+
+See README.md for the algorithms, the SMDCCL_* environment variables and the
+benchmarks.
+"""
+
+from smdccl._registration import BACKEND_NAME, is_registered, register
+
+__version__ = "0.1.0"
+__all__ = ["BACKEND_NAME", "register", "is_registered", "env_vars", "__version__"]
+
+register()
+
+
+def env_vars():
+    """Every SMDCCL_* environment variable as (name, default, meaning)."""
+    from smdccl import _C
+
+    return _C.env_vars()

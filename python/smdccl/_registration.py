@@ -1,0 +1,89 @@
+"""Registers "smdccl" with torch.distributed.
+
+Three ways in, all idempotent:
+- ``import smdccl`` calls :func:`register`;
+- the ``torch.distributed.backends`` entry point (torch >= 2.14) calls
+  :func:`register` lazily from ``init_process_group("smdccl")``;
+- the ``torch.backends`` entry point (torch >= 2.11) calls :func:`autoload` at
+  ``import torch``. An exception there would break ``import torch`` itself, so
+  it only warns.
+
+The engine (``smdccl._C``) is imported when the first group is created, not at
+registration, so ``import torch`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+BACKEND_NAME = "smdccl"
+
+
+def _master_addr_hint(store) -> str:
+    """Address to route towards when picking the network interface."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    # init_method="tcp://host:port" leaves no env var: ask the TCPStore.
+    seen = 0
+    while store is not None and seen < 8:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    return ""
+
+
+def _create_backend(dist_opts, backend_options=None):
+    import torch.distributed as dist
+
+    from smdccl import _C
+
+    if backend_options is not None and not isinstance(backend_options, dict):
+        options = getattr(backend_options, "__dict__", None)
+        if options is None:
+            raise TypeError(
+                "smdccl: pg_options must be None or a dict of smdccl options, got "
+                f"{type(backend_options).__name__}"
+            )
+    world_size = dist.get_world_size() if dist.is_initialized() else dist_opts.group_size
+    return _C._create_backend(
+        dist_opts.store,
+        dist_opts.group_rank,
+        dist_opts.group_size,
+        str(dist_opts.group_id),
+        [int(r) for r in dist_opts.global_ranks_in_group],
+        dist_opts.timeout.total_seconds(),
+        _master_addr_hint(dist_opts.store),
+        world_size,
+    )
+
+
+def is_registered() -> bool:
+    import torch.distributed as dist
+
+    return BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {})
+
+
+def register() -> None:
+    """Make ``backend="smdccl"`` available to torch.distributed (idempotent)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise RuntimeError("smdccl: this torch build has no torch.distributed support")
+    if is_registered():
+        return
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
+    )
+
+
+def autoload() -> None:
+    """Entry point run at ``import torch``: never raises."""
+    if os.environ.get("SMDCCL_AUTOLOAD", "1") == "0":
+        return
+    try:
+        register()
+    except Exception as exc:  # noqa: BLE001 - must not break `import torch`
+        warnings.warn(f"smdccl: could not register the backend: {exc}", stacklevel=2)
