@@ -10,7 +10,8 @@
 namespace smdccl {
 
 std::string OpContext::describe() const {
-  return strCat(op, " #", seq, " on group '", group, "' (rank ", rank, ")");
+  return strCat(op, " #", seq, " on group '", group ? *group : std::string("?"), "' (rank ", rank,
+                ")");
 }
 
 Exchange& Exchange::send(Link& link, const void* buf, size_t bytes) {

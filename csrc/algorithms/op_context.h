@@ -14,7 +14,7 @@ struct WaitPolicy {
 
 struct OpContext {
   const char* op = "?";
-  std::string group;
+  const std::string* group = nullptr;  // owned by the backend
   int rank = 0;
   uint64_t seq = 0;
   Deadline deadline = Deadline::never();

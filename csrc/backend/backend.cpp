@@ -108,45 +108,58 @@ std::chrono::milliseconds SmdcclBackend::effectiveTimeout(std::chrono::milliseco
 c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, const char* name,
                                                         std::vector<at::Tensor> outputs,
                                                         std::function<void(Comm&)> body,
-                                                        std::chrono::milliseconds opTimeout) {
+                                                        std::chrono::milliseconds opTimeout,
+                                                        bool asyncOp) {
   uint64_t seq = ++seq_;
-  auto work = c10::make_intrusive<SmdcclWork>(
-      rank_, type, nullptr, std::move(outputs),
-      strCat("smdccl ", name, " #", seq, " on group '", cfg_.groupName, "'"));
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), [this, name, seq] {
+    return strCat(name, " #", seq, " on group '", cfg_.groupName, "'");
+  });
   auto timeout = effectiveTimeout(opTimeout);
+  // A blocking call (async_op=False) with nothing ahead of it runs right here.
+  if (!asyncOp && progress_->tryRunInline([&] { runWork(*work, body, seq, name, timeout); }))
+    return work;
   progress_->post([this, work, body = std::move(body), seq, name, timeout] {
-    std::exception_ptr err;
-    {
-      std::lock_guard<std::mutex> lock(fatalMu_);
-      err = fatal_;
-    }
-    if (err) {
-      // Streams between ranks are out of step after a failure: fail fast.
-      work->complete(err);
-      return;
-    }
-    work->markStarted();
-    OpContext ctx;
-    ctx.op = name;
-    ctx.group = cfg_.groupName;
-    ctx.rank = rank_;
-    ctx.seq = seq;
-    ctx.deadline = Deadline::after(timeout);
-    ctx.wait = waitPolicy_;
-    Comm c{*mesh_, ctx, ring_};
-    try {
-      body(c);
-    } catch (const CommError& e) {
-      SMDCCL_WARN(e.what());
-      err = toTorchError(std::current_exception());
-      std::lock_guard<std::mutex> lock(fatalMu_);
-      fatal_ = err;
-    } catch (...) {
-      err = toTorchError(std::current_exception());
-    }
-    work->complete(err);
+    runWork(*work, body, seq, name, timeout);
   });
   return work;
+}
+
+}  // namespace smdccl
+
+namespace smdccl {
+
+void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& body,
+                            uint64_t seq, const char* name, std::chrono::milliseconds timeout) {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(fatalMu_);
+    err = fatal_;
+  }
+  if (err) {
+    // Streams between ranks are out of step after a failure: fail fast.
+    work.complete(err);
+    return;
+  }
+  work.markStarted();
+  OpContext ctx;
+  ctx.op = name;
+  ctx.group = &cfg_.groupName;
+  ctx.rank = rank_;
+  ctx.seq = seq;
+  ctx.deadline = Deadline::after(timeout);
+  ctx.wait = waitPolicy_;
+  Comm c{*mesh_, ctx, ring_};
+  try {
+    body(c);
+  } catch (const CommError& e) {
+    SMDCCL_WARN(e.what());
+    err = toTorchError(std::current_exception());
+    std::lock_guard<std::mutex> lock(fatalMu_);
+    fatal_ = err;
+  } catch (...) {
+    err = toTorchError(std::current_exception());
+  }
+  work.complete(err);
 }
 
 }  // namespace smdccl

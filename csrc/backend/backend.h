@@ -98,7 +98,10 @@ class SmdcclBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name,
                                            std::vector<at::Tensor> outputs,
                                            std::function<void(Comm&)> body,
-                                           std::chrono::milliseconds opTimeout);
+                                           std::chrono::milliseconds opTimeout,
+                                           bool asyncOp = true);
+  void runWork(SmdcclWork& work, const std::function<void(Comm&)>& body, uint64_t seq,
+               const char* name, std::chrono::milliseconds timeout);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
   // The data parts of reduce-scatter shared by its three entry points.
   void runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output, const ReduceSpec& spec);

@@ -67,7 +67,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
         smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
         applyPostDivide(t, spec);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -102,7 +102,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
           for (size_t i : idx) applyPostDivide(ts[i], specs[i]);
         }
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) {
@@ -122,7 +122,7 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
         smdccl::allreduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
         applyPostDivide(buf, spec);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 // ---------------------------------------------------------------- broadcast
@@ -137,7 +137,7 @@ WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
   return enqueue(
       OpType::BROADCAST, "broadcast", tensors,
       [t, root, tuning](Comm& c) { smdccl::broadcast(c, bytesOf(t), t.nbytes(), root, tuning); },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 // ---------------------------------------------------------------- allgather
@@ -159,7 +159,7 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
         smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
         unpackFrom(bytesOf(flat), outs);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -182,7 +182,7 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
         if (each && mine != bytesOf(in)) std::memmove(mine, bytesOf(in), each);
         smdccl::allgather(c, bytesOf(out), equalBlocks(c.size(), each), tuning);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
@@ -216,7 +216,7 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
           }
         }
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -251,7 +251,7 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
           }
         }
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 // ---------------------------------------------------------------- gather / scatter
@@ -283,7 +283,7 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
         directGather(c, bytesOf(in), each, bytesOf(flat), equalBlocks(c.size(), each), root);
         unpackFrom(bytesOf(flat), outs);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -314,7 +314,7 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
         directScatter(c, bytesOf(flat), equalBlocks(c.size(), each), bytesOf(out), each, root);
         if (each) std::memcpy(bytesOf(out), bytesOf(flat) + each * root, each);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 // ---------------------------------------------------------------- reduce-scatter
@@ -344,7 +344,7 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
         packInto(bytesOf(work), ins);
         runReduceScatter(c, work, out, spec);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -366,7 +366,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
         at::Tensor work = in.clone();  // the input is left as it was
         runReduceScatter(c, work, out, spec);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -395,7 +395,7 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
           runReduceScatter(c, work, outs[i], specs[i]);
         }
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 // ---------------------------------------------------------------- all-to-all
@@ -445,7 +445,7 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
         at::Tensor src = overlaps(in, out) ? in.clone() : in;
         directAlltoall(c, bytesOf(src), sendB, bytesOf(out), recvB);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -475,23 +475,23 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
         directAlltoall(c, bytesOf(in), sendB, bytesOf(out), recvB);
         unpackFrom(bytesOf(out), outs);
       },
-      opts.timeout);
+      opts.timeout, opts.asyncOp);
 }
 
 // ---------------------------------------------------------------- barrier, send/recv
 
 WorkPtr SmdcclBackend::barrier(const ::c10d::BarrierOptions& opts) {
   return enqueue(OpType::BARRIER, "barrier", {}, [](Comm& c) { smdccl::barrier(c); },
-                 opts.timeout);
+                 opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   at::Tensor t = checkSingle(tensors, "send");
   checkRank(dstRank, size_, "send", "destination rank");
   TORCH_CHECK_VALUE(dstRank != rank_, "smdccl: send: a rank cannot send to itself");
-  auto work = c10::make_intrusive<SmdcclWork>(
-      rank_, OpType::SEND, nullptr, tensors,
-      strCat("smdccl send to rank ", dstRank, " tag ", tag, " on group '", cfg_.groupName, "'"));
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::SEND, tensors, [this, dstRank, tag] {
+    return strCat("send to rank ", dstRank, " tag ", tag, " on group '", cfg_.groupName, "'");
+  });
   work->markStarted();
   p2p_->send(dstRank, t.data_ptr(), t.nbytes(), tag,
              Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
@@ -503,9 +503,9 @@ WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int t
   at::Tensor t = checkSingle(tensors, "recv");
   checkRank(srcRank, size_, "recv", "source rank");
   TORCH_CHECK_VALUE(srcRank != rank_, "smdccl: recv: a rank cannot receive from itself");
-  auto work = c10::make_intrusive<SmdcclWork>(
-      rank_, OpType::RECV, nullptr, tensors,
-      strCat("smdccl recv from rank ", srcRank, " tag ", tag, " on group '", cfg_.groupName, "'"));
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::RECV, tensors, [this, srcRank, tag] {
+    return strCat("recv from rank ", srcRank, " tag ", tag, " on group '", cfg_.groupName, "'");
+  });
   work->markStarted();
   p2p_->recv(srcRank, t.data_ptr(), t.nbytes(), tag,
              Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),

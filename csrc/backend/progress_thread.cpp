@@ -28,6 +28,13 @@ void ProgressThread::post(std::function<void()> task) {
   if (sleeping_.load()) cv_.notify_one();
 }
 
+bool ProgressThread::tryRunInline(const std::function<void()>& task) {
+  std::unique_lock<std::mutex> running(runMu_, std::try_to_lock);
+  if (!running.owns_lock() || pending_.load() > 0) return false;
+  task();
+  return true;
+}
+
 bool ProgressThread::tryPop(std::function<void()>* task) {
   std::lock_guard<std::mutex> lock(mu_);
   if (queue_.empty()) return false;
@@ -53,6 +60,7 @@ void ProgressThread::loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
+    std::lock_guard<std::mutex> running(runMu_);
     task();
     pending_.fetch_sub(1);
   }

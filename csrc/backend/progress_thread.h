@@ -18,6 +18,10 @@ class ProgressThread {
   ~ProgressThread();  // runs what is queued, then stops
 
   void post(std::function<void()> task);
+  // Runs `task` on the calling thread if nothing is queued or running (the
+  // caller is about to block on it anyway: this saves two thread hand-offs
+  // and keeps issue order). Returns false, without running it, otherwise.
+  bool tryRunInline(const std::function<void()>& task);
   size_t pending() const { return pending_.load(); }
 
  private:
@@ -26,6 +30,7 @@ class ProgressThread {
 
   int idleSpinUs_;
   std::mutex mu_;
+  std::mutex runMu_;  // held while a task runs, on either thread
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   std::atomic<size_t> pending_{0};

@@ -7,13 +7,16 @@
 
 namespace smdccl {
 
-SmdcclWork::SmdcclWork(int rank, ::c10d::OpType type, const char* profilingTitle,
-                       std::vector<at::Tensor> outputs, std::string description)
-    : ::c10d::Work(rank, type, profilingTitle),
-      outputs_(std::move(outputs)),
-      description_(std::move(description)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+namespace {
+c10::intrusive_ptr<c10::ivalue::Future> newTensorListFuture() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return c10::make_intrusive<c10::ivalue::Future>(type);
+}
+}  // namespace
+
+SmdcclWork::SmdcclWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs,
+                       std::function<std::string()> what)
+    : ::c10d::Work(rank, type), outputs_(std::move(outputs)), what_(std::move(what)) {}
 
 bool SmdcclWork::isCompleted() { return done_.load(std::memory_order_acquire); }
 
@@ -31,16 +34,20 @@ void SmdcclWork::markStarted() { started_ = std::chrono::steady_clock::now(); }
 
 void SmdcclWork::complete(std::exception_ptr error) {
   finished_ = std::chrono::steady_clock::now();
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     exception_ = error;
     completed_ = true;
     done_.store(true, std::memory_order_release);
+    future = future_;
   }
   cv_.notify_all();
   // Future callbacks (DDP's) run here, on the completing thread.
-  if (error) future_->setError(error);
-  else future_->markCompleted(c10::IValue(outputs_));
+  if (future) {
+    if (error) future->setError(error);
+    else future->markCompleted(c10::IValue(outputs_));
+  }
 }
 
 bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
@@ -58,7 +65,7 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
       cv_.wait(lock, ready);
     } else if (!cv_.wait_for(lock, timeout, ready)) {
       C10_THROW_ERROR(DistBackendError,
-                      description_ + " did not complete within " +
+                      "smdccl " + what_() + " did not complete within " +
                           std::to_string(timeout.count()) + " ms given to wait()");
     }
   }
@@ -68,7 +75,23 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
 
 std::vector<at::Tensor> SmdcclWork::result() { return outputs_; }
 
-c10::intrusive_ptr<c10::ivalue::Future> SmdcclWork::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> SmdcclWork::getFuture() {
+  bool completeNow = false;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!future_) {
+      future_ = newTensorListFuture();
+      completeNow = done_.load();
+    }
+    future = future_;
+  }
+  if (completeNow) {
+    if (exception_) future->setError(exception_);
+    else future->markCompleted(c10::IValue(outputs_));
+  }
+  return future;
+}
 
 float SmdcclWork::getDuration() const {
   if (!done_.load()) return -1.f;

@@ -6,13 +6,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <string>
 
 namespace smdccl {
 
 class SmdcclWork : public ::c10d::Work {
  public:
-  SmdcclWork(int rank, ::c10d::OpType type, const char* profilingTitle,
-             std::vector<at::Tensor> outputs, std::string description);
+  // `what` names the op in a wait() timeout, e.g. "allreduce #7 on group 'g'";
+  // it is built only if needed.
+  SmdcclWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs,
+             std::function<std::string()> what);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -28,7 +32,8 @@ class SmdcclWork : public ::c10d::Work {
 
  private:
   std::vector<at::Tensor> outputs_;
-  std::string description_;
+  std::function<std::string()> what_;
+  // Created on the first getFuture() (DDP asks; plain calls never do).
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> done_{false};
   std::chrono::steady_clock::time_point started_, finished_;

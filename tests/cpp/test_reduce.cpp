@@ -1,0 +1,93 @@
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "algorithms/comm.h"
+#include "check.h"
+#include "kernels/cpu/reduce.h"
+
+using namespace smdccl;
+
+namespace {
+uint16_t toBf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float fromBf16(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+TEST(reduce_float_ops_and_nan) {
+  // Lengths around the vector width exercise the loop tails.
+  for (size_t n : {0, 1, 7, 8, 9, 33, 1000}) {
+    std::vector<float> a(n), b(n), out(n);
+    for (size_t i = 0; i < n; ++i) {
+      a[i] = static_cast<float>(i) - 3.5f;
+      b[i] = 2.0f - static_cast<float>(i % 5);
+    }
+    reduceTo(out.data(), a.data(), b.data(), n, DType::F32, RedOp::Sum);
+    for (size_t i = 0; i < n; ++i) CHECK(out[i] == a[i] + b[i]);
+    reduceTo(out.data(), a.data(), b.data(), n, DType::F32, RedOp::Max);
+    for (size_t i = 0; i < n; ++i) CHECK(out[i] == std::max(a[i], b[i]));
+    reduceTo(out.data(), a.data(), b.data(), n, DType::F32, RedOp::Prod);
+    for (size_t i = 0; i < n; ++i) CHECK(out[i] == a[i] * b[i]);
+  }
+  double x[2] = {1.0, std::nan("")}, y[2] = {std::nan(""), 2.0}, o[2];
+  reduceTo(o, x, y, 2, DType::F64, RedOp::Min);
+  CHECK(std::isnan(o[0]) && std::isnan(o[1]));
+}
+
+TEST(reduce_integers_wrap) {
+  int8_t a[3] = {127, -128, 5}, b[3] = {1, -1, -7};
+  reduceInto(a, b, 3, DType::I8, RedOp::Sum);
+  CHECK(a[0] == -128 && a[1] == 127 && a[2] == -2);
+  int64_t c[2] = {std::numeric_limits<int64_t>::max(), 3}, d[2] = {1, -4};
+  reduceInto(c, d, 2, DType::I64, RedOp::Min);
+  CHECK(c[0] == 1 && c[1] == -4);
+  uint8_t e[2] = {200, 3}, f[2] = {100, 4};
+  reduceInto(e, f, 2, DType::U8, RedOp::Sum);
+  CHECK(e[0] == 44 && e[1] == 7);
+}
+
+TEST(reduce_bool_is_logical) {
+  uint8_t a[4] = {0, 0, 1, 1}, b[4] = {0, 1, 0, 1}, o[4];
+  reduceTo(o, a, b, 4, DType::Bool, RedOp::Sum);
+  CHECK(o[0] == 0 && o[1] == 1 && o[2] == 1 && o[3] == 1);
+  reduceTo(o, a, b, 4, DType::Bool, RedOp::Prod);
+  CHECK(o[0] == 0 && o[1] == 0 && o[2] == 0 && o[3] == 1);
+}
+
+TEST(reduce_bf16_accumulates_in_float32) {
+  // 256 + 1 is not representable in bf16 (8 bits of mantissa); the sum is
+  // computed in float32 and rounded once to nearest even -> 256.
+  uint16_t a[2] = {toBf16(256.f), toBf16(1.5f)}, b[2] = {toBf16(1.f), toBf16(2.25f)};
+  reduceInto(a, b, 2, DType::BF16, RedOp::Sum);
+  CHECK(fromBf16(a[0]) == 256.f);
+  CHECK(fromBf16(a[1]) == 3.75f);
+}
+
+TEST(reduce_f16_sum) {
+  _Float16 a[9], b[9];
+  for (int i = 0; i < 9; ++i) {
+    a[i] = static_cast<_Float16>(i * 0.5f);
+    b[i] = static_cast<_Float16>(1000.0f);
+  }
+  reduceInto(a, b, 9, DType::F16, RedOp::Sum);
+  for (int i = 0; i < 9; ++i) CHECK(static_cast<float>(a[i]) == static_cast<float>(static_cast<_Float16>(1000.0f + i * 0.5f)));
+}
+
+TEST(blocks_even_split) {
+  Blocks b = Blocks::even(10, 4, 4);
+  CHECK((b.length == std::vector<size_t>{12, 12, 8, 8}));
+  CHECK((b.offset == std::vector<size_t>{0, 12, 24, 32}));
+  CHECK(b.total() == 40);
+  Blocks z = Blocks::even(0, 3, 8);
+  CHECK(z.total() == 0 && z.offset.size() == 3);
+}

@@ -1,0 +1,120 @@
+// Shared-memory links between two "ranks" that are threads of this process:
+// ring wrap-around, message alignment, receive-and-reduce, and the deadline.
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "algorithms/exchange.h"
+#include "check.h"
+#include "common/error.h"
+#include "transport/shm_node.h"
+
+using namespace smdccl;
+
+namespace {
+
+class MemoryStore : public KVStore {
+ public:
+  void set(const std::string& k, const std::string& v) override {
+    std::lock_guard<std::mutex> l(mu_);
+    kv_[k] = v;
+    cv_.notify_all();
+  }
+  std::string get(const std::string& k, Deadline d) override {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_until(l, d.at(), [&] { return kv_.count(k) > 0; }))
+      throw CommError(CommError::Kind::Timeout, "store timeout " + k);
+    return kv_[k];
+  }
+  int64_t add(const std::string& k, int64_t delta) override {
+    std::lock_guard<std::mutex> l(mu_);
+    int64_t v = (kv_.count(k) ? std::stoll(kv_[k]) : 0) + delta;
+    kv_[k] = std::to_string(v);
+    cv_.notify_all();
+    return v;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+// Runs body(rank, link, ctx) on two threads joined by a small shm ring.
+void withTwoRanks(size_t ringBytes,
+                  const std::function<void(int, Link&, Doorbell&)>& body) {
+  MemoryStore store;
+  std::string token = "00112233445566778899aabbccddeeff";
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto node = std::make_shared<ShmNode>(store, token, std::vector<int>{0, 1}, r, ringBytes,
+                                            Deadline::after(std::chrono::seconds(10)));
+      ShmLink link(node, r, 1 - r);
+      body(r, link, node->myBell());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+TEST(shm_ring_wraps_and_keeps_messages_aligned) {
+  // Messages of odd sizes through a 4 KiB ring: many wrap-arounds.
+  std::vector<size_t> sizes = {1, 4095, 4096, 10001, 3, 70000};
+  withTwoRanks(4096, [&](int rank, Link& link, Doorbell& bell) {
+    OpContext ctx;
+    ctx.op = "test";
+    ctx.deadline = Deadline::after(std::chrono::seconds(10));
+    for (size_t n : sizes) {
+      std::vector<uint8_t> out(n), in(n);
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(i * 7 + rank);
+      Exchange(ctx, &bell).send(link, out.data(), n).recv(link, in.data(), n).run();
+      for (size_t i = 0; i < n; ++i)
+        if (in[i] != static_cast<uint8_t>(i * 7 + (1 - rank))) {
+          CHECK(false && "payload mismatch");
+          break;
+        }
+    }
+  });
+}
+
+TEST(shm_recv_reduce_float) {
+  withTwoRanks(8192, [&](int rank, Link& link, Doorbell& bell) {
+    OpContext ctx;
+    ctx.op = "test";
+    ctx.deadline = Deadline::after(std::chrono::seconds(10));
+    size_t n = 12345;
+    std::vector<float> mine(n), acc(n);
+    for (size_t i = 0; i < n; ++i) mine[i] = acc[i] = static_cast<float>(i % 100) * (rank + 1);
+    Exchange(ctx, &bell)
+        .send(link, mine.data(), n * 4)
+        .recvReduce(link, acc.data(), n * 4, DType::F32, RedOp::Sum)
+        .run();
+    for (size_t i = 0; i < n; ++i) CHECK(acc[i] == static_cast<float>(i % 100) * 3);
+  });
+}
+
+TEST(exchange_times_out_naming_the_peer) {
+  withTwoRanks(4096, [&](int rank, Link& link, Doorbell& bell) {
+    if (rank == 1) return;  // never sends
+    OpContext ctx;
+    ctx.op = "allreduce";
+    ctx.deadline = Deadline::after(std::chrono::milliseconds(300));
+    char buf[16];
+    std::string msg;
+    try {
+      Exchange(ctx, &bell).recv(link, buf, sizeof buf).run();
+    } catch (const CommError& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("timed out") != std::string::npos);
+    CHECK(msg.find("rank 1") != std::string::npos);
+    CHECK(msg.find("allreduce") != std::string::npos);
+  });
+}
