@@ -18,7 +18,7 @@ struct Comm {
   int rank() const { return mesh.rank(); }
   int size() const { return mesh.size(); }
   Link& link(int peer) { return mesh.link(peer, ctx.deadline); }
-  Exchange exchange() { return Exchange(ctx, mesh.myBell()); }
+  Exchange exchange() { return Exchange(ctx, mesh.myBell(), mesh.shmNode()); }
   int ringPosition() const;
 };
 

@@ -131,13 +131,10 @@ void Exchange::sleepForProgress() {
 }
 
 void Exchange::checkHealth() {
-  for (auto& t : t_) {
-    if (t.done == t.bytes) continue;
-    try {
-      t.link->checkPeerAlive();
-    } catch (const CommError& e) {
-      throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
-    }
+  try {
+    if (node_) node_->checkAllAlive();
+  } catch (const CommError& e) {
+    throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
   }
   if (ctx_.deadline.expired()) timeout();
 }

@@ -9,12 +9,16 @@
 #include "algorithms/op_context.h"
 #include "transport/futex.h"
 #include "transport/link.h"
+#include "transport/shm_node.h"
 
 namespace smdccl {
 
 class Exchange {
  public:
-  Exchange(const OpContext& ctx, Doorbell* myBell) : ctx_(ctx), bell_(myBell) {}
+  // `node`: this rank's shared-memory node, if any; its ranks are checked for
+  // liveness while waiting.
+  Exchange(const OpContext& ctx, Doorbell* myBell, const ShmNode* node = nullptr)
+      : ctx_(ctx), bell_(myBell), node_(node) {}
 
   Exchange& send(Link& link, const void* buf, size_t bytes);
   Exchange& recv(Link& link, void* buf, size_t bytes);
@@ -41,6 +45,7 @@ class Exchange {
 
   const OpContext& ctx_;
   Doorbell* bell_;
+  const ShmNode* node_;
   std::vector<Transfer> t_;
 };
 

@@ -153,6 +153,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
     body(c);
   } catch (const CommError& e) {
     SMDCCL_WARN(e.what());
+    mesh_->abortLinks();
     err = toTorchError(std::current_exception());
     std::lock_guard<std::mutex> lock(fatalMu_);
     fatal_ = err;

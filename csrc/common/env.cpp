@@ -29,6 +29,8 @@ const std::vector<EnvVar>& envVars() {
        "the number of local ranks and cores)."},
       {env::kIdleSpinUs, "-1",
        "Microseconds the progress thread polls for new work before sleeping (-1: automatic)."},
+      {env::kAutoload, "1",
+       "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };
   return vars;
 }

@@ -32,6 +32,7 @@ constexpr const char* kBcastTreeBytes = "SMDCCL_BCAST_TREE_BYTES";
 constexpr const char* kTcpBufferKB = "SMDCCL_TCP_BUFFER_KB";
 constexpr const char* kSpinUs = "SMDCCL_SPIN_US";
 constexpr const char* kIdleSpinUs = "SMDCCL_IDLE_SPIN_US";
+constexpr const char* kAutoload = "SMDCCL_AUTOLOAD";
 }  // namespace env
 
 }  // namespace smdccl

@@ -26,8 +26,6 @@ class Link {
   virtual void endRecv() {}
   // File descriptor to poll() for readiness, or -1 for shared memory.
   virtual int pollFd() const { return -1; }
-  // Shared-memory links only: throws CommError if the peer process died.
-  virtual void checkPeerAlive() const {}
   virtual const char* kind() const = 0;
 };
 

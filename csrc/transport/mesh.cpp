@@ -1,5 +1,6 @@
 #include "transport/mesh.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/error.h"
@@ -37,6 +38,11 @@ Mesh::~Mesh() {
   for (int fd : p2pIn_)
     if (fd >= 0) close(fd);
   if (listener_) listener_->unregisterGroup(token_);
+}
+
+void Mesh::abortLinks() {
+  for (auto& l : links_)
+    if (l && l->pollFd() >= 0) shutdown(l->pollFd(), SHUT_RDWR);
 }
 
 std::string Mesh::peerAddress(int peer, Deadline deadline) {

@@ -38,6 +38,10 @@ class Mesh {
   const std::vector<int>& localRanks() const { return localRanks_; }
   // Shared-memory doorbell of this rank, if any peer is on this node.
   Doorbell* myBell() const { return shm_ ? &shm_->myBell() : nullptr; }
+  const ShmNode* shmNode() const { return shm_.get(); }
+  // After a failure: shuts down every TCP link so that remote peers waiting
+  // on this rank fail at once instead of at their deadline.
+  void abortLinks();
 
   // Collective-channel link to `peer` (not thread-safe: progress thread only).
   Link& link(int peer, Deadline deadline);

@@ -69,6 +69,16 @@ char* ShmNode::ringData(int from, int to) const {
   return segment_.data() + dataOffset_ + (from * localRanks_.size() + to) * ringBytes_;
 }
 
+void ShmNode::checkAllAlive() const {
+  for (size_t i = 0; i < localRanks_.size(); ++i) {
+    if (static_cast<int>(i) == me_) continue;
+    int32_t pid = ctl(static_cast<int>(i))->pid;
+    if (!processAlive(pid))
+      throw CommError(CommError::Kind::PeerFailure,
+                      strCat("rank ", localRanks_[i], " (pid ", pid, ", same node) has exited"));
+  }
+}
+
 ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)
     : node_(std::move(node)), peer_(peerRank) {
   int me = node_->localIndex(myRank);
@@ -78,7 +88,6 @@ ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)
   outData_ = node_->ringData(me, p);
   inData_ = node_->ringData(p, me);
   peerBell_ = &node_->ctl(p)->bell;
-  peerPid_ = node_->ctl(p)->pid;
   cap_ = node_->ringBytes();
 }
 
@@ -129,12 +138,6 @@ size_t ShmLink::recvReduce(void* dst, size_t n, DType dtype, RedOp op) {
 void ShmLink::endSend() { sendPos_ = roundUp(sendPos_, kAlign); }
 
 void ShmLink::endRecv() { recvPos_ = roundUp(recvPos_, kAlign); }
-
-void ShmLink::checkPeerAlive() const {
-  if (!processAlive(peerPid_))
-    throw CommError(CommError::Kind::PeerFailure,
-                    strCat("rank ", peer_, " (pid ", peerPid_, ", same node) has exited"));
-}
 
 bool processAlive(int32_t pid) {
   if (pid <= 0) return true;  // not yet published: cannot tell

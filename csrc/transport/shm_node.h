@@ -44,6 +44,9 @@ class ShmNode {
   char* ringData(int from, int to) const;
   size_t ringBytes() const { return ringBytes_; }
   Doorbell& myBell() const { return ctl(me_)->bell; }
+  // Throws CommError naming the first local rank whose process is gone: a
+  // collective cannot finish without it, whoever we are waiting on.
+  void checkAllAlive() const;
 
  private:
   std::vector<int> localRanks_;
@@ -62,7 +65,6 @@ class ShmLink : public Link {
   size_t recvReduce(void* dst, size_t n, DType dtype, RedOp op) override;
   void endSend() override;
   void endRecv() override;
-  void checkPeerAlive() const override;
   const char* kind() const override { return "shm"; }
 
  private:
@@ -76,7 +78,6 @@ class ShmLink : public Link {
   char* outData_;
   char* inData_;
   Doorbell* peerBell_;
-  int32_t peerPid_;
   size_t cap_;
   uint64_t sendPos_ = 0;
   uint64_t recvPos_ = 0;
