@@ -91,3 +91,37 @@ TEST(blocks_even_split) {
   Blocks z = Blocks::even(0, 3, 8);
   CHECK(z.total() == 0 && z.offset.size() == 3);
 }
+
+TEST(reduce_16bit_vector_and_tail_agree_with_scalar_rounding) {
+  // 8-lane vector bodies plus scalar tails must round identically.
+  for (size_t n : {5, 8, 16, 19, 1003}) {
+    std::vector<uint16_t> a(n), b(n), bf(n);
+    std::vector<_Float16> ha(n), hb(n), hout(n);
+    for (size_t i = 0; i < n; ++i) {
+      float x = 0.37f * i - 11.f, y = 1.0f / (1 + i) + 300.f;
+      a[i] = toBf16(x);
+      b[i] = toBf16(y);
+      ha[i] = static_cast<_Float16>(x);
+      hb[i] = static_cast<_Float16>(y);
+    }
+    for (RedOp op : {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max}) {
+      reduceTo(bf.data(), a.data(), b.data(), n, DType::BF16, op);
+      reduceTo(hout.data(), ha.data(), hb.data(), n, DType::F16, op);
+      for (size_t i = 0; i < n; ++i) {
+        float x = fromBf16(a[i]), y = fromBf16(b[i]);
+        float r = op == RedOp::Sum ? x + y : op == RedOp::Prod ? x * y : op == RedOp::Min ? std::min(x, y) : std::max(x, y);
+        CHECK(bf[i] == toBf16(r));
+        float hx = static_cast<float>(ha[i]), hy = static_cast<float>(hb[i]);
+        float hr = op == RedOp::Sum ? hx + hy : op == RedOp::Prod ? hx * hy : op == RedOp::Min ? std::min(hx, hy) : std::max(hx, hy);
+        CHECK(static_cast<float>(hout[i]) == static_cast<float>(static_cast<_Float16>(hr)));
+      }
+    }
+  }
+  uint16_t nanA[8], one[8], o[8];
+  for (int i = 0; i < 8; ++i) {
+    nanA[i] = 0x7fc1;  // bf16 NaN
+    one[i] = toBf16(1.f);
+  }
+  reduceTo(o, nanA, one, 8, DType::BF16, RedOp::Max);
+  for (int i = 0; i < 8; ++i) CHECK(std::isnan(fromBf16(o[i])));
+}

@@ -1,6 +1,7 @@
 // The same loops compiled with -mavx2 -mf16c -mfma (set in CMakeLists.txt);
 // only called after the dispatcher saw those features on this CPU.
 #define SMDCCL_REDUCE_NS avx2
+#define SMDCCL_REDUCE_AVX2 1
 #include "kernels/cpu/reduce_impl.h"
 
 namespace smdccl::avx2 {

@@ -8,6 +8,10 @@
 
 #include "common/dtype.h"
 
+#if defined(SMDCCL_REDUCE_AVX2)
+#include <immintrin.h>
+#endif
+
 namespace smdccl {
 namespace SMDCCL_REDUCE_NS {
 
@@ -65,12 +69,62 @@ static inline T floatOp(T a, T b) {
   }
 }
 
+#if defined(SMDCCL_REDUCE_AVX2)
+// Eight float32 lanes of floatOp (NaN-propagating MIN/MAX included).
+template <RedOp OP>
+static inline __m256 vecOp(__m256 a, __m256 b) {
+  if constexpr (OP == RedOp::Sum) return _mm256_add_ps(a, b);
+  else if constexpr (OP == RedOp::Prod) return _mm256_mul_ps(a, b);
+  else {
+    __m256 r = OP == RedOp::Min ? _mm256_min_ps(a, b) : _mm256_max_ps(a, b);
+    __m256 nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(r, _mm256_add_ps(a, b), nan);
+  }
+}
+template <RedOp OP>
+static inline __m256d vecOp(__m256d a, __m256d b) {
+  if constexpr (OP == RedOp::Sum) return _mm256_add_pd(a, b);
+  else if constexpr (OP == RedOp::Prod) return _mm256_mul_pd(a, b);
+  else {
+    __m256d r = OP == RedOp::Min ? _mm256_min_pd(a, b) : _mm256_max_pd(a, b);
+    __m256d nan = _mm256_cmp_pd(a, b, _CMP_UNORD_Q);
+    return _mm256_blendv_pd(r, _mm256_add_pd(a, b), nan);
+  }
+}
+static inline __m256 bf16x8ToFloat(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline void floatToBf16x8(uint16_t* p, __m256 f) {
+  __m256i u = _mm256_castps_si256(f);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  __m256 isNan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
+  __m256i r = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), isNan));
+  // Pack the low 16 bits of the eight 32-bit lanes (values < 65536: no saturation).
+  __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(lo, hi));
+}
+#endif
+
 template <RedOp OP, typename T>
 static void floatLoop(void* out, const void* a, const void* b, size_t n) {
   T* o = static_cast<T*>(out);
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = floatOp<OP>(x[i], y[i]);
+  size_t i = 0;
+#if defined(SMDCCL_REDUCE_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(o + i, vecOp<OP>(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  } else {
+    for (; i + 4 <= n; i += 4)
+      _mm256_storeu_pd(o + i, vecOp<OP>(_mm256_loadu_pd(x + i), _mm256_loadu_pd(y + i)));
+  }
+#endif
+  for (; i < n; ++i) o[i] = floatOp<OP>(x[i], y[i]);
 }
 
 // Integers: SUM/PRODUCT in the unsigned type so overflow wraps (defined).
@@ -104,7 +158,12 @@ static void bf16Loop(void* out, const void* a, const void* b, size_t n) {
   uint16_t* o = static_cast<uint16_t*>(out);
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = floatToBf16(floatOp<OP>(bf16ToFloat(x[i]), bf16ToFloat(y[i])));
+  size_t i = 0;
+#if defined(SMDCCL_REDUCE_AVX2)
+  for (; i + 8 <= n; i += 8)
+    floatToBf16x8(o + i, vecOp<OP>(bf16x8ToFloat(x + i), bf16x8ToFloat(y + i)));
+#endif
+  for (; i < n; ++i) o[i] = floatToBf16(floatOp<OP>(bf16ToFloat(x[i]), bf16ToFloat(y[i])));
 }
 
 template <RedOp OP>
@@ -112,7 +171,16 @@ static void f16Loop(void* out, const void* a, const void* b, size_t n) {
   uint16_t* o = static_cast<uint16_t*>(out);
   const uint16_t* x = static_cast<const uint16_t*>(a);
   const uint16_t* y = static_cast<const uint16_t*>(b);
-  for (size_t i = 0; i < n; ++i) o[i] = floatToF16(floatOp<OP>(f16ToFloat(x[i]), f16ToFloat(y[i])));
+  size_t i = 0;
+#if defined(SMDCCL_REDUCE_AVX2)
+  for (; i + 8 <= n; i += 8) {
+    __m256 fx = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i)));
+    __m256 fy = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
+                     _mm256_cvtps_ph(vecOp<OP>(fx, fy), _MM_FROUND_TO_NEAREST_INT));
+  }
+#endif
+  for (; i < n; ++i) o[i] = floatToF16(floatOp<OP>(f16ToFloat(x[i]), f16ToFloat(y[i])));
 }
 
 template <RedOp OP>
