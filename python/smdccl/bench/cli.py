@@ -1,0 +1,213 @@
+"""Command line: parse the options, then check, open, sweep, report.
+
+Order of events (every rank runs it; only rank 0 prints):
+1. parse and validate the options (no torch.distributed yet, so ``--help``
+   works without torchrun);
+2. start the gloo default group (the control plane) and open one group per
+   requested backend, skipping the ones that cannot be opened, or stopping
+   with exit code 2 if such a backend was named in ``--backends``;
+3. sweep backends x collectives x sizes (:mod:`~smdccl.bench.sweep`);
+4. print the table, write ``--json`` and ``--plot``;
+5. exit 1 if any #wrong > 0, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+from smdccl.bench import choices
+from smdccl.bench.sizes import geometric, parse_size, parse_size_list
+
+EPILOG = """\
+examples:
+  torchrun --nproc-per-node 2 -m smdccl.bench
+  torchrun --nproc-per-node 4 -m smdccl.bench --backends smdccl,gloo --max-bytes 1M
+  torchrun --nproc-per-node 2 -m smdccl.bench --collectives allreduce --sizes 4K,1M,64M \\
+      --dtype bfloat16 --op max --json out.json --plot out.png
+  torchrun --nproc-per-node 2 -m smdccl.bench --device cuda --backends smdccl,nccl
+
+Sizes, counts and busbw follow nccl-tests (doc/PERFORMANCE.md); see
+`pydoc smdccl.bench.collectives` and `pydoc smdccl.bench.sweep` for the
+definitions and the timing method. Exit code: 0 ok, 1 some #wrong > 0,
+2 usage error or a requested backend unavailable.
+"""
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_size_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="smdccl.bench",
+        usage="torchrun --nproc-per-node N -m smdccl.bench [options]",
+        description="nccl-tests-style collective benchmark: smdccl vs gloo vs nccl, "
+                    "all measured in one run.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_argument_group("what to measure")
+    what.add_argument("--backends", type=_names, default=None, metavar="LIST",
+                      help="comma list (default: smdccl,gloo, plus nccl with --device cuda "
+                           "and >= 2 GPUs); a backend named here that cannot be opened is "
+                           "an error, a default one is skipped with a message")
+    what.add_argument("--collectives", type=_names, default=list(choices.COLLECTIVES),
+                      metavar="LIST",
+                      help="comma list out of %s (default: all)" % ",".join(choices.COLLECTIVES))
+    what.add_argument("--dtype", choices=choices.DTYPES, default="float32",
+                      help="element type (default: float32)")
+    what.add_argument("--op", choices=choices.OPS, default="sum",
+                      help="reduction for allreduce and reduce_scatter (default: sum)")
+    what.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                      help="tensor device; cuda uses cuda:(LOCAL_RANK %% device count) "
+                           "(default: cpu)")
+
+    size = p.add_argument_group("sizes (bytes; K/M/G suffixes are powers of 1024)")
+    size.add_argument("--min-bytes", type=_size, default=parse_size("4K"), metavar="N",
+                      help="smallest size (default: 4K)")
+    size.add_argument("--max-bytes", type=_size, default=parse_size("64M"), metavar="N",
+                      help="largest size (default: 64M)")
+    size.add_argument("--step-factor", type=int, default=4, metavar="F",
+                      help="multiply the size by F at each step (default: 4)")
+    size.add_argument("--sizes", type=_sizes, default=None, metavar="LIST",
+                      help="explicit comma list, e.g. 4K,1M,64M (overrides min/max/step)")
+
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--iters", type=int, default=None, metavar="N",
+                        help="timed calls per size (default: adaptive, about --target-time "
+                             "per size, between 5 and 1000)")
+    timing.add_argument("--warmup", type=int, default=5, metavar="N",
+                        help="untimed calls per size before the timed ones (default: 5)")
+    timing.add_argument("--target-time", type=float, default=0.3, metavar="S",
+                        help="seconds per size aimed at by the adaptive --iters (default: 0.3)")
+    timing.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="process-group timeout in seconds (default: 300)")
+
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write header and all rows as JSON")
+    out.add_argument("--plot", metavar="FILE",
+                     help="draw busbw vs size per backend (e.g. out.png; needs matplotlib)")
+    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bar on stderr (default: only when stderr is a terminal)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    unknown = [c for c in args.collectives if c not in choices.COLLECTIVES]
+    if unknown:
+        parser.error(f"unknown collective(s) {','.join(unknown)}; "
+                     f"choose from {','.join(choices.COLLECTIVES)}")
+    if not args.collectives:
+        parser.error("--collectives is empty")
+    if args.backends is not None and not args.backends:
+        parser.error("--backends is empty")
+    if args.backends is not None and len(set(args.backends)) != len(args.backends):
+        parser.error("--backends lists a backend twice")
+    if args.op == "avg" and args.dtype not in choices.FLOAT_DTYPES:
+        parser.error("--op avg needs a floating-point --dtype")
+    if args.iters is not None and args.iters < 1:
+        parser.error("--iters must be >= 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    if args.target_time <= 0:
+        parser.error("--target-time must be > 0")
+    if args.sizes is not None:
+        if not args.sizes:
+            parser.error("--sizes is empty")
+        args.size_list = args.sizes
+    else:
+        try:
+            args.size_list = geometric(args.min_bytes, args.max_bytes, args.step_factor)
+        except ValueError as exc:
+            parser.error(str(exc))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # torch 2.14 deprecates these two names; they are still the documented
+    # c10d calls the benchmark measures, so the warning is only noise here.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`",
+        category=FutureWarning)
+
+    from smdccl.bench import plot
+
+    if args.plot and not plot.available():
+        print(plot.MISSING, file=sys.stderr)  # before the sweep, not after
+        return 2
+
+    import torch.distributed as dist
+
+    from smdccl.bench import report
+    from smdccl.bench.backends import default_backends, init_world, open_group
+    from smdccl.bench.progress import progress_bar
+    from smdccl.bench.sweep import sweep
+
+    world = init_world(args.device, args.timeout)
+    lead = world.rank == 0
+
+    def say(msg: str) -> None:
+        if lead:
+            print(f"smdccl.bench: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        explicit = args.backends is not None
+        names = args.backends if explicit else default_backends(args.device)
+        groups, unavailable = {}, {}
+        for name in names:
+            group, err = open_group(name, world, args.timeout)
+            if group is None:
+                unavailable[name] = err
+                if explicit:
+                    say(f"backend {name!r} was requested but is unavailable: {err}")
+                    return 2
+                say(f"backend {name!r} unavailable, skipped: {err}")
+            else:
+                groups[name] = group
+        if not groups:
+            say("no backend could be opened")
+            return 2
+
+        total = len(groups) * len(args.collectives) * len(args.size_list)
+        bar = progress_bar(total, args.progress if lead else False)
+        try:
+            rows, skipped = sweep(groups, world, args, bar.update)
+        finally:
+            bar.close()
+
+        if lead:
+            measured = list(groups)
+            info = report.header(world, args, measured)
+            info["unavailable"] = unavailable
+            print(report.table(rows, skipped, measured, args.collectives,
+                               report.preamble(info)), flush=True)
+            if args.json:
+                report.write_json(args.json, info, rows, skipped)
+                say(f"wrote {args.json}")
+            if args.plot:
+                title = (f"{world.size} ranks, {world.device.type}, {args.dtype}"
+                         f", op {args.op}")
+                plot.plot(rows, args.plot, measured, args.collectives, title)
+                say(f"wrote {args.plot}")
+        return 1 if any(r["wrong"] for r in rows) else 0
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,130 @@
+"""The nccl-tests-style table (stdout, rank 0) and the JSON file.
+
+Rows are grouped by collective, then ordered by size and, within a size, by
+backend in the order given, so that the backends being compared sit on
+adjacent lines. Numbers use nccl-tests' units: bytes, elements,
+microseconds, GB/s with 1 GB = 1e9 bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import socket
+import sys
+
+# (row key, heading, format); the first column is left-aligned.
+COLUMNS = (
+    ("backend", "backend", "{}"),
+    ("size", "size", "{:d}"),
+    ("count", "count", "{:d}"),
+    ("dtype", "type", "{}"),
+    ("op", "redop", "{}"),
+    ("time_us", "time(us)", "{:.2f}"),
+    ("algbw", "algbw(GB/s)", "{:.3f}"),
+    ("busbw", "busbw(GB/s)", "{:.3f}"),
+    ("wrong", "#wrong", "{:d}"),
+)
+
+
+def _ordered(rows: list[dict], backends: list[str], collectives: list[str]) -> dict:
+    by_coll: dict[str, list[dict]] = {}
+    for name in collectives:
+        picked = [r for r in rows if r["collective"] == name]
+        if picked:
+            by_coll[name] = sorted(picked, key=lambda r: (r["size"], backends.index(r["backend"])))
+    return by_coll
+
+
+def _lines(rows: list[dict]) -> list[str]:
+    cells = [[fmt.format(r[key]) for key, _, fmt in COLUMNS] for r in rows]
+    heads = [head for _, head, _ in COLUMNS]
+    widths = [max(len(c) for c in col) for col in zip(heads, *cells)]
+
+    def join(values: list[str]) -> str:
+        first = values[0].ljust(widths[0])
+        return "  ".join([first] + [v.rjust(w) for v, w in zip(values[1:], widths[1:])])
+
+    return ["#  " + join(heads)] + ["   " + join(c) for c in cells]
+
+
+def table(rows: list[dict], skipped: list[dict], backends: list[str],
+          collectives: list[str], preamble: str) -> str:
+    """The whole report as text: preamble, one block per collective, summary."""
+    out = [preamble, "#"]
+    for name, picked in _ordered(rows, backends, collectives).items():
+        out.append(f"# {name}")
+        out.extend(_lines(picked))
+        averages = []
+        for b in backends:
+            bw = [r["busbw"] for r in picked if r["backend"] == b]
+            if bw:
+                averages.append(f"{b} {sum(bw) / len(bw):.2f}")
+        out.append("# avg busbw (GB/s): " + ", ".join(averages))
+        out.append("#")
+    for s in skipped:
+        out.append(f"# skipped {s['backend']} {s['collective']}: {s['reason']}")
+    wrong = sum(r["wrong"] for r in rows)
+    out.append(f"# #wrong total: {wrong}" + ("  OK" if wrong == 0 else "  FAILED"))
+    return "\n".join(out)
+
+
+def command_line() -> str:
+    """How this run was started, as a user would type it."""
+    args = shlex.join(sys.argv[1:])
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        nproc = os.environ.get("LOCAL_WORLD_SIZE", "?")
+        return f"torchrun --nproc-per-node {nproc} -m smdccl.bench {args}".rstrip()
+    return f"python -m smdccl.bench {args}".rstrip()
+
+
+def header(world, args, backends: list[str]) -> dict:
+    """Machine and run description stored at the top of the JSON file."""
+    import torch
+
+    info = {
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch_version": torch.__version__,
+        "smdccl_version": None,
+        "world_size": world.size,
+        "device": world.device.type,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if world.device.type == "cuda" else [],
+        "backends": backends,
+        "collectives": list(args.collectives),
+        "dtype": args.dtype,
+        "op": args.op,
+        "sizes": list(args.size_list),
+        "iters": args.iters or "auto",
+        "warmup": args.warmup,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command_line": command_line(),
+        "argv": list(sys.argv),
+    }
+    if "smdccl" in sys.modules:
+        info["smdccl_version"] = getattr(sys.modules["smdccl"], "__version__", None)
+    return info
+
+
+def preamble(info: dict) -> str:
+    iters = "auto" if info["iters"] == "auto" else info["iters"]
+    return (
+        f"# smdccl.bench  {info['command_line']}\n"
+        f"# host {info['hostname']} ({info['cpu_count']} cpus), torch {info['torch_version']}, "
+        f"{info['world_size']} ranks, device {info['device']}, warmup {info['warmup']}, "
+        f"iters {iters}\n"
+        "# time: per-call median on each rank, max over ranks; algbw = size/time; "
+        "busbw = algbw * nccl-tests factor"
+    )
+
+
+def write_json(path: str, info: dict, rows: list[dict], skipped: list[dict]) -> None:
+    with open(path, "w") as f:
+        json.dump({"header": info, "rows": rows, "skipped": skipped}, f, indent=1)
+        f.write("\n")
