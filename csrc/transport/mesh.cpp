@@ -74,16 +74,20 @@ Link& Mesh::link(int peer, Deadline deadline) {
 }
 
 int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
-  std::lock_guard<std::mutex> lock(p2pMu_);
   std::vector<int>& slot = outgoing ? p2pOut_ : p2pIn_;
-  if (slot[peer] < 0) {
-    // Each direction has its own socket, dialled by the sender, so that
-    // sends never wait for the receiver to be set up first.
-    int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline);
-    tuneDataSocket(fd);
-    slot[peer] = fd;
+  {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    if (slot[peer] >= 0) return slot[peer];
   }
-  return slot[peer];
+  // Each direction has its own socket, dialled by the sender, so that sends
+  // never wait for the receiver to be set up first. Only one thread asks for
+  // a given (peer, direction), so connecting needs no lock; holding one here
+  // would let two ranks' receivers block each other's senders.
+  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline);
+  tuneDataSocket(fd);
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  slot[peer] = fd;
+  return fd;
 }
 
 }  // namespace smdccl

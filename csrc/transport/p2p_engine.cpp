@@ -69,20 +69,28 @@ void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline de
     std::vector<char> msg = std::move(early->second.front());
     early->second.pop_front();
     lock.unlock();
-    if (msg.size() != bytes) {
-      done(std::make_exception_ptr(InvalidArgument(
-          strCat("smdccl: recv from rank ", rank, " with tag ", tag, " on group '", group_,
-                 "' expected ", bytes, " bytes but the matching send carried ", msg.size()))));
-      return;
-    }
-    if (bytes) std::memcpy(buf, msg.data(), bytes);
-    done(nullptr);
+    completeFromBuffer(rank, RecvReq{buf, bytes, tag, deadline, std::move(done)}, msg);
     return;
   }
   p.recvs.push_back({buf, bytes, tag, deadline, std::move(done)});
   if (!p.receiver.joinable())
     p.receiver = std::thread([this, rank, &p] { receiverLoop(rank, p); });
   p.cv.notify_all();
+}
+
+void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const std::vector<char>& msg) {
+  if (msg.size() != req.bytes) {
+    req.done(std::make_exception_ptr(sizeMismatch(rank, req, msg.size())));
+    return;
+  }
+  if (req.bytes) std::memcpy(req.buf, msg.data(), req.bytes);
+  req.done(nullptr);
+}
+
+InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const {
+  return InvalidArgument(strCat("smdccl: recv from rank ", rank, " with tag ", req.tag,
+                                " on group '", group_, "' expected ", req.bytes,
+                                " bytes but the matching send carried ", sent));
 }
 
 void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
@@ -195,14 +203,25 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       recvAll(fd, msg.data(), h.bytes, Deadline::after(std::chrono::minutes(5)), what,
               mesh_.cancelFlag());
       if (matched) {
-        target.done(std::make_exception_ptr(InvalidArgument(
-            strCat("smdccl: recv from rank ", rank, " with tag ", h.tag, " on group '", group_,
-                   "' expected ", target.bytes, " bytes but the matching send carried ",
-                   h.bytes))));
+        target.done(std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
         continue;
       }
-      std::lock_guard<std::mutex> lock(p.mu);
-      p.early[h.tag].push_back(std::move(msg));
+      // A receive may have been posted while the payload was arriving.
+      RecvReq late{};
+      bool lateMatch = false;
+      {
+        std::lock_guard<std::mutex> lock(p.mu);
+        for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
+          if (it->tag == h.tag) {
+            late = *it;
+            p.recvs.erase(it);
+            lateMatch = true;
+            break;
+          }
+        }
+        if (!lateMatch) p.early[h.tag].push_back(std::move(msg));
+      }
+      if (lateMatch) completeFromBuffer(rank, late, msg);
     } catch (const std::exception& e) {
       failWith(e.what());
       return;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "common/error.h"
 
 namespace smdccl {
 
@@ -62,6 +63,8 @@ class P2PEngine {
   void senderLoop(int rank, Peer& p);
   void receiverLoop(int rank, Peer& p);
   void failAll(Peer& p, std::exception_ptr e);
+  void completeFromBuffer(int rank, const RecvReq& req, const std::vector<char>& msg);
+  InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
 
   Mesh& mesh_;
   std::string group_;
