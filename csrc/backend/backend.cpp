@@ -128,6 +128,27 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
 
 namespace smdccl {
 
+std::string SmdcclBackend::failureWithGroupCause(const std::string& mine) {
+  const std::string key = "smdccl/first_failure";
+  try {
+    if (store_->check(key)) {
+      std::string first = store_->get(key, Deadline::after(std::chrono::seconds(5)));
+      if (first != mine) return mine + " [first failure in the group: " + first + "]";
+      return mine;
+    }
+    if (store_->add(key + "/claim", 1) == 1) {
+      store_->set(key, mine);
+    } else {
+      // Another rank is writing its cause right now.
+      std::string first = store_->get(key, Deadline::after(std::chrono::seconds(5)));
+      return mine + " [first failure in the group: " + first + "]";
+    }
+  } catch (const std::exception& e) {
+    SMDCCL_INFO("could not share the failure cause through the store: ", e.what());
+  }
+  return mine;
+}
+
 void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& body,
                             uint64_t seq, const char* name, std::chrono::milliseconds timeout) {
   std::exception_ptr err;
@@ -152,9 +173,10 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
   try {
     body(c);
   } catch (const CommError& e) {
-    SMDCCL_WARN(e.what());
-    mesh_->abortLinks();
-    err = toTorchError(std::current_exception());
+    std::string msg = failureWithGroupCause(e.what());
+    SMDCCL_WARN(msg);
+    mesh_->abortLinks();  // only after the cause is in the store
+    err = toTorchError(std::make_exception_ptr(CommError(e.kind(), msg)));
     std::lock_guard<std::mutex> lock(fatalMu_);
     fatal_ = err;
   } catch (...) {

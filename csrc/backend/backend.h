@@ -100,6 +100,9 @@ class SmdcclBackend : public ::c10d::Backend {
                                            std::function<void(Comm&)> body,
                                            std::chrono::milliseconds opTimeout,
                                            bool asyncOp = true);
+  // After a failure: the first rank to fail records its cause in the store;
+  // later ones (who may only see a peer's connection close) report it too.
+  std::string failureWithGroupCause(const std::string& mine);
   void runWork(SmdcclWork& work, const std::function<void(Comm&)>& body, uint64_t seq,
                const char* name, std::chrono::milliseconds timeout);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;

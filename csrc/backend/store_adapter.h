@@ -28,6 +28,8 @@ class C10dStoreAdapter : public KVStore {
 
   int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
 
+  bool check(const std::string& key) override { return store_->check({key}); }
+
  private:
   c10::intrusive_ptr<::c10d::Store> store_;
 };

@@ -16,6 +16,8 @@ class KVStore {
   // Blocks until the key exists or the deadline passes (then throws CommError).
   virtual std::string get(const std::string& key, Deadline deadline) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Whether the key exists, without waiting.
+  virtual bool check(const std::string& key) = 0;
 };
 
 // Every rank publishes `value` under prefix/rank and reads everyone's.

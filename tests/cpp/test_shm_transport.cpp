@@ -31,6 +31,10 @@ class MemoryStore : public KVStore {
       throw CommError(CommError::Kind::Timeout, "store timeout " + k);
     return kv_[k];
   }
+  bool check(const std::string& k) override {
+    std::lock_guard<std::mutex> l(mu_);
+    return kv_.count(k) > 0;
+  }
   int64_t add(const std::string& k, int64_t delta) override {
     std::lock_guard<std::mutex> l(mu_);
     int64_t v = (kv_.count(k) ? std::stoll(kv_[k]) : 0) + delta;
