@@ -78,7 +78,8 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   mc.shmRingBytes = static_cast<size_t>(envInt(env::kShmRingKB)) << 10;
   mesh_ = std::make_unique<Mesh>(*store_, mc, deadline);
   ring_ = mc.topology.ringOrder();
-  p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName);
+  p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName,
+                                     [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
   int local = static_cast<int>(mesh_->localRanks().size());
   waitPolicy_ = pickWaitPolicy(local);
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(local));

@@ -91,6 +91,8 @@ class SmdcclBackend : public ::c10d::Backend {
   // Introspection for tests and `python -m smdccl.info`.
   std::string describeTopology() const { return mesh_->topology().describe(); }
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
+  std::string listenAddress() const { return mesh_->listenAddress(); }
+  uint64_t rejectedConnections() const { return mesh_->rejectedConnections(); }
 
  private:
   // Runs `body` on the progress thread with a fresh deadline; the Work

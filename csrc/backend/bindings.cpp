@@ -54,7 +54,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("topology", &smdccl::SmdcclBackend::describeTopology,
                              "How the group's ranks are spread over nodes")
       .def_property_readonly("local_ranks", &smdccl::SmdcclBackend::localRanks,
-                             "Group ranks that share this rank's node");
+                             "Group ranks that share this rank's node")
+      .def_property_readonly("listen_address", &smdccl::SmdcclBackend::listenAddress,
+                             "ip:port of this process's TCP listener")
+      .def_property_readonly("rejected_connections",
+                             &smdccl::SmdcclBackend::rejectedConnections,
+                             "Connections this process's listener dropped for a bad handshake");
 
   m.def("_create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_seconds"),

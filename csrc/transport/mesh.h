@@ -39,6 +39,9 @@ class Mesh {
   // Shared-memory doorbell of this rank, if any peer is on this node.
   Doorbell* myBell() const { return shm_ ? &shm_->myBell() : nullptr; }
   const ShmNode* shmNode() const { return shm_.get(); }
+  // "ip:port" of this process's listener ("" for a one-rank group).
+  std::string listenAddress() const { return listener_ ? listener_->address() : ""; }
+  uint64_t rejectedConnections() const { return listener_ ? listener_->rejectedCount() : 0; }
   // After a failure: shuts down every TCP link so that remote peers waiting
   // on this rank fail at once instead of at their deadline.
   void abortLinks();

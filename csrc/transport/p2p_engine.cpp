@@ -23,7 +23,9 @@ constexpr uint64_t kMaxEarlyBytes = uint64_t(1) << 40;  // sanity bound on a hea
 
 }  // namespace
 
-P2PEngine::P2PEngine(Mesh& mesh, std::string groupName) : mesh_(mesh), group_(std::move(groupName)) {}
+P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
+                     std::function<std::chrono::milliseconds()> timeout)
+    : mesh_(mesh), group_(std::move(groupName)), timeout_(std::move(timeout)) {}
 
 P2PEngine::~P2PEngine() {
   stop_ = true;
@@ -178,7 +180,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
     if (stop_) return;
     Header h{};
     try {
-      recvAll(fd, &h, sizeof h, Deadline::after(std::chrono::minutes(5)), what, mesh_.cancelFlag());
+      recvAll(fd, &h, sizeof h, Deadline::after(timeout_()), what, mesh_.cancelFlag());
       if (h.magic != kMagic || h.bytes > kMaxEarlyBytes)
         throw CommError(CommError::Kind::Protocol, "corrupt message header");
       RecvReq target{};
@@ -200,7 +202,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         continue;
       }
       std::vector<char> msg(h.bytes);
-      recvAll(fd, msg.data(), h.bytes, Deadline::after(std::chrono::minutes(5)), what,
+      recvAll(fd, msg.data(), h.bytes, Deadline::after(timeout_()), what,
               mesh_.cancelFlag());
       if (matched) {
         target.done(std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));

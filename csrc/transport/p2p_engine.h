@@ -27,7 +27,9 @@ using Completion = std::function<void(std::exception_ptr)>;
 
 class P2PEngine {
  public:
-  P2PEngine(Mesh& mesh, std::string groupName);
+  // `timeout` gives the group's current timeout: the bound on reading a
+  // message nobody has asked for yet.
+  P2PEngine(Mesh& mesh, std::string groupName, std::function<std::chrono::milliseconds()> timeout);
   ~P2PEngine();
 
   void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
@@ -68,6 +70,7 @@ class P2PEngine {
 
   Mesh& mesh_;
   std::string group_;
+  std::function<std::chrono::milliseconds()> timeout_;
   std::mutex mu_;
   std::map<int, std::unique_ptr<Peer>> peers_;
   std::atomic<bool> stop_{false};
