@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "algorithms/collectives.h"
@@ -41,6 +42,39 @@ void unpackFrom(const char* src, std::vector<at::Tensor>& ts) {
   for (auto& t : ts) {
     std::memcpy(t.data_ptr(), src, t.nbytes());
     src += t.nbytes();
+  }
+}
+
+// gather's gather_list / scatter's scatter_list: one tensor per rank on the
+// root, nothing elsewhere.
+std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists,
+                                 const at::Tensor& ref, int rank, int root, int size,
+                                 const char* op, const char* name) {
+  if (rank != root) {
+    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "smdccl: ", op,
+                      ": only the root (rank ", root, ") passes ", name);
+    return {};
+  }
+  TORCH_CHECK_VALUE(lists.size() == 1, "smdccl: ", op, ": the root needs one ", name);
+  checkOutputList(lists[0], ref, size, op, name);
+  return lists[0];
+}
+
+// Allgathers several inputs as one message (rank r's block is its inputs
+// packed); `place(i, r)` says where input i of rank r goes.
+void allgatherPacked(Comm& c, const std::vector<at::Tensor>& ins, const Tuning& tuning,
+                     const std::function<char*(size_t, int)>& place) {
+  size_t each = 0;
+  for (auto& t : ins) each += t.nbytes();
+  at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
+  packInto(bytesOf(flat) + each * c.rank(), ins);
+  smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
+  for (int r = 0; r < c.size(); ++r) {
+    const char* src = bytesOf(flat) + each * r;
+    for (size_t i = 0; i < ins.size(); ++i) {
+      std::memcpy(place(i, r), src, ins[i].nbytes());
+      src += ins[i].nbytes();
+    }
   }
 }
 
@@ -201,20 +235,8 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
   Tuning tuning = tuning_;
   return enqueue(
       OpType::ALLGATHER_COALESCED, "allgather_coalesced", allOutputs,
-      [ins, outs, tuning](Comm& c) mutable {
-        // All inputs travel as one message: rank r's block is its inputs packed.
-        size_t each = 0;
-        for (auto& t : ins) each += t.nbytes();
-        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
-        packInto(bytesOf(flat) + each * c.rank(), ins);
-        smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
-        for (int r = 0; r < c.size(); ++r) {
-          const char* src = bytesOf(flat) + each * r;
-          for (size_t i = 0; i < ins.size(); ++i) {
-            std::memcpy(outs[i][r].data_ptr(), src, ins[i].nbytes());
-            src += ins[i].nbytes();
-          }
-        }
+      [ins, outs, tuning](Comm& c) {
+        allgatherPacked(c, ins, tuning, [&](size_t i, int r) { return bytesOf(outs[i][r]); });
       },
       opts.timeout, opts.asyncOp);
 }
@@ -237,19 +259,9 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
   Tuning tuning = tuning_;
   return enqueue(
       OpType::COALESCED, "allgather_into_tensor_coalesced", outputs,
-      [ins, outs, tuning](Comm& c) mutable {
-        size_t each = 0;
-        for (auto& t : ins) each += t.nbytes();
-        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
-        packInto(bytesOf(flat) + each * c.rank(), ins);
-        smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
-        for (int r = 0; r < c.size(); ++r) {
-          const char* src = bytesOf(flat) + each * r;
-          for (size_t i = 0; i < ins.size(); ++i) {
-            std::memcpy(bytesOf(outs[i]) + ins[i].nbytes() * r, src, ins[i].nbytes());
-            src += ins[i].nbytes();
-          }
-        }
+      [ins, outs, tuning](Comm& c) {
+        allgatherPacked(c, ins, tuning,
+                        [&](size_t i, int r) { return bytesOf(outs[i]) + ins[i].nbytes() * r; });
       },
       opts.timeout, opts.asyncOp);
 }
@@ -261,15 +273,7 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor in = checkSingle(inputs, "gather");
   checkRank(opts.rootRank, size_, "gather", "root rank");
   int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> outs;
-  if (rank_ == root) {
-    TORCH_CHECK_VALUE(outputs.size() == 1, "smdccl: gather: the root needs one output list");
-    checkOutputList(outputs[0], in, size_, "gather", "gather_list");
-    outs = outputs[0];
-  } else {
-    TORCH_CHECK_VALUE(outputs.empty() || outputs[0].empty(),
-                      "smdccl: gather: only the root (rank ", root, ") passes gather_list");
-  }
+  std::vector<at::Tensor> outs = rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
   return enqueue(
       OpType::GATHER, "gather", outs,
       [in, outs, root](Comm& c) mutable {
@@ -292,15 +296,7 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
   at::Tensor out = checkSingle(outputs, "scatter");
   checkRank(opts.rootRank, size_, "scatter", "root rank");
   int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> ins;
-  if (rank_ == root) {
-    TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: scatter: the root needs one input list");
-    checkOutputList(inputs[0], out, size_, "scatter", "scatter_list");
-    ins = inputs[0];
-  } else {
-    TORCH_CHECK_VALUE(inputs.empty() || inputs[0].empty(),
-                      "smdccl: scatter: only the root (rank ", root, ") passes scatter_list");
-  }
+  std::vector<at::Tensor> ins = rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
   return enqueue(
       OpType::SCATTER, "scatter", outputs,
       [ins, out, root](Comm& c) {

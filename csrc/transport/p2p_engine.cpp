@@ -80,6 +80,17 @@ void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline de
   p.cv.notify_all();
 }
 
+bool P2PEngine::takePosted(Peer& p, int64_t tag, RecvReq* out) {
+  for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
+    if (it->tag == tag) {
+      *out = std::move(*it);
+      p.recvs.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
 void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const std::vector<char>& msg) {
   if (msg.size() != req.bytes) {
     req.done(std::make_exception_ptr(sizeMismatch(rank, req, msg.size())));
@@ -184,17 +195,10 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       if (h.magic != kMagic || h.bytes > kMaxEarlyBytes)
         throw CommError(CommError::Kind::Protocol, "corrupt message header");
       RecvReq target{};
-      bool matched = false;
+      bool matched;
       {
         std::lock_guard<std::mutex> lock(p.mu);
-        for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
-          if (it->tag == h.tag) {
-            target = *it;
-            p.recvs.erase(it);
-            matched = true;
-            break;
-          }
-        }
+        matched = takePosted(p, h.tag, &target);
       }
       if (matched && target.bytes == h.bytes) {
         recvAll(fd, target.buf, h.bytes, target.deadline, what, mesh_.cancelFlag());
@@ -210,17 +214,10 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       }
       // A receive may have been posted while the payload was arriving.
       RecvReq late{};
-      bool lateMatch = false;
+      bool lateMatch;
       {
         std::lock_guard<std::mutex> lock(p.mu);
-        for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
-          if (it->tag == h.tag) {
-            late = *it;
-            p.recvs.erase(it);
-            lateMatch = true;
-            break;
-          }
-        }
+        lateMatch = takePosted(p, h.tag, &late);
         if (!lateMatch) p.early[h.tag].push_back(std::move(msg));
       }
       if (lateMatch) completeFromBuffer(rank, late, msg);

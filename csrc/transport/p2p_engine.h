@@ -65,6 +65,8 @@ class P2PEngine {
   void senderLoop(int rank, Peer& p);
   void receiverLoop(int rank, Peer& p);
   void failAll(Peer& p, std::exception_ptr e);
+  // The oldest posted receive with this tag, removed from the queue (p.mu held).
+  static bool takePosted(Peer& p, int64_t tag, RecvReq* out);
   void completeFromBuffer(int rank, const RecvReq& req, const std::vector<char>& msg);
   InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
 
