@@ -39,6 +39,10 @@ class SmdcclBackend : public ::c10d::Backend {
   const std::string getBackendName() const override { return "smdccl"; }
   c10::intrusive_ptr<Options> getBackendOptions() override;
   void setTimeout(std::chrono::milliseconds timeout) override { timeoutMs_ = timeout.count(); }
+  // Collectives issued so far; TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper
+  // compares it across ranks to catch mismatched calls.
+  void setSequenceNumberForGroup() override {}  // every rank starts at 0
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
 
   c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                              const ::c10d::BroadcastOptions& opts) override;
