@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/error.h"
@@ -14,19 +15,21 @@ std::string OpContext::describe() const {
                 ")");
 }
 
-Exchange& Exchange::send(Link& link, const void* buf, size_t bytes) {
+Exchange& Exchange::send(Link& link, const void* buf, size_t bytes, Deps deps) {
   t_.push_back({&link, Kind::Send, const_cast<char*>(static_cast<const char*>(buf)), bytes, 0,
-                DType::U8, RedOp::Sum});
+                DType::U8, RedOp::Sum, deps});
   return *this;
 }
 
-Exchange& Exchange::recv(Link& link, void* buf, size_t bytes) {
-  t_.push_back({&link, Kind::Recv, static_cast<char*>(buf), bytes, 0, DType::U8, RedOp::Sum});
+Exchange& Exchange::recv(Link& link, void* buf, size_t bytes, Deps deps) {
+  t_.push_back(
+      {&link, Kind::Recv, static_cast<char*>(buf), bytes, 0, DType::U8, RedOp::Sum, deps});
   return *this;
 }
 
-Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op) {
-  t_.push_back({&link, Kind::RecvReduce, static_cast<char*>(buf), bytes, 0, dtype, op});
+Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
+                               Deps deps) {
+  t_.push_back({&link, Kind::RecvReduce, static_cast<char*>(buf), bytes, 0, dtype, op, deps});
   return *this;
 }
 
@@ -42,11 +45,17 @@ bool Exchange::progressOnce(bool* allDone) {
   bool progressed = false;
   *allDone = true;
   for (auto& t : t_) {
-    if (t.done == t.bytes) continue;  // zero-length, or finished earlier
+    if (t.finished) continue;
+    if (t.deps.after >= 0 && !t_[t.deps.after].finished) {
+      *allDone = false;
+      continue;
+    }
+    size_t limit = t.bytes;
+    if (t.deps.limitBy >= 0) limit = std::min(limit, t_[t.deps.limitBy].done);
     // Keep moving on this transfer while it makes progress: fewer trips
     // through the loop for large messages.
-    while (t.done < t.bytes) {
-      size_t left = t.bytes - t.done;
+    while (t.done < limit) {
+      size_t left = limit - t.done;
       size_t k;
       try {
         switch (t.kind) {
@@ -62,6 +71,7 @@ bool Exchange::progressOnce(bool* allDone) {
       progressed = true;
     }
     if (t.done == t.bytes) {
+      t.finished = true;
       if (t.kind == Kind::Send) t.link->endSend();
       else t.link->endRecv();
     } else {
@@ -110,7 +120,7 @@ void Exchange::sleepForProgress() {
   std::vector<pollfd> fds;
   bool anyShm = false;
   for (auto& t : t_) {
-    if (t.done == t.bytes) continue;
+    if (t.finished) continue;
     int fd = t.link->pollFd();
     if (fd < 0) anyShm = true;
     else fds.push_back({fd, static_cast<short>(t.kind == Kind::Send ? POLLOUT : POLLIN), 0});
@@ -142,7 +152,7 @@ void Exchange::checkHealth() {
 void Exchange::timeout() {
   std::string waiting;
   for (auto& t : t_) {
-    if (t.done == t.bytes) continue;
+    if (t.finished) continue;
     waiting += strCat(waiting.empty() ? "" : "; ", t.kind == Kind::Send ? "sending to" : "receiving from",
                       " rank ", t.link->peer(), " (", t.done, " of ", t.bytes, " bytes, ",
                       t.link->kind(), ")");

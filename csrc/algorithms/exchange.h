@@ -13,6 +13,17 @@
 
 namespace smdccl {
 
+// Optional ordering between the transfers of one exchange, by index (the
+// value of Exchange::size() before the transfer was added):
+//  after:   the transfer starts once that one has completed (two messages on
+//           one link in one direction must not interleave);
+//  limitBy: the transfer moves no further than that one has (a send that
+//           forwards what a receive is still writing, while it is hot).
+struct ExchangeDeps {
+  int after = -1;
+  int limitBy = -1;
+};
+
 class Exchange {
  public:
   // `node`: this rank's shared-memory node, if any; its ranks are checked for
@@ -20,10 +31,14 @@ class Exchange {
   Exchange(const OpContext& ctx, Doorbell* myBell, const ShmNode* node = nullptr)
       : ctx_(ctx), bell_(myBell), node_(node) {}
 
-  Exchange& send(Link& link, const void* buf, size_t bytes);
-  Exchange& recv(Link& link, void* buf, size_t bytes);
+  using Deps = ExchangeDeps;
+
+  Exchange& send(Link& link, const void* buf, size_t bytes, Deps deps = {});
+  Exchange& recv(Link& link, void* buf, size_t bytes, Deps deps = {});
   // Incoming bytes are combined into buf: buf = buf op incoming.
-  Exchange& recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op);
+  Exchange& recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
+                       Deps deps = {});
+  int size() const { return static_cast<int>(t_.size()); }
   // Runs everything added since the last run() to completion.
   void run();
 
@@ -37,6 +52,10 @@ class Exchange {
     size_t done;
     DType dtype;
     RedOp op;
+    Deps deps;
+    // Set once done == bytes *and* its `after` has finished: a zero-length
+    // transfer must not let its successors jump ahead of its predecessor.
+    bool finished = false;
   };
   bool progressOnce(bool* allDone);
   void sleepForProgress();

@@ -1,54 +1,72 @@
 // Ring reduce-scatter and allgather (bandwidth-optimal: each rank sends and
 // receives (p-1)/p of the data per phase). The ring follows the node-major
 // order, so it crosses each node boundary once per direction.
+//
+// All steps of a ring run as one streaming exchange: the send of step s+1
+// forwards the block that step s is still receiving (limitBy), chunk by chunk
+// while it is in cache, instead of waiting for the whole step and reading
+// the block back from memory. Sends to the next rank, and receives from the
+// previous one, stay in step order (after).
 #include "algorithms/comm.h"
 
 namespace smdccl {
 
+namespace {
+
 // Position i of the ring finishes the reduce-scatter owning logical block
 // (i+1) mod p; logical block k is mapped to the data block of the rank at ring
 // position k-1, so every rank ends up owning its own data block.
-static int dataBlockOf(const Comm& c, int logical) {
+int dataBlockOf(const Comm& c, int logical) {
   int p = c.size();
-  return c.ring[(logical - 1 + p) % p];
+  return c.ring[((logical - 1) % p + p) % p];
 }
 
-void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op) {
+void runRing(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, bool reduceScatter,
+             bool allgather) {
   int p = c.size();
   if (p == 1) return;
   int i = c.ringPosition();
   Link& next = c.link(c.ring[(i + 1) % p]);
   Link& prev = c.link(c.ring[(i - 1 + p) % p]);
   Exchange ex = c.exchange();
-  for (int s = 0; s < p - 1; ++s) {
-    int sendBlk = dataBlockOf(c, ((i - s) % p + p) % p);
-    int recvBlk = dataBlockOf(c, ((i - s - 1) % p + p) % p);
-    ex.send(next, buf + b.offset[sendBlk], b.length[sendBlk])
-        .recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk], dt, op)
-        .run();
+  int lastSend = -1, lastRecv = -1;
+  auto step = [&](int sendBlk, int recvBlk, bool reduce, bool forward) {
+    Exchange::Deps sendDeps{lastSend, forward ? lastRecv : -1};
+    Exchange::Deps recvDeps{lastRecv, -1};
+    lastSend = ex.size();
+    ex.send(next, buf + b.offset[sendBlk], b.length[sendBlk], sendDeps);
+    lastRecv = ex.size();
+    if (reduce) ex.recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk], dt, op, recvDeps);
+    else ex.recv(prev, buf + b.offset[recvBlk], b.length[recvBlk], recvDeps);
+  };
+  if (reduceScatter) {
+    // Step s sends logical block i-s (for s > 0: the one step s-1 reduced)
+    // and reduces block i-s-1 into our copy.
+    for (int s = 0; s < p - 1; ++s)
+      step(dataBlockOf(c, i - s), dataBlockOf(c, i - s - 1), /*reduce=*/true, /*forward=*/s > 0);
   }
+  if (allgather) {
+    // Step s sends block i+1-s (our own first, then what step s-1 received).
+    for (int s = 0; s < p - 1; ++s)
+      step(dataBlockOf(c, i + 1 - s), dataBlockOf(c, i - s), /*reduce=*/false,
+           /*forward=*/s > 0 || reduceScatter);
+  }
+  ex.run();
+}
+
+}  // namespace
+
+void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op) {
+  runRing(c, buf, b, dt, op, true, false);
 }
 
 void ringAllgather(Comm& c, char* buf, const Blocks& b) {
-  int p = c.size();
-  if (p == 1) return;
-  int i = c.ringPosition();
-  Link& next = c.link(c.ring[(i + 1) % p]);
-  Link& prev = c.link(c.ring[(i - 1 + p) % p]);
-  Exchange ex = c.exchange();
-  for (int s = 0; s < p - 1; ++s) {
-    int sendBlk = dataBlockOf(c, ((i + 1 - s) % p + p) % p);
-    int recvBlk = dataBlockOf(c, ((i - s) % p + p) % p);
-    ex.send(next, buf + b.offset[sendBlk], b.length[sendBlk])
-        .recv(prev, buf + b.offset[recvBlk], b.length[recvBlk])
-        .run();
-  }
+  runRing(c, buf, b, DType::U8, RedOp::Sum, false, true);
 }
 
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op) {
   Blocks b = Blocks::even(count, c.size(), elementSize(dt));
-  ringReduceScatter(c, buf, b, dt, op);
-  ringAllgather(c, buf, b);
+  runRing(c, buf, b, dt, op, true, true);
 }
 
 }  // namespace smdccl

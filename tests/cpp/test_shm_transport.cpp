@@ -122,3 +122,29 @@ TEST(exchange_times_out_naming_the_peer) {
     CHECK(msg.find("allreduce") != std::string::npos);
   });
 }
+
+TEST(exchange_keeps_message_order_through_zero_length_transfers) {
+  // A 0-byte message between two others must not let the third start early
+  // (the streaming ring chains transfers with `after`).
+  withTwoRanks(4096, [&](int rank, Link& link, Doorbell& bell) {
+    OpContext ctx;
+    ctx.op = "test";
+    ctx.deadline = Deadline::after(std::chrono::seconds(10));
+    Exchange ex(ctx, &bell);
+    if (rank == 0) {
+      char a[5] = {1, 2, 3, 4, 5}, c[3] = {7, 8, 9};
+      ex.send(link, a, 5);
+      ex.send(link, nullptr, 0, {0, -1});
+      ex.send(link, c, 3, {1, -1});
+      ex.run();
+    } else {
+      char a[5] = {0}, c[3] = {0};
+      ex.recv(link, a, 5);
+      ex.recv(link, nullptr, 0, {0, -1});
+      ex.recv(link, c, 3, {1, -1});
+      ex.run();
+      CHECK(a[0] == 1 && a[4] == 5);
+      CHECK(c[0] == 7 && c[2] == 9);
+    }
+  });
+}
