@@ -1,39 +1,113 @@
 #include "algorithms/collectives.h"
 
+#include <cmath>
+#include <mutex>
+#include <set>
+#include <tuple>
+
 #include "common/log.h"
 
 namespace smdccl {
 
+namespace {
+
+GroupShape shapeOf(const Comm& c) {
+  GroupShape g;
+  g.ranks = c.size();
+  if (c.levels && c.members.empty()) {
+    g.nodes = c.levels->numNodes();
+    g.maxLocal = c.levels->maxLocal();
+    g.uniform = c.levels->uniform();
+  } else {
+    g.maxLocal = g.ranks;
+  }
+  return g;
+}
+
+std::string sizeLabel(size_t bytes) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  size_t v = bytes;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return std::to_string(v) + " " + unit[u];
+}
+
+// SMDCCL_DEBUG=INFO: each (collective, group shape, power-of-two size range)
+// -> algorithm decision is logged once per process, with the model's estimates.
+void logDecision(Collective coll, size_t bytes, const GroupShape& g, Algo chosen,
+                 const Tuning& t) {
+  if (!logEnabled(LogLevel::Info)) return;
+  static std::mutex mu;
+  static std::set<std::tuple<int, int, int, bool, int>> seen;
+  int bucket = bytes ? static_cast<int>(std::log2(static_cast<double>(bytes))) : -1;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!seen.insert({static_cast<int>(coll), g.ranks, g.nodes, g.uniform, bucket}).second) return;
+  }
+  size_t lo = bucket < 0 ? 0 : size_t{1} << bucket;
+  std::string est;
+  for (Algo a : candidates(coll, g))
+    est += strCat(est.empty() ? "" : ", ", algoName(a), " ",
+                  static_cast<int64_t>(estimateSeconds(coll, a, static_cast<double>(bytes), g,
+                                                       t.model, t.pipelineChunkBytes) * 1e6),
+                  " us");
+  SMDCCL_INFO(collectiveName(coll), " [", sizeLabel(lo), ", ", sizeLabel(lo ? lo * 2 : 1), ") on ",
+              g.ranks, " ranks / ", g.nodes, g.nodes == 1 ? " node" : " nodes", " -> ",
+              algoName(chosen), t.forced ? " (forced by SMDCCL_ALGO)" : "", "; model: ", est);
+}
+
+Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t) {
+  GroupShape g = shapeOf(c);
+  Algo a = choose(coll, bytes, g, t);
+  logDecision(coll, bytes, g, a, t);
+  return a;
+}
+
+}  // namespace
+
 void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t) {
   if (c.size() == 1 || count == 0) return;
-  AllreduceAlgo a = pickAllreduce(count * elementSize(dt), c.size(), t);
-  SMDCCL_TRACE(c.ctx.describe(), ": ", count, " x ", dtypeName(dt), " ", redOpName(op), " -> ",
-               algoName(a));
-  if (a == AllreduceAlgo::Ring) ringAllreduce(c, buf, count, dt, op);
-  else recursiveDoublingAllreduce(c, buf, count, dt, op);
+  switch (decide(Collective::Allreduce, count * elementSize(dt), c, t)) {
+    case Algo::Ring: ringAllreduce(c, buf, count, dt, op); break;
+    case Algo::TwoLevelRing: twoLevelAllreduce(c, buf, count, dt, op, t.pipelineChunkBytes); break;
+    case Algo::TwoLevelRd: twoLevelRdAllreduce(c, buf, count, dt, op); break;
+    default: recursiveDoublingAllreduce(c, buf, count, dt, op); break;
+  }
 }
 
 void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t) {
   if (c.size() == 1) return;
   size_t total = b.total();
-  if (pickAllreduce(total, c.size(), t) == AllreduceAlgo::RecursiveDoubling && !t.forced) {
-    // Tiny: one latency-optimal allreduce of everything beats p-1 ring steps.
-    recursiveDoublingAllreduce(c, buf, total / elementSize(dt), dt, op);
-    return;
+  switch (decide(Collective::ReduceScatter, total, c, t)) {
+    case Algo::RecursiveDoubling:
+      // Tiny: one latency-optimal allreduce of everything beats p-1 ring steps.
+      // Blocks are consecutive here (the backend packs them).
+      recursiveDoublingAllreduce(c, buf + b.offset[0], total / elementSize(dt), dt, op);
+      break;
+    case Algo::TwoLevelRing: twoLevelReduceScatter(c, buf, b, dt, op); break;
+    default: ringReduceScatter(c, buf, b, dt, op); break;
   }
-  ringReduceScatter(c, buf, b, dt, op);
 }
 
 void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t) {
   if (c.size() == 1) return;
-  if (useDirectAllgather(b.total(), c.size(), t)) directAllgather(c, buf, b);
-  else ringAllgather(c, buf, b);
+  switch (decide(Collective::Allgather, b.total(), c, t)) {
+    case Algo::Direct: directAllgather(c, buf, b); break;
+    case Algo::TwoLevelRing: twoLevelAllgather(c, buf, b); break;
+    default: ringAllgather(c, buf, b); break;
+  }
 }
 
 void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t) {
   if (c.size() == 1) return;
-  if (useTreeBroadcast(bytes, c.size(), t)) treeBroadcast(c, buf, bytes, root);
-  else chainBroadcast(c, buf, bytes, root);
+  switch (decide(Collective::Broadcast, bytes, c, t)) {
+    case Algo::Chain: chainBroadcast(c, buf, bytes, root); break;
+    case Algo::TwoLevelTree: twoLevelBroadcast(c, buf, bytes, root); break;
+    default: treeBroadcast(c, buf, bytes, root); break;
+  }
 }
 
 void barrier(Comm& c) {

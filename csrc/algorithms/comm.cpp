@@ -11,6 +11,17 @@ int Comm::ringPosition() const {
   return static_cast<int>(it - ring.begin());
 }
 
+Comm Comm::sub(const std::vector<int>& groupRanks) const {
+  Comm s{mesh, ctx, {}, nullptr, {}, -1};  // levels describe the whole group only
+  for (int r : groupRanks) s.members.push_back(groupRank(r));
+  auto it = std::find(s.members.begin(), s.members.end(), groupRank(rank()));
+  if (it == s.members.end()) throw std::logic_error("sub-communicator without this rank");
+  s.myIndex = static_cast<int>(it - s.members.begin());
+  s.ring.resize(groupRanks.size());
+  for (size_t i = 0; i < s.ring.size(); ++i) s.ring[i] = static_cast<int>(i);
+  return s;
+}
+
 Blocks Blocks::even(size_t count, int parts, size_t elemSize) {
   Blocks b;
   size_t base = count / parts, extra = count % parts, at = 0;

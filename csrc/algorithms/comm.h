@@ -10,16 +10,25 @@
 
 namespace smdccl {
 
+// A Comm is either the whole group or a sub-communicator of some of its
+// ranks (one node's ranks, or one rank per node): algorithms see ranks
+// 0..size()-1 either way, so each level of a two-level scheme reuses them.
 struct Comm {
   Mesh& mesh;
   OpContext ctx;
-  const std::vector<int>& ring;  // ranks in ring order (node-major)
+  std::vector<int> ring;              // ranks of this Comm in ring order (node-major)
+  const Hierarchy* levels = nullptr;  // the whole group's nodes, for two-level algorithms
+  std::vector<int> members;           // group rank of each rank here; empty: the whole group
+  int myIndex = -1;                   // this rank's index in members
 
-  int rank() const { return mesh.rank(); }
-  int size() const { return mesh.size(); }
-  Link& link(int peer) { return mesh.link(peer, ctx.deadline); }
+  int rank() const { return members.empty() ? mesh.rank() : myIndex; }
+  int size() const { return members.empty() ? mesh.size() : static_cast<int>(members.size()); }
+  int groupRank(int r) const { return members.empty() ? r : members[r]; }
+  Link& link(int peer) { return mesh.link(groupRank(peer), ctx.deadline); }
   Exchange exchange() { return Exchange(ctx, mesh.myBell(), mesh.shmNode()); }
   int ringPosition() const;
+  // The Comm of the given group ranks (this rank among them), ring in that order.
+  Comm sub(const std::vector<int>& groupRanks) const;
 };
 
 // Byte ranges of a buffer, one per group rank.
@@ -34,12 +43,28 @@ struct Blocks {
 };
 
 // ---- allreduce family (ring.cpp, recursive_doubling.cpp) ----
+// Appends a ring reduce-scatter and/or allgather over c's ranks to `ex`
+// without running it, so that several rings (levels, chunks) stream in one
+// exchange. `startAfter` (an index in ex, or -1) must finish before the ring
+// sends anything or reduces into buf. Returns the index of its last receive
+// (-1 when there is none).
+int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
+               bool reduceScatter, bool allgather, int startAfter = -1);
 // On return block r of buf holds the reduction of every rank's block r, on rank r.
 void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 // On entry block rank() of buf holds this rank's data; on return all blocks are filled.
 void ringAllgather(Comm& c, char* buf, const Blocks& b);
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
+
+// ---- two levels: intra-node shared memory, inter-node links (two_level.cpp) ----
+// c must be the whole group (c.levels set).
+void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);
+void twoLevelRdAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
+// Uniform nodes only (every node the same number of ranks).
+void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
+void twoLevelAllgather(Comm& c, char* buf, const Blocks& b);
+void twoLevelBroadcast(Comm& c, char* buf, size_t bytes, int root);
 
 // ---- one-to-all, all-to-one, all-to-all (broadcast.cpp, direct.cpp) ----
 void treeBroadcast(Comm& c, char* buf, size_t bytes, int root);

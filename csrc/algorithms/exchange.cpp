@@ -15,22 +15,31 @@ std::string OpContext::describe() const {
                 ")");
 }
 
-Exchange& Exchange::send(Link& link, const void* buf, size_t bytes, Deps deps) {
-  t_.push_back({&link, Kind::Send, const_cast<char*>(static_cast<const char*>(buf)), bytes, 0,
-                DType::U8, RedOp::Sum, deps});
+Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op,
+                        Deps deps) {
+  int index = static_cast<int>(t_.size());
+  LinkTail* tail = nullptr;
+  for (auto& lt : tails_)
+    if (lt.link == &link) tail = &lt;
+  if (!tail) tail = &tails_.emplace_back(LinkTail{&link, -1, -1});
+  int& last = kind == Kind::Send ? tail->lastSend : tail->lastRecv;
+  t_.push_back({&link, kind, buf, bytes, 0, dtype, op, deps, last});
+  last = index;
   return *this;
 }
 
+Exchange& Exchange::send(Link& link, const void* buf, size_t bytes, Deps deps) {
+  return add(link, Kind::Send, const_cast<char*>(static_cast<const char*>(buf)), bytes, DType::U8,
+             RedOp::Sum, deps);
+}
+
 Exchange& Exchange::recv(Link& link, void* buf, size_t bytes, Deps deps) {
-  t_.push_back(
-      {&link, Kind::Recv, static_cast<char*>(buf), bytes, 0, DType::U8, RedOp::Sum, deps});
-  return *this;
+  return add(link, Kind::Recv, static_cast<char*>(buf), bytes, DType::U8, RedOp::Sum, deps);
 }
 
 Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
                                Deps deps) {
-  t_.push_back({&link, Kind::RecvReduce, static_cast<char*>(buf), bytes, 0, dtype, op, deps});
-  return *this;
+  return add(link, Kind::RecvReduce, static_cast<char*>(buf), bytes, dtype, op, deps);
 }
 
 static inline void cpuRelax() {
@@ -44,9 +53,12 @@ static inline void cpuRelax() {
 bool Exchange::progressOnce(bool* allDone) {
   bool progressed = false;
   *allDone = true;
-  for (auto& t : t_) {
+  while (firstOpen_ < t_.size() && t_[firstOpen_].finished) ++firstOpen_;
+  for (size_t idx = firstOpen_; idx < t_.size(); ++idx) {
+    Transfer& t = t_[idx];
     if (t.finished) continue;
-    if (t.deps.after >= 0 && !t_[t.deps.after].finished) {
+    if ((t.deps.after >= 0 && !t_[t.deps.after].finished) ||
+        (t.prevOnLink >= 0 && !t_[t.prevOnLink].finished)) {
       *allDone = false;
       continue;
     }
@@ -114,6 +126,8 @@ void Exchange::run() {
     sleepForProgress();
   }
   t_.clear();
+  tails_.clear();
+  firstOpen_ = 0;
 }
 
 void Exchange::sleepForProgress() {

@@ -13,10 +13,14 @@
 
 namespace smdccl {
 
+// Transfers on one link in one direction run in the order they were added:
+// a message never interleaves with the one before it (both sides add their
+// halves in the same order, so each receive matches its send).
+//
 // Optional ordering between the transfers of one exchange, by index (the
 // value of Exchange::size() before the transfer was added):
-//  after:   the transfer starts once that one has completed (two messages on
-//           one link in one direction must not interleave);
+//  after:   the transfer starts once that one has completed (data produced
+//           by another transfer, e.g. another level of a two-level scheme);
 //  limitBy: the transfer moves no further than that one has (a send that
 //           forwards what a receive is still writing, while it is hot).
 struct ExchangeDeps {
@@ -53,10 +57,12 @@ class Exchange {
     DType dtype;
     RedOp op;
     Deps deps;
+    int prevOnLink;  // the transfer before this one on the same link and direction
     // Set once done == bytes *and* its `after` has finished: a zero-length
     // transfer must not let its successors jump ahead of its predecessor.
     bool finished = false;
   };
+  Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps);
   bool progressOnce(bool* allDone);
   void sleepForProgress();
   void checkHealth();
@@ -66,6 +72,12 @@ class Exchange {
   Doorbell* bell_;
   const ShmNode* node_;
   std::vector<Transfer> t_;
+  size_t firstOpen_ = 0;  // transfers before it have all finished
+  struct LinkTail {
+    Link* link;
+    int lastSend, lastRecv;
+  };
+  std::vector<LinkTail> tails_;  // few links per exchange: a linear search is cheapest
 };
 
 }  // namespace smdccl

@@ -6,7 +6,7 @@
 // forwards the block that step s is still receiving (limitBy), chunk by chunk
 // while it is in cache, instead of waiting for the whole step and reading
 // the block back from memory. Sends to the next rank, and receives from the
-// previous one, stay in step order (after).
+// previous one, stay in step order (the exchange keeps each link's order).
 #include "algorithms/comm.h"
 
 namespace smdccl {
@@ -21,19 +21,24 @@ int dataBlockOf(const Comm& c, int logical) {
   return c.ring[((logical - 1) % p + p) % p];
 }
 
-void runRing(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, bool reduceScatter,
-             bool allgather) {
+}  // namespace
+
+int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
+               bool reduceScatter, bool allgather, int startAfter) {
   int p = c.size();
-  if (p == 1) return;
+  if (p == 1) return -1;
   int i = c.ringPosition();
   Link& next = c.link(c.ring[(i + 1) % p]);
   Link& prev = c.link(c.ring[(i - 1 + p) % p]);
-  Exchange ex = c.exchange();
-  int lastSend = -1, lastRecv = -1;
+  // Messages on one link keep their order by themselves (Exchange), so the
+  // only dependencies here are the start and the forwarding.
+  int lastRecv = -1;
+  bool first = true;
   auto step = [&](int sendBlk, int recvBlk, bool reduce, bool forward) {
-    Exchange::Deps sendDeps{lastSend, forward ? lastRecv : -1};
-    Exchange::Deps recvDeps{lastRecv, -1};
-    lastSend = ex.size();
+    Exchange::Deps sendDeps{first ? startAfter : -1, forward ? lastRecv : -1};
+    // A receive that reduces must wait for the data it reduces into.
+    Exchange::Deps recvDeps{first && reduce ? startAfter : -1, -1};
+    first = false;
     ex.send(next, buf + b.offset[sendBlk], b.length[sendBlk], sendDeps);
     lastRecv = ex.size();
     if (reduce) ex.recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk], dt, op, recvDeps);
@@ -51,6 +56,15 @@ void runRing(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, bool reduc
       step(dataBlockOf(c, i + 1 - s), dataBlockOf(c, i - s), /*reduce=*/false,
            /*forward=*/s > 0 || reduceScatter);
   }
+  return lastRecv;
+}
+
+namespace {
+
+void runRing(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, bool reduceScatter,
+             bool allgather) {
+  Exchange ex = c.exchange();
+  appendRing(ex, c, buf, b, dt, op, reduceScatter, allgather);
   ex.run();
 }
 

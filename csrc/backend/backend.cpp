@@ -78,6 +78,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   mc.shmRingBytes = static_cast<size_t>(envInt(env::kShmRingKB)) << 10;
   mesh_ = std::make_unique<Mesh>(*store_, mc, deadline);
   ring_ = mc.topology.ringOrder();
+  levels_ = hierarchyOf(mc.topology, cfg_.rank);
   p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName,
                                      [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
   int local = static_cast<int>(mesh_->localRanks().size());
@@ -85,7 +86,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(local));
   SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",
               mc.topology.describe(), "; spin ", waitPolicy_.spinUs, " us, yield ",
-              waitPolicy_.yieldUs, " us");
+              waitPolicy_.yieldUs, " us; cost model: ", tuning_.model.describe());
 }
 
 SmdcclBackend::~SmdcclBackend() {
@@ -170,7 +171,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
   ctx.seq = seq;
   ctx.deadline = Deadline::after(timeout);
   ctx.wait = waitPolicy_;
-  Comm c{*mesh_, ctx, ring_};
+  Comm c{*mesh_, ctx, ring_, &levels_};
   try {
     body(c);
   } catch (const CommError& e) {

@@ -120,6 +120,7 @@ class SmdcclBackend : public ::c10d::Backend {
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<P2PEngine> p2p_;
   std::vector<int> ring_;
+  Hierarchy levels_;
   Tuning tuning_;
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;

@@ -10,8 +10,11 @@ const std::vector<EnvVar>& envVars() {
   static const std::vector<EnvVar> vars = {
       {env::kDebug, "WARN", "Log level: WARN, INFO or TRACE (to stderr, prefixed with the rank)."},
       {env::kAlgo, "auto",
-       "Force an allreduce algorithm: auto, ring (bandwidth-optimal) or rd (recursive doubling, "
-       "latency-optimal)."},
+       "Force an algorithm: auto (cheapest by the cost model), ring (flat, bandwidth-optimal), rd "
+       "(recursive doubling, latency-optimal), two_level (intra-node reduce-scatter, inter-node "
+       "ring, intra-node allgather, pipelined) or two_level_rd (recursive doubling in each "
+       "level). Applies to allreduce; reduce_scatter, allgather and broadcast use the matching "
+       "flat or two-level form."},
       {env::kTopology, "",
        "Override host detection: '2x2' (2 nodes of 2 ranks) or '3,1' (uneven nodes), by global "
        "rank order. Ranks on different virtual nodes talk over TCP."},
@@ -19,10 +22,12 @@ const std::vector<EnvVar>& envVars() {
        "Network interface for the TCP transport (default: the interface that routes to "
        "MASTER_ADDR)."},
       {env::kShmRingKB, "1024", "Shared-memory ring size per direction per peer pair, in KiB."},
-      {env::kSmallMsgBytes, "65536",
-       "Allreduce messages up to this size use recursive doubling; larger use the ring."},
-      {env::kBcastTreeBytes, "65536",
-       "Broadcasts up to this size use a binomial tree; larger use a pipelined chain."},
+      {env::kTuneFile, "",
+       "Cost-model profile written by `python -m smdccl.tune` (latency and bandwidth per level); "
+       "unset: built-in defaults."},
+      {env::kPipelineChunkKB, "4096",
+       "Chunk size of the pipelined two-level allreduce, in KiB: while one chunk crosses the "
+       "network the next is reduced inside the node."},
       {env::kTcpBufferKB, "4096", "Socket send/receive buffer size for TCP links, in KiB."},
       {env::kSpinUs, "-1",
        "Microseconds a waiting thread spins before yielding and then sleeping (-1: chosen from "

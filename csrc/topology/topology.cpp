@@ -38,6 +38,43 @@ std::string Topology::describe() const {
   return s;
 }
 
+int Hierarchy::maxLocal() const {
+  size_t m = 0;
+  for (const auto& n : nodes) m = std::max(m, n.size());
+  return static_cast<int>(m);
+}
+
+bool Hierarchy::uniform() const {
+  for (const auto& n : nodes)
+    if (n.size() != nodes[0].size()) return false;
+  return true;
+}
+
+std::vector<int> Hierarchy::acrossNodes(int local) const {
+  std::vector<int> out;
+  for (const auto& n : nodes) out.push_back(n[local]);
+  return out;
+}
+
+std::string Hierarchy::shape() const {
+  if (uniform())
+    return std::to_string(numNodes()) + (numNodes() == 1 ? " node x " : " nodes x ") +
+           std::to_string(nodes[0].size()) + (nodes[0].size() == 1 ? " rank" : " ranks");
+  std::string s = "uneven nodes ";
+  for (size_t i = 0; i < nodes.size(); ++i) s += (i ? "," : "") + std::to_string(nodes[i].size());
+  return s;
+}
+
+Hierarchy hierarchyOf(const Topology& t, int rank) {
+  Hierarchy h;
+  h.nodes.resize(t.numNodes);
+  for (int r = 0; r < static_cast<int>(t.nodeOf.size()); ++r) h.nodes[t.nodeOf[r]].push_back(r);
+  h.myNode = t.nodeOf[rank];
+  const auto& mine = h.nodes[h.myNode];
+  h.myLocal = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  return h;
+}
+
 static int parsePositive(const std::string& tok, const std::string& spec) {
   SMDCCL_CHECK_ARG(!tok.empty() && tok.find_first_not_of("0123456789") == std::string::npos,
                    "SMDCCL_TOPOLOGY='", spec,

@@ -22,6 +22,27 @@ struct Topology {
   std::string describe() const;
 };
 
+// The two levels as one rank sees them: which ranks share each node, and
+// where this rank sits. Two-level algorithms run their intra-node phase on
+// nodes[myNode] and their inter-node phase on one rank per node.
+struct Hierarchy {
+  std::vector<std::vector<int>> nodes;  // group ranks of each node, ascending
+  int myNode = 0;
+  int myLocal = 0;  // index of this rank in nodes[myNode]
+
+  int numNodes() const { return static_cast<int>(nodes.size()); }
+  int localSize() const { return static_cast<int>(nodes[myNode].size()); }
+  int maxLocal() const;
+  // Every node holds the same number of ranks.
+  bool uniform() const;
+  // The rank with local index `local` on each node, by node (uniform only).
+  std::vector<int> acrossNodes(int local) const;
+  // "2 nodes x 2 ranks" or "uneven nodes 3,1", for logs.
+  std::string shape() const;
+};
+
+Hierarchy hierarchyOf(const Topology& t, int rank);
+
 // Node sizes from SMDCCL_TOPOLOGY: "2x2" -> {2,2}; "3,1" -> {3,1}; "" -> {}.
 // Throws InvalidArgument with the accepted forms on anything else.
 std::vector<int> parseTopologySpec(const std::string& spec);

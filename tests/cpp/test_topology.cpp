@@ -35,3 +35,16 @@ TEST(topology_from_spec) {
   CHECK_THROWS(topologyFromSpec({2, 2}, {0, 1, 2}, true), InvalidArgument);
   CHECK_THROWS(topologyFromSpec({2, 2}, {0, 4}, false), InvalidArgument);
 }
+
+TEST(hierarchy_levels) {
+  Topology t = topologyFromHostKeys({"a", "b", "a", "b"});
+  Hierarchy h = hierarchyOf(t, 3);
+  CHECK(h.numNodes() == 2 && h.myNode == 1 && h.myLocal == 1);
+  CHECK((h.nodes[0] == std::vector<int>{0, 2}));
+  CHECK(h.uniform() && h.maxLocal() == 2 && h.localSize() == 2);
+  CHECK((h.acrossNodes(0) == std::vector<int>{0, 1}));
+  CHECK(h.shape() == "2 nodes x 2 ranks");
+  Hierarchy u = hierarchyOf(topologyFromSpec({3, 1}, {0, 1, 2, 3}, true), 3);
+  CHECK(!u.uniform() && u.maxLocal() == 3 && u.localSize() == 1 && u.myLocal == 0);
+  CHECK(u.shape() == "uneven nodes 3,1");
+}
