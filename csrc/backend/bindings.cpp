@@ -3,6 +3,9 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include <map>
+
+#include "algorithms/select.h"
 #include "backend/backend.h"
 #include "common/env.h"
 #include "common/error.h"
@@ -70,6 +73,39 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& v : smdccl::envVars()) out.emplace_back(v.name, v.defaultValue, v.help);
     return out;
   }, "Every SMDCCL_* variable: (name, default, meaning)");
+
+  m.def(
+      "plan",
+      [](const std::string& collective, double bytes, int ranks, int nodes, int maxLocal,
+         bool uniform, const std::string& tuneFile) {
+        using smdccl::Collective;
+        Collective c;
+        if (collective == "allreduce") c = Collective::Allreduce;
+        else if (collective == "reduce_scatter") c = Collective::ReduceScatter;
+        else if (collective == "allgather") c = Collective::Allgather;
+        else if (collective == "broadcast") c = Collective::Broadcast;
+        else
+          throw smdccl::InvalidArgument("unknown collective '" + collective +
+                                        "' (allreduce, reduce_scatter, allgather, broadcast)");
+        SMDCCL_CHECK_ARG(ranks >= 1 && nodes >= 1 && maxLocal >= 1 && nodes <= ranks &&
+                             maxLocal <= ranks,
+                         "plan: inconsistent group shape");
+        smdccl::Tuning t = smdccl::Tuning::fromEnv();
+        if (!tuneFile.empty()) t.model = smdccl::CostModel::fromFile(tuneFile);
+        smdccl::GroupShape g{ranks, nodes, maxLocal, uniform};
+        std::map<std::string, double> est;
+        for (auto a : smdccl::candidates(c, g))
+          est[smdccl::algoName(a)] =
+              smdccl::estimateSeconds(c, a, bytes, g, t.model, t.pipelineChunkBytes);
+        return std::make_tuple(std::string(smdccl::algoName(
+                                   smdccl::choose(c, static_cast<size_t>(bytes), g, t))),
+                               est, t.model.describe());
+      },
+      py::arg("collective"), py::arg("bytes"), py::arg("ranks"), py::arg("nodes"),
+      py::arg("max_local"), py::arg("uniform") = true, py::arg("tune_file") = "",
+      "The cost model's choice for a collective of `bytes` on a group shape: (algorithm, "
+      "{candidate: estimated seconds}, model description). Honours SMDCCL_ALGO, "
+      "SMDCCL_TUNE_FILE (or tune_file) and SMDCCL_PIPELINE_CHUNK_KB.");
 
   m.def("reduce_isa", [] { return std::string(smdccl::reduceIsa()); },
         "Instruction set the CPU reductions use on this machine");
