@@ -106,6 +106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.command = argv[cut + 1:]
     else:
         args = parser.parse_args(argv)
+    if args.nodes > MAX_NODES:
+        parser.error(f"--nodes: at most {MAX_NODES} (got {args.nodes})")
+    if args.fail_grace < 0:
+        parser.error("--fail-grace must be >= 0")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        parser.error(f"--master-port must be 1..65535 (got {args.master_port})")
     if args.cleanup_stale:
         if args.command:
             parser.error("--cleanup-stale takes no command")
@@ -120,12 +126,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"the command must start with a script or -m MODULE, not {args.command[0]!r}")
     elif args.command[0].endswith(".py") and not os.path.isfile(args.command[0]):
         parser.error(f"script not found: {args.command[0]}")
-    if args.nodes > MAX_NODES:
-        parser.error(f"--nodes: at most {MAX_NODES} (got {args.nodes})")
-    if args.fail_grace < 0:
-        parser.error("--fail-grace must be >= 0")
-    if args.master_port is not None and not 1 <= args.master_port <= 65535:
-        parser.error(f"--master-port must be 1..65535 (got {args.master_port})")
     return args
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -18,24 +20,33 @@ _seq = itertools.count()  # several clusters per process (tests) need distinct n
 
 
 def torchrun_argv(plan: Plan, node: int, procs_per_node: int, master_port: int,
-                  command: Sequence[str]) -> list[str]:
+                  command: Sequence[str], log_dir: str) -> list[str]:
     """The command line node ``node`` runs: torchrun (through the agent) with a
     static rendezvous on node 0's address. ``command`` is ``script [args]`` or
-    ``-m module [args]``."""
+    ``-m module [args]``.
+
+    Workers run with ``python -u``, so two ranks printing into one pipe would
+    splice their lines (print writes text and newline separately); ``--tee``
+    makes torchrun pass each rank's output on whole lines, prefixed by rank."""
     command = list(command)
     if not command:
         raise ValueError("no command: give a script (or -m module) to run on every host")
-    if command[0] == "-m":
+    module = command[0] == "-m"
+    if module:
         if len(command) < 2:
             raise ValueError("-m needs a module name")
-        command = ["--module", *command[1:]]
+        command = command[1:]
     # the agent runs by path, not -m: the hosts find it even when smdccl was
     # imported from somewhere PYTHONPATH does not name
     return [sys.executable, AGENT,
             "--nnodes", str(len(plan.hosts)), "--nproc-per-node", str(procs_per_node),
             "--node-rank", str(node),
             "--master-addr", plan.master_addr, "--master-port", str(master_port),
-            *command]
+            "--tee", "3", "--log-dir", log_dir, "--log-line-prefix-template", "[rank${rank}] ",
+            *(["--module"] if module else []),
+            # "--": the job's own options must not reach torchrun's parser, which
+            # would take e.g. --node as an abbreviation of its --node-rank
+            "--", *command]
 
 
 def pick_port() -> int:
@@ -129,9 +140,14 @@ class EmulatedCluster:
         """torchrun ``command`` (``script [args]`` or ``-m module [args]``) on every
         host. Returns (worst exit code, each host's output lines)."""
         port = master_port or pick_port()
-        jobs = [(h, torchrun_argv(self.plan, h.index, self.procs_per_node, port, command))
-                for h in self.plan.hosts]
-        return self._run(jobs, env, timeout, fail_grace, echo)
+        logs = tempfile.mkdtemp(prefix=f"{self.plan.run_id}-logs-")  # /tmp is shared by all hosts
+        try:
+            jobs = [(h, torchrun_argv(self.plan, h.index, self.procs_per_node, port, command,
+                                      os.path.join(logs, h.hostname)))
+                    for h in self.plan.hosts]
+            return self._run(jobs, env, timeout, fail_grace, echo)
+        finally:
+            shutil.rmtree(logs, ignore_errors=True)
 
     def run_each(self, commands: Sequence[Sequence[str] | None], env: dict[str, str] | None = None,
                  timeout: float | None = None, fail_grace: float = 10.0,
