@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 from smdccl.cluster.errors import ClusterSetupError, ClusterUnavailable
 from smdccl.cluster.plan import BRIDGE, HOST_IF, NS_PREFIX, SUBNET, Plan, format_rate, stale_owner
@@ -116,10 +117,27 @@ def kill_all(namespaces: list[str], wait: float = 10.0) -> list[int]:
         time.sleep(0.05)
 
 
+@contextmanager
+def signals_deferred():
+    """Hold SIGINT/SIGTERM/SIGHUP until the block is done: a Ctrl-C landing in
+    the middle of a teardown would otherwise abort it and leave namespaces."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def remove(namespaces: list[str]) -> list[str]:
     """Kill what runs inside, then delete the namespaces (deleting a host's
     namespace destroys its veth pair, deleting the bridge's the bridge).
     Returns a description of anything left behind (empty when clean)."""
+    with signals_deferred():
+        return _remove(namespaces)
+
+
+def _remove(namespaces: list[str]) -> list[str]:
     problems: list[str] = []
     survivors = kill_all(namespaces)
     if survivors:
