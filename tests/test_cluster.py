@@ -358,13 +358,27 @@ def _rate(cluster: EmulatedCluster, mbytes: int) -> float:
 
 
 def test_links_are_shaped(clean):
+    # best of a few: a loaded machine can only make a transfer slower than its
+    # link, never faster, so the maximum is the fair reading of each link
     with EmulatedCluster(2, 1, "1gbit") as c:
-        gbit = _rate(c, 20)
+        gbit = max(_rate(c, 20) for _ in range(2))
     with EmulatedCluster(2, 1, "200mbit") as c:
-        slow = _rate(c, 5)
+        slow = max(_rate(c, 5) for _ in range(2))
     with EmulatedCluster(2, 1, "none") as c:
-        free = _rate(c, 20)
+        free = 0.0
+        for _ in range(3):
+            free = max(free, _rate(c, 20))
+            if free > gbit * 1.5:
+                break
     # 1gbit = 125 MB/s of wire; TCP/IP headers take ~5 %
     assert 30 < gbit < 160, (slow, gbit, free)
     assert 8 < slow < 32, (slow, gbit, free)
     assert free > gbit, (slow, gbit, free)
+
+
+def test_module_command_on_one_node(clean):
+    res = subprocess.run(cli("--nodes", "1", "--link", "none", "--timeout", "120", "--",
+                             "-m", "platform", "--terse"),
+                         env=cli_env(), capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res
+    assert re.search(r"^\[node0\] \[rank0\] Linux-", res.stdout, re.M), res.stdout
