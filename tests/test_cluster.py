@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,8 +26,8 @@ from smdccl.cluster import EmulatedCluster, netns
 from smdccl.cluster.cli import parse_args
 from smdccl.cluster.emulated import torchrun_argv
 from smdccl.cluster.errors import ClusterTimeout
-from smdccl.cluster.plan import (BENCH_NET, MAX_NODES, format_rate, make_plan, parse_rate,
-                                 stale_owner)
+from smdccl.cluster.plan import (BENCH_NET, MAX_NODES, format_rate, log_dir_owner,
+                                 log_dir_prefix, make_plan, parse_rate, stale_owner)
 
 JOBS = Path(__file__).resolve().parent / "cluster_jobs"
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +83,8 @@ def test_address_plan():
     assert len(set(plan.namespaces)) == 4 and all("4242" in ns for ns in plan.namespaces)
     assert all(stale_owner(ns) == 4242 for ns in plan.namespaces)
     assert stale_owner("smdccl-not-ours") is None and stale_owner("other-1-0-node0") is None
+    assert log_dir_owner(log_dir_prefix(plan.run_id) + "x1y2") == 4242
+    assert log_dir_owner("smdccl-x-logs-") is None
     # two clusters in one process do not collide
     assert not set(plan.namespaces) & set(make_plan(3, None, pid=4242, seq=8).namespaces)
     assert make_plan(MAX_NODES, None, 1).hosts[-1].address == "198.18.0.254"
@@ -331,6 +335,8 @@ def test_cleanup_stale_removes_only_dead_runs(clean):
     stale, live = f"smdccl-{dead.pid}-0-node0", f"smdccl-{os.getpid()}-424242-node0"
     for ns in (stale, live):
         subprocess.run(["ip", "netns", "add", ns], check=True)
+    stale_logs = Path(tempfile.mkdtemp(prefix=f"smdccl-{dead.pid}-0-logs-"))
+    live_logs = Path(tempfile.mkdtemp(prefix=f"smdccl-{os.getpid()}-424242-logs-"))
     try:
         # something still running in the dead run's namespace must die with it
         sleeper = subprocess.Popen(["ip", "netns", "exec", stale, "sleep", "600"])
@@ -343,8 +349,11 @@ def test_cleanup_stale_removes_only_dead_runs(clean):
         names = netns.list_namespaces()
         assert stale not in names and live in names
         assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert not stale_logs.exists() and live_logs.exists()
     finally:
         netns.remove([ns for ns in (stale, live) if ns in netns.list_namespaces()])
+        shutil.rmtree(stale_logs, ignore_errors=True)
+        shutil.rmtree(live_logs, ignore_errors=True)
 
 
 def _rate(cluster: EmulatedCluster, mbytes: int) -> float:

@@ -2,7 +2,8 @@
 
 Exit codes: the job's worst exit code among hosts (0 when all succeeded);
 2 for a usage error or a machine that cannot host the cluster (not root, not
-Linux, a tool missing); 124 when --timeout fired; 128+N after signal N.
+Linux, a tool missing, the kernel refusing a namespace, veth or qdisc);
+124 when --timeout fired; 128+N after signal N.
 """
 
 from __future__ import annotations
@@ -159,15 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     from smdccl.cluster import netns
-    from smdccl.cluster.emulated import EmulatedCluster
+    from smdccl.cluster.emulated import EmulatedCluster, cleanup_stale
 
     reason = netns.unavailable_reason()
     if reason:
         _say(f"{reason}; {netns.REQUIREMENT}")
         return 2
     if args.cleanup_stale:
-        removed = netns.cleanup_stale()
-        _say(f"removed {len(removed)} stale namespace(s){': ' if removed else ''}{' '.join(removed)}")
+        removed = cleanup_stale()
+        _say(f"removed {len(removed)} leftover(s) of dead runs{': ' if removed else ''}"
+             f"{' '.join(removed)}")
         return 0
 
     _install_signal_handlers()
@@ -184,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterUnavailable as exc:
         _say(str(exc))
         return 2
-    except ClusterSetupError as exc:
-        _say(f"building the cluster failed: {exc}")
-        return 1
+    except ClusterSetupError as exc:  # e.g. a kernel without tbf or veth
+        _say(f"cannot build the emulated cluster: {' '.join(str(exc).split())}")
+        return 2
     except ClusterTimeout as exc:
         _say(str(exc))
         return 124

@@ -13,7 +13,8 @@ from typing import Sequence
 
 from smdccl.cluster import launch, netns
 from smdccl.cluster.errors import ClusterUnavailable
-from smdccl.cluster.plan import HOST_IF, Plan, format_rate, make_plan, parse_rate
+from smdccl.cluster.plan import (HOST_IF, NS_PREFIX, Plan, format_rate, log_dir_owner,
+                                 log_dir_prefix, make_plan, parse_rate)
 
 AGENT = str(Path(__file__).with_name("agent.py"))
 _seq = itertools.count()  # several clusters per process (tests) need distinct names
@@ -47,6 +48,20 @@ def torchrun_argv(plan: Plan, node: int, procs_per_node: int, master_port: int,
             # "--": the job's own options must not reach torchrun's parser, which
             # would take e.g. --node as an abbreviation of its --node-rank
             "--", *command]
+
+
+def cleanup_stale() -> list[str]:
+    """Remove what dead runs of ours left (a launcher killed with SIGKILL cannot
+    clean up): their namespaces, with anything still running inside, and their
+    torchrun log directories. Returns what was removed."""
+    removed = netns.cleanup_stale()
+    tmp = Path(tempfile.gettempdir())
+    for d in tmp.glob(f"{NS_PREFIX}*-logs-*"):
+        owner = log_dir_owner(d.name)
+        if owner is not None and not netns.pid_alive(owner):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
 
 
 def pick_port() -> int:
@@ -106,7 +121,7 @@ class EmulatedCluster:
         reason = netns.unavailable_reason()
         if reason:
             raise ClusterUnavailable(f"{reason}; {netns.REQUIREMENT}")
-        netns.cleanup_stale()
+        cleanup_stale()
         netns.create(self.plan)
         self._up = True
         return self
@@ -140,7 +155,8 @@ class EmulatedCluster:
         """torchrun ``command`` (``script [args]`` or ``-m module [args]``) on every
         host. Returns (worst exit code, each host's output lines)."""
         port = master_port or pick_port()
-        logs = tempfile.mkdtemp(prefix=f"{self.plan.run_id}-logs-")  # /tmp is shared by all hosts
+        # /tmp is shared by all hosts (ip netns exec only remounts /sys)
+        logs = tempfile.mkdtemp(prefix=log_dir_prefix(self.plan.run_id))
         try:
             jobs = [(h, torchrun_argv(self.plan, h.index, self.procs_per_node, port, command,
                                       os.path.join(logs, h.hostname)))

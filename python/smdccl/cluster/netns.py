@@ -66,7 +66,9 @@ def create(plan: Plan) -> None:
                 _cmd("ip", "netns", "add", ns)
             except ClusterSetupError as exc:
                 if not made:  # the very first one: the kernel or policy says no
-                    raise ClusterUnavailable(f"cannot create a network namespace ({exc})") from None
+                    why = " ".join(str(exc).split())  # one line, whatever ip printed
+                    raise ClusterUnavailable(f"cannot create a network namespace ({why}); "
+                                             f"{REQUIREMENT}") from None
                 raise
             made.append(ns)
         br = plan.bridge_netns
@@ -151,7 +153,7 @@ def _remove(namespaces: list[str]) -> list[str]:
     return problems
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,7 +168,7 @@ def cleanup_stale() -> list[str]:
     (a launcher killed with SIGKILL cannot clean up after itself). Live runs'
     namespaces are left alone. Returns the names removed."""
     stale = [ns for ns in list_namespaces()
-             if (owner := stale_owner(ns)) is not None and not _alive(owner)]
+             if (owner := stale_owner(ns)) is not None and not pid_alive(owner)]
     if stale:
         for problem in remove(stale):
             print(f"smdccl.cluster: stale cleanup: {problem}", file=sys.stderr)

@@ -115,3 +115,17 @@ def stale_owner(netns: str) -> int | None:
     """The pid that created ``netns`` if the name is one of ours, else None."""
     m = _NS_RE.match(netns)
     return int(m.group(1)) if m else None
+
+
+def log_dir_prefix(run_id: str) -> str:
+    """Prefix of the temporary directory holding a run's torchrun logs."""
+    return f"{run_id}-logs-"
+
+
+_LOGS_RE = re.compile(rf"^{re.escape(NS_PREFIX)}(\d+)-\d+-logs-")
+
+
+def log_dir_owner(name: str) -> int | None:
+    """The pid that created the log directory ``name`` if it is one of ours."""
+    m = _LOGS_RE.match(name)
+    return int(m.group(1)) if m else None
