@@ -44,3 +44,43 @@ def test_two_level_matrix(topology, world_size, algo):
     results = run_ranks(world_size, collective_matrix, True, SECTIONS, env=env, timeout=420)
     assert results[0]["cases"] > 0
     print(f"\n[{topology} {algo}] {results[0]['cases']} sub-cases; timings {results[0]['timings']}")
+
+
+def logged_decisions() -> str:
+    """Rank function: stderr (where the engine logs) of a new group's first collectives."""
+    import os
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    with tempfile.TemporaryFile() as capture:
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            group = dist.new_group(backend="smdccl")
+            for _ in range(2):  # the second round must not log again
+                for numel in (1000, 3 << 20):  # 4 KB, 12 MiB of float32
+                    t = torch.ones(numel)
+                    dist.all_reduce(t, group=group)
+                    assert t[0].item() == dist.get_world_size() and t[-1].item() == dist.get_world_size()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        return capture.read().decode()
+
+
+def test_info_log_names_topology_and_each_decision_once():
+    env = {"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_DEBUG": "INFO"}
+    logs = run_ranks(4, logged_decisions, env=env)
+    for rank, log in enumerate(logs):
+        assert "2 nodes: [0,1] [2,3]" in log and "cost model: intra" in log, log
+        big = [line for line in log.splitlines() if "allreduce [8 MiB, 16 MiB)" in line]
+        small = [line for line in log.splitlines() if "allreduce [2 KiB, 4 KiB)" in line]
+        assert len(big) == 1 and len(small) == 1, f"rank {rank}: each decision once\n{log}"
+        # Default model on 2 nodes x 2 ranks: pipelined two-level for large messages,
+        # a latency-optimal algorithm for small ones; the estimates are listed.
+        assert big[0].split(" -> ")[1].startswith("two_level;"), big[0]
+        assert small[0].split(" -> ")[1].split(";")[0] in ("rd", "two_level_rd"), small[0]
+        assert "model: rd " in big[0] and " ring " in big[0] and " two_level " in big[0], big[0]
