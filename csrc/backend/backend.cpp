@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <thread>
 
@@ -15,12 +16,16 @@ namespace smdccl {
 
 namespace {
 
+std::string bootId() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return boot;
+}
+
 std::string hostKey() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return std::string(host) + "/" + boot;
+  return std::string(host) + "/" + bootId();
 }
 
 int usableCores() {
@@ -29,31 +34,48 @@ int usableCores() {
   return static_cast<int>(std::thread::hardware_concurrency());
 }
 
-// Spinning only pays while every local rank's progress thread has a core;
+// Spinning only pays while every rank on this machine has a core;
 // oversubscribed, a spinner steals the core of the rank it waits for.
-WaitPolicy pickWaitPolicy(int localRanks) {
+// `machineRanks` counts the group's ranks under this kernel (same boot id):
+// more than the node's ranks when nodes are emulated (namespaces,
+// SMDCCL_TOPOLOGY) on one machine.
+WaitPolicy pickWaitPolicy(int machineRanks) {
   WaitPolicy w;
-  bool oversubscribed = localRanks > usableCores();
+  bool oversubscribed = machineRanks > usableCores();
   int64_t spin = envInt(env::kSpinUs);
   w.spinUs = spin >= 0 ? static_cast<int>(spin) : (oversubscribed ? 0 : 50);
   w.yieldUs = oversubscribed ? 300 : 2000;
   return w;
 }
 
-int pickIdleSpin(int localRanks) {
+int pickIdleSpin(int machineRanks) {
   int64_t v = envInt(env::kIdleSpinUs);
   if (v >= 0) return static_cast<int>(v);
-  return localRanks > usableCores() ? 20 : 200;
+  return machineRanks > usableCores() ? 20 : 200;
 }
 
-Topology buildTopology(KVStore& store, const BackendConfig& cfg, Deadline deadline) {
+// Every rank's "hostname/boot id": who shares memory, and who shares CPUs.
+std::vector<std::string> gatherHostKeys(KVStore& store, const BackendConfig& cfg,
+                                        Deadline deadline) {
+  return allGatherStrings(store, "smdccl/host", cfg.rank, cfg.size, hostKey(), deadline);
+}
+
+Topology buildTopology(const std::vector<std::string>& hostKeys, const BackendConfig& cfg) {
   std::vector<int> spec = parseTopologySpec(envString(env::kTopology));
   if (!spec.empty()) {
     bool wholeWorld = static_cast<int>(cfg.globalRanks.size()) == cfg.worldSize;
     return topologyFromSpec(spec, cfg.globalRanks, wholeWorld);
   }
-  return topologyFromHostKeys(
-      allGatherStrings(store, "smdccl/host", cfg.rank, cfg.size, hostKey(), deadline));
+  return topologyFromHostKeys(hostKeys);
+}
+
+int ranksOnThisMachine(const std::vector<std::string>& hostKeys) {
+  std::string suffix = "/" + bootId();
+  int n = 0;
+  for (const auto& k : hostKeys)
+    if (k.size() >= suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0)
+      ++n;
+  return std::max(n, 1);
 }
 
 }  // namespace
@@ -73,7 +95,8 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   MeshConfig mc;
   mc.rank = cfg_.rank;
   mc.size = cfg_.size;
-  mc.topology = buildTopology(*store_, cfg_, deadline);
+  std::vector<std::string> hostKeys = gatherHostKeys(*store_, cfg_, deadline);
+  mc.topology = buildTopology(hostKeys, cfg_);
   mc.masterAddr = cfg_.masterAddr;
   mc.shmRingBytes = static_cast<size_t>(envInt(env::kShmRingKB)) << 10;
   mesh_ = std::make_unique<Mesh>(*store_, mc, deadline);
@@ -81,12 +104,12 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   levels_ = hierarchyOf(mc.topology, cfg_.rank);
   p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName,
                                      [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
-  int local = static_cast<int>(mesh_->localRanks().size());
-  waitPolicy_ = pickWaitPolicy(local);
-  progress_ = std::make_unique<ProgressThread>(pickIdleSpin(local));
+  int machineRanks = ranksOnThisMachine(hostKeys);
+  waitPolicy_ = pickWaitPolicy(machineRanks);
+  progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
   SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",
-              mc.topology.describe(), "; spin ", waitPolicy_.spinUs, " us, yield ",
-              waitPolicy_.yieldUs, " us; cost model: ", tuning_.model.describe());
+              mc.topology.describe(), "; ", machineRanks, " ranks share this machine's ",
+              usableCores(), " cores; spin ", waitPolicy_.spinUs, " us, yield ", waitPolicy_.yieldUs, " us; cost model: ", tuning_.model.describe());
 }
 
 SmdcclBackend::~SmdcclBackend() {
