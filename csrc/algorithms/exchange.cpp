@@ -130,11 +130,22 @@ void Exchange::run() {
   firstOpen_ = 0;
 }
 
+bool Exchange::canMove(const Transfer& t) const {
+  if (t.finished) return false;
+  if (t.deps.after >= 0 && !t_[t.deps.after].finished) return false;
+  if (t.prevOnLink >= 0 && !t_[t.prevOnLink].finished) return false;
+  return t.deps.limitBy < 0 || t_[t.deps.limitBy].done > t.done;
+}
+
 void Exchange::sleepForProgress() {
+  // Only transfers that could move now decide how to sleep: a socket whose
+  // transfer waits on a shared-memory one must not turn the futex sleep into
+  // a poll() with short naps (each intra-node step would cost a nap).
   std::vector<pollfd> fds;
   bool anyShm = false;
-  for (auto& t : t_) {
-    if (t.finished) continue;
+  for (size_t i = firstOpen_; i < t_.size(); ++i) {
+    const Transfer& t = t_[i];
+    if (!canMove(t)) continue;
     int fd = t.link->pollFd();
     if (fd < 0) anyShm = true;
     else fds.push_back({fd, static_cast<short>(t.kind == Kind::Send ? POLLOUT : POLLIN), 0});

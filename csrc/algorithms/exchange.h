@@ -64,6 +64,8 @@ class Exchange {
   };
   Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps);
   bool progressOnce(bool* allDone);
+  // Not finished and free to move now (not held back by a dependency).
+  bool canMove(const Transfer& t) const;
   void sleepForProgress();
   void checkHealth();
   [[noreturn]] void timeout();
