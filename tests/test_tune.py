@@ -31,7 +31,7 @@ from smdccl import _C
 from smdccl.tune import cli
 from smdccl.tune.fit import MIN_ALPHA_US, FitError, fit_alpha_beta
 from smdccl.tune.layout import Layout
-from smdccl.tune.measure import MIN_ITERS, Point, iters_for
+from smdccl.tune.measure import MIN_ITERS, Point, iters_for, quantile
 from smdccl.tune.profile import KEYS, Level, Reduce, builtin_defaults, parse_description, render
 
 SIZES = [8 << (2 * i) for i in range(12)]  # 8 B .. 32 MB, x4
@@ -111,6 +111,16 @@ def test_round_trips_per_size():
     assert iters_for(2 << 20, 50, 32 << 20) == 16
     assert iters_for(16 << 20, 50, 32 << 20) == MIN_ITERS
     assert iters_for(8, 3, 32 << 20) == 3  # --iters below the floor wins
+
+
+def test_quantile_matches_the_median_and_interpolates():
+    import statistics
+
+    for xs in ([3.0], [5.0, 1.0], [4.0, 1.0, 9.0, 2.0], [float(i * i) for i in range(11)]):
+        assert quantile(xs, 0.5) == pytest.approx(statistics.median(xs))
+    assert quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.0) == 1.0
+    assert quantile([1.0, 2.0, 3.0, 4.0, 5.0], 1.0) == 5.0
+    assert quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.2) == pytest.approx(1.8)
 
 
 # ---------------------------------------------------------------------------
@@ -325,6 +335,8 @@ def test_profile_changes_the_choice(tmp_path):
     (["--min-bytes", "8", "--max-bytes", "8"], "at least two message sizes"),
     (["--out", "/nonexistent-dir/p.txt"], "does not exist"),
     (["--timeout", "0"], "--timeout must be > 0"),
+    (["--quantile", "1.5"], "--quantile must be between 0 and 1"),
+    (["--passes", "0"], "--passes must be >= 1"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv, msg, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -33,7 +33,8 @@ what is measured:
   reduce speed of a float32 elementwise add on one thread (bytes of one
          operand per second).
   A message's time comes from a ping-pong of dist.broadcast in a 2-rank smdccl
-  group (half the median round trip). alpha (us) and bandwidth (GB/s, 1e9 B/s)
+  group (half the median round trip; sizes swept in --passes interleaved passes).
+  alpha (us) and bandwidth (GB/s, 1e9 B/s)
   are fitted to T(m) = alpha + m / bw by least squares on the relative error,
   so small sizes decide alpha and large ones the bandwidth. A level this world
   cannot measure (one node; no node with two ranks) keeps the built-in
@@ -57,6 +58,9 @@ Exit code: 0 profile written, 1 the run failed, 2 usage error.
 #: how the fit is described in the profile's header
 METHOD = ("T(m) = round trip / 2, median per size; fit T(m) = alpha + m / bw, "
           "least squares on the relative error")
+
+#: a fit missing some point by more than this suggests a busy machine
+NOISY = 0.5
 
 
 def _size(text: str) -> int:
@@ -91,8 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "size moves about --volume bytes, but at least 5 (default: 50)")
     timing.add_argument("--volume", type=_size, default=parse_size("32M"), metavar="N",
                         help="bytes each way per size that bound the round trips (default: 32M)")
-    timing.add_argument("--warmup", type=int, default=2, metavar="N",
-                        help="untimed round trips per size (default: 2)")
+    timing.add_argument("--passes", type=int, default=3, metavar="N",
+                        help="sweep the sizes N times, each pass doing 1/N of every size's "
+                             "round trips; a size's time is the median over all passes "
+                             "(default: 3)")
+    timing.add_argument("--quantile", type=float, default=0.5, metavar="Q",
+                        help="which round trip of a size counts, as a quantile: 0.5 is the "
+                             "median (default); on a machine shared with other work, e.g. "
+                             "0.2 ignores most of the delays they cause")
+    timing.add_argument("--warmup", type=int, default=1, metavar="N",
+                        help="untimed round trips per size and pass (default: 1)")
     timing.add_argument("--reduce-bytes", type=_size, default=parse_size("4M"), metavar="N",
                         help="operand size for the reduction timing (default: 4M)")
     timing.add_argument("--reduce-repeats", type=int, default=30, metavar="N",
@@ -108,6 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.iters < 1:
         parser.error("--iters must be >= 1")
+    if args.passes < 1:
+        parser.error("--passes must be >= 1")
+    if not 0 <= args.quantile <= 1:
+        parser.error("--quantile must be between 0 and 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
     if args.reduce_repeats < 1:
@@ -158,7 +174,8 @@ def _measure_level(name, pair, layout, args, say):
         f"{human(args.sizes[0])}B .. {human(args.sizes[-1])}B")
     points = None
     if layout.rank in pair:
-        points = ping_pong(group, pair, args.sizes, args.warmup, args.iters, args.volume)
+        points = ping_pong(group, pair, args.sizes, args.warmup, args.iters, args.volume,
+                           args.passes, args.quantile)
     gathered: list = [None] * layout.world
     dist.all_gather_object(gathered, points)  # also the barrier the others wait at
     level.points = gathered[pair[0]]
@@ -170,13 +187,41 @@ def _measure_level(name, pair, layout, args, say):
     return level
 
 
+def _write_and_report(args, world, levels, reduce) -> None:
+    """Rank 0: write the profile, print the summary and how to use it."""
+    from smdccl.tune import profile, report
+
+    stat = "median" if args.quantile == 0.5 else f"{args.quantile:g} quantile"
+    method = METHOD.replace("median per size", f"{stat} per size over {args.passes} passes")
+    info = profile.header_info(world, args.out, command_line(), method)
+    profile.write(args.out, profile.render(levels, reduce, info))
+    path = os.path.abspath(args.out)
+    print(report.parameters(levels, reduce, info["defaults"]))
+    noisy = [lv.name for lv in levels if lv.fit and lv.fit.max_rel_err > NOISY]
+    if noisy:
+        print(f"warning: the {' and '.join(noisy)} fit misses some sizes by more than "
+              f"{NOISY:.0%} (see the points in {args.out}): other processes were probably "
+              "using the CPUs; an idle machine gives steadier numbers, and --quantile 0.2 "
+              "ignores most such delays")
+    if world.world > 1:
+        print()
+        print(report.picks(world.world, len(world.nodes), world.max_local, world.uniform, path))
+    print()
+    print(f"wrote {path}")
+    print(f"use it:  export SMDCCL_TUNE_FILE={path}")
+    algo = os.environ.get("SMDCCL_ALGO", "auto") or "auto"
+    if algo != "auto":
+        print(f"note: SMDCCL_ALGO={algo} is set; it forces the algorithm whatever the profile says")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     import torch.distributed as dist
 
     from smdccl.tune import layout as lay
-    from smdccl.tune import profile, report
+    from smdccl.tune import profile
     from smdccl.tune.measure import reduce_gbps
 
     try:
@@ -200,23 +245,17 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         levels = [_measure_level("intra", world.intra_pair(), world, args, say),
                   _measure_level("inter", world.inter_pair(), world, args, say)]
+        err = None
         if lead:
-            info = profile.header_info(world, args.out, command_line(), METHOD)
-            profile.write(args.out, profile.render(levels, reduce, info))
-            path = os.path.abspath(args.out)
-            print(report.parameters(levels, reduce, info["defaults"]))
-            if world.world > 1:
-                print()
-                print(report.picks(world.world, len(world.nodes), world.max_local,
-                                   world.uniform, path))
-            print()
-            print(f"wrote {path}")
-            print(f"use it:  export SMDCCL_TUNE_FILE={path}", flush=True)
-            overridden = [k for k in ("SMDCCL_ALGO",) if os.environ.get(k, "auto") != "auto"]
-            if overridden:
-                print(f"note: {overridden[0]}={os.environ[overridden[0]]} is set and forces "
-                      "the algorithm whatever the profile says", flush=True)
-        dist.barrier()
+            try:
+                _write_and_report(args, world, levels, reduce)
+            except Exception as exc:  # noqa: BLE001 - reported below, on every rank
+                err = f"{type(exc).__name__}: {exc}"
+        status = [err]
+        dist.broadcast_object_list(status, src=0)  # nobody waits for a rank 0 that failed
+        if status[0] is not None:
+            say(f"failed: {status[0]}")
+            return 1
         return 0
     except Exception as exc:  # noqa: BLE001
         print(f"smdccl.tune: rank {world.rank} failed: {type(exc).__name__}: {exc}",

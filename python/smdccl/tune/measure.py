@@ -5,10 +5,14 @@ Message time. A 2-rank smdccl group plays ping-pong with ``dist.broadcast``
 from alternating roots: in a group of two, a broadcast is exactly one message
 of the tensor's size from the root to the other rank. The first rank of the
 pair times each round trip (its broadcast out, the other rank's broadcast
-back) with ``time.perf_counter``; one message takes half a round trip. Per
-size: ``warmup`` untimed round trips, then ``iters_for(size)`` timed ones,
-and the median. The time therefore includes one Python call into the
-backend per message, as every collective call from Python does.
+back) with ``time.perf_counter``; one message takes half a round trip. The
+sizes are swept ``passes`` times, each pass doing, per size, ``warmup``
+untimed round trips and its share of the ``iters_for(size)`` timed ones; a
+size's time is the median (or the ``quantile`` asked for) over all its passes. Spreading each size over the
+run means a burst of load from other processes on the machine touches every
+size a little instead of a few sizes a lot, which would tilt the fitted
+line. The time includes one Python call into the backend per message, as
+every collective call from Python does.
 
 Reduction. A float32 ``add_`` of two tensors of ``nbytes`` each on one
 thread (smdccl reduces on one thread per rank), median of ``repeats``;
@@ -29,10 +33,19 @@ import torch.distributed as dist
 MIN_ITERS = 5
 
 
+def quantile(xs: list[float], q: float) -> float:
+    """Linear interpolation between order statistics; ``q = 0.5`` is the median."""
+    ys = sorted(xs)
+    pos = q * (len(ys) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
+
+
 @dataclass(frozen=True)
 class Point:
     nbytes: int
-    seconds: float  # one-way time per message: median round trip / 2
+    seconds: float  # one-way time per message: median (or quantile) round trip / 2
     iters: int
 
 
@@ -44,25 +57,32 @@ def iters_for(nbytes: int, max_iters: int, volume: int) -> int:
 
 
 def ping_pong(group, pair: tuple[int, int], sizes: list[int], warmup: int,
-              max_iters: int, volume: int) -> list[Point] | None:
+              max_iters: int, volume: int, passes: int = 1,
+              q: float = 0.5) -> list[Point] | None:
     """Run the ping-pong between the two global ranks in ``pair`` (both must
     call this with the same arguments). Returns the points on ``pair[0]``,
     None on ``pair[1]``."""
     first, second = pair
     me = dist.get_rank()
-    points = []
-    for nbytes in sizes:
-        buf = torch.zeros(nbytes, dtype=torch.uint8)
-        n = iters_for(nbytes, max_iters, volume)
-        trips = []
-        for i in range(warmup + n):
-            t0 = time.perf_counter()
-            dist.broadcast(buf, src=first, group=group)
-            dist.broadcast(buf, src=second, group=group)
-            if i >= warmup:
-                trips.append(time.perf_counter() - t0)
-        points.append(Point(nbytes, statistics.median(trips) / 2, n))
-    return points if me == first else None
+    bufs = {n: torch.zeros(n, dtype=torch.uint8) for n in sizes}
+    trips: dict[int, list[float]] = {n: [] for n in sizes}
+    for p in range(passes):
+        for nbytes in sizes:
+            total = iters_for(nbytes, max_iters, volume)
+            # this pass's share of the timed round trips (the shares add up to total)
+            n = total * (p + 1) // passes - total * p // passes
+            if n == 0:
+                continue
+            buf = bufs[nbytes]
+            for i in range(warmup + n):
+                t0 = time.perf_counter()
+                dist.broadcast(buf, src=first, group=group)
+                dist.broadcast(buf, src=second, group=group)
+                if i >= warmup:
+                    trips[nbytes].append(time.perf_counter() - t0)
+    if me != first:
+        return None
+    return [Point(n, quantile(trips[n], q) / 2, len(trips[n])) for n in sizes]
 
 
 def reduce_gbps(nbytes: int, repeats: int) -> tuple[float, float]:
