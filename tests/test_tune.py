@@ -428,6 +428,27 @@ def tuned_allreduce(tune_file: str) -> dict:
     return {"checked": checked, "log": lines[0]}
 
 
+def bad_tune_file_is_rejected(path: str):
+    import torch.distributed as dist
+
+    try:
+        dist.new_group(backend="smdccl")
+    except ValueError as exc:
+        assert path in str(exc) and "unknown key 'turbo'" in str(exc), str(exc)
+        return "raised"
+    raise AssertionError("a bad SMDCCL_TUNE_FILE was accepted")
+
+
+@pytest.mark.multiprocess
+def test_group_creation_rejects_a_bad_tune_file(tmp_path):
+    # The default group is gloo, so creating the smdccl group is the step that
+    # reads SMDCCL_TUNE_FILE and fails.
+    path = tmp_path / "bad.txt"
+    path.write_text("intra_gbps 4\nturbo 1\n")
+    assert run_ranks(1, bad_tune_file_is_rejected, str(path), backend="gloo",
+                     env={"SMDCCL_TUNE_FILE": str(path)}) == ["raised"]
+
+
 @pytest.mark.smdccl_only
 @pytest.mark.multiprocess
 def test_tune_on_two_virtual_nodes_then_use_the_profile(tmp_path):
