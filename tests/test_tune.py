@@ -393,6 +393,40 @@ def test_single_process_run_keeps_defaults_for_both_levels(tmp_path):
     assert model["reduce_gbps"] == pytest.approx(_values(text)["reduce_gbps"], rel=1e-5)
 
 
+def tune_in_existing_world(out: str) -> dict:
+    """Rank side: the tool as a library call inside a job whose default group
+    already exists (gloo here): it must keep that group and clean up its own."""
+    import torch.distributed as dist
+
+    from smdccl.tune.cli import main
+
+    code = main(["--out", out, "--max-bytes", "64K", "--iters", "10", "--passes", "1",
+                 "--timeout", "60"])
+    assert dist.is_initialized() and dist.get_backend() == "gloo"
+    t = __import__("torch").ones(3)
+    dist.all_reduce(t)  # the caller's group still works
+    return {"code": code, "sum": t.tolist()}
+
+
+@pytest.mark.smdccl_only
+@pytest.mark.multiprocess
+def test_tune_inside_an_existing_gloo_job(tmp_path):
+    # One rank per virtual node: only the inter level can be measured.
+    out = tmp_path / "p.txt"
+    results = run_ranks(2, tune_in_existing_world, str(out), backend="gloo", timeout=120,
+                        env={"SMDCCL_TOPOLOGY": "1,1"})
+    assert results == [{"code": 0, "sum": [2.0, 2.0, 2.0]}] * 2
+    text = out.read_text()
+    assert "# world: 2 ranks, 2 nodes: [0] [1]" in text
+    assert "# intra: not measured (no node has two ranks); keys left out, so the built-in " \
+           "defaults apply (2 us, 8 GB/s)" in text
+    assert "# inter: ranks 0 <-> 1 (TCP)" in text
+    assert list(_values(text)) == ["inter_alpha_us", "inter_gbps", "reduce_gbps"]
+    model = _model(out)
+    assert model["intra_alpha_us"] == 2.0
+    assert model["inter_alpha_us"] == pytest.approx(_values(text)["inter_alpha_us"], rel=1e-5)
+
+
 def tuned_allreduce(tune_file: str) -> dict:
     """Rank side: the backend loads ``tune_file`` (its INFO log says so) and
     allreduce gives exact results at every size (int-valued float32 inputs)."""
