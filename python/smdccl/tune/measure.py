@@ -8,11 +8,13 @@ pair times each round trip (its broadcast out, the other rank's broadcast
 back) with ``time.perf_counter``; one message takes half a round trip. The
 sizes are swept ``passes`` times, each pass doing, per size, ``warmup``
 untimed round trips and its share of the ``iters_for(size)`` timed ones; a
-size's time is the median (or the ``quantile`` asked for) over all its passes. Spreading each size over the
-run means a burst of load from other processes on the machine touches every
-size a little instead of a few sizes a lot, which would tilt the fitted
-line. The time includes one Python call into the backend per message, as
-every collective call from Python does.
+size's time is the median (or the ``quantile`` asked for) over all its
+passes. Spreading each size over the run means a burst of load from other
+processes on the machine touches every size a little instead of a few sizes
+a lot, which would tilt the fitted line. The time includes one Python call into the backend per message, as
+every collective call from Python does. Each size reuses one buffer, so a
+message that fits the CPU's last-level cache is timed cache-hot, as a
+bucket that was just written (a gradient) would be.
 
 Reduction. A float32 ``add_`` of two tensors of ``nbytes`` each on one
 thread (smdccl reduces on one thread per rank), median of ``repeats``;
