@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import run_ranks
+from harness import REPO_ROOT, run_ranks
 
 from smdccl import _C
 from smdccl.tune import cli
@@ -382,7 +382,7 @@ def _values(text: str) -> dict[str, float]:
 def test_single_process_run_keeps_defaults_for_both_levels(tmp_path):
     out = tmp_path / "one.txt"
     proc = subprocess.run([sys.executable, "-m", "smdccl.tune", "--out", str(out)],
-                          env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          env=_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     text = out.read_text()
     assert "# intra: not measured (no node has two ranks)" in text
@@ -400,7 +400,7 @@ def tune_in_existing_world(out: str) -> dict:
 
     from smdccl.tune.cli import main
 
-    code = main(["--out", out, "--max-bytes", "64K", "--iters", "10", "--passes", "1",
+    code = main(["--out", out, "--max-bytes", "1M", "--iters", "10", "--passes", "1",
                  "--timeout", "60"])
     assert dist.is_initialized() and dist.get_backend() == "gloo"
     t = __import__("torch").ones(3)
@@ -488,9 +488,9 @@ def test_group_creation_rejects_a_bad_tune_file(tmp_path):
 def test_tune_on_two_virtual_nodes_then_use_the_profile(tmp_path):
     out = tmp_path / "tune.txt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           "-m", "smdccl.tune", "--out", str(out), "--max-bytes", "4M", "--iters", "30",
+           "-m", "smdccl.tune", "--out", str(out), "--iters", "30",
            "--timeout", "60"]
-    proc = subprocess.run(cmd, env=_env(SMDCCL_TOPOLOGY="2x2"), cwd=tmp_path,
+    proc = subprocess.run(cmd, env=_env(SMDCCL_TOPOLOGY="2x2"), cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-5000:]}"
     text = out.read_text()
