@@ -42,13 +42,16 @@ struct Est {
   // messages through the node's uplink at once.
   double rd(double bytes) const {
     int p = g.ranks, R = floorLog2(p);
-    int Ra = g.nodes > 1 ? std::min(R, floorLog2(g.maxLocal)) : R;
+    // Uneven nodes: a small node's ranks cross in every round.
+    int Ra = g.nodes == 1 ? R : g.uniform ? std::min(R, floorLog2(g.maxLocal)) : 0;
     int Re = R - Ra;
     double t = Ra * (m.intra.secondsFor(bytes) + reduceSeconds(bytes)) +
                Re * (m.inter.alphaUs * 1e-6 + m.inter.bytesSeconds(bytes * g.maxLocal) +
                      reduceSeconds(bytes));
     if ((1 << R) != p) {
-      const LevelCost& fold = (g.nodes == 1 || g.maxLocal > 1) ? m.intra : m.inter;
+      // Ranks fold into their neighbour: inside a node only when nodes pair up evenly.
+      bool foldInside = g.nodes == 1 || (g.uniform && g.maxLocal % 2 == 0);
+      const LevelCost& fold = foldInside ? m.intra : m.inter;
       t += 2 * fold.secondsFor(bytes) + reduceSeconds(bytes);
     }
     return t;
@@ -243,8 +246,9 @@ CostModel CostModel::fromFile(const std::string& path) {
     std::string key;
     double v = 0;
     if (!(ls >> key)) continue;
-    SMDCCL_CHECK_ARG(static_cast<bool>(ls >> v) && std::isfinite(v) && v > 0, path, ":", lineNo,
-                     ": '", key, "' needs a positive number");
+    std::string rest;
+    SMDCCL_CHECK_ARG(static_cast<bool>(ls >> v) && !(ls >> rest) && std::isfinite(v) && v > 1e-9,
+                     path, ":", lineNo, ": '", key, "' needs one positive number");
     if (key == "intra_alpha_us") m.intra.alphaUs = v;
     else if (key == "intra_gbps") m.intra.gbps = v;
     else if (key == "inter_alpha_us") m.inter.alphaUs = v;

@@ -90,6 +90,8 @@ PYBIND11_MODULE(_C, m) {
         SMDCCL_CHECK_ARG(ranks >= 1 && nodes >= 1 && maxLocal >= 1 && nodes <= ranks &&
                              maxLocal <= ranks,
                          "plan: inconsistent group shape");
+        SMDCCL_CHECK_ARG(bytes >= 0 && bytes < 4.6e18, "plan: bytes must be in [0, 2^62), got ",
+                         bytes);
         smdccl::Tuning t = smdccl::Tuning::fromEnv();
         if (!tuneFile.empty()) t.model = smdccl::CostModel::fromFile(tuneFile);
         smdccl::GroupShape g{ranks, nodes, maxLocal, uniform};
