@@ -248,7 +248,7 @@ CostModel CostModel::fromFile(const std::string& path) {
     if (!(ls >> key)) continue;
     std::string rest;
     SMDCCL_CHECK_ARG(static_cast<bool>(ls >> v) && !(ls >> rest) && std::isfinite(v) && v > 1e-9,
-                     path, ":", lineNo, ": '", key, "' needs one positive number");
+                     path, ":", lineNo, ": '", key, "' needs a positive number, alone on its line");
     if (key == "intra_alpha_us") m.intra.alphaUs = v;
     else if (key == "intra_gbps") m.intra.gbps = v;
     else if (key == "inter_alpha_us") m.inter.alphaUs = v;
