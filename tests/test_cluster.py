@@ -236,6 +236,27 @@ def test_hosts_have_own_name_address_and_route(clean):
     assert out[0][3] == "routes 1"  # the subnet only: no default route out of the cluster
 
 
+@pytest.mark.smdccl_only
+def test_two_level_matrix_across_two_nodes(clean):
+    """Every op x dtype (allreduce, reduce_scatter) plus allgather and broadcast
+    on 2 emulated hosts x 2 ranks over shaped links, with a small pipeline chunk
+    so the two-level allreduce runs many chunks through the real network."""
+    env = cli_env()
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    res = subprocess.run(
+        cli("--nodes", "2", "--procs-per-node", "2", "--link", "10gbit", "--timeout", "400",
+            "--env", "SMDCCL_PIPELINE_CHUNK_KB=64", "--env", "SMDCCL_DEBUG=INFO",
+            "--", str(JOBS / "allreduce_check.py"), "--backend", "smdccl", "--expect-nodes", "2",
+            "--matrix"),
+        env=env, capture_output=True, text=True, timeout=450)
+    report = f"stdout:\n{res.stdout[-20000:]}\nstderr:\n{res.stderr[-5000:]}"
+    assert res.returncode == 0, report
+    for rank in range(4):
+        assert sum(f"rank {rank} OK" in line for line in res.stdout.splitlines()) == 1, report
+    # The network was crossed by the two-level algorithms, not only the flat ones.
+    assert "-> two_level" in res.stdout + res.stderr, report
+
+
 @pytest.mark.parametrize("backend", [
     "gloo", pytest.param("smdccl", marks=pytest.mark.smdccl_only)])
 def test_allreduce_across_two_nodes(backend, clean):

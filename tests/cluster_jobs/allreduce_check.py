@@ -1,6 +1,10 @@
 """A torchrun job for the emulated cluster: every rank checks allreduce SUM/MAX
 on float32 and int64 against references computed locally from every rank's
-(known) inputs, and that ranks sit on the hosts torchrun says they do.
+(known) inputs, and that ranks sit on the hosts torchrun says they do. With
+``--matrix`` it also runs every reduction op on every dtype (allreduce,
+reduce_scatter_tensor) and the data movement of all_gather_into_tensor and
+broadcast, against tests/reference.py -- the two-level paths over a real,
+shaped network.
 
     python -m smdccl.cluster --nodes 2 --procs-per-node 2 -- \\
         tests/cluster_jobs/allreduce_check.py --backend smdccl --expect-nodes 2
@@ -35,10 +39,49 @@ def reference(world: int, n: int, dtype: torch.dtype, op: str) -> torch.Tensor:
     return stack.sum(0) if op == "sum" else stack.amax(0)
 
 
+def matrix(rank: int, world: int) -> list[str]:
+    """Every op x dtype through allreduce and reduce_scatter, plus allgather and
+    broadcast, on sizes that do not divide by the world size."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    from reference import DTYPES, OP_NAMES, make_op, mismatch, op_valid, rank_input, reduce_reference
+
+    failures = []
+    for dname, dtype in DTYPES.items():
+        for n in (1, 1001, 300007):
+            for op in OP_NAMES:
+                if not op_valid(op, dtype):
+                    continue
+                exact = op not in ("AVG",) or world & (world - 1) == 0
+                ins = [rank_input(r, n, dtype, 7, "int") for r in range(world)]
+                ref = reduce_reference(ins, op, dtype, exact=exact)
+                t = ins[rank].clone()
+                dist.all_reduce(t, op=make_op(op))
+                if (bad := mismatch(t, ref)):
+                    failures.append(f"all_reduce {dname} {op} n={n}: {bad}")
+                full = [rank_input(r, n * world, dtype, 8, "int") for r in range(world)]
+                out = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(out, full[rank].clone(), op=make_op(op))
+                rs_ref = reduce_reference(full, op, dtype, exact=exact).slice(rank * n, (rank + 1) * n)
+                if (bad := mismatch(out, rs_ref)):
+                    failures.append(f"reduce_scatter_tensor {dname} {op} n={n}: {bad}")
+            mine = rank_input(rank, n, dtype, 9, "int")
+            gathered = torch.empty(n * world, dtype=dtype)
+            dist.all_gather_into_tensor(gathered, mine)
+            if not torch.equal(gathered, torch.cat([rank_input(r, n, dtype, 9, "int") for r in range(world)])):
+                failures.append(f"all_gather_into_tensor {dname} n={n}")
+            for root in range(world):
+                b = mine.clone()
+                dist.broadcast(b, root)
+                if not torch.equal(b, rank_input(root, n, dtype, 9, "int")):
+                    failures.append(f"broadcast {dname} n={n} root={root}")
+    return failures
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--backend", required=True)
     p.add_argument("--expect-nodes", type=int, required=True)
+    p.add_argument("--matrix", action="store_true", help="every op x dtype, more collectives")
     args = p.parse_args()
 
     dist.init_process_group(args.backend)
@@ -60,6 +103,9 @@ def main() -> int:
                 if not ok:
                     bad = (t.to(want.dtype) != want).nonzero()[:3].flatten().tolist()
                     failures.append(f"all_reduce {dtype} {op} n={n}: wrong at {bad}")
+
+    if args.matrix:
+        failures += matrix(rank, world)
 
     host = socket.gethostname()
     if host != f"node{node}":
