@@ -17,12 +17,12 @@ waiting in a rendezvous.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from smdccl._launch import standalone_env
 
 
 @dataclass
@@ -39,20 +39,9 @@ class World:
             torch.cuda.synchronize(self.device)
 
 
-def _standalone_env() -> None:
-    """Without torchrun, run as a world of one (handy for smoke tests)."""
-    if "RANK" in os.environ:
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-
-
 def init_world(device_kind: str, timeout_s: float) -> World:
     """Start the default (gloo) group and pick this rank's device."""
-    _standalone_env()
+    standalone_env()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
         if not torch.cuda.is_available():

@@ -12,9 +12,9 @@ import datetime
 import json
 import os
 import platform
-import shlex
 import socket
 import sys
+from smdccl._launch import command_line
 
 # (row key, heading, format); the first column is left-aligned.
 COLUMNS = (
@@ -72,15 +72,6 @@ def table(rows: list[dict], skipped: list[dict], backends: list[str],
     return "\n".join(out)
 
 
-def command_line() -> str:
-    """How this run was started, as a user would type it."""
-    args = shlex.join(sys.argv[1:])
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        nproc = os.environ.get("LOCAL_WORLD_SIZE", "?")
-        return f"torchrun --nproc-per-node {nproc} -m smdccl.bench {args}".rstrip()
-    return f"python -m smdccl.bench {args}".rstrip()
-
-
 def header(world, args, backends: list[str]) -> dict:
     """Machine and run description stored at the top of the JSON file."""
     import torch
@@ -104,7 +95,7 @@ def header(world, args, backends: list[str]) -> dict:
         "iters": args.iters or "auto",
         "warmup": args.warmup,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command_line": command_line(),
+        "command_line": command_line("smdccl.bench"),
         "argv": list(sys.argv),
     }
     if "smdccl" in sys.modules:

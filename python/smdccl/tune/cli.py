@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 
 from smdccl.bench.sizes import geometric, human, parse_size
+from smdccl._launch import command_line
 
 EPILOG = """\
 what is measured:
@@ -148,14 +148,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def command_line() -> str:
-    args = shlex.join(sys.argv[1:])
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        nproc = os.environ.get("LOCAL_WORLD_SIZE", "?")
-        return f"torchrun --nproc-per-node {nproc} -m smdccl.tune {args}".rstrip()
-    return f"python -m smdccl.tune {args}".rstrip()
-
-
 def _measure_level(name, pair, layout, args, say):
     """Every rank calls this; the pair plays ping-pong, the others wait."""
     import torch.distributed as dist
@@ -193,7 +185,7 @@ def _write_and_report(args, world, levels, reduce) -> None:
 
     stat = "median" if args.quantile == 0.5 else f"{args.quantile:g} quantile"
     method = METHOD.replace("median per size", f"{stat} per size over {args.passes} passes")
-    info = profile.header_info(world, args.out, command_line(), method)
+    info = profile.header_info(world, args.out, command_line("smdccl.tune"), method)
     profile.write(args.out, profile.render(levels, reduce, info))
     path = os.path.abspath(args.out)
     print(report.parameters(levels, reduce, info["defaults"]))

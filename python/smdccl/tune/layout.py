@@ -11,13 +11,12 @@ timeout, as torch.distributed requires.
 
 from __future__ import annotations
 
-import os
-import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from smdccl._launch import standalone_env
 
 
 @dataclass
@@ -51,17 +50,6 @@ class Layout:
         return self.nodes[0][0], self.nodes[1][0]
 
 
-def _standalone_env() -> None:
-    """Without torchrun (no RANK), run as a world of one."""
-    if "RANK" in os.environ:
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-
-
 def _backend_of(group) -> object:
     return group._get_backend(torch.device("cpu"))
 
@@ -84,7 +72,7 @@ def open_world(timeout_s: float) -> Layout:
     timeout = timedelta(seconds=timeout_s)
     created = False
     if not dist.is_initialized():
-        _standalone_env()
+        standalone_env()
         dist.init_process_group(backend="smdccl", timeout=timeout)
         created = True
     default = dist.distributed_c10d._get_default_group()
