@@ -12,7 +12,7 @@ int Comm::ringPosition() const {
 }
 
 Comm Comm::sub(const std::vector<int>& groupRanks) const {
-  Comm s{mesh, ctx, {}, nullptr, {}, -1};  // levels describe the whole group only
+  Comm s{mesh, ctx, {}, nullptr, {}, -1, wire, wireIntra};  // levels describe the whole group only
   for (int r : groupRanks) s.members.push_back(groupRank(r));
   auto it = std::find(s.members.begin(), s.members.end(), groupRank(rank()));
   if (it == s.members.end()) throw std::logic_error("sub-communicator without this rank");
@@ -20,6 +20,11 @@ Comm Comm::sub(const std::vector<int>& groupRanks) const {
   s.ring.resize(groupRanks.size());
   for (size_t i = 0; i < s.ring.size(); ++i) s.ring[i] = static_cast<int>(i);
   return s;
+}
+
+Wire Comm::wireTo(int peer) const {
+  if (wire == Wire::F32 || wireIntra) return wire;
+  return mesh.topology().sameNode(groupRank(rank()), groupRank(peer)) ? Wire::F32 : wire;
 }
 
 Blocks Blocks::even(size_t count, int parts, size_t elemSize) {

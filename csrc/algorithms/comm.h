@@ -20,6 +20,10 @@ struct Comm {
   const Hierarchy* levels = nullptr;  // the whole group's nodes, for two-level algorithms
   std::vector<int> members;           // group rank of each rank here; empty: the whole group
   int myIndex = -1;                   // this rank's index in members
+  // Float32 reductions of this op may cross node boundaries as 16-bit
+  // values (and inside nodes too with wireIntra); see wireTo().
+  Wire wire = Wire::F32;
+  bool wireIntra = false;
 
   int rank() const { return members.empty() ? mesh.rank() : myIndex; }
   int size() const { return members.empty() ? mesh.size() : static_cast<int>(members.size()); }
@@ -27,6 +31,8 @@ struct Comm {
   Link& link(int peer) { return mesh.link(groupRank(peer), ctx.deadline); }
   Exchange exchange() { return Exchange(ctx, mesh.myBell(), mesh.shmNode()); }
   int ringPosition() const;
+  // What float32 reduction data to `peer` travels as.
+  Wire wireTo(int peer) const;
   // The Comm of the given group ranks (this rank among them), ring in that order.
   Comm sub(const std::vector<int>& groupRanks) const;
 };
@@ -47,9 +53,12 @@ struct Blocks {
 // without running it, so that several rings (levels, chunks) stream in one
 // exchange. `startAfter` (an index in ex, or -1) must finish before the ring
 // sends anything or reduces into buf. Returns the index of its last receive
-// (-1 when there is none).
+// (-1 when there is none). Float32 data crosses each hop as c.wireTo() says;
+// with compression on, `finalReduce` rounds the reduce-scatter's last sums to
+// the wire's precision (they are final results: every rank must hold the
+// same bits).
 int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
-               bool reduceScatter, bool allgather, int startAfter = -1);
+               bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
 // On return block r of buf holds the reduction of every rank's block r, on rank r.
 void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 // On entry block rank() of buf holds this rank's data; on return all blocks are filled.

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "common/error.h"
+#include "kernels/cpu/reduce.h"
 
 namespace smdccl {
 
@@ -16,7 +18,7 @@ std::string OpContext::describe() const {
 }
 
 Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op,
-                        Deps deps) {
+                        Deps deps, Wire wire, Wire roundTo) {
   int index = static_cast<int>(t_.size());
   LinkTail* tail = nullptr;
   for (auto& lt : tails_)
@@ -24,22 +26,77 @@ Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dt
   if (!tail) tail = &tails_.emplace_back(LinkTail{&link, -1, -1});
   int& last = kind == Kind::Send ? tail->lastSend : tail->lastRecv;
   t_.push_back({&link, kind, buf, bytes, 0, dtype, op, deps, last});
+  t_.back().wire = wire;
+  t_.back().roundTo = roundTo;
   last = index;
   return *this;
 }
 
-Exchange& Exchange::send(Link& link, const void* buf, size_t bytes, Deps deps) {
-  return add(link, Kind::Send, const_cast<char*>(static_cast<const char*>(buf)), bytes, DType::U8,
-             RedOp::Sum, deps);
+Exchange& Exchange::send(Link& link, const void* buf, size_t bytes, Deps deps, Wire wire) {
+  return add(link, Kind::Send, const_cast<char*>(static_cast<const char*>(buf)), bytes, DType::F32,
+             RedOp::Sum, deps, wire);
 }
 
-Exchange& Exchange::recv(Link& link, void* buf, size_t bytes, Deps deps) {
-  return add(link, Kind::Recv, static_cast<char*>(buf), bytes, DType::U8, RedOp::Sum, deps);
+Exchange& Exchange::recv(Link& link, void* buf, size_t bytes, Deps deps, Wire wire) {
+  return add(link, Kind::Recv, static_cast<char*>(buf), bytes, DType::F32, RedOp::Sum, deps, wire);
 }
 
 Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
-                               Deps deps) {
-  return add(link, Kind::RecvReduce, static_cast<char*>(buf), bytes, dtype, op, deps);
+                               Deps deps, Wire wire, Wire roundTo) {
+  return add(link, Kind::RecvReduce, static_cast<char*>(buf), bytes, dtype, op, deps, wire,
+             roundTo);
+}
+
+namespace {
+constexpr size_t kWireStageElems = 32 << 10;  // 64 KiB of 16-bit values per transfer in flight
+}
+
+bool Exchange::moveWireSend(Transfer& t, size_t limit) {
+  bool moved = false;
+  while (true) {
+    if (t.stagedBytes == t.movedBytes) {
+      // Everything packed has gone: pack the next run (whole float32 elements).
+      size_t n = std::min((limit - t.done) / 4, kWireStageElems);
+      if (n == 0) return moved;
+      t.staging.resize(kWireStageElems);
+      packToWire(t.staging.data(), reinterpret_cast<const float*>(t.buf + t.done), n, t.wire);
+      t.stagedAt = t.done;
+      t.stagedBytes = n * 2;
+      t.movedBytes = 0;
+    }
+    size_t k = t.link->send(reinterpret_cast<char*>(t.staging.data()) + t.movedBytes,
+                            t.stagedBytes - t.movedBytes);
+    if (k == 0) return moved;
+    moved = true;
+    t.movedBytes += k;
+    t.done = t.stagedAt + t.movedBytes / 2 * 4;  // only whole elements count as sent
+  }
+}
+
+bool Exchange::moveWireRecv(Transfer& t) {
+  bool moved = false;
+  t.staging.resize(kWireStageElems);
+  char* stage = reinterpret_cast<char*>(t.staging.data());
+  while (t.done < t.bytes) {
+    size_t want = std::min((t.bytes - t.done) / 4, kWireStageElems) * 2;
+    size_t k = t.link->recv(stage + t.movedBytes, want - t.movedBytes);
+    if (k == 0) return moved;
+    moved = true;
+    t.movedBytes += k;
+    size_t whole = t.movedBytes / 2;
+    if (whole == 0) continue;
+    float* dst = reinterpret_cast<float*>(t.buf + t.done);
+    if (t.kind == Kind::RecvReduce) {
+      reduceFromWire(dst, stage, whole, t.wire, t.op);
+      roundToWire(dst, whole, t.roundTo);
+    } else {
+      unpackFromWire(dst, stage, whole, t.wire);
+    }
+    t.done += whole * 4;
+    t.movedBytes -= whole * 2;
+    if (t.movedBytes) std::memmove(stage, stage + whole * 2, t.movedBytes);
+  }
+  return moved;
 }
 
 static inline void cpuRelax() {
@@ -64,6 +121,14 @@ bool Exchange::progressOnce(bool* allDone) {
     }
     size_t limit = t.bytes;
     if (t.deps.limitBy >= 0) limit = std::min(limit, t_[t.deps.limitBy].done);
+    if (t.wire != Wire::F32) {
+      try {
+        if (t.kind == Kind::Send ? moveWireSend(t, limit) : moveWireRecv(t)) progressed = true;
+      } catch (const CommError& e) {
+        throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
+      }
+      limit = t.done;  // skip the raw loop below
+    }
     // Keep moving on this transfer while it makes progress: fewer trips
     // through the loop for large messages.
     while (t.done < limit) {
@@ -73,7 +138,11 @@ bool Exchange::progressOnce(bool* allDone) {
         switch (t.kind) {
           case Kind::Send: k = t.link->send(t.buf + t.done, left); break;
           case Kind::Recv: k = t.link->recv(t.buf + t.done, left); break;
-          default: k = t.link->recvReduce(t.buf + t.done, left, t.dtype, t.op); break;
+          default:
+            k = t.link->recvReduce(t.buf + t.done, left, t.dtype, t.op);
+            if (t.roundTo != Wire::F32)
+              roundToWire(reinterpret_cast<float*>(t.buf + t.done), k / 4, t.roundTo);
+            break;
         }
       } catch (const CommError& e) {
         throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
@@ -84,6 +153,7 @@ bool Exchange::progressOnce(bool* allDone) {
     }
     if (t.done == t.bytes) {
       t.finished = true;
+      std::vector<uint16_t>().swap(t.staging);
       if (t.kind == Kind::Send) t.link->endSend();
       else t.link->endRecv();
     } else {

@@ -6,6 +6,8 @@
 // peer it was waiting for.
 #include <vector>
 
+#include "common/dtype.h"
+
 #include "algorithms/op_context.h"
 #include "transport/futex.h"
 #include "transport/link.h"
@@ -37,11 +39,18 @@ class Exchange {
 
   using Deps = ExchangeDeps;
 
-  Exchange& send(Link& link, const void* buf, size_t bytes, Deps deps = {});
-  Exchange& recv(Link& link, void* buf, size_t bytes, Deps deps = {});
-  // Incoming bytes are combined into buf: buf = buf op incoming.
+  // `bytes` always counts buf's bytes. With a 16-bit `wire`, buf holds
+  // float32 and the link carries it rounded to fp16/bf16 (half the bytes):
+  // the cast is fused into the send and the receive, never a separate pass.
+  Exchange& send(Link& link, const void* buf, size_t bytes, Deps deps = {},
+                 Wire wire = Wire::F32);
+  Exchange& recv(Link& link, void* buf, size_t bytes, Deps deps = {}, Wire wire = Wire::F32);
+  // Incoming bytes are combined into buf: buf = buf op incoming (float32
+  // arithmetic for a 16-bit wire). `roundTo`: the sums are rounded to what
+  // that wire delivers, so the rank holding a final result keeps exactly the
+  // value its peers receive.
   Exchange& recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
-                       Deps deps = {});
+                       Deps deps = {}, Wire wire = Wire::F32, Wire roundTo = Wire::F32);
   int size() const { return static_cast<int>(t_.size()); }
   // Runs everything added since the last run() to completion.
   void run();
@@ -58,11 +67,22 @@ class Exchange {
     RedOp op;
     Deps deps;
     int prevOnLink;  // the transfer before this one on the same link and direction
+    Wire wire = Wire::F32;
+    Wire roundTo = Wire::F32;
+    // 16-bit wire: packed elements in flight. A send's staging starts at
+    // buffer offset stagedAt; stagedBytes of it are packed, movedBytes gone.
+    // A receive's holds movedBytes received, not yet unpacked.
+    std::vector<uint16_t> staging;
+    size_t stagedAt = 0, stagedBytes = 0, movedBytes = 0;
     // Set once done == bytes *and* its `after` has finished: a zero-length
     // transfer must not let its successors jump ahead of its predecessor.
     bool finished = false;
   };
-  Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps);
+  Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps,
+                Wire wire = Wire::F32, Wire roundTo = Wire::F32);
+  // A 16-bit-wire transfer's steps; return whether anything moved.
+  bool moveWireSend(Transfer& t, size_t limit);
+  bool moveWireRecv(Transfer& t);
   bool progressOnce(bool* allDone);
   // Not finished and free to move now (not held back by a dependency).
   bool canMove(const Transfer& t) const;

@@ -24,12 +24,18 @@ int dataBlockOf(const Comm& c, int logical) {
 }  // namespace
 
 int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
-               bool reduceScatter, bool allgather, int startAfter) {
+               bool reduceScatter, bool allgather, int startAfter, bool finalReduce) {
   int p = c.size();
   if (p == 1) return -1;
   int i = c.ringPosition();
-  Link& next = c.link(c.ring[(i + 1) % p]);
-  Link& prev = c.link(c.ring[(i - 1 + p) % p]);
+  int nextRank = c.ring[(i + 1) % p], prevRank = c.ring[(i - 1 + p) % p];
+  Link& next = c.link(nextRank);
+  Link& prev = c.link(prevRank);
+  bool f32 = dt == DType::F32;
+  Wire sendWire = f32 ? c.wireTo(nextRank) : Wire::F32;
+  Wire recvWire = f32 ? c.wireTo(prevRank) : Wire::F32;
+  Wire roundLast = f32 && finalReduce ? c.wire : Wire::F32;
+  int steps = 0;
   // Messages on one link keep their order by themselves (Exchange), so the
   // only dependencies here are the start and the forwarding.
   int lastRecv = -1;
@@ -39,10 +45,14 @@ int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedO
     // A receive that reduces must wait for the data it reduces into.
     Exchange::Deps recvDeps{first && reduce ? startAfter : -1, -1};
     first = false;
-    ex.send(next, buf + b.offset[sendBlk], b.length[sendBlk], sendDeps);
+    ++steps;
+    ex.send(next, buf + b.offset[sendBlk], b.length[sendBlk], sendDeps, sendWire);
     lastRecv = ex.size();
-    if (reduce) ex.recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk], dt, op, recvDeps);
-    else ex.recv(prev, buf + b.offset[recvBlk], b.length[recvBlk], recvDeps);
+    bool lastReduce = reduce && steps == p - 1;
+    if (reduce)
+      ex.recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk], dt, op, recvDeps, recvWire,
+                    lastReduce ? roundLast : Wire::F32);
+    else ex.recv(prev, buf + b.offset[recvBlk], b.length[recvBlk], recvDeps, recvWire);
   };
   if (reduceScatter) {
     // Step s sends logical block i-s (for s > 0: the one step s-1 reduced)

@@ -92,7 +92,8 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op,
   for (size_t stage = 0; stage < K + 2; ++stage) {
     if (stage < K) {
       size_t k = stage;
-      rsDone[k] = appendRing(ex, local, buf, localBlocksOf[k], dt, op, true, false);
+      rsDone[k] = appendRing(ex, local, buf, localBlocksOf[k], dt, op, true, false, -1,
+                             /*finalReduce=*/n == 1);
     }
     if (stage >= 1 && stage - 1 < K) {
       size_t k = stage - 1;
@@ -145,7 +146,8 @@ void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp 
   // sum of block (j, l). Then ranks of local index l reduce-scatter those
   // over the nodes: each ends with its own block, fully reduced.
   int intraDone = -1;
-  for (const auto& node : h.nodes) intraDone = appendRing(ex, local, buf, pick(b, node), dt, op, true, false);
+  for (const auto& node : h.nodes)
+    intraDone = appendRing(ex, local, buf, pick(b, node), dt, op, true, false, -1, /*finalReduce=*/false);
   appendRing(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), dt, op, true, false, intraDone);
   ex.run();
 }

@@ -29,6 +29,10 @@ struct BackendConfig {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string masterAddr;  // interface hint
   int worldSize = 0;       // of the default group (to validate SMDCCL_TOPOLOGY)
+  // Float32 allreduce / reduce-scatter data between nodes as 16 bits
+  // (SMDCCL_COMPRESSION, or pg_options); wireIntra: inside nodes too.
+  Wire wire = Wire::F32;
+  bool wireIntra = false;
 };
 
 class SmdcclBackend : public ::c10d::Backend {
@@ -96,6 +100,7 @@ class SmdcclBackend : public ::c10d::Backend {
   std::string describeTopology() const { return mesh_->topology().describe(); }
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
   std::string listenAddress() const { return mesh_->listenAddress(); }
+  std::string compression() const { return wireName(cfg_.wire); }
   uint64_t rejectedConnections() const { return mesh_->rejectedConnections(); }
 
  private:
@@ -112,6 +117,9 @@ class SmdcclBackend : public ::c10d::Backend {
   void runWork(SmdcclWork& work, const std::function<void(Comm&)>& body, uint64_t seq,
                const char* name, std::chrono::milliseconds timeout);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
+  // Sets c's wire for a float32 reduction and makes AVG pre-scale (16-bit
+  // range); returns whether the op is compressed.
+  bool useWire(Comm& c, DType dt, ReduceSpec& spec) const;
   // The data parts of reduce-scatter shared by its three entry points.
   void runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output, const ReduceSpec& spec);
 

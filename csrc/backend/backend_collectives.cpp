@@ -78,6 +78,24 @@ void allgatherPacked(Comm& c, const std::vector<at::Tensor>& ins, const Tuning& 
   }
 }
 
+bool allFinite(const at::Tensor& t) { return t.numel() == 0 || at::isfinite(t).all().item<bool>(); }
+
+// fp16 on the wire tops out at 65504: a float32 SUM whose partial sums pass
+// it would arrive as inf. Never hand that back silently: if a result has
+// non-finite values that no rank's input had, every rank raises. Allreduce
+// results are identical on all ranks, so they agree on whether to ask;
+// reduce-scatter results differ, so those ranks always ask (one tiny round).
+void checkWireOverflow(Comm& c, const at::Tensor& result, bool inputFinite, bool sameResult) {
+  uint8_t flags[2] = {static_cast<uint8_t>(allFinite(result) ? 0 : 1),
+                      static_cast<uint8_t>(inputFinite ? 0 : 1)};
+  if (sameResult && !flags[0]) return;
+  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(flags), 2, DType::U8, RedOp::Max);
+  TORCH_CHECK_VALUE(!flags[0] || flags[1], "smdccl: ", c.ctx.describe(),
+                    ": a float32 sum overflowed the fp16 wire (|partial sum| > 65504) and became "
+                    "inf; use SMDCCL_COMPRESSION=bf16 (float32's range), ReduceOp.AVG (scaled "
+                    "before the wire), scale the tensor down, or turn compression off");
+}
+
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   auto* a0 = bytesOf(a);
   auto* b0 = bytesOf(b);
@@ -96,10 +114,13 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   Tuning tuning = tuning_;
   return enqueue(
       OpType::ALLREDUCE, "allreduce", tensors,
-      [t, spec, dt, tuning](Comm& c) mutable {
+      [this, t, spec, dt, tuning](Comm& c) mutable {
+        bool fp16Wire = useWire(c, dt, spec) && c.wire == Wire::F16;
+        bool inputFinite = !fp16Wire || allFinite(t);
         applyPreScale(t, spec);
         smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
         applyPostDivide(t, spec);
+        if (fp16Wire) checkWireOverflow(c, t, inputFinite, /*sameResult=*/true);
       },
       opts.timeout, opts.asyncOp);
 }
@@ -116,24 +137,29 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
   std::vector<at::Tensor> ts = tensors;
   return enqueue(
       OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
-      [ts, specs, tuning](Comm& c) mutable {
+      [this, ts, specs, tuning](Comm& c) mutable {
         // One flat buffer per dtype: one collective each instead of one per tensor.
         std::map<at::ScalarType, std::vector<size_t>> byType;
         for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
         for (auto& [type, idx] : byType) {
+          DType dt = toDType(type, "allreduce");
           std::vector<at::Tensor> group;
           int64_t total = 0;
+          bool fp16Wire = false, inputFinite = true;
           for (size_t i : idx) {
+            fp16Wire = useWire(c, dt, specs[i]) && c.wire == Wire::F16;
+            if (fp16Wire) inputFinite = inputFinite && allFinite(ts[i]);
             applyPreScale(ts[i], specs[i]);
             group.push_back(ts[i]);
             total += ts[i].numel();
           }
           at::Tensor flat = at::empty({total}, group[0].options());
           packInto(bytesOf(flat), group);
-          smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), toDType(type, "allreduce"),
-                    specs[idx[0]].op, tuning);
+          smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[idx[0]].op,
+                            tuning);
           unpackFrom(bytesOf(flat), group);
           for (size_t i : idx) applyPostDivide(ts[i], specs[i]);
+          if (fp16Wire) checkWireOverflow(c, flat, inputFinite, /*sameResult=*/true);
         }
       },
       opts.timeout, opts.asyncOp);
@@ -316,13 +342,28 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
 // ---------------------------------------------------------------- reduce-scatter
 
 void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output,
-                                     const ReduceSpec& spec) {
+                                     const ReduceSpec& given) {
   size_t each = output.nbytes();
+  ReduceSpec spec = given;
+  DType dt = toDType(output.scalar_type(), "reduce_scatter");
+  bool fp16Wire = useWire(c, dt, spec) && c.wire == Wire::F16;
+  bool inputFinite = !fp16Wire || allFinite(work);
   applyPreScale(work, spec);
-  smdccl::reduceScatter(c, bytesOf(work), equalBlocks(c.size(), each),
-                toDType(output.scalar_type(), "reduce_scatter"), spec.op, tuning_);
+  smdccl::reduceScatter(c, bytesOf(work), equalBlocks(c.size(), each), dt, spec.op, tuning_);
   if (each) std::memcpy(bytesOf(output), bytesOf(work) + each * c.rank(), each);
   applyPostDivide(output, spec);
+  if (fp16Wire) checkWireOverflow(c, output, inputFinite, /*sameResult=*/false);
+}
+
+bool SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
+  if (cfg_.wire == Wire::F32 || dt != DType::F32) return false;
+  c.wire = cfg_.wire;
+  c.wireIntra = cfg_.wireIntra;
+  if (spec.postDivide != 1.0) {  // AVG: divide before the wire, where 16 bits must hold it
+    spec.preScale = 1.0 / spec.postDivide;
+    spec.postDivide = 1.0;
+  }
+  return true;
 }
 
 WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -18,7 +18,8 @@ namespace {
 c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
     const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
     const std::string& groupName, const std::vector<int>& globalRanks, double timeoutSeconds,
-    const std::string& masterAddr, int worldSize) {
+    const std::string& masterAddr, int worldSize, const std::string& compression,
+    int compressionIntra) {
   TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "smdccl: rank ", rank,
                     " is out of range for a group of ", size);
   smdccl::BackendConfig cfg;
@@ -29,6 +30,15 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000.0));
   cfg.masterAddr = masterAddr;
   cfg.worldSize = worldSize;
+  std::string wire = compression.empty() ? smdccl::envString(smdccl::env::kCompression) : compression;
+  if (wire == "fp16") cfg.wire = smdccl::Wire::F16;
+  else if (wire == "bf16") cfg.wire = smdccl::Wire::BF16;
+  else if (wire != "none")
+    throw smdccl::InvalidArgument("smdccl: compression '" + wire +
+                                  "' is not one of: none, fp16, bf16 (SMDCCL_COMPRESSION or "
+                                  "pg_options['compression'])");
+  cfg.wireIntra = compressionIntra >= 0 ? compressionIntra != 0
+                                        : smdccl::envInt(smdccl::env::kCompressionIntra) != 0;
   py::gil_scoped_release nogil;  // construction rendezvouses through the store
   return c10::make_intrusive<smdccl::SmdcclBackend>(store, std::move(cfg));
 }
@@ -58,6 +68,8 @@ PYBIND11_MODULE(_C, m) {
                              "How the group's ranks are spread over nodes")
       .def_property_readonly("local_ranks", &smdccl::SmdcclBackend::localRanks,
                              "Group ranks that share this rank's node")
+      .def_property_readonly("compression", &smdccl::SmdcclBackend::compression,
+                             "What float32 reductions travel as between nodes: fp32, fp16 or bf16")
       .def_property_readonly("listen_address", &smdccl::SmdcclBackend::listenAddress,
                              "ip:port of this process's TCP listener")
       .def_property_readonly("rejected_connections",
@@ -66,7 +78,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_seconds"),
-        py::arg("master_addr"), py::arg("world_size"));
+        py::arg("master_addr"), py::arg("world_size"), py::arg("compression") = "",
+        py::arg("compression_intra") = -1);
 
   m.def("env_vars", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;

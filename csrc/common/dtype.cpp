@@ -27,4 +27,12 @@ const char* redOpName(RedOp op) {
   return "?";
 }
 
+const char* wireName(Wire w) {
+  switch (w) {
+    case Wire::F16: return "fp16";
+    case Wire::BF16: return "bf16";
+    default: return "fp32";
+  }
+}
+
 }  // namespace smdccl

@@ -11,6 +11,11 @@ enum class DType : uint8_t { F32, F64, F16, BF16, I8, I32, I64, U8, Bool };
 // engine only knows the four associative operators.
 enum class RedOp : uint8_t { Sum, Prod, Min, Max };
 
+// What float32 data travels as over a link: itself, or rounded to 16 bits
+// (added back in float32 on arrival).
+enum class Wire : uint8_t { F32, F16, BF16 };
+const char* wireName(Wire w);
+
 inline size_t elementSize(DType t) {
   switch (t) {
     case DType::F64:

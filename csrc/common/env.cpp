@@ -34,6 +34,12 @@ const std::vector<EnvVar>& envVars() {
        "the number of local ranks and cores)."},
       {env::kIdleSpinUs, "-1",
        "Microseconds the progress thread polls for new work before sleeping (-1: automatic)."},
+      {env::kCompression, "none",
+       "16-bit wire for float32 allreduce / reduce_scatter between nodes: none, fp16 or bf16. "
+       "Every addition stays float32; the cast is fused into the send and the receive-and-reduce. "
+       "Per group: pg_options={'compression': 'fp16'}."},
+      {env::kCompressionIntra, "0",
+       "1: compress inside nodes too (shared memory), not only between nodes."},
       {env::kAutoload, "1",
        "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };

@@ -33,6 +33,8 @@ constexpr const char* kTcpBufferKB = "SMDCCL_TCP_BUFFER_KB";
 constexpr const char* kSpinUs = "SMDCCL_SPIN_US";
 constexpr const char* kIdleSpinUs = "SMDCCL_IDLE_SPIN_US";
 constexpr const char* kAutoload = "SMDCCL_AUTOLOAD";
+constexpr const char* kCompression = "SMDCCL_COMPRESSION";
+constexpr const char* kCompressionIntra = "SMDCCL_COMPRESSION_INTRA";
 }  // namespace env
 
 }  // namespace smdccl

@@ -35,18 +35,38 @@ def _master_addr_hint(store) -> str:
     return ""
 
 
+_OPTION_NAMES = ("compression", "compression_intra")
+
+
+def _backend_options(backend_options) -> dict:
+    """pg_options as a dict: a dict, or an object with those attributes."""
+    if backend_options is None:
+        return {}
+    if isinstance(backend_options, dict):
+        options = dict(backend_options)
+    else:
+        options = {k: getattr(backend_options, k) for k in _OPTION_NAMES if hasattr(backend_options, k)}
+        if not options and getattr(backend_options, "__dict__", None) is None:
+            raise TypeError(
+                "smdccl: pg_options must be None, a dict or an object with the attributes "
+                f"{', '.join(_OPTION_NAMES)}; got {type(backend_options).__name__}"
+            )
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        raise ValueError(f"smdccl: unknown pg_options {unknown}; known: {list(_OPTION_NAMES)}")
+    return options
+
+
 def _create_backend(dist_opts, backend_options=None):
     import torch.distributed as dist
 
     from smdccl import _C
 
-    if backend_options is not None and not isinstance(backend_options, dict):
-        options = getattr(backend_options, "__dict__", None)
-        if options is None:
-            raise TypeError(
-                "smdccl: pg_options must be None or a dict of smdccl options, got "
-                f"{type(backend_options).__name__}"
-            )
+    options = _backend_options(backend_options)
+    compression = options.get("compression") or ""
+    if compression not in ("", "none", "fp16", "bf16"):
+        raise ValueError(f"smdccl: pg_options compression={compression!r}: use 'none', 'fp16' or 'bf16'")
+    intra = options.get("compression_intra")
     world_size = dist.get_world_size() if dist.is_initialized() else dist_opts.group_size
     return _C._create_backend(
         dist_opts.store,
@@ -57,6 +77,8 @@ def _create_backend(dist_opts, backend_options=None):
         dist_opts.timeout.total_seconds(),
         _master_addr_hint(dist_opts.store),
         world_size,
+        compression,
+        -1 if intra is None else int(bool(intra)),
     )
 
 

@@ -4,6 +4,7 @@
 // once (round-to-nearest-even). Integer SUM/PRODUCT wrap like torch's. MIN/MAX
 // propagate NaN. bool: SUM/MAX are OR, PRODUCT/MIN are AND.
 #include <cstddef>
+#include <cstdint>
 
 #include "common/dtype.h"
 
@@ -14,6 +15,27 @@ void reduceTo(void* out, const void* a, const void* b, size_t count, DType dtype
 inline void reduceInto(void* dst, const void* src, size_t count, DType dtype, RedOp op) {
   reduceTo(dst, dst, src, count, dtype, op);
 }
+
+// ---- float32 data over a 16-bit wire (fp16/bf16, round to nearest even) ----
+struct WireKernels {
+  void (*pack)(uint16_t* dst, const float* src, size_t n);
+  void (*unpack)(float* dst, const uint16_t* src, size_t n);
+  // dst = dst op widen(src): reduceTo-shaped (out, unused, in, n), by RedOp.
+  void (*reduce[4])(void* dst, const void* unused, const void* src, size_t n);
+};
+const WireKernels& wireKernels(Wire w);  // w is F16 or BF16
+
+inline void packToWire(void* dst, const float* src, size_t n, Wire w) {
+  wireKernels(w).pack(static_cast<uint16_t*>(dst), src, n);
+}
+inline void unpackFromWire(float* dst, const void* src, size_t n, Wire w) {
+  wireKernels(w).unpack(dst, static_cast<const uint16_t*>(src), n);
+}
+inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp op) {
+  wireKernels(w).reduce[static_cast<int>(op)](dst, nullptr, src, n);
+}
+// Rounds float32 values in place to what the wire would deliver.
+void roundToWire(float* buf, size_t n, Wire w);
 
 // Which instruction set the dispatcher picked ("avx2+f16c" or "portable").
 const char* reduceIsa();

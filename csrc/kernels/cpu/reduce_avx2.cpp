@@ -6,4 +6,5 @@
 
 namespace smdccl::avx2 {
 ReduceFn lookupAvx2(DType t, RedOp op) { return lookup(t, op); }
+::smdccl::WireKernels wireAvx2(bool bf16) { return wireKernels(bf16); }
 }  // namespace smdccl::avx2

@@ -6,9 +6,15 @@
 namespace smdccl {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
-namespace portable { ReduceFn lookupPortable(DType t, RedOp op); }
+namespace portable {
+ReduceFn lookupPortable(DType t, RedOp op);
+WireKernels wirePortable(bool bf16);
+}  // namespace portable
 #if defined(SMDCCL_HAVE_AVX2_TU)
-namespace avx2 { ReduceFn lookupAvx2(DType t, RedOp op); }
+namespace avx2 {
+ReduceFn lookupAvx2(DType t, RedOp op);
+WireKernels wireAvx2(bool bf16);
+}  // namespace avx2
 #endif
 
 namespace {
@@ -18,6 +24,7 @@ constexpr int kOps = static_cast<int>(RedOp::Max) + 1;
 
 struct Table {
   ReduceFn fn[kTypes][kOps];
+  WireKernels wire[2];  // fp16, bf16
   const char* isa;
   Table() {
     bool useAvx2 = false;
@@ -27,6 +34,13 @@ struct Table {
               __builtin_cpu_supports("fma");
 #endif
     isa = useAvx2 ? "avx2+f16c" : "portable";
+    for (int b = 0; b < 2; ++b) {
+#if defined(SMDCCL_HAVE_AVX2_TU)
+      wire[b] = useAvx2 ? avx2::wireAvx2(b == 1) : portable::wirePortable(b == 1);
+#else
+      wire[b] = portable::wirePortable(b == 1);
+#endif
+    }
     for (int t = 0; t < kTypes; ++t)
       for (int o = 0; o < kOps; ++o) {
         auto dt = static_cast<DType>(t);
@@ -53,5 +67,18 @@ void reduceTo(void* out, const void* a, const void* b, size_t count, DType dtype
 }
 
 const char* reduceIsa() { return table().isa; }
+
+const WireKernels& wireKernels(Wire w) { return table().wire[w == Wire::BF16 ? 1 : 0]; }
+
+void roundToWire(float* buf, size_t n, Wire w) {
+  if (w == Wire::F32) return;
+  const WireKernels& k = wireKernels(w);
+  uint16_t tmp[1024];
+  for (size_t i = 0; i < n; i += 1024) {
+    size_t m = n - i < 1024 ? n - i : 1024;
+    k.pack(tmp, buf + i, m);
+    k.unpack(buf + i, tmp, m);
+  }
+}
 
 }  // namespace smdccl

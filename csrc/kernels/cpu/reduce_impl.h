@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/dtype.h"
+#include "kernels/cpu/reduce.h"
 
 #if defined(SMDCCL_REDUCE_AVX2)
 #include <immintrin.h>
@@ -183,6 +184,69 @@ static void f16Loop(void* out, const void* a, const void* b, size_t n) {
   for (; i < n; ++i) o[i] = floatToF16(floatOp<OP>(f16ToFloat(x[i]), f16ToFloat(y[i])));
 }
 
+// ---- the 16-bit wire: float32 <-> fp16/bf16, fused with the reduction ----
+using PackFn = void (*)(uint16_t*, const float*, size_t);
+using UnpackFn = void (*)(float*, const uint16_t*, size_t);
+
+template <bool BF>
+static inline uint16_t toWire(float f) { return BF ? floatToBf16(f) : floatToF16(f); }
+template <bool BF>
+static inline float fromWire(uint16_t h) { return BF ? bf16ToFloat(h) : f16ToFloat(h); }
+
+#if defined(SMDCCL_REDUCE_AVX2)
+template <bool BF>
+static inline __m256 load8(const uint16_t* p) {
+  if constexpr (BF) return bf16x8ToFloat(p);
+  else return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <bool BF>
+static inline void store8(uint16_t* p, __m256 f) {
+  if constexpr (BF) floatToBf16x8(p, f);
+  else _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
+template <bool BF>
+static void packLoop(uint16_t* o, const float* x, size_t n) {
+  size_t i = 0;
+#if defined(SMDCCL_REDUCE_AVX2)
+  for (; i + 8 <= n; i += 8) store8<BF>(o + i, _mm256_loadu_ps(x + i));
+#endif
+  for (; i < n; ++i) o[i] = toWire<BF>(x[i]);
+}
+
+template <bool BF>
+static void unpackLoop(float* o, const uint16_t* x, size_t n) {
+  size_t i = 0;
+#if defined(SMDCCL_REDUCE_AVX2)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, load8<BF>(x + i));
+#endif
+  for (; i < n; ++i) o[i] = fromWire<BF>(x[i]);
+}
+
+// o[i] = o[i] op widen(x[i]): one pass, float32 arithmetic.
+template <RedOp OP, bool BF>
+static void reduceWireLoop(void* out, const void* /*a*/, const void* in, size_t n) {
+  float* o = static_cast<float*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(in);
+  size_t i = 0;
+#if defined(SMDCCL_REDUCE_AVX2)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, vecOp<OP>(_mm256_loadu_ps(o + i), load8<BF>(x + i)));
+#endif
+  for (; i < n; ++i) o[i] = floatOp<OP>(o[i], fromWire<BF>(x[i]));
+}
+
+template <bool BF>
+static ReduceFn pickWireReduce(RedOp op) {
+  switch (op) {
+    case RedOp::Sum: return reduceWireLoop<RedOp::Sum, BF>;
+    case RedOp::Prod: return reduceWireLoop<RedOp::Prod, BF>;
+    case RedOp::Min: return reduceWireLoop<RedOp::Min, BF>;
+    default: return reduceWireLoop<RedOp::Max, BF>;
+  }
+}
+
 template <RedOp OP>
 static ReduceFn pick(DType t) {
   switch (t) {
@@ -206,6 +270,16 @@ inline ReduceFn lookup(DType t, RedOp op) {
     case RedOp::Min: return pick<RedOp::Min>(t);
     default: return pick<RedOp::Max>(t);
   }
+}
+
+inline ::smdccl::WireKernels wireKernels(bool bf16) {
+  ::smdccl::WireKernels k;
+  k.pack = bf16 ? packLoop<true> : packLoop<false>;
+  k.unpack = bf16 ? unpackLoop<true> : unpackLoop<false>;
+  for (int o = 0; o < 4; ++o)
+    k.reduce[o] = bf16 ? pickWireReduce<true>(static_cast<RedOp>(o))
+                       : pickWireReduce<false>(static_cast<RedOp>(o));
+  return k;
 }
 
 }  // namespace SMDCCL_REDUCE_NS

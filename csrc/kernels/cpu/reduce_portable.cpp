@@ -4,4 +4,5 @@
 
 namespace smdccl::portable {
 ReduceFn lookupPortable(DType t, RedOp op) { return lookup(t, op); }
+::smdccl::WireKernels wirePortable(bool bf16) { return wireKernels(bf16); }
 }  // namespace smdccl::portable

@@ -1,0 +1,98 @@
+"""DDP communication hooks that put 16 bits on the wire and keep float32 sums.
+
+torch's ``fp16_compress_hook`` casts the bucket to float16 and all-reduces
+*in* float16: every partial sum is a 16-bit addition. These hooks hand the
+float32 bucket to an smdccl group created with ``compression`` set, so the
+values cross the network as fp16/bf16 while every addition stays float32
+(the cast is fused into smdccl's send and receive-and-reduce loops)::
+
+    from smdccl.ddp import CompressionState, fp16_compress_hook
+
+    model = DDP(model)
+    model.register_comm_hook(CompressionState(), fp16_compress_hook)
+
+``CompressionState(error_feedback=True)`` also carries each bucket's local
+rounding residual into the next step, so what fp16 rounds away is sent
+later instead of lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CompressionState", "fp16_compress_hook", "bf16_compress_hook"]
+
+_WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class CompressionState:
+    """State of a compression hook: the group to reduce over and the residuals.
+
+    ``process_group``: DDP's group (None: the default group). The hook makes
+    one smdccl group of the same ranks per compression, with ``pg_options``
+    ``{"compression": ...}``, the first time it runs (every rank of DDP runs
+    the hook in the same order, so the creation is collective).
+    ``compress_intra``: compress inside nodes too (default: between nodes).
+    ``error_feedback``: add last step's rounding residual of the same bucket
+    before sending, and keep the new one.
+    """
+
+    process_group: Any = None
+    error_feedback: bool = False
+    compress_intra: bool = False
+    _groups: dict = field(default_factory=dict, repr=False)
+    _residuals: dict = field(default_factory=dict, repr=False)
+
+    def group_for(self, compression: str):
+        if compression not in self._groups:
+            ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+            self._groups[compression] = dist.new_group(
+                ranks,
+                backend="smdccl",
+                pg_options={"compression": compression, "compression_intra": self.compress_intra},
+            )
+        return self._groups[compression]
+
+    def apply_error_feedback(self, index: int, buffer: torch.Tensor, wire: torch.dtype) -> None:
+        """buffer += residual; residual = buffer - round(buffer); buffer = round(buffer)."""
+        residual = self._residuals.get(index)
+        if residual is not None and residual.shape == buffer.shape:
+            buffer.add_(residual)
+        rounded = buffer.to(wire).to(buffer.dtype)
+        self._residuals[index] = buffer - rounded
+        buffer.copy_(rounded)
+
+
+def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.futures.Future:
+    if state is None:
+        raise TypeError("smdccl.ddp hooks need a CompressionState (register_comm_hook(CompressionState(), hook))")
+    buffer = bucket.buffer()
+    group = state.group_for(compression)
+    world = dist.get_world_size(group)
+    if buffer.dtype != torch.float32:
+        raise ValueError(
+            f"smdccl.ddp.{compression}_compress_hook: the bucket is {buffer.dtype}; the hooks "
+            "compress float32 gradients (16-bit gradients are already 16 bits on the wire)"
+        )
+    # Average like DDP does; dividing first keeps fp16's range (and smdccl
+    # scales AVG before the wire anyway).
+    buffer.div_(world)
+    if state.error_feedback:
+        state.apply_error_feedback(bucket.index(), buffer, _WIRE_DTYPES[compression])
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def fp16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future:
+    """Allreduce the bucket's float32 average with fp16 values on the wire."""
+    return _compress_hook("fp16", state, bucket)
+
+
+def bf16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future:
+    """Allreduce the bucket's float32 average with bf16 values on the wire."""
+    return _compress_hook("bf16", state, bucket)
