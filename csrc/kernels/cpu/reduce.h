@@ -37,6 +37,9 @@ inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp 
 // Rounds float32 values in place to what the wire would deliver.
 void roundToWire(float* buf, size_t n, Wire w);
 
+// No NaN or infinity among n float32 values (one pass, branch-free).
+bool allFiniteF32(const float* x, size_t n);
+
 // Which instruction set the dispatcher picked ("avx2+f16c" or "portable").
 const char* reduceIsa();
 

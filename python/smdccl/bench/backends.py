@@ -81,21 +81,30 @@ def describe(exc: BaseException) -> str:
 
 
 def open_group(name: str, world: World, timeout_s: float):
-    """(group, None) when ``name`` works on every rank, else (None, reason)."""
+    """(group, None) when ``name`` works on every rank, else (None, reason).
+
+    ``smdccl+fp16`` / ``smdccl+bf16``: an smdccl group with that compression
+    (16-bit values on the wire between nodes, float32 sums)."""
     err = None
-    if name == "smdccl":
+    base, _, wire = name.partition("+")
+    options = None
+    if wire:
+        if base != "smdccl" or wire not in ("fp16", "bf16"):
+            err = f"unknown backend {name!r} (compressed forms: smdccl+fp16, smdccl+bf16)"
+        options = {"compression": wire}
+    if err is None and base == "smdccl":
         try:
             import smdccl  # noqa: F401 - registers the "smdccl" backend
         except Exception as exc:  # ImportError, or an OSError loading _C
             err = f"cannot import smdccl ({describe(exc)})"
-    elif name == "nccl" and world.device.type != "cuda":
+    elif base == "nccl" and world.device.type != "cuda":
         err = "nccl only runs on CUDA tensors: use --device cuda"
     if (err := first_error(world, err)) is not None:
         return None, err
 
     group = None
     try:
-        group = dist.new_group(backend=name, timeout=timedelta(seconds=timeout_s))
+        group = dist.new_group(backend=base, timeout=timedelta(seconds=timeout_s), pg_options=options)
     except Exception as exc:
         err = f"cannot create the group ({describe(exc)})"
     if (err := first_error(world, err)) is not None:

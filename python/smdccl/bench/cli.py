@@ -24,6 +24,7 @@ EPILOG = """\
 examples:
   torchrun --nproc-per-node 2 -m smdccl.bench
   torchrun --nproc-per-node 4 -m smdccl.bench --backends smdccl,gloo --max-bytes 1M
+  torchrun --nproc-per-node 4 -m smdccl.bench --backends smdccl,smdccl+fp16,gloo
   torchrun --nproc-per-node 2 -m smdccl.bench --collectives allreduce --sizes 4K,1M,64M \\
       --dtype bfloat16 --op max --json out.json --plot out.png
   torchrun --nproc-per-node 2 -m smdccl.bench --device cuda --backends smdccl,nccl
@@ -65,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     what = p.add_argument_group("what to measure")
     what.add_argument("--backends", type=_names, default=None, metavar="LIST",
                       help="comma list (default: smdccl,gloo, plus nccl with --device cuda "
-                           "and >= 2 GPUs); a backend named here that cannot be opened is "
+                           "and >= 2 GPUs; smdccl+fp16 / smdccl+bf16: 16-bit wire between "
+                           "nodes); a backend named here that cannot be opened is "
                            "an error, a default one is skipped with a message")
     what.add_argument("--collectives", type=_names, default=list(choices.COLLECTIVES),
                       metavar="LIST",
