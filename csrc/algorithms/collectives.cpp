@@ -66,10 +66,20 @@ Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t) {
   return a;
 }
 
+// With a 16-bit wire the compressed levels move half the bytes.
+Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
+  Tuning w = t;
+  if (c.wire == Wire::F32 || dt != DType::F32) return w;
+  w.model.inter.gbps *= 2;
+  if (c.wireIntra) w.model.intra.gbps *= 2;
+  return w;
+}
+
 }  // namespace
 
-void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t) {
+void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& given) {
   if (c.size() == 1 || count == 0) return;
+  Tuning t = forWire(c, dt, given);
   switch (decide(Collective::Allreduce, count * elementSize(dt), c, t)) {
     case Algo::Ring: ringAllreduce(c, buf, count, dt, op); break;
     case Algo::TwoLevelRing: twoLevelAllreduce(c, buf, count, dt, op, t.pipelineChunkBytes); break;
@@ -78,8 +88,9 @@ void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tunin
   }
 }
 
-void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t) {
+void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& given) {
   if (c.size() == 1) return;
+  Tuning t = forWire(c, dt, given);
   size_t total = b.total();
   switch (decide(Collective::ReduceScatter, total, c, t)) {
     case Algo::RecursiveDoubling:

@@ -20,16 +20,26 @@ void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedO
   int rem = p - pof2;
   std::unique_ptr<char[]> tmp(new char[bytes]);
   Exchange ex = c.exchange();
+  // A 16-bit wire: every value is kept at the wire's precision (rounded
+  // before the first round and after each sum), so both partners of a round
+  // add the same two numbers and all ranks end with the same bits.
+  Wire wire = Wire::F32;
+  if (dt == DType::F32)
+    for (int q = 0; q < p && wire == Wire::F32; ++q)
+      if (q != r && c.wireTo(q) != Wire::F32) wire = c.wire;  // some hop is compressed
+  auto wireTo = [&](int peer) { return wire == Wire::F32 ? Wire::F32 : c.wireTo(peer); };
+  float* f = reinterpret_cast<float*>(buf);
+  roundToWire(f, wire == Wire::F32 ? 0 : count, wire);
 
   // Fold: among the first 2*rem ranks, even ones give their data to the odd
   // neighbour and sit out the doubling.
   int vrank;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      ex.send(c.link(r + 1), buf, bytes).run();
+      ex.send(c.link(r + 1), buf, bytes, {}, wireTo(r + 1)).run();
       vrank = -1;
     } else {
-      ex.recvReduce(c.link(r - 1), buf, bytes, dt, op).run();
+      ex.recvReduce(c.link(r - 1), buf, bytes, dt, op, {}, wireTo(r - 1), wire).run();
       vrank = r / 2;
     }
   } else {
@@ -40,16 +50,18 @@ void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedO
     for (int mask = 1; mask < pof2; mask <<= 1) {
       int vpeer = vrank ^ mask;
       int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
-      ex.send(c.link(peer), buf, bytes).recv(c.link(peer), tmp.get(), bytes).run();
+      Wire w = wireTo(peer);
+      ex.send(c.link(peer), buf, bytes, {}, w).recv(c.link(peer), tmp.get(), bytes, {}, w).run();
       // Lower rank's data first on both sides: identical rounding everywhere.
       if (peer < r) reduceTo(buf, tmp.get(), buf, count, dt, op);
       else reduceInto(buf, tmp.get(), count, dt, op);
+      roundToWire(f, wire == Wire::F32 ? 0 : count, wire);
     }
   }
 
   if (r < 2 * rem) {
-    if (r % 2 == 0) ex.recv(c.link(r + 1), buf, bytes).run();
-    else ex.send(c.link(r - 1), buf, bytes).run();
+    if (r % 2 == 0) ex.recv(c.link(r + 1), buf, bytes, {}, wireTo(r + 1)).run();
+    else ex.send(c.link(r - 1), buf, bytes, {}, wireTo(r - 1)).run();
   }
 }
 

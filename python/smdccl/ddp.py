@@ -16,8 +16,6 @@ rounding residual into the next step, so what fp16 rounds away is sent
 later instead of lost.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +66,7 @@ class CompressionState:
         buffer.copy_(rounded)
 
 
-def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.futures.Future:
+def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
     if state is None:
         raise TypeError("smdccl.ddp hooks need a CompressionState (register_comm_hook(CompressionState(), hook))")
     buffer = bucket.buffer()
@@ -88,11 +86,11 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def fp16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future:
+def fp16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Allreduce the bucket's float32 average with fp16 values on the wire."""
     return _compress_hook("fp16", state, bucket)
 
 
-def bf16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future:
+def bf16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Allreduce the bucket's float32 average with bf16 values on the wire."""
     return _compress_hook("bf16", state, bucket)
