@@ -90,6 +90,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   if (cfg_.worldSize <= 0) cfg_.worldSize = cfg_.size;
   setLogRank(cfg_.globalRanks[cfg_.rank]);
   tuning_ = Tuning::fromEnv();
+  fusionBytes_ = static_cast<size_t>(std::max<int64_t>(0, envInt(env::kFusionMB))) << 20;
   Deadline deadline = Deadline::after(cfg_.timeout);
 
   MeshConfig mc;
@@ -134,18 +135,22 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
                                                         std::vector<at::Tensor> outputs,
                                                         std::function<void(Comm&)> body,
                                                         std::chrono::milliseconds opTimeout,
-                                                        bool asyncOp) {
+                                                        bool asyncOp,
+                                                        std::shared_ptr<QueuedAllreduce> fusable) {
   uint64_t seq = ++seq_;
   auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), [this, name, seq] {
     return strCat(name, " #", seq, " on group '", cfg_.groupName, "'");
   });
+  if (fusable) fusable->work = work;
   auto timeout = effectiveTimeout(opTimeout);
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
   if (!asyncOp && progress_->tryRunInline([&] { runWork(*work, body, seq, name, timeout); }))
     return work;
-  progress_->post([this, work, body = std::move(body), seq, name, timeout] {
-    runWork(*work, body, seq, name, timeout);
-  });
+  progress_->post(
+      [this, work, body = std::move(body), seq, name, timeout] {
+        runWork(*work, body, seq, name, timeout);
+      },
+      std::move(fusable));
   return work;
 }
 

@@ -35,6 +35,14 @@ struct BackendConfig {
   bool wireIntra = false;
 };
 
+// An async allreduce waiting in the queue that the one running before it may
+// take into its collective (tensor fusion).
+struct QueuedAllreduce : Fusable {
+  at::Tensor tensor;
+  ReduceSpec spec;
+  c10::intrusive_ptr<::c10d::Work> work;  // an SmdcclWork
+};
+
 class SmdcclBackend : public ::c10d::Backend {
  public:
   SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg);
@@ -102,6 +110,10 @@ class SmdcclBackend : public ::c10d::Backend {
   std::string listenAddress() const { return mesh_->listenAddress(); }
   std::string compression() const { return wireName(cfg_.wire); }
   uint64_t rejectedConnections() const { return mesh_->rejectedConnections(); }
+  // Allreduces that ran inside another's collective (fusion), and the fused
+  // collectives that carried them.
+  uint64_t fusedAllreduces() const { return fusedOps_.load(); }
+  uint64_t fusedCollectives() const { return fusedCollectives_.load(); }
 
  private:
   // Runs `body` on the progress thread with a fresh deadline; the Work
@@ -110,7 +122,14 @@ class SmdcclBackend : public ::c10d::Backend {
                                            std::vector<at::Tensor> outputs,
                                            std::function<void(Comm&)> body,
                                            std::chrono::milliseconds opTimeout,
-                                           bool asyncOp = true);
+                                           bool asyncOp = true,
+                                           std::shared_ptr<QueuedAllreduce> fusable = nullptr);
+  // Runs `first` and, when every rank has more fusable allreduces queued
+  // right behind it, as many of those as all have, as one collective.
+  void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
+  // Allreduces tensors of one dtype and op as one flat buffer.
+  void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs);
+  static constexpr size_t kFusableBytes = 1 << 20;  // "small": fused with its neighbours
   // After a failure: the first rank to fail records its cause in the store;
   // later ones (who may only see a peer's connection close) report it too.
   std::string failureWithGroupCause(const std::string& mine);
@@ -133,6 +152,8 @@ class SmdcclBackend : public ::c10d::Backend {
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
   uint64_t seq_ = 0;  // issue order, caller threads
+  size_t fusionBytes_ = 0;  // SMDCCL_FUSION_MB; 0: no fusion
+  std::atomic<uint64_t> fusedOps_{0}, fusedCollectives_{0};
   std::mutex fatalMu_;
   std::exception_ptr fatal_;  // a failed collective leaves the group unusable
   std::unique_ptr<ProgressThread> progress_;  // last: stops first

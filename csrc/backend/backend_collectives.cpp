@@ -115,6 +115,18 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
   DType dt = toDType(t.scalar_type(), "allreduce");
   Tuning tuning = tuning_;
+  // Small async allreduces may be fused with those queued right behind them.
+  std::shared_ptr<QueuedAllreduce> fusable;
+  if (opts.asyncOp && fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
+      !spec.preScaleTensor.defined()) {
+    fusable = std::make_shared<QueuedAllreduce>();
+    fusable->tensor = t;
+    fusable->spec = spec;
+    return enqueue(
+        OpType::ALLREDUCE, "allreduce", tensors,
+        [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
+        true, fusable);
+  }
   return enqueue(
       OpType::ALLREDUCE, "allreduce", tensors,
       [this, t, spec, dt, tuning](Comm& c) mutable {
@@ -128,6 +140,63 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
       opts.timeout, opts.asyncOp);
 }
 
+void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
+                                  std::vector<ReduceSpec>& specs) {
+  DType dt = toDType(ts[0].scalar_type(), "allreduce");
+  bool fp16Wire = false, inputFinite = true;
+  int64_t total = 0;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    fp16Wire = useWire(c, dt, specs[i]) && c.wire == Wire::F16;
+    if (fp16Wire) inputFinite = inputFinite && allFinite(ts[i]);
+    applyPreScale(ts[i], specs[i]);
+    total += ts[i].numel();
+  }
+  at::Tensor flat = at::empty({total}, ts[0].options());
+  packInto(bytesOf(flat), ts);
+  smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
+  unpackFrom(bytesOf(flat), ts);
+  for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
+  if (fp16Wire) checkWireOverflow(c, flat, inputFinite, /*sameResult=*/true);
+}
+
+void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
+  auto sameKind = [&](const QueuedAllreduce& q) {
+    return q.tensor.scalar_type() == first.tensor.scalar_type() && q.spec.op == first.spec.op &&
+           q.spec.preScale == first.spec.preScale && q.spec.postDivide == first.spec.postDivide &&
+           !q.spec.preScaleTensor.defined();
+  };
+  size_t bytes = first.tensor.nbytes();
+  int32_t count = static_cast<int32_t>(progress_->countFusable([&](Fusable& f) {
+    auto& q = static_cast<QueuedAllreduce&>(f);
+    if (!sameKind(q) || bytes + q.tensor.nbytes() > fusionBytes_) return false;
+    bytes += q.tensor.nbytes();
+    return true;
+  }));
+  // Queues differ between ranks: fuse what every rank has (one tiny round).
+  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&count), 1, DType::I32, RedOp::Min);
+  auto taken = progress_->takeFusable(static_cast<size_t>(count));
+  std::vector<at::Tensor> ts{first.tensor};
+  std::vector<ReduceSpec> specs{first.spec};
+  for (auto& f : taken) {
+    auto& q = static_cast<QueuedAllreduce&>(*f);
+    static_cast<SmdcclWork&>(*q.work).markStarted();
+    ts.push_back(q.tensor);
+    specs.push_back(q.spec);
+  }
+  try {
+    allreduceFlat(c, ts, specs);
+  } catch (...) {
+    for (auto& f : taken)
+      static_cast<SmdcclWork&>(*static_cast<QueuedAllreduce&>(*f).work).complete(std::current_exception());
+    throw;
+  }
+  for (auto& f : taken) static_cast<SmdcclWork&>(*static_cast<QueuedAllreduce&>(*f).work).complete(nullptr);
+  if (!taken.empty()) {
+    fusedOps_ += taken.size() + 1;
+    ++fusedCollectives_;
+  }
+}
+
 WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                            const ::c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "smdccl: allreduce_coalesced needs at least one tensor");
@@ -136,33 +205,21 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     checkTensor(t, "allreduce_coalesced", "tensor");
     specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
   }
-  Tuning tuning = tuning_;
   std::vector<at::Tensor> ts = tensors;
   return enqueue(
       OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
-      [this, ts, specs, tuning](Comm& c) mutable {
+      [this, ts, specs](Comm& c) mutable {
         // One flat buffer per dtype: one collective each instead of one per tensor.
         std::map<at::ScalarType, std::vector<size_t>> byType;
         for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
         for (auto& [type, idx] : byType) {
-          DType dt = toDType(type, "allreduce");
           std::vector<at::Tensor> group;
-          int64_t total = 0;
-          bool fp16Wire = false, inputFinite = true;
+          std::vector<ReduceSpec> groupSpecs;
           for (size_t i : idx) {
-            fp16Wire = useWire(c, dt, specs[i]) && c.wire == Wire::F16;
-            if (fp16Wire) inputFinite = inputFinite && allFinite(ts[i]);
-            applyPreScale(ts[i], specs[i]);
             group.push_back(ts[i]);
-            total += ts[i].numel();
+            groupSpecs.push_back(specs[i]);
           }
-          at::Tensor flat = at::empty({total}, group[0].options());
-          packInto(bytesOf(flat), group);
-          smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[idx[0]].op,
-                            tuning);
-          unpackFrom(bytesOf(flat), group);
-          for (size_t i : idx) applyPostDivide(ts[i], specs[i]);
-          if (fp16Wire) checkWireOverflow(c, flat, inputFinite, /*sameResult=*/true);
+          allreduceFlat(c, group, groupSpecs);
         }
       },
       opts.timeout, opts.asyncOp);

@@ -68,6 +68,10 @@ PYBIND11_MODULE(_C, m) {
                              "How the group's ranks are spread over nodes")
       .def_property_readonly("local_ranks", &smdccl::SmdcclBackend::localRanks,
                              "Group ranks that share this rank's node")
+      .def_property_readonly("fused_allreduces", &smdccl::SmdcclBackend::fusedAllreduces,
+                             "Async allreduces that ran fused with others (SMDCCL_FUSION_MB)")
+      .def_property_readonly("fused_collectives", &smdccl::SmdcclBackend::fusedCollectives,
+                             "Collectives that carried fused allreduces")
       .def_property_readonly("compression", &smdccl::SmdcclBackend::compression,
                              "What float32 reductions travel as between nodes: fp32, fp16 or bf16")
       .def_property_readonly("listen_address", &smdccl::SmdcclBackend::listenAddress,

@@ -19,10 +19,10 @@ ProgressThread::~ProgressThread() {
   thread_.join();
 }
 
-void ProgressThread::post(std::function<void()> task) {
+void ProgressThread::post(std::function<void()> task, std::shared_ptr<Fusable> fusable) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
+    queue_.push_back({std::move(task), std::move(fusable)});
     pending_.fetch_add(1);
   }
   if (sleeping_.load()) cv_.notify_one();
@@ -38,9 +38,29 @@ bool ProgressThread::tryRunInline(const std::function<void()>& task) {
 bool ProgressThread::tryPop(std::function<void()>* task) {
   std::lock_guard<std::mutex> lock(mu_);
   if (queue_.empty()) return false;
-  *task = std::move(queue_.front());
+  *task = std::move(queue_.front().run);
   queue_.pop_front();
   return true;
+}
+
+size_t ProgressThread::countFusable(const std::function<bool(Fusable&)>& ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t k = 0;
+  while (k < queue_.size() && queue_[k].fusable && ok(*queue_[k].fusable)) ++k;
+  return k;
+}
+
+std::vector<std::shared_ptr<Fusable>> ProgressThread::takeFusable(size_t k) {
+  std::vector<std::shared_ptr<Fusable>> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < k && !queue_.empty() && queue_.front().fusable; ++i) {
+      out.push_back(std::move(queue_.front().fusable));
+      queue_.pop_front();
+    }
+  }
+  pending_.fetch_sub(out.size());
+  return out;
 }
 
 void ProgressThread::loop() {
@@ -57,7 +77,7 @@ void ProgressThread::loop() {
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       sleeping_ = false;
       if (queue_.empty()) return;  // stop requested and nothing left
-      task = std::move(queue_.front());
+      task = std::move(queue_.front().run);
       queue_.pop_front();
     }
     std::lock_guard<std::mutex> running(runMu_);

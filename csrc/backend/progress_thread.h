@@ -7,17 +7,30 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace smdccl {
+
+// What a queued task carries when a running task may take it over (tensor
+// fusion): the backend's own subclass.
+struct Fusable {
+  virtual ~Fusable() = default;
+};
 
 class ProgressThread {
  public:
   explicit ProgressThread(int idleSpinUs);
   ~ProgressThread();  // runs what is queued, then stops
 
-  void post(std::function<void()> task);
+  void post(std::function<void()> task, std::shared_ptr<Fusable> fusable = nullptr);
+  // For the running task: how many tasks at the head of the queue are
+  // fusable and accepted by `ok` (called in order, stops at the first no),
+  // and taking the first k of them (they will not run on their own).
+  size_t countFusable(const std::function<bool(Fusable&)>& ok);
+  std::vector<std::shared_ptr<Fusable>> takeFusable(size_t k);
   // Runs `task` on the calling thread if nothing is queued or running (the
   // caller is about to block on it anyway: this saves two thread hand-offs
   // and keeps issue order). Returns false, without running it, otherwise.
@@ -26,13 +39,17 @@ class ProgressThread {
 
  private:
   void loop();
+  struct Item {
+    std::function<void()> run;
+    std::shared_ptr<Fusable> fusable;
+  };
   bool tryPop(std::function<void()>* task);
 
   int idleSpinUs_;
   std::mutex mu_;
   std::mutex runMu_;  // held while a task runs, on either thread
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Item> queue_;
   std::atomic<size_t> pending_{0};
   std::atomic<bool> sleeping_{false};
   bool stop_ = false;

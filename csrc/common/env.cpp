@@ -40,6 +40,10 @@ const std::vector<EnvVar>& envVars() {
        "Per group: pg_options={'compression': 'fp16'}."},
       {env::kCompressionIntra, "0",
        "1: compress inside nodes too (shared memory), not only between nodes."},
+      {env::kFusionMB, "16",
+       "Tensor fusion: async allreduces of up to 1 MiB queued back to back (same dtype and op) "
+       "are packed into one buffer of up to this many MiB and reduced as one collective; 0 "
+       "turns it off. Ranks agree on how many to fuse with one tiny extra round."},
       {env::kAutoload, "1",
        "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };

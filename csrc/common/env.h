@@ -35,6 +35,7 @@ constexpr const char* kIdleSpinUs = "SMDCCL_IDLE_SPIN_US";
 constexpr const char* kAutoload = "SMDCCL_AUTOLOAD";
 constexpr const char* kCompression = "SMDCCL_COMPRESSION";
 constexpr const char* kCompressionIntra = "SMDCCL_COMPRESSION_INTRA";
+constexpr const char* kFusionMB = "SMDCCL_FUSION_MB";
 }  // namespace env
 
 }  // namespace smdccl
