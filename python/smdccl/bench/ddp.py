@@ -17,8 +17,9 @@ Per configuration (every time is a per-rank median, then the max over ranks):
 
 - ``step``: one training step (forward, backward with DDP's overlapped
   bucket allreduces, optimizer step);
-- ``compute``: the same step of the same model without DDP, no communication,
-  all ranks computing at once (so the CPU sharing is the same); measured once;
+- ``compute``: the same steps of the same model without DDP, no communication,
+  all ranks computing at once (so the CPU sharing is the same), measured right
+  before each configuration;
 - ``comm``: the buckets DDP used (sizes recorded from a DDP of the same model
   and ``--bucket-cap-mb``), all-reduced back to back with no compute, through
   the same path (``dist.all_reduce`` on the group; the hook for compressed
@@ -322,17 +323,19 @@ def main(argv=None) -> int:
         sizes = _bucket_sizes(base, next(iter(groups.values())), args)
         grad_bytes = 4 * sum(sizes)
 
-        # compute only: the same steps, no DDP, all ranks at once
-        say("measuring compute (no communication)")
-        model = copy.deepcopy(base)
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        times, _ = _train(model, opt, data, world.rank, args.steps, args.warmup)
-        compute = _max_over_ranks(statistics.median(times), world.ctrl)
-
         rows = []
         for name in args.config_list:
             from smdccl.ddp import CompressionState, bf16_compress_hook, fp16_compress_hook
             group = groups["gloo" if name == "gloo" else "smdccl"]
+            # compute only, right before this configuration (the machine state
+            # drifts over a run): the same steps, no DDP, all ranks at once
+            say(f"measuring compute before {name} (no communication)")
+            dist.barrier(group=world.ctrl)
+            model = copy.deepcopy(base)
+            opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+            times, _ = _train(model, opt, data, world.rank, args.steps, args.warmup)
+            compute = _max_over_ranks(statistics.median(times), world.ctrl)
+            del model, opt
             say(f"training {name}")
             dist.barrier(group=world.ctrl)
             ddp = DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
@@ -397,7 +400,7 @@ def main(argv=None) -> int:
                     json.dump({"header": info, "rows": rows}, f, indent=1)
                     f.write("\n")
                 say(f"wrote {args.json}")
-        return 0 if similar else 1
+        return 1 if (lead and not similar) else 0  # rank 0 only: see smdccl.bench.accuracy
     finally:
         dist.destroy_process_group()
 
