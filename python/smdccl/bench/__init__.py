@@ -17,6 +17,12 @@ Modules, one job each:
 - :mod:`~smdccl.bench.plot`         busbw-vs-size figure (matplotlib, optional)
 - :mod:`~smdccl.bench.progress`     progress bar on stderr (tqdm, optional)
 
+Separate commands (``python -m smdccl.bench.ddp`` / ``.accuracy``):
+
+- :mod:`~smdccl.bench.ddp`          DDP training: step, compute, comm, hidden share, bytes, loss
+- :mod:`~smdccl.bench.ddp_model`    its transformer and synthetic data
+- :mod:`~smdccl.bench.accuracy`     fp16 averaging error: torch's hook vs smdccl's fp16 wire
+
 Sizes and bandwidths are defined in :mod:`~smdccl.bench.collectives`, the
 timing method in :mod:`~smdccl.bench.sweep`.
 """
