@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -26,8 +27,12 @@ def _env(**extra) -> dict:
     for k in ("SMDCCL_TUNE_FILE", "SMDCCL_ALGO", "SMDCCL_TOPOLOGY", "SMDCCL_COMPRESSION",
               "SMDCCL_COMPRESSION_INTRA"):
         env.pop(k, None)
+    # The smdccl the tests import (installed, with its engine), first on the path.
+    import smdccl
+
+    pkg_parent = str(Path(smdccl.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT / "python")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        [pkg_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.update(extra)
     return env
 
