@@ -53,6 +53,16 @@ constexpr size_t kWireStageElems = 32 << 10;  // 64 KiB of 16-bit values per tra
 
 bool Exchange::moveWireSend(Transfer& t, size_t limit) {
   bool moved = false;
+  if (t.link->packsInPlace()) {
+    while (t.done + 4 <= limit) {
+      size_t k = t.link->sendPacked(reinterpret_cast<const float*>(t.buf + t.done),
+                                    (limit - t.done) / 4, t.wire);
+      if (k == 0) break;
+      t.done += k * 4;
+      moved = true;
+    }
+    return moved;
+  }
   while (true) {
     if (t.stagedBytes == t.movedBytes) {
       // Everything packed has gone: pack the next run (whole float32 elements).
@@ -75,6 +85,16 @@ bool Exchange::moveWireSend(Transfer& t, size_t limit) {
 
 bool Exchange::moveWireRecv(Transfer& t) {
   bool moved = false;
+  if (t.link->packsInPlace()) {
+    while (t.done < t.bytes) {
+      size_t k = t.link->recvUnpacked(reinterpret_cast<float*>(t.buf + t.done), (t.bytes - t.done) / 4,
+                                      t.wire, t.kind == Kind::RecvReduce, t.op, t.roundTo);
+      if (k == 0) break;
+      t.done += k * 4;
+      moved = true;
+    }
+    return moved;
+  }
   t.staging.resize(kWireStageElems);
   char* stage = reinterpret_cast<char*>(t.staging.data());
   while (t.done < t.bytes) {

@@ -79,25 +79,28 @@ void allgatherPacked(Comm& c, const std::vector<at::Tensor>& ins, const Tuning& 
   }
 }
 
-bool allFinite(const at::Tensor& t) {  // float32, contiguous (the compressed ops' tensors)
-  return allFiniteF32(reinterpret_cast<const float*>(t.data_ptr()), static_cast<size_t>(t.numel()));
-}
+// fp16 on the wire tops out at 65504: a float32 sum whose partial sums pass
+// it would arrive as inf. Never hand that back silently: the fp16 pack counts
+// finite values it turned into inf on this thread, and the ranks agree (one
+// tiny round) on whether any of them did; if so, every rank raises. An inf
+// that was in an input is not an overflow and passes through.
+class WireOverflowCheck {
+ public:
+  explicit WireOverflowCheck(bool fp16Wire) : on_(fp16Wire), before_(tlsFp16Overflows) {}
+  void finish(Comm& c) {
+    if (!on_) return;
+    uint8_t overflowed = tlsFp16Overflows != before_ ? 1 : 0;
+    recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&overflowed), 1, DType::U8, RedOp::Max);
+    TORCH_CHECK_VALUE(!overflowed, "smdccl: ", c.ctx.describe(),
+                      ": a float32 sum overflowed the fp16 wire (|partial sum| > 65504) and "
+                      "became inf; use SMDCCL_COMPRESSION=bf16 (float32's range), ReduceOp.AVG "
+                      "(scaled before the wire), scale the tensor down, or turn compression off");
+  }
 
-// fp16 on the wire tops out at 65504: a float32 SUM whose partial sums pass
-// it would arrive as inf. Never hand that back silently: if a result has
-// non-finite values that no rank's input had, every rank raises. Allreduce
-// results are identical on all ranks, so they agree on whether to ask;
-// reduce-scatter results differ, so those ranks always ask (one tiny round).
-void checkWireOverflow(Comm& c, const at::Tensor& result, bool inputFinite, bool sameResult) {
-  uint8_t flags[2] = {static_cast<uint8_t>(allFinite(result) ? 0 : 1),
-                      static_cast<uint8_t>(inputFinite ? 0 : 1)};
-  if (sameResult && !flags[0]) return;
-  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(flags), 2, DType::U8, RedOp::Max);
-  TORCH_CHECK_VALUE(!flags[0] || flags[1], "smdccl: ", c.ctx.describe(),
-                    ": a float32 sum overflowed the fp16 wire (|partial sum| > 65504) and became "
-                    "inf; use SMDCCL_COMPRESSION=bf16 (float32's range), ReduceOp.AVG (scaled "
-                    "before the wire), scale the tensor down, or turn compression off");
-}
+ private:
+  bool on_;
+  uint64_t before_;
+};
 
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   auto* a0 = bytesOf(a);
@@ -130,12 +133,11 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   return enqueue(
       OpType::ALLREDUCE, "allreduce", tensors,
       [this, t, spec, dt, tuning](Comm& c) mutable {
-        bool fp16Wire = useWire(c, dt, spec) && c.wire == Wire::F16;
-        bool inputFinite = !fp16Wire || allFinite(t);
+        WireOverflowCheck overflow(useWire(c, dt, spec) && c.wire == Wire::F16);
         applyPreScale(t, spec);
         smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
         applyPostDivide(t, spec);
-        if (fp16Wire) checkWireOverflow(c, t, inputFinite, /*sameResult=*/true);
+        overflow.finish(c);
       },
       opts.timeout, opts.asyncOp);
 }
@@ -143,20 +145,20 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
 void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
                                   std::vector<ReduceSpec>& specs) {
   DType dt = toDType(ts[0].scalar_type(), "allreduce");
-  bool fp16Wire = false, inputFinite = true;
+  bool fp16Wire = false;
   int64_t total = 0;
   for (size_t i = 0; i < ts.size(); ++i) {
     fp16Wire = useWire(c, dt, specs[i]) && c.wire == Wire::F16;
-    if (fp16Wire) inputFinite = inputFinite && allFinite(ts[i]);
     applyPreScale(ts[i], specs[i]);
     total += ts[i].numel();
   }
+  WireOverflowCheck overflow(fp16Wire);
   at::Tensor flat = at::empty({total}, ts[0].options());
   packInto(bytesOf(flat), ts);
   smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
   unpackFrom(bytesOf(flat), ts);
   for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
-  if (fp16Wire) checkWireOverflow(c, flat, inputFinite, /*sameResult=*/true);
+  overflow.finish(c);
 }
 
 void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
@@ -406,13 +408,12 @@ void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& outp
   size_t each = output.nbytes();
   ReduceSpec spec = given;
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
-  bool fp16Wire = useWire(c, dt, spec) && c.wire == Wire::F16;
-  bool inputFinite = !fp16Wire || allFinite(work);
+  WireOverflowCheck overflow(useWire(c, dt, spec) && c.wire == Wire::F16);
   applyPreScale(work, spec);
   smdccl::reduceScatter(c, bytesOf(work), equalBlocks(c.size(), each), dt, spec.op, tuning_);
   if (each) std::memcpy(bytesOf(output), bytesOf(work) + each * c.rank(), each);
   applyPostDivide(output, spec);
-  if (fp16Wire) checkWireOverflow(c, output, inputFinite, /*sameResult=*/false);
+  overflow.finish(c);
 }
 
 bool SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {

@@ -20,6 +20,18 @@ class Link {
   // Receives up to n bytes and combines them into dst (dst = dst op incoming).
   // Returns bytes consumed; always a multiple of the element size.
   virtual size_t recvReduce(void* dst, size_t n, DType dtype, RedOp op) = 0;
+  // Float32 over a 16-bit wire, packed straight into / unpacked straight out
+  // of the link's own buffer where it has one (shared memory), saving the
+  // staging copy. Return elements moved (whole elements only), or 0 when it
+  // would block. Links without a buffer of their own return false from
+  // packsInPlace() and the exchange stages for them.
+  virtual bool packsInPlace() const { return false; }
+  virtual size_t sendPacked(const float* src, size_t elems, Wire wire) { return 0; }
+  // dst = unpacked (reduce: dst op unpacked, then rounded to `roundTo`).
+  virtual size_t recvUnpacked(float* dst, size_t elems, Wire wire, bool reduce, RedOp op,
+                              Wire roundTo) {
+    return 0;
+  }
   // Marks the end of one message in each direction, so that every message
   // starts aligned (both sides call it after the same messages).
   virtual void endSend() {}

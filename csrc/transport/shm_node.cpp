@@ -135,6 +135,36 @@ size_t ShmLink::recvReduce(void* dst, size_t n, DType dtype, RedOp op) {
   return k;
 }
 
+size_t ShmLink::sendPacked(const float* src, size_t elems, Wire wire) {
+  uint64_t tail = out_->tail.value.load(std::memory_order_acquire);
+  size_t space = cap_ - static_cast<size_t>(sendPos_ - tail);
+  size_t off = sendPos_ % cap_;
+  size_t k = std::min({elems * 2, space, cap_ - off, kMaxPiece}) / 2;
+  if (k == 0) return 0;
+  packToWire(outData_ + off, src, k, wire);
+  sendPos_ += k * 2;
+  out_->head.value.store(sendPos_, std::memory_order_release);
+  peerBell_->ring();
+  return k;
+}
+
+size_t ShmLink::recvUnpacked(float* dst, size_t elems, Wire wire, bool reduce, RedOp op,
+                             Wire roundTo) {
+  const char* at = nullptr;
+  size_t k = std::min(elems * 2, readable(&at)) / 2;
+  if (k == 0) return 0;
+  if (reduce) {
+    reduceFromWire(dst, at, k, wire, op);
+    roundToWire(dst, k, roundTo);
+  } else {
+    unpackFromWire(dst, at, k, wire);
+  }
+  recvPos_ += k * 2;
+  in_->tail.value.store(recvPos_, std::memory_order_release);
+  peerBell_->ring();
+  return k;
+}
+
 void ShmLink::endSend() { sendPos_ = roundUp(sendPos_, kAlign); }
 
 void ShmLink::endRecv() { recvPos_ = roundUp(recvPos_, kAlign); }

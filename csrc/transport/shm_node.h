@@ -63,6 +63,10 @@ class ShmLink : public Link {
   size_t send(const void* buf, size_t n) override;
   size_t recv(void* buf, size_t n) override;
   size_t recvReduce(void* dst, size_t n, DType dtype, RedOp op) override;
+  bool packsInPlace() const override { return true; }
+  size_t sendPacked(const float* src, size_t elems, Wire wire) override;
+  size_t recvUnpacked(float* dst, size_t elems, Wire wire, bool reduce, RedOp op,
+                      Wire roundTo) override;
   void endSend() override;
   void endRecv() override;
   const char* kind() const override { return "shm"; }

@@ -24,6 +24,9 @@ struct WireKernels {
   void (*reduce[4])(void* dst, const void* unused, const void* src, size_t n);
 };
 const WireKernels& wireKernels(Wire w);  // w is F16 or BF16
+// Finite float32 values this thread packed to fp16 that became inf
+// (|x| >= 65520): counted by the fp16 pack itself, no extra pass.
+extern thread_local uint64_t tlsFp16Overflows;
 
 inline void packToWire(void* dst, const float* src, size_t n, Wire w) {
   wireKernels(w).pack(static_cast<uint16_t*>(dst), src, n);
@@ -36,9 +39,6 @@ inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp 
 }
 // Rounds float32 values in place to what the wire would deliver.
 void roundToWire(float* buf, size_t n, Wire w);
-
-// No NaN or infinity among n float32 values (one pass, branch-free).
-bool allFiniteF32(const float* x, size_t n);
 
 // Which instruction set the dispatcher picked ("avx2+f16c" or "portable").
 const char* reduceIsa();

@@ -206,13 +206,39 @@ static inline void store8(uint16_t* p, __m256 f) {
 }
 #endif
 
+// fp16 rounds finite |x| >= 65520 to inf: that is an overflow (a NaN or an
+// inf that was already there is not).
+static inline bool fp16Overflows(float f) {
+  float a = f < 0 ? -f : f;
+  return a >= 65520.0f && a <= 3.4028235e38f;
+}
+
 template <bool BF>
 static void packLoop(uint16_t* o, const float* x, size_t n) {
   size_t i = 0;
+  bool overflow = false;
 #if defined(SMDCCL_REDUCE_AVX2)
-  for (; i + 8 <= n; i += 8) store8<BF>(o + i, _mm256_loadu_ps(x + i));
+  if constexpr (BF) {
+    for (; i + 8 <= n; i += 8) store8<BF>(o + i, _mm256_loadu_ps(x + i));
+  } else {
+    const __m256 absMask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 lo = _mm256_set1_ps(65520.0f), hi = _mm256_set1_ps(3.4028235e38f);
+    __m256 bad = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+      __m256 v = _mm256_loadu_ps(x + i);
+      __m256 a = _mm256_and_ps(v, absMask);
+      bad = _mm256_or_ps(bad, _mm256_and_ps(_mm256_cmp_ps(a, lo, _CMP_GE_OQ),
+                                            _mm256_cmp_ps(a, hi, _CMP_LE_OQ)));
+      store8<BF>(o + i, v);
+    }
+    overflow = _mm256_movemask_ps(bad) != 0;
+  }
 #endif
-  for (; i < n; ++i) o[i] = toWire<BF>(x[i]);
+  for (; i < n; ++i) {
+    o[i] = toWire<BF>(x[i]);
+    if constexpr (!BF) overflow |= fp16Overflows(x[i]);
+  }
+  if (overflow) ++tlsFp16Overflows;
 }
 
 template <bool BF>
