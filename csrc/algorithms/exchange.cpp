@@ -107,8 +107,11 @@ bool Exchange::moveWireRecv(Transfer& t) {
     if (whole == 0) continue;
     float* dst = reinterpret_cast<float*>(t.buf + t.done);
     if (t.kind == Kind::RecvReduce) {
-      reduceFromWire(dst, stage, whole, t.wire, t.op);
-      roundToWire(dst, whole, t.roundTo);
+      if (t.roundTo == t.wire) reduceFromWireRounded(dst, stage, whole, t.wire, t.op);
+      else {
+        reduceFromWire(dst, stage, whole, t.wire, t.op);
+        roundToWire(dst, whole, t.roundTo);
+      }
     } else {
       unpackFromWire(dst, stage, whole, t.wire);
     }

@@ -154,8 +154,11 @@ size_t ShmLink::recvUnpacked(float* dst, size_t elems, Wire wire, bool reduce, R
   size_t k = std::min(elems * 2, readable(&at)) / 2;
   if (k == 0) return 0;
   if (reduce) {
-    reduceFromWire(dst, at, k, wire, op);
-    roundToWire(dst, k, roundTo);
+    if (roundTo == wire) reduceFromWireRounded(dst, at, k, wire, op);
+    else {
+      reduceFromWire(dst, at, k, wire, op);
+      roundToWire(dst, k, roundTo);
+    }
   } else {
     unpackFromWire(dst, at, k, wire);
   }

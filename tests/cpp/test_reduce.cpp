@@ -125,3 +125,57 @@ TEST(reduce_16bit_vector_and_tail_agree_with_scalar_rounding) {
   reduceTo(o, nanA, one, 8, DType::BF16, RedOp::Max);
   for (int i = 0; i < 8; ++i) CHECK(std::isnan(fromBf16(o[i])));
 }
+
+TEST(wire_pack_unpack_reduce_round) {
+  // Against scalar references (_Float16 casts, bit-exact bf16 rounding), over
+  // lengths around the vector width so the tails are covered.
+  for (size_t n : {0, 1, 7, 8, 9, 33, 1001}) {
+    std::vector<float> x(n), acc(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = (static_cast<float>(i % 97) - 48.3f) * 1.0009765625f;
+      acc[i] = static_cast<float>(i % 13) * 0.3f;
+    }
+    for (Wire w : {Wire::F16, Wire::BF16}) {
+      auto ref16 = [&](float f) {
+        if (w == Wire::BF16) return fromBf16(toBf16(f));
+        return static_cast<float>(static_cast<_Float16>(f));
+      };
+      std::vector<uint16_t> packed(n);
+      std::vector<float> back(n), sum(acc), rounded(acc);
+      packToWire(packed.data(), x.data(), n, w);
+      unpackFromWire(back.data(), packed.data(), n, w);
+      reduceFromWire(sum.data(), packed.data(), n, w, RedOp::Sum);
+      reduceFromWireRounded(rounded.data(), packed.data(), n, w, RedOp::Sum);
+      std::vector<float> r(x);
+      roundToWire(r.data(), n, w);
+      for (size_t i = 0; i < n; ++i) {
+        CHECK(back[i] == ref16(x[i]));
+        CHECK(r[i] == ref16(x[i]));
+        CHECK(sum[i] == acc[i] + ref16(x[i]));  // float32 addition
+        CHECK(rounded[i] == ref16(acc[i] + ref16(x[i])));
+      }
+    }
+  }
+}
+
+TEST(wire_fp16_overflow_is_counted_by_the_pack) {
+  std::vector<float> x(37, 1.0f);
+  std::vector<uint16_t> out(37);
+  uint64_t before = tlsFp16Overflows;
+  packToWire(out.data(), x.data(), x.size(), Wire::F16);
+  CHECK(tlsFp16Overflows == before);
+  x[3] = std::numeric_limits<float>::infinity();  // already inf: not an overflow
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[9] = 65504.0f;  // the largest fp16 value
+  packToWire(out.data(), x.data(), x.size(), Wire::F16);
+  CHECK(tlsFp16Overflows == before);
+  x[30] = -70000.0f;  // in the vector part
+  packToWire(out.data(), x.data(), x.size(), Wire::F16);
+  CHECK(tlsFp16Overflows == before + 1);
+  x[30] = 1.0f;
+  x[36] = 65520.0f;  // in the tail; rounds to inf
+  packToWire(out.data(), x.data(), x.size(), Wire::F16);
+  CHECK(tlsFp16Overflows == before + 2);
+  packToWire(out.data(), x.data(), x.size(), Wire::BF16);  // bf16 has float32's range
+  CHECK(tlsFp16Overflows == before + 2);
+}

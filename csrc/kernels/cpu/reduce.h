@@ -22,6 +22,8 @@ struct WireKernels {
   void (*unpack)(float* dst, const uint16_t* src, size_t n);
   // dst = dst op widen(src): reduceTo-shaped (out, unused, in, n), by RedOp.
   void (*reduce[4])(void* dst, const void* unused, const void* src, size_t n);
+  // The same, the sum rounded to the wire's precision as it is stored.
+  void (*reduceRound[4])(void* dst, const void* unused, const void* src, size_t n);
 };
 const WireKernels& wireKernels(Wire w);  // w is F16 or BF16
 // Finite float32 values this thread packed to fp16 that became inf
@@ -36,6 +38,10 @@ inline void unpackFromWire(float* dst, const void* src, size_t n, Wire w) {
 }
 inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp op) {
   wireKernels(w).reduce[static_cast<int>(op)](dst, nullptr, src, n);
+}
+// reduceFromWire, then roundToWire(dst, n, w), in one pass.
+inline void reduceFromWireRounded(float* dst, const void* src, size_t n, Wire w, RedOp op) {
+  wireKernels(w).reduceRound[static_cast<int>(op)](dst, nullptr, src, n);
 }
 // Rounds float32 values in place to what the wire would deliver.
 void roundToWire(float* buf, size_t n, Wire w);

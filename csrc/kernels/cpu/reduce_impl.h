@@ -250,26 +250,47 @@ static void unpackLoop(float* o, const uint16_t* x, size_t n) {
   for (; i < n; ++i) o[i] = fromWire<BF>(x[i]);
 }
 
-// o[i] = o[i] op widen(x[i]): one pass, float32 arithmetic.
-template <RedOp OP, bool BF>
+#if defined(SMDCCL_REDUCE_AVX2)
+// Eight floats rounded to the wire's precision and back, in registers.
+template <bool BF>
+static inline __m256 round8(__m256 f) {
+  if constexpr (BF) {
+    alignas(32) uint16_t tmp[8];
+    floatToBf16x8(tmp, f);
+    return bf16x8ToFloat(tmp);
+  } else {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+#endif
+
+// o[i] = o[i] op widen(x[i]): one pass, float32 arithmetic; ROUND: the sum
+// is rounded to the wire's precision before it is stored (a final result).
+template <RedOp OP, bool BF, bool ROUND>
 static void reduceWireLoop(void* out, const void* /*a*/, const void* in, size_t n) {
   float* o = static_cast<float*>(out);
   const uint16_t* x = static_cast<const uint16_t*>(in);
   size_t i = 0;
 #if defined(SMDCCL_REDUCE_AVX2)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(o + i, vecOp<OP>(_mm256_loadu_ps(o + i), load8<BF>(x + i)));
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = vecOp<OP>(_mm256_loadu_ps(o + i), load8<BF>(x + i));
+    if constexpr (ROUND) r = round8<BF>(r);
+    _mm256_storeu_ps(o + i, r);
+  }
 #endif
-  for (; i < n; ++i) o[i] = floatOp<OP>(o[i], fromWire<BF>(x[i]));
+  for (; i < n; ++i) {
+    float r = floatOp<OP>(o[i], fromWire<BF>(x[i]));
+    o[i] = ROUND ? fromWire<BF>(toWire<BF>(r)) : r;
+  }
 }
 
-template <bool BF>
+template <bool BF, bool ROUND>
 static ReduceFn pickWireReduce(RedOp op) {
   switch (op) {
-    case RedOp::Sum: return reduceWireLoop<RedOp::Sum, BF>;
-    case RedOp::Prod: return reduceWireLoop<RedOp::Prod, BF>;
-    case RedOp::Min: return reduceWireLoop<RedOp::Min, BF>;
-    default: return reduceWireLoop<RedOp::Max, BF>;
+    case RedOp::Sum: return reduceWireLoop<RedOp::Sum, BF, ROUND>;
+    case RedOp::Prod: return reduceWireLoop<RedOp::Prod, BF, ROUND>;
+    case RedOp::Min: return reduceWireLoop<RedOp::Min, BF, ROUND>;
+    default: return reduceWireLoop<RedOp::Max, BF, ROUND>;
   }
 }
 
@@ -302,9 +323,11 @@ inline ::smdccl::WireKernels wireKernels(bool bf16) {
   ::smdccl::WireKernels k;
   k.pack = bf16 ? packLoop<true> : packLoop<false>;
   k.unpack = bf16 ? unpackLoop<true> : unpackLoop<false>;
-  for (int o = 0; o < 4; ++o)
-    k.reduce[o] = bf16 ? pickWireReduce<true>(static_cast<RedOp>(o))
-                       : pickWireReduce<false>(static_cast<RedOp>(o));
+  for (int o = 0; o < 4; ++o) {
+    auto op = static_cast<RedOp>(o);
+    k.reduce[o] = bf16 ? pickWireReduce<true, false>(op) : pickWireReduce<false, false>(op);
+    k.reduceRound[o] = bf16 ? pickWireReduce<true, true>(op) : pickWireReduce<false, true>(op);
+  }
   return k;
 }
 
