@@ -106,15 +106,8 @@ bool Exchange::moveWireRecv(Transfer& t) {
     size_t whole = t.movedBytes / 2;
     if (whole == 0) continue;
     float* dst = reinterpret_cast<float*>(t.buf + t.done);
-    if (t.kind == Kind::RecvReduce) {
-      if (t.roundTo == t.wire) reduceFromWireRounded(dst, stage, whole, t.wire, t.op);
-      else {
-        reduceFromWire(dst, stage, whole, t.wire, t.op);
-        roundToWire(dst, whole, t.roundTo);
-      }
-    } else {
-      unpackFromWire(dst, stage, whole, t.wire);
-    }
+    if (t.kind == Kind::RecvReduce) reduceFromWire(dst, stage, whole, t.wire, t.op, t.roundTo);
+    else unpackFromWire(dst, stage, whole, t.wire);
     t.done += whole * 4;
     t.movedBytes -= whole * 2;
     if (t.movedBytes) std::memmove(stage, stage + whole * 2, t.movedBytes);
@@ -137,42 +130,14 @@ bool Exchange::progressOnce(bool* allDone) {
   for (size_t idx = firstOpen_; idx < t_.size(); ++idx) {
     Transfer& t = t_[idx];
     if (t.finished) continue;
-    if ((t.deps.after >= 0 && !t_[t.deps.after].finished) ||
-        (t.prevOnLink >= 0 && !t_[t.prevOnLink].finished)) {
+    if (!depsDone(t)) {
       *allDone = false;
       continue;
     }
-    size_t limit = t.bytes;
-    if (t.deps.limitBy >= 0) limit = std::min(limit, t_[t.deps.limitBy].done);
-    if (t.wire != Wire::F32) {
-      try {
-        if (t.kind == Kind::Send ? moveWireSend(t, limit) : moveWireRecv(t)) progressed = true;
-      } catch (const CommError& e) {
-        throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
-      }
-      limit = t.done;  // skip the raw loop below
-    }
-    // Keep moving on this transfer while it makes progress: fewer trips
-    // through the loop for large messages.
-    while (t.done < limit) {
-      size_t left = limit - t.done;
-      size_t k;
-      try {
-        switch (t.kind) {
-          case Kind::Send: k = t.link->send(t.buf + t.done, left); break;
-          case Kind::Recv: k = t.link->recv(t.buf + t.done, left); break;
-          default:
-            k = t.link->recvReduce(t.buf + t.done, left, t.dtype, t.op);
-            if (t.roundTo != Wire::F32)
-              roundToWire(reinterpret_cast<float*>(t.buf + t.done), k / 4, t.roundTo);
-            break;
-        }
-      } catch (const CommError& e) {
-        throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
-      }
-      if (k == 0) break;
-      t.done += k;
-      progressed = true;
+    try {
+      if (move(t)) progressed = true;
+    } catch (const CommError& e) {
+      throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
     }
     if (t.done == t.bytes) {
       t.finished = true;
@@ -223,11 +188,44 @@ void Exchange::run() {
   firstOpen_ = 0;
 }
 
+bool Exchange::depsDone(const Transfer& t) const {
+  return (t.deps.after < 0 || t_[t.deps.after].finished) &&
+         (t.prevOnLink < 0 || t_[t.prevOnLink].finished);
+}
+
+size_t Exchange::limitOf(const Transfer& t) const {
+  return t.deps.limitBy < 0 ? t.bytes : std::min(t.bytes, t_[t.deps.limitBy].done);
+}
+
 bool Exchange::canMove(const Transfer& t) const {
-  if (t.finished) return false;
-  if (t.deps.after >= 0 && !t_[t.deps.after].finished) return false;
-  if (t.prevOnLink >= 0 && !t_[t.prevOnLink].finished) return false;
-  return t.deps.limitBy < 0 || t_[t.deps.limitBy].done > t.done;
+  return !t.finished && depsDone(t) && limitOf(t) > t.done;
+}
+
+bool Exchange::move(Transfer& t) {
+  if (t.wire == Wire::F32) return moveRaw(t, limitOf(t));
+  return t.kind == Kind::Send ? moveWireSend(t, limitOf(t)) : moveWireRecv(t);
+}
+
+bool Exchange::moveRaw(Transfer& t, size_t limit) {
+  // Keep moving on this transfer while it makes progress: fewer trips
+  // through the loop for large messages.
+  bool moved = false;
+  while (t.done < limit) {
+    size_t left = limit - t.done;
+    size_t k;
+    switch (t.kind) {
+      case Kind::Send: k = t.link->send(t.buf + t.done, left); break;
+      case Kind::Recv: k = t.link->recv(t.buf + t.done, left); break;
+      default:
+        k = t.link->recvReduce(t.buf + t.done, left, t.dtype, t.op);
+        roundToWire(reinterpret_cast<float*>(t.buf + t.done), k / 4, t.roundTo);  // F32: no-op
+        break;
+    }
+    if (k == 0) break;
+    t.done += k;
+    moved = true;
+  }
+  return moved;
 }
 
 void Exchange::sleepForProgress() {

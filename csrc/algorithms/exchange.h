@@ -80,10 +80,16 @@ class Exchange {
   };
   Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps,
                 Wire wire = Wire::F32, Wire roundTo = Wire::F32);
-  // A 16-bit-wire transfer's steps; return whether anything moved.
+  // A transfer's steps (plain bytes, or a 16-bit wire); return whether anything moved.
+  bool move(Transfer& t);
+  bool moveRaw(Transfer& t, size_t limit);
   bool moveWireSend(Transfer& t, size_t limit);
   bool moveWireRecv(Transfer& t);
   bool progressOnce(bool* allDone);
+  // Its `after` and the message before it on its link have finished.
+  bool depsDone(const Transfer& t) const;
+  // How far it may move now (limitBy caps a forwarding send).
+  size_t limitOf(const Transfer& t) const;
   // Not finished and free to move now (not held back by a dependency).
   bool canMove(const Transfer& t) const;
   void sleepForProgress();

@@ -69,8 +69,9 @@ Topology buildTopology(const std::vector<std::string>& hostKeys, const BackendCo
   return topologyFromHostKeys(hostKeys);
 }
 
-int ranksOnThisMachine(const std::vector<std::string>& hostKeys) {
-  std::string suffix = "/" + bootId();
+int ranksOnThisMachine(const std::vector<std::string>& hostKeys, int myRank) {
+  const std::string& mine = hostKeys[myRank];
+  std::string suffix = mine.substr(mine.rfind('/'));  // "/<boot id>"
   int n = 0;
   for (const auto& k : hostKeys)
     if (k.size() >= suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0)
@@ -105,7 +106,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   levels_ = hierarchyOf(mc.topology, cfg_.rank);
   p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName,
                                      [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
-  int machineRanks = ranksOnThisMachine(hostKeys);
+  int machineRanks = ranksOnThisMachine(hostKeys, cfg_.rank);
   waitPolicy_ = pickWaitPolicy(machineRanks);
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
   SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",

@@ -40,7 +40,7 @@ struct BackendConfig {
 struct QueuedAllreduce : Fusable {
   at::Tensor tensor;
   ReduceSpec spec;
-  c10::intrusive_ptr<::c10d::Work> work;  // an SmdcclWork
+  c10::intrusive_ptr<SmdcclWork> work;
 };
 
 class SmdcclBackend : public ::c10d::Backend {
@@ -137,8 +137,8 @@ class SmdcclBackend : public ::c10d::Backend {
                const char* name, std::chrono::milliseconds timeout);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
   // Sets c's wire for a float32 reduction and makes AVG pre-scale (16-bit
-  // range); returns whether the op is compressed.
-  bool useWire(Comm& c, DType dt, ReduceSpec& spec) const;
+  // range); returns the wire (F32: not compressed).
+  Wire useWire(Comm& c, DType dt, ReduceSpec& spec) const;
   // The data parts of reduce-scatter shared by its three entry points.
   void runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output, const ReduceSpec& spec);
 

@@ -86,7 +86,7 @@ void allgatherPacked(Comm& c, const std::vector<at::Tensor>& ins, const Tuning& 
 // that was in an input is not an overflow and passes through.
 class WireOverflowCheck {
  public:
-  explicit WireOverflowCheck(bool fp16Wire) : on_(fp16Wire), before_(tlsFp16Overflows) {}
+  explicit WireOverflowCheck(Wire wire) : on_(wire == Wire::F16), before_(tlsFp16Overflows) {}
   void finish(Comm& c) {
     if (!on_) return;
     uint8_t overflowed = tlsFp16Overflows != before_ ? 1 : 0;
@@ -133,7 +133,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   return enqueue(
       OpType::ALLREDUCE, "allreduce", tensors,
       [this, t, spec, dt, tuning](Comm& c) mutable {
-        WireOverflowCheck overflow(useWire(c, dt, spec) && c.wire == Wire::F16);
+        WireOverflowCheck overflow(useWire(c, dt, spec));
         applyPreScale(t, spec);
         smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
         applyPostDivide(t, spec);
@@ -145,14 +145,14 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
 void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
                                   std::vector<ReduceSpec>& specs) {
   DType dt = toDType(ts[0].scalar_type(), "allreduce");
-  bool fp16Wire = false;
+  Wire wire = Wire::F32;
   int64_t total = 0;
   for (size_t i = 0; i < ts.size(); ++i) {
-    fp16Wire = useWire(c, dt, specs[i]) && c.wire == Wire::F16;
+    wire = useWire(c, dt, specs[i]);
     applyPreScale(ts[i], specs[i]);
     total += ts[i].numel();
   }
-  WireOverflowCheck overflow(fp16Wire);
+  WireOverflowCheck overflow(wire);
   at::Tensor flat = at::empty({total}, ts[0].options());
   packInto(bytesOf(flat), ts);
   smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
@@ -179,20 +179,21 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   auto taken = progress_->takeFusable(static_cast<size_t>(count));
   std::vector<at::Tensor> ts{first.tensor};
   std::vector<ReduceSpec> specs{first.spec};
+  std::vector<SmdcclWork*> works;
   for (auto& f : taken) {
     auto& q = static_cast<QueuedAllreduce&>(*f);
-    static_cast<SmdcclWork&>(*q.work).markStarted();
+    q.work->markStarted();
+    works.push_back(q.work.get());
     ts.push_back(q.tensor);
     specs.push_back(q.spec);
   }
   try {
     allreduceFlat(c, ts, specs);
   } catch (...) {
-    for (auto& f : taken)
-      static_cast<SmdcclWork&>(*static_cast<QueuedAllreduce&>(*f).work).complete(std::current_exception());
+    for (auto* w : works) w->complete(std::current_exception());
     throw;
   }
-  for (auto& f : taken) static_cast<SmdcclWork&>(*static_cast<QueuedAllreduce&>(*f).work).complete(nullptr);
+  for (auto* w : works) w->complete(nullptr);
   if (!taken.empty()) {
     fusedOps_ += taken.size() + 1;
     ++fusedCollectives_;
@@ -408,7 +409,7 @@ void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& outp
   size_t each = output.nbytes();
   ReduceSpec spec = given;
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
-  WireOverflowCheck overflow(useWire(c, dt, spec) && c.wire == Wire::F16);
+  WireOverflowCheck overflow(useWire(c, dt, spec));
   applyPreScale(work, spec);
   smdccl::reduceScatter(c, bytesOf(work), equalBlocks(c.size(), each), dt, spec.op, tuning_);
   if (each) std::memcpy(bytesOf(output), bytesOf(work) + each * c.rank(), each);
@@ -416,15 +417,15 @@ void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& outp
   overflow.finish(c);
 }
 
-bool SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
-  if (cfg_.wire == Wire::F32 || dt != DType::F32) return false;
+Wire SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
+  if (cfg_.wire == Wire::F32 || dt != DType::F32) return Wire::F32;
   c.wire = cfg_.wire;
   c.wireIntra = cfg_.wireIntra;
   if (spec.postDivide != 1.0) {  // AVG: divide before the wire, where 16 bits must hold it
     spec.preScale = 1.0 / spec.postDivide;
     spec.postDivide = 1.0;
   }
-  return true;
+  return c.wire;
 }
 
 WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,

@@ -153,15 +153,8 @@ size_t ShmLink::recvUnpacked(float* dst, size_t elems, Wire wire, bool reduce, R
   const char* at = nullptr;
   size_t k = std::min(elems * 2, readable(&at)) / 2;
   if (k == 0) return 0;
-  if (reduce) {
-    if (roundTo == wire) reduceFromWireRounded(dst, at, k, wire, op);
-    else {
-      reduceFromWire(dst, at, k, wire, op);
-      roundToWire(dst, k, roundTo);
-    }
-  } else {
-    unpackFromWire(dst, at, k, wire);
-  }
+  if (reduce) reduceFromWire(dst, at, k, wire, op, roundTo);
+  else unpackFromWire(dst, at, k, wire);
   recvPos_ += k * 2;
   in_->tail.value.store(recvPos_, std::memory_order_release);
   peerBell_->ring();

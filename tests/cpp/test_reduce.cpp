@@ -145,7 +145,7 @@ TEST(wire_pack_unpack_reduce_round) {
       packToWire(packed.data(), x.data(), n, w);
       unpackFromWire(back.data(), packed.data(), n, w);
       reduceFromWire(sum.data(), packed.data(), n, w, RedOp::Sum);
-      reduceFromWireRounded(rounded.data(), packed.data(), n, w, RedOp::Sum);
+      reduceFromWire(rounded.data(), packed.data(), n, w, RedOp::Sum, /*roundTo=*/w);
       std::vector<float> r(x);
       roundToWire(r.data(), n, w);
       for (size_t i = 0; i < n; ++i) {

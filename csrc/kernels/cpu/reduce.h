@@ -39,12 +39,18 @@ inline void unpackFromWire(float* dst, const void* src, size_t n, Wire w) {
 inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp op) {
   wireKernels(w).reduce[static_cast<int>(op)](dst, nullptr, src, n);
 }
-// reduceFromWire, then roundToWire(dst, n, w), in one pass.
-inline void reduceFromWireRounded(float* dst, const void* src, size_t n, Wire w, RedOp op) {
-  wireKernels(w).reduceRound[static_cast<int>(op)](dst, nullptr, src, n);
-}
 // Rounds float32 values in place to what the wire would deliver.
 void roundToWire(float* buf, size_t n, Wire w);
+// reduceFromWire, then roundToWire(dst, n, roundTo) (F32: no rounding); one
+// pass when roundTo is the wire itself (a final sum on a compressed link).
+inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp op, Wire roundTo) {
+  if (roundTo == w) {
+    wireKernels(w).reduceRound[static_cast<int>(op)](dst, nullptr, src, n);
+    return;
+  }
+  reduceFromWire(dst, src, n, w, op);
+  roundToWire(dst, n, roundTo);
+}
 
 // Which instruction set the dispatcher picked ("avx2+f16c" or "portable").
 const char* reduceIsa();
