@@ -74,11 +74,84 @@ def compressed_matrix(wire: str) -> dict:
     return {"cases": cases, "worst_fraction_of_bound": worst}
 
 
-@pytest.mark.parametrize("wire", ["fp16", "bf16"])
-def test_compressed_reductions_within_bound(wire):
-    results = run_ranks(4, compressed_matrix, wire, env={"SMDCCL_TOPOLOGY": "2x2"}, timeout=300)
-    print(f"\n[{wire}] {results[0]}")
+# 2x2: two-level, one compressed hop per shard. 1,1,1,1: four nodes of one
+# rank, every hop compressed, so the reductions run as recursive halving.
+@pytest.mark.parametrize("wire,topology", [("fp16", "2x2"), ("bf16", "2x2"), ("fp16", "1,1,1,1")])
+def test_compressed_reductions_within_bound(wire, topology):
+    results = run_ranks(4, compressed_matrix, wire, env={"SMDCCL_TOPOLOGY": topology}, timeout=300)
+    print(f"\n[{wire} {topology}] {results[0]}")
     assert results[0]["cases"] > 0 and 0 < results[0]["worst_fraction_of_bound"] <= 1
+
+
+def halving_exact(compress_intra: bool) -> dict:
+    """Compressed reductions of small integers, compared bit for bit.
+
+    Every partial sum of integers in [-8, 8] over at most 8 ranks is exact in
+    fp16, so the only way to a wrong bit is a transfer that ran out of order
+    (a send before the sums it forwards were complete, a receive into data
+    still being sent). Several rounds, sizes from empty to many pipeline
+    chunks, SUM / AVG / MAX, allreduce and reduce_scatter.
+    """
+    import os
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(backend="smdccl",
+                           pg_options={"compression": "fp16", "compression_intra": compress_intra})
+
+    def data(n, r, salt):
+        i = torch.arange(n, dtype=torch.int64)
+        return ((i * 7 + r * 3 + salt) % 17 - 8).float()
+
+    with tempfile.TemporaryFile() as capture:  # the engine logs the schedule it picked
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            dist.all_reduce(data(1 << 18, rank, 0), group=group)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        log = capture.read().decode()
+
+    cases = 0
+    for salt in range(3):
+        for n in (0, 1, 5, 7, 1001, 65_537, 300_007):
+            stack = torch.stack([data(n, r, salt).double() for r in range(world)])
+            for op in ("SUM", "AVG", "MAX"):
+                exact = {"SUM": stack.sum(0), "AVG": stack.mean(0), "MAX": stack.amax(0)}[op]
+                t = data(n, rank, salt)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+                assert torch.equal(t.double(), exact), (
+                    f"all_reduce {op} n={n} round {salt}: {(t.double() != exact).sum().item()} wrong")
+                cases += 1
+            full = torch.stack([data(n * world, r, salt).double() for r in range(world)]).sum(0)
+            out = torch.empty(n)
+            dist.reduce_scatter_tensor(out, data(n * world, rank, salt), group=group)
+            assert torch.equal(out.double(), full[rank * n:(rank + 1) * n]), f"reduce_scatter n={n} round {salt}"
+            cases += 1
+    return {"cases": cases, "halving": "as recursive halving (16-bit hops)" in log, "log": log}
+
+
+# (topology, ranks, compress inside nodes, flat allreduce runs as halving)
+HALVING_CASES = [
+    ("1,1,1,1,1,1,1,1", 8, False, True),  # flat, every hop a node boundary
+    ("2,2,2,2", 8, False, False),         # two-level: halving across the 4 nodes
+    ("4", 4, True, True),                 # one node, shared memory, compressed inside
+]
+
+
+@pytest.mark.parametrize("topology,world,intra,flat_halving", HALVING_CASES,
+                         ids=[c[0] for c in HALVING_CASES])
+def test_compressed_halving_schedules_are_exact(topology, world, intra, flat_halving):
+    env = {"SMDCCL_TOPOLOGY": topology, "SMDCCL_PIPELINE_CHUNK_KB": "64", "SMDCCL_DEBUG": "INFO"}
+    results = run_ranks(world, halving_exact, intra, env=env, timeout=420)
+    assert all(r["cases"] == results[0]["cases"] > 0 for r in results)
+    for rank, r in enumerate(results):
+        assert r["halving"] == flat_halving, f"rank {rank}: halving expected {flat_halving}\n{r['log']}"
 
 
 def fp16_range() -> list:

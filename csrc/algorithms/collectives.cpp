@@ -38,14 +38,14 @@ std::string sizeLabel(size_t bytes) {
 // SMDCCL_DEBUG=INFO: each (collective, group shape, power-of-two size range)
 // -> algorithm decision is logged once per process, with the model's estimates.
 void logDecision(Collective coll, size_t bytes, const GroupShape& g, Algo chosen,
-                 const Tuning& t) {
+                 const Tuning& t, const char* note) {
   if (!logEnabled(LogLevel::Info)) return;
   static std::mutex mu;
-  static std::set<std::tuple<int, int, int, bool, int>> seen;
+  static std::set<std::tuple<int, int, int, bool, int, std::string>> seen;
   int bucket = bytes ? static_cast<int>(std::log2(static_cast<double>(bytes))) : -1;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!seen.insert({static_cast<int>(coll), g.ranks, g.nodes, g.uniform, bucket}).second) return;
+    if (!seen.insert({static_cast<int>(coll), g.ranks, g.nodes, g.uniform, bucket, note}).second) return;
   }
   size_t lo = bucket < 0 ? 0 : size_t{1} << bucket;
   std::string est;
@@ -56,14 +56,22 @@ void logDecision(Collective coll, size_t bytes, const GroupShape& g, Algo chosen
                   " us");
   SMDCCL_INFO(collectiveName(coll), " [", sizeLabel(lo), ", ", sizeLabel(lo ? lo * 2 : 1), ") on ",
               g.ranks, " ranks / ", g.nodes, g.nodes == 1 ? " node" : " nodes", " -> ",
-              algoName(chosen), t.forced ? " (forced by SMDCCL_ALGO)" : "", "; model: ", est);
+              algoName(chosen), note, t.forced ? " (forced by SMDCCL_ALGO)" : "", "; model: ", est);
 }
 
-Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t) {
+// `halving`: a ring would run as recursive halving/doubling (prefersHalving).
+Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t, bool halving = false) {
   GroupShape g = shapeOf(c);
   Algo a = choose(coll, bytes, g, t);
-  logDecision(coll, bytes, g, a, t);
+  logDecision(coll, bytes, g, a, t,
+              halving && a == Algo::Ring ? " as recursive halving (16-bit hops)" : "");
   return a;
+}
+
+// A flat ring over compressed hops runs as recursive halving, for accuracy
+// (prefersHalving), unless SMDCCL_ALGO=ring asks for the ring itself.
+bool flatHalving(const Comm& c, DType dt, const Tuning& t) {
+  return prefersHalving(c, dt) && !(t.forced && *t.forced == Algo::Ring);
 }
 
 // With a 16-bit wire the compressed levels move half the bytes.
@@ -80,8 +88,12 @@ Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
 void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& given) {
   if (c.size() == 1 || count == 0) return;
   Tuning t = forWire(c, dt, given);
-  switch (decide(Collective::Allreduce, count * elementSize(dt), c, t)) {
-    case Algo::Ring: ringAllreduce(c, buf, count, dt, op); break;
+  bool halving = flatHalving(c, dt, t);
+  switch (decide(Collective::Allreduce, count * elementSize(dt), c, t, halving)) {
+    case Algo::Ring:
+      if (halving) halvingAllreduce(c, buf, count, dt, op, t.pipelineChunkBytes);
+      else ringAllreduce(c, buf, count, dt, op);
+      break;
     case Algo::TwoLevelRing: twoLevelAllreduce(c, buf, count, dt, op, t.pipelineChunkBytes); break;
     case Algo::TwoLevelRd: twoLevelRdAllreduce(c, buf, count, dt, op); break;
     default: recursiveDoublingAllreduce(c, buf, count, dt, op); break;
@@ -92,14 +104,18 @@ void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, cons
   if (c.size() == 1) return;
   Tuning t = forWire(c, dt, given);
   size_t total = b.total();
-  switch (decide(Collective::ReduceScatter, total, c, t)) {
+  bool halving = flatHalving(c, dt, t);
+  switch (decide(Collective::ReduceScatter, total, c, t, halving)) {
     case Algo::RecursiveDoubling:
       // Tiny: one latency-optimal allreduce of everything beats p-1 ring steps.
       // Blocks are consecutive here (the backend packs them).
       recursiveDoublingAllreduce(c, buf + b.offset[0], total / elementSize(dt), dt, op);
       break;
     case Algo::TwoLevelRing: twoLevelReduceScatter(c, buf, b, dt, op); break;
-    default: ringReduceScatter(c, buf, b, dt, op); break;
+    default:
+      if (halving) halvingReduceScatter(c, buf, b, dt, op);
+      else ringReduceScatter(c, buf, b, dt, op);
+      break;
   }
 }
 

@@ -66,6 +66,23 @@ void ringAllgather(Comm& c, char* buf, const Blocks& b);
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 
+// ---- recursive halving / doubling (halving.cpp) ----
+// Whether c reduces float32 by halving rather than by the ring: every hop of
+// c carries a 16-bit wire and c.size() is a power of two above 2. Pairwise
+// partial sums round less, and smaller values, than a ring's chain.
+bool prefersHalving(const Comm& c, DType dt);
+// appendRing's contract, for a power-of-two c: block r ends on rank r.
+int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
+                  bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
+// appendHalving where prefersHalving(c, dt) and a reduction is asked for, else appendRing.
+int appendReduceScatterAllgather(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt,
+                                 RedOp op, bool reduceScatter, bool allgather,
+                                 int startAfter = -1, bool finalReduce = true);
+// Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
+// and doubled, all streaming in one exchange.
+void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);
+void halvingReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
+
 // ---- two levels: intra-node shared memory, inter-node links (two_level.cpp) ----
 // c must be the whole group (c.levels set).
 void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);

@@ -92,8 +92,8 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op,
   for (size_t stage = 0; stage < K + 2; ++stage) {
     if (stage < K) {
       size_t k = stage;
-      rsDone[k] = appendRing(ex, local, buf, localBlocksOf[k], dt, op, true, false, -1,
-                             /*finalReduce=*/n == 1);
+      rsDone[k] = appendReduceScatterAllgather(ex, local, buf, localBlocksOf[k], dt, op, true,
+                                               false, -1, /*finalReduce=*/n == 1);
     }
     if (stage >= 1 && stage - 1 < K) {
       size_t k = stage - 1;
@@ -103,7 +103,8 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op,
       for (int s = myFirst; s < myEnd; ++s) {
         Blocks parts = Blocks::even(shardsOf[k].length[s] / es, n, es);
         for (auto& o : parts.offset) o += shardsOf[k].offset[s];
-        int last = appendRing(ex, across[s - myFirst], buf, parts, dt, op, true, true, done);
+        int last = appendReduceScatterAllgather(ex, across[s - myFirst], buf, parts, dt, op,
+                                                true, true, done);
         if (last >= 0) done = last;
       }
       interDone[k] = done;
@@ -147,8 +148,10 @@ void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp 
   // over the nodes: each ends with its own block, fully reduced.
   int intraDone = -1;
   for (const auto& node : h.nodes)
-    intraDone = appendRing(ex, local, buf, pick(b, node), dt, op, true, false, -1, /*finalReduce=*/false);
-  appendRing(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), dt, op, true, false, intraDone);
+    intraDone = appendReduceScatterAllgather(ex, local, buf, pick(b, node), dt, op, true, false,
+                                             -1, /*finalReduce=*/false);
+  appendReduceScatterAllgather(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), dt, op, true,
+                               false, intraDone);
   ex.run();
 }
 
