@@ -1,11 +1,12 @@
 """``python -m smdccl.bench.ddp`` and ``python -m smdccl.bench.accuracy`` end to end.
 
-Real processes under torchrun, 2 ranks that are 2 virtual nodes
+Real processes under torchrun, every rank its own virtual node
 (``SMDCCL_TOPOLOGY=1,1``, so the fp16/bf16 hooks do compress), tiny settings:
 the DDP bench measures all four configurations, every row has positive
 times, an overlap share in [0, 1], halved inter-node bytes for the compressed
 configurations, similar final losses, and the JSON is written; the accuracy
-mode reports smdccl's fp16 error no worse than torch's fp16_compress_hook's.
+mode reports smdccl's fp16 error no worse than torch's fp16_compress_hook's
+at 2 ranks (one compressed hop) and 4 (recursive halving).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def _env(**extra) -> dict:
 def _torchrun(nproc: int, module: str, *args: str, timeout: float = 120):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            str(nproc), "-m", module, *args]
-    return subprocess.run(cmd, env=_env(SMDCCL_TOPOLOGY="1,1"), cwd=REPO_ROOT,
+    topology = ",".join(["1"] * nproc)  # every rank its own node: every hop compressed
+    return subprocess.run(cmd, env=_env(SMDCCL_TOPOLOGY=topology), cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -76,13 +78,15 @@ def test_ddp_bench_two_virtual_nodes(tmp_path):
 
 @pytest.mark.smdccl_only
 @pytest.mark.multiprocess
-def test_accuracy_smdccl_fp16_not_worse_than_torch_hook(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 4])  # 4: the recursive-halving schedule
+def test_accuracy_smdccl_fp16_not_worse_than_torch_hook(tmp_path, ranks):
     out = tmp_path / "acc.json"
-    proc = _torchrun(2, "smdccl.bench.accuracy", "--count", "262144", "--json", str(out))
+    proc = _torchrun(ranks, "smdccl.bench.accuracy", "--count", "262144", "--json", str(out),
+                     timeout=240)
     print("\n" + proc.stdout)
     doc = json.loads(out.read_text())
     assert doc["header"]["smdccl_compression"] == "fp16"
-    assert doc["header"]["smdccl_topology"].startswith("2 nodes")
+    assert doc["header"]["smdccl_topology"].startswith(f"{ranks} nodes")
     assert len(doc["rows"]) == 4
     for r in doc["rows"]:
         assert r["torch_fp16_hook_max_abs_err"] > 0 and r["smdccl_fp16_max_abs_err"] > 0, r
