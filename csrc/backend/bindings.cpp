@@ -126,6 +126,36 @@ PYBIND11_MODULE(_C, m) {
       "{candidate: estimated seconds}, model description). Honours SMDCCL_ALGO, "
       "SMDCCL_TUNE_FILE (or tune_file) and SMDCCL_PIPELINE_CHUNK_KB.");
 
+  m.def("build_info", [] {
+    std::map<std::string, py::object> out;
+#if defined(__clang__)
+    out["compiler"] = py::str(std::string("clang ") + __clang_version__);
+#elif defined(__GNUC__)
+    out["compiler"] = py::str(std::string("gcc ") + __VERSION__);
+#else
+    out["compiler"] = py::str("unknown");
+#endif
+#ifdef NDEBUG
+    out["build_type"] = py::str("optimized (NDEBUG)");
+#else
+    out["build_type"] = py::str("debug (assertions on)");
+#endif
+#ifdef SMDCCL_WITH_CUDA
+    out["cuda"] = py::bool_(true);
+#else
+    out["cuda"] = py::bool_(false);
+#endif
+    std::string san;
+#if defined(__SANITIZE_ADDRESS__)
+    san += "address";
+#endif
+#if defined(SMDCCL_UBSAN)
+    san += san.empty() ? "undefined" : ",undefined";
+#endif
+    out["sanitizers"] = py::str(san);
+    return out;
+  }, "How the engine was built: compiler, build type, CUDA kernels compiled in, sanitizers");
+
   m.def("reduce_isa", [] { return std::string(smdccl::reduceIsa()); },
         "Instruction set the CPU reductions use on this machine");
 }
