@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "algorithms/op_header.h"
 #include "common/error.h"
 #include "kernels/cpu/reduce.h"
 
@@ -26,8 +27,17 @@ Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dt
   if (!tail) tail = &tails_.emplace_back(LinkTail{&link, -1, -1});
   int& last = kind == Kind::Send ? tail->lastSend : tail->lastRecv;
   t_.push_back({&link, kind, buf, bytes, 0, dtype, op, deps, last});
-  t_.back().wire = wire;
-  t_.back().roundTo = roundTo;
+  Transfer& t = t_.back();
+  t.wire = wire;
+  t.roundTo = roundTo;
+  // This op's first message on the link in this direction carries its header.
+  uint64_t& stamped = kind == Kind::Send ? link.headerSentFor : link.headerRecvFor;
+  if (ctx_.seq != 0 && stamped != ctx_.seq) {
+    stamped = ctx_.seq;
+    if (kind == Kind::Send) link.headerOut = encodeOpHeader(ctx_.sig, ctx_.seq, ctx_.rank);
+    t.header = kind == Kind::Send ? link.headerOut.data() : link.headerIn.data();
+    t.headerLeft = kOpHeaderBytes;
+  }
   last = index;
   return *this;
 }
@@ -139,7 +149,7 @@ bool Exchange::progressOnce(bool* allDone) {
     } catch (const CommError& e) {
       throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
     }
-    if (t.done == t.bytes) {
+    if (t.done == t.bytes && t.headerLeft == 0) {
       t.finished = true;
       std::vector<uint16_t>().swap(t.staging);
       if (t.kind == Kind::Send) t.link->endSend();
@@ -198,10 +208,34 @@ size_t Exchange::limitOf(const Transfer& t) const {
 }
 
 bool Exchange::canMove(const Transfer& t) const {
-  return !t.finished && depsDone(t) && limitOf(t) > t.done;
+  return !t.finished && depsDone(t) && (t.headerLeft > 0 || limitOf(t) > t.done);
+}
+
+bool Exchange::moveHeader(Transfer& t) {
+  bool moved = false;
+  while (t.headerLeft > 0) {
+    unsigned char* at = t.header + (kOpHeaderBytes - t.headerLeft);
+    size_t k = t.kind == Kind::Send ? t.link->send(at, t.headerLeft) : t.link->recv(at, t.headerLeft);
+    if (k == 0) break;
+    t.headerLeft -= k;
+    moved = true;
+  }
+  if (moved && t.headerLeft == 0 && t.kind != Kind::Send) checkHeader(t);
+  return moved;
+}
+
+void Exchange::checkHeader(const Transfer& t) const {
+  std::string why = opMismatch(ctx_, decodeOpHeader(t.header), t.link->peer(), ctx_.compareShapes);
+  if (!why.empty())
+    throw CommError(CommError::Kind::Mismatch, why);  // progressOnce() names the op
 }
 
 bool Exchange::move(Transfer& t) {
+  if (t.headerLeft > 0) {
+    bool moved = moveHeader(t);
+    if (t.headerLeft > 0) return moved;
+    return move(t) || moved;
+  }
   if (t.wire == Wire::F32) return moveRaw(t, limitOf(t));
   return t.kind == Kind::Send ? moveWireSend(t, limitOf(t)) : moveWireRecv(t);
 }

@@ -77,11 +77,18 @@ class Exchange {
     // Set once done == bytes *and* its `after` has finished: a zero-length
     // transfer must not let its successors jump ahead of its predecessor.
     bool finished = false;
+    // The op header (op_header.h) that opens this op's first message on the
+    // link in this direction: moved ahead of the data, in the same message;
+    // a received one is checked before any data is read.
+    unsigned char* header = nullptr;
+    size_t headerLeft = 0;
   };
   Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps,
                 Wire wire = Wire::F32, Wire roundTo = Wire::F32);
   // A transfer's steps (plain bytes, or a 16-bit wire); return whether anything moved.
   bool move(Transfer& t);
+  bool moveHeader(Transfer& t);
+  void checkHeader(const Transfer& t) const;
   bool moveRaw(Transfer& t, size_t limit);
   bool moveWireSend(Transfer& t, size_t limit);
   bool moveWireRecv(Transfer& t);

@@ -92,6 +92,9 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   setLogRank(cfg_.globalRanks[cfg_.rank]);
   tuning_ = Tuning::fromEnv();
   fusionBytes_ = static_cast<size_t>(std::max<int64_t>(0, envInt(env::kFusionMB))) << 20;
+  nanCheck_ = envInt(env::kNanCheck) != 0;
+  if (nanCheck_) fusionBytes_ = 0;  // each allreduce's inputs are checked on their own
+  detailChecks_ = logEnabled(LogLevel::Detail) || torchDebugDetail();
   Deadline deadline = Deadline::after(cfg_.timeout);
 
   MeshConfig mc;
@@ -109,6 +112,8 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   int machineRanks = ranksOnThisMachine(hostKeys, cfg_.rank);
   waitPolicy_ = pickWaitPolicy(machineRanks);
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
+  watchdog_ = std::make_unique<Watchdog>(*store_, cfg_.rank, cfg_.size, cfg_.groupName,
+                                         envDouble(env::kWarnAfter));
   SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",
               mc.topology.describe(), "; ", machineRanks, " ranks share this machine's ",
               usableCores(), " cores; spin ", waitPolicy_.spinUs, " us, yield ", waitPolicy_.yieldUs, " us; cost model: ", tuning_.model.describe());
@@ -133,6 +138,7 @@ std::chrono::milliseconds SmdcclBackend::effectiveTimeout(std::chrono::milliseco
 }
 
 c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, const char* name,
+                                                        OpCall call,
                                                         std::vector<at::Tensor> outputs,
                                                         std::function<void(Comm&)> body,
                                                         std::chrono::milliseconds opTimeout,
@@ -143,13 +149,15 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
     return strCat(name, " #", seq, " on group '", cfg_.groupName, "'");
   });
   if (fusable) fusable->work = work;
+  call.sig.name = name;
   auto timeout = effectiveTimeout(opTimeout);
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
-  if (!asyncOp && progress_->tryRunInline([&] { runWork(*work, body, seq, name, timeout); }))
+  if (!asyncOp &&
+      progress_->tryRunInline([&] { runWork(*work, call, body, seq, name, timeout); }))
     return work;
   progress_->post(
-      [this, work, body = std::move(body), seq, name, timeout] {
-        runWork(*work, body, seq, name, timeout);
+      [this, work, call = std::move(call), body = std::move(body), seq, name, timeout] {
+        runWork(*work, call, body, seq, name, timeout);
       },
       std::move(fusable));
   return work;
@@ -180,8 +188,37 @@ std::string SmdcclBackend::failureWithGroupCause(const std::string& mine) {
   return mine;
 }
 
-void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& body,
-                            uint64_t seq, const char* name, std::chrono::milliseconds timeout) {
+void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) {
+  std::string mine;
+  for (size_t i = 0; i < inputs.size() && mine.empty(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;
+    at::Tensor bad = at::isfinite(t.reshape({-1})).logical_not_().nonzero();
+    if (bad.numel() == 0) continue;
+    int64_t at0 = bad[0].item<int64_t>();
+    mine = strCat("input ", i, " has ", bad.numel(), " NaN/Inf value(s), the first at element ",
+                  at0, " (", t.reshape({-1})[at0].item<double>(), ")");
+  }
+  // flags[r] = 1: rank r's inputs are not finite. Every rank takes part, also
+  // ranks whose inputs are not sent (a broadcast's non-roots).
+  std::vector<uint8_t> flags(static_cast<size_t>(c.size()), 0);
+  flags[static_cast<size_t>(c.rank())] = mine.empty() ? 0 : 1;
+  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(flags.data()), flags.size(), DType::U8,
+                             RedOp::Max);
+  std::string who;
+  for (int r = 0; r < c.size(); ++r)
+    if (flags[static_cast<size_t>(r)]) who += strCat(who.empty() ? "" : ", ", r);
+  if (who.empty()) return;
+  std::string msg = strCat("smdccl: ", c.ctx.describe(), ": SMDCCL_NAN_CHECK: NaN or Inf in the ",
+                           "input of rank(s) ", who);
+  if (!mine.empty()) msg += strCat("; on this rank ", mine);
+  SMDCCL_WARN(msg);
+  throw InvalidArgument(msg + ". The collective did not run.");
+}
+
+void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
+                            const std::function<void(Comm&)>& body, uint64_t seq,
+                            const char* name, std::chrono::milliseconds timeout) {
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lock(fatalMu_);
@@ -193,6 +230,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
     return;
   }
   work.markStarted();
+  watchdog_->opStarted(seq, name);
   OpContext ctx;
   ctx.op = name;
   ctx.group = &cfg_.groupName;
@@ -200,8 +238,16 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
   ctx.seq = seq;
   ctx.deadline = Deadline::after(timeout);
   ctx.wait = waitPolicy_;
+  ctx.sig = call.sig;
+  ctx.compareShapes = detailChecks_;
   Comm c{*mesh_, ctx, ring_, &levels_};
   try {
+    if (detailChecks_) {
+      // Full fingerprint: an empty direct allgather puts this op's header
+      // on every link, so every rank compares its call with every other's.
+      directAllgather(c, nullptr, Blocks::fromLengths(std::vector<size_t>(size_, 0)));
+    }
+    if (nanCheck_ && call.sig.dtype >= 0) checkFinite(c, call.inputs);
     body(c);
   } catch (const CommError& e) {
     std::string msg = failureWithGroupCause(e.what());
@@ -213,6 +259,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
   } catch (...) {
     err = toTorchError(std::current_exception());
   }
+  watchdog_->opFinished(seq);
   work.complete(err);
 }
 

@@ -14,6 +14,7 @@
 #include "algorithms/select.h"
 #include "backend/progress_thread.h"
 #include "backend/tensor_checks.h"
+#include "backend/watchdog.h"
 #include "backend/work.h"
 #include "common/store.h"
 #include "transport/mesh.h"
@@ -41,6 +42,13 @@ struct QueuedAllreduce : Fusable {
   at::Tensor tensor;
   ReduceSpec spec;
   c10::intrusive_ptr<SmdcclWork> work;
+};
+
+// A collective as this rank calls it: what every rank must agree on, and the
+// tensors whose contents it sends (checked under SMDCCL_NAN_CHECK).
+struct OpCall {
+  OpSignature sig;
+  std::vector<at::Tensor> inputs;
 };
 
 class SmdcclBackend : public ::c10d::Backend {
@@ -118,7 +126,7 @@ class SmdcclBackend : public ::c10d::Backend {
  private:
   // Runs `body` on the progress thread with a fresh deadline; the Work
   // completes with `outputs` or the error.
-  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name,
+  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, OpCall call,
                                            std::vector<at::Tensor> outputs,
                                            std::function<void(Comm&)> body,
                                            std::chrono::milliseconds opTimeout,
@@ -133,8 +141,11 @@ class SmdcclBackend : public ::c10d::Backend {
   // After a failure: the first rank to fail records its cause in the store;
   // later ones (who may only see a peer's connection close) report it too.
   std::string failureWithGroupCause(const std::string& mine);
-  void runWork(SmdcclWork& work, const std::function<void(Comm&)>& body, uint64_t seq,
-               const char* name, std::chrono::milliseconds timeout);
+  void runWork(SmdcclWork& work, const OpCall& call, const std::function<void(Comm&)>& body,
+               uint64_t seq, const char* name, std::chrono::milliseconds timeout);
+  // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
+  // NaN/Inf; if any do, every rank raises naming them, before any data moves.
+  void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
   // Sets c's wire for a float32 reduction and makes AVG pre-scale (16-bit
   // range); returns the wire (F32: not compressed).
@@ -144,6 +155,7 @@ class SmdcclBackend : public ::c10d::Backend {
 
   BackendConfig cfg_;
   std::unique_ptr<KVStore> store_;
+  std::unique_ptr<Watchdog> watchdog_;  // uses store_: declared after it, so it stops first
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<P2PEngine> p2p_;
   std::vector<int> ring_;
@@ -153,6 +165,8 @@ class SmdcclBackend : public ::c10d::Backend {
   std::atomic<int64_t> timeoutMs_;
   uint64_t seq_ = 0;  // issue order, caller threads
   size_t fusionBytes_ = 0;  // SMDCCL_FUSION_MB; 0: no fusion
+  bool nanCheck_ = false;   // SMDCCL_NAN_CHECK
+  bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL
   std::atomic<uint64_t> fusedOps_{0}, fusedCollectives_{0};
   std::mutex fatalMu_;
   std::exception_ptr fatal_;  // a failed collective leaves the group unusable

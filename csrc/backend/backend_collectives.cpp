@@ -102,6 +102,38 @@ class WireOverflowCheck {
   uint64_t before_;
 };
 
+// The signature of a call (what every rank must pass alike) and the inputs
+// whose contents it sends. `count`: elements each rank passes, or kAnyCount.
+OpCall callOf(std::vector<at::Tensor> inputs, at::ScalarType dt, uint64_t count, int redop = -1,
+              int root = -1) {
+  OpCall call;
+  call.sig.dtype = static_cast<int>(dt);
+  call.sig.dtypeName = c10::toString(dt);
+  call.sig.redop = redop;
+  call.sig.root = root;
+  call.sig.count = count;
+  if (count != OpSignature::kAnyCount) {
+    // Shapes, for the full fingerprint (FNV-1a over every input's sizes).
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (const auto& t : inputs) {
+      mix(static_cast<uint64_t>(t.dim()));
+      for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
+    }
+    call.sig.shapeHash = h;
+  }
+  call.inputs = std::move(inputs);
+  return call;
+}
+
+uint64_t numelOf(const std::vector<at::Tensor>& ts) {
+  uint64_t n = 0;
+  for (const auto& t : ts) n += static_cast<uint64_t>(t.numel());
+  return n;
+}
+
+int redOpCode(const ::c10d::ReduceOp& op) { return static_cast<int>(op.op_); }
+
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   auto* a0 = bytesOf(a);
   auto* b0 = bytesOf(b);
@@ -126,13 +158,13 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     fusable->tensor = t;
     fusable->spec = spec;
     return enqueue(
-        OpType::ALLREDUCE, "allreduce", tensors,
-        [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
+        OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
+        tensors, [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
         true, fusable);
   }
   return enqueue(
-      OpType::ALLREDUCE, "allreduce", tensors,
-      [this, t, spec, dt, tuning](Comm& c) mutable {
+      OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
+      tensors, [this, t, spec, dt, tuning](Comm& c) mutable {
         WireOverflowCheck overflow(useWire(c, dt, spec));
         applyPreScale(t, spec);
         smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
@@ -210,8 +242,10 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
   }
   std::vector<at::Tensor> ts = tensors;
   return enqueue(
-      OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
-      [this, ts, specs](Comm& c) mutable {
+      OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
+      callOf(ts, ts[0].scalar_type(), numelOf(ts),
+             redOpCode(opts.reduceOp)),
+      tensors, [this, ts, specs](Comm& c) mutable {
         // One flat buffer per dtype: one collective each instead of one per tensor.
         std::map<at::ScalarType, std::vector<size_t>> byType;
         for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
@@ -237,8 +271,9 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
   bool isRoot = opts.rootRank == rank_;
   Tuning tuning = tuning_;
   return enqueue(
-      OpType::REDUCE, "reduce", tensors,
-      [t, spec, dt, isRoot, tuning](Comm& c) mutable {
+      OpType::REDUCE, "reduce",
+      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp), static_cast<int>(opts.rootRank)),
+      tensors, [t, spec, dt, isRoot, tuning](Comm& c) mutable {
         // Non-roots reduce a scratch copy: their input stays as it was.
         at::Tensor buf = isRoot ? t : t.clone();
         applyPreScale(buf, spec);
@@ -257,8 +292,11 @@ WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "smdccl: broadcast: rootTensor must be 0");
   int root = static_cast<int>(opts.rootRank);
   Tuning tuning = tuning_;
+  // Only the root's data is sent: only its input is checked for NaN/Inf.
+  OpCall call = callOf({t}, t.scalar_type(), t.numel(), -1, root);
+  if (root != rank_) call.inputs.clear();
   return enqueue(
-      OpType::BROADCAST, "broadcast", tensors,
+      OpType::BROADCAST, "broadcast", std::move(call), tensors,
       [t, root, tuning](Comm& c) { smdccl::broadcast(c, bytesOf(t), t.nbytes(), root, tuning); },
       opts.timeout, opts.asyncOp);
 }
@@ -274,8 +312,8 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   std::vector<at::Tensor> outs = outputs[0];
   Tuning tuning = tuning_;
   return enqueue(
-      OpType::ALLGATHER, "allgather", outs,
-      [in, outs, tuning](Comm& c) mutable {
+      OpType::ALLGATHER, "allgather", callOf({in}, in.scalar_type(), in.numel()),
+      outs, [in, outs, tuning](Comm& c) mutable {
         size_t each = in.nbytes();
         at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
         if (each) std::memcpy(bytesOf(flat) + each * c.rank(), bytesOf(in), each);
@@ -298,7 +336,8 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
   at::Tensor in = input, out = output;
   Tuning tuning = tuning_;
   return enqueue(
-      OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {output},
+      OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
+      callOf({in}, in.scalar_type(), in.numel()), {output},
       [in, out, tuning](Comm& c) {
         size_t each = in.nbytes();
         char* mine = bytesOf(out) + each * c.rank();
@@ -323,8 +362,10 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
   std::vector<std::vector<at::Tensor>> outs = outputLists;
   Tuning tuning = tuning_;
   return enqueue(
-      OpType::ALLGATHER_COALESCED, "allgather_coalesced", allOutputs,
-      [ins, outs, tuning](Comm& c) {
+      OpType::ALLGATHER_COALESCED, "allgather_coalesced",
+      callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(),
+             numelOf(ins)),
+      allOutputs, [ins, outs, tuning](Comm& c) {
         allgatherPacked(c, ins, tuning, [&](size_t i, int r) { return bytesOf(outs[i][r]); });
       },
       opts.timeout, opts.asyncOp);
@@ -347,8 +388,11 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   Tuning tuning = tuning_;
   return enqueue(
-      OpType::COALESCED, "allgather_into_tensor_coalesced", outputs,
-      [ins, outs, tuning](Comm& c) {
+      OpType::COALESCED, "allgather_into_tensor_coalesced",
+      callOf(ins, ins.empty() ? at::kByte
+                              : ins[0].scalar_type(),
+             numelOf(ins)),
+      outputs, [ins, outs, tuning](Comm& c) {
         allgatherPacked(c, ins, tuning,
                         [&](size_t i, int r) { return bytesOf(outs[i]) + ins[i].nbytes() * r; });
       },
@@ -364,8 +408,8 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> outs = rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
   return enqueue(
-      OpType::GATHER, "gather", outs,
-      [in, outs, root](Comm& c) mutable {
+      OpType::GATHER, "gather", callOf({in}, in.scalar_type(), in.numel(), -1, root),
+      outs, [in, outs, root](Comm& c) mutable {
         size_t each = in.nbytes();
         if (c.rank() != root) {
           directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
@@ -386,8 +430,11 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
   checkRank(opts.rootRank, size_, "scatter", "root rank");
   int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> ins = rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
+  // The signature counts the output: only the root passes a scatter_list.
+  OpCall call = callOf({out}, out.scalar_type(), out.numel(), -1, root);
+  call.inputs = ins;
   return enqueue(
-      OpType::SCATTER, "scatter", outputs,
+      OpType::SCATTER, "scatter", std::move(call), outputs,
       [ins, out, root](Comm& c) {
         size_t each = out.nbytes();
         if (c.rank() != root) {
@@ -436,8 +483,11 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   checkOutputList(inputs[0], out, size_, "reduce_scatter", "input_list");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
   std::vector<at::Tensor> ins = inputs[0];
+  OpCall call = callOf({out}, out.scalar_type(), out.numel(),
+                       redOpCode(opts.reduceOp));
+  call.inputs = ins;
   return enqueue(
-      OpType::REDUCE_SCATTER, "reduce_scatter", outputs,
+      OpType::REDUCE_SCATTER, "reduce_scatter", std::move(call), outputs,
       [this, ins, out, spec](Comm& c) mutable {
         at::Tensor work = at::empty({out.numel() * c.size()}, out.options());
         packInto(bytesOf(work), ins);
@@ -459,8 +509,11 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
   ReduceSpec spec = toReduceSpec(opts.reduceOp, output.scalar_type(), size_,
                                  "reduce_scatter_tensor");
   at::Tensor in = input, out = output;
+  OpCall call = callOf({out}, out.scalar_type(), out.numel(),
+                       redOpCode(opts.reduceOp));
+  call.inputs = {in};
   return enqueue(
-      OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", {output},
+      OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {output},
       [this, in, out, spec](Comm& c) mutable {
         at::Tensor work = in.clone();  // the input is left as it was
         runReduceScatter(c, work, out, spec);
@@ -486,8 +539,12 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
                                  "reduce_scatter_tensor_coalesced"));
   }
   std::vector<at::Tensor> ins = inputs, outs = outputs;
+  OpCall call = callOf(outs, outs.empty() ? at::kByte
+                                          : outs[0].scalar_type(),
+                       numelOf(outs), redOpCode(opts.reduceOp));
+  call.inputs = ins;
   return enqueue(
-      OpType::COALESCED, "reduce_scatter_tensor_coalesced", outputs,
+      OpType::COALESCED, "reduce_scatter_tensor_coalesced", std::move(call), outputs,
       [this, ins, outs, specs](Comm& c) mutable {
         for (size_t i = 0; i < ins.size(); ++i) {
           at::Tensor work = ins[i].clone();
@@ -537,9 +594,11 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
   Blocks sendB = Blocks::fromLengths(splitBytes(inputSplits, input, size_, "input"));
   Blocks recvB = Blocks::fromLengths(splitBytes(outputSplits, output, size_, "output"));
   at::Tensor in = input, out = output;
+  // Split sizes may differ between ranks: only the dtype is compared.
   return enqueue(
-      OpType::ALLTOALL_BASE, "all_to_all_single", {output},
-      [in, out, sendB, recvB](Comm& c) {
+      OpType::ALLTOALL_BASE, "all_to_all_single",
+      callOf({in}, in.scalar_type(), OpSignature::kAnyCount),
+      {output}, [in, out, sendB, recvB](Comm& c) {
         // Sending from memory that is being received into would corrupt it.
         at::Tensor src = overlaps(in, out) ? in.clone() : in;
         directAlltoall(c, bytesOf(src), sendB, bytesOf(out), recvB);
@@ -566,7 +625,8 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   Blocks sendB = Blocks::fromLengths(sendLen), recvB = Blocks::fromLengths(recvLen);
   return enqueue(
-      OpType::ALLTOALL, "all_to_all", outputs,
+      OpType::ALLTOALL, "all_to_all",
+      callOf(ins, ins[0].scalar_type(), OpSignature::kAnyCount), outputs,
       [ins, outs, sendB, recvB](Comm& c) mutable {
         at::Tensor in = at::empty({static_cast<int64_t>(sendB.total())}, at::kByte);
         at::Tensor out = at::empty({static_cast<int64_t>(recvB.total())}, at::kByte);
@@ -580,7 +640,7 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
 // ---------------------------------------------------------------- barrier, send/recv
 
 WorkPtr SmdcclBackend::barrier(const ::c10d::BarrierOptions& opts) {
-  return enqueue(OpType::BARRIER, "barrier", {}, [](Comm& c) { smdccl::barrier(c); },
+  return enqueue(OpType::BARRIER, "barrier", OpCall{}, {}, [](Comm& c) { smdccl::barrier(c); },
                  opts.timeout, opts.asyncOp);
 }
 

@@ -8,13 +8,16 @@ namespace smdccl {
 
 const std::vector<EnvVar>& envVars() {
   static const std::vector<EnvVar> vars = {
-      {env::kDebug, "WARN", "Log level: WARN, INFO or TRACE (to stderr, prefixed with the rank)."},
+      {env::kDebug, "WARN",
+       "Log level: WARN, INFO, DETAIL (INFO plus a cross-rank check of every collective's full "
+       "signature, tensor shapes included) or TRACE (to stderr, prefixed with the rank)."},
       {env::kAlgo, "auto",
        "Force an algorithm: auto (cheapest by the cost model), ring (flat, bandwidth-optimal), rd "
        "(recursive doubling, latency-optimal), two_level (intra-node reduce-scatter, inter-node "
        "ring, intra-node allgather, pipelined) or two_level_rd (recursive doubling in each "
-       "level). Applies to allreduce; reduce_scatter, allgather and broadcast use the matching "
-       "flat or two-level form."},
+       "level). ring also keeps compressed reductions on the ring instead of recursive halving. "
+       "Applies to allreduce; reduce_scatter, allgather and broadcast use the matching flat or "
+       "two-level form."},
       {env::kTopology, "",
        "Override host detection: '2x2' (2 nodes of 2 ranks) or '3,1' (uneven nodes), by global "
        "rank order. Ranks on different virtual nodes talk over TCP."},
@@ -26,8 +29,9 @@ const std::vector<EnvVar>& envVars() {
        "Cost-model profile written by `python -m smdccl.tune` (latency and bandwidth per level); "
        "unset: built-in defaults."},
       {env::kPipelineChunkKB, "4096",
-       "Chunk size of the pipelined two-level allreduce, in KiB: while one chunk crosses the "
-       "network the next is reduced inside the node."},
+       "Chunk size of the pipelined two-level allreduce (and of the compressed recursive-halving "
+       "allreduce), in KiB: while one chunk crosses the network the next is reduced inside the "
+       "node."},
       {env::kTcpBufferKB, "4096", "Socket send/receive buffer size for TCP links, in KiB."},
       {env::kSpinUs, "-1",
        "Microseconds a waiting thread spins before yielding and then sleeping (-1: chosen from "
@@ -44,6 +48,14 @@ const std::vector<EnvVar>& envVars() {
        "Tensor fusion: async allreduces of up to 1 MiB queued back to back (same dtype and op) "
        "are packed into one buffer of up to this many MiB and reduced as one collective; 0 "
        "turns it off. Ranks agree on how many to fuse with one tiny extra round."},
+      {env::kNanCheck, "0",
+       "1: before each collective, check the float inputs for NaN/Inf; the ranks agree on whose "
+       "inputs hold any and every rank raises ValueError naming them and the op (the collective "
+       "does not run). Costs a scan and one tiny round per collective; turns fusion off."},
+      {env::kWarnAfter, "60",
+       "Seconds a collective may wait before a warning lists which ranks of the group are in "
+       "it, done with it, not arrived yet (with the last collective they reached) or not "
+       "answering; 0: never. The group timeout still ends the wait with an error."},
       {env::kAutoload, "1",
        "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };
@@ -68,6 +80,15 @@ int64_t envInt(const char* name) {
   long long x = std::strtoll(s.c_str(), &end, 10);
   if (end == s.c_str() || *end != '\0')
     throw std::invalid_argument(std::string(name) + "='" + s + "' is not an integer");
+  return x;
+}
+
+double envDouble(const char* name) {
+  std::string s = envString(name);
+  char* end = nullptr;
+  double x = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || *end != '\0')
+    throw std::invalid_argument(std::string(name) + "='" + s + "' is not a number");
   return x;
 }
 

@@ -20,6 +20,7 @@ const std::vector<EnvVar>& envVars();
 // so a typo in our code cannot silently read nothing).
 std::string envString(const char* name);
 int64_t envInt(const char* name);
+double envDouble(const char* name);
 
 namespace env {
 constexpr const char* kDebug = "SMDCCL_DEBUG";
@@ -36,6 +37,8 @@ constexpr const char* kAutoload = "SMDCCL_AUTOLOAD";
 constexpr const char* kCompression = "SMDCCL_COMPRESSION";
 constexpr const char* kCompressionIntra = "SMDCCL_COMPRESSION_INTRA";
 constexpr const char* kFusionMB = "SMDCCL_FUSION_MB";
+constexpr const char* kNanCheck = "SMDCCL_NAN_CHECK";
+constexpr const char* kWarnAfter = "SMDCCL_WARN_AFTER";
 }  // namespace env
 
 }  // namespace smdccl

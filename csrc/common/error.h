@@ -9,7 +9,7 @@ namespace smdccl {
 
 class CommError : public std::runtime_error {
  public:
-  enum class Kind { Timeout, PeerFailure, Protocol, System };
+  enum class Kind { Timeout, PeerFailure, Protocol, System, Mismatch };
   CommError(Kind kind, const std::string& msg) : std::runtime_error(msg), kind_(kind) {}
   Kind kind() const { return kind_; }
 

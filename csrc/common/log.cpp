@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 #include "common/env.h"
@@ -17,6 +18,7 @@ LogLevel logLevel() {
     std::string s = envString(env::kDebug);
     for (auto& c : s) c = static_cast<char>(toupper(c));
     if (s == "INFO") return LogLevel::Info;
+    if (s == "DETAIL") return LogLevel::Detail;
     if (s == "TRACE") return LogLevel::Trace;
     return LogLevel::Warn;
   }();
@@ -25,6 +27,14 @@ LogLevel logLevel() {
 
 bool logEnabled(LogLevel level) { return static_cast<int>(level) <= static_cast<int>(logLevel()); }
 
+bool torchDebugDetail() {
+  const char* s = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  if (!s) return false;
+  std::string v(s);
+  for (auto& ch : v) ch = static_cast<char>(toupper(ch));
+  return v == "DETAIL";
+}
+
 void setLogRank(int globalRank) {
   int expected = -1;
   gRank.compare_exchange_strong(expected, globalRank);
@@ -32,7 +42,7 @@ void setLogRank(int globalRank) {
 
 void logMessage(LogLevel level, const std::string& msg) {
   static std::mutex mu;
-  static const char* names[] = {"WARN", "INFO", "TRACE"};
+  static const char* names[] = {"WARN", "INFO", "DETAIL", "TRACE"};
   std::lock_guard<std::mutex> lock(mu);
   std::fprintf(stderr, "[smdccl %s rank %d pid %d] %s\n", names[static_cast<int>(level)],
                gRank.load(), static_cast<int>(getpid()), msg.c_str());

@@ -6,13 +6,16 @@
 
 namespace smdccl {
 
-enum class LogLevel { Warn = 0, Info = 1, Trace = 2 };
+// Detail: Info plus the full cross-rank fingerprint of every collective.
+enum class LogLevel { Warn = 0, Info = 1, Detail = 2, Trace = 3 };
 
 LogLevel logLevel();
 bool logEnabled(LogLevel level);
 void logMessage(LogLevel level, const std::string& msg);
 // Ranks prefix every line; set once per process by the first backend.
 void setLogRank(int globalRank);
+// TORCH_DISTRIBUTED_DEBUG=DETAIL asks for the same cross-rank checks.
+bool torchDebugDetail();
 
 }  // namespace smdccl
 

@@ -2,7 +2,9 @@
 // A Link is an ordered, reliable byte stream to one peer rank, driven without
 // blocking: each call moves what it can and returns at once. Algorithms only
 // see this interface (shared memory and TCP implement it).
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/dtype.h"
@@ -39,6 +41,12 @@ class Link {
   // File descriptor to poll() for readiness, or -1 for shared memory.
   virtual int pollFd() const { return -1; }
   virtual const char* kind() const = 0;
+
+  // Op headers (algorithms/op_header.h): the op whose header went out / came
+  // in last on this link, and the buffers they move through. One collective
+  // runs at a time per group, so one buffer per direction is enough.
+  uint64_t headerSentFor = 0, headerRecvFor = 0;
+  std::array<unsigned char, 128> headerOut{}, headerIn{};
 };
 
 }  // namespace smdccl

@@ -1,0 +1,245 @@
+"""What smdccl tells a user whose job went wrong, from real multi-process runs.
+
+Why: NCCL and gloo users lose days to "collective operation timeout" with no
+hint of the cause. Each case here provokes one cause and asserts that the
+error or the log names it:
+
+- mismatched collectives (different op, size, dtype) at the same step: the
+  op header that opens each op's first message on a link makes the receiving
+  rank raise, naming both calls; every rank fails (no hang).
+- SMDCCL_DEBUG=DETAIL: the full fingerprint also catches what the cheap
+  check cannot (same element count but different shapes; two ranks that both
+  think they are the broadcast root, so nobody receives).
+- SMDCCL_NAN_CHECK=1: NaN/Inf in an input makes every rank raise ValueError
+  naming the ranks and the op before any data moves; the group keeps working.
+- SMDCCL_WARN_AFTER: a collective that waits too long logs which ranks are in
+  it and which have not arrived (and what they did last).
+
+Each mismatch runs on its own fresh subgroup, since a mismatch leaves that
+group's streams out of step and the group unusable (by design). smdccl only.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness import run_ranks
+
+pytestmark = pytest.mark.smdccl_only
+
+
+def _capture_stderr(fn):
+    """Runs fn() with fd 2 captured; returns (fn's result, stderr text)."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryFile() as capture:
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        capture.seek(0)
+        return result, capture.read().decode()
+
+
+def mismatches() -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    other = 1 - rank
+    cases = {
+        # name: (this rank's call, the text its error must hold)
+        "op": (lambda g: dist.all_reduce(torch.ones(4), group=g) if rank == 0
+               else dist.all_gather_into_tensor(torch.empty(8), torch.ones(4), group=g)),
+        "size": lambda g: dist.all_reduce(torch.ones(4 + rank), group=g),
+        "dtype": lambda g: dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64),
+                                           group=g),
+        "reduce op": lambda g: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.SUM if rank == 0
+                                               else dist.ReduceOp.MAX, group=g),
+    }
+    out = {}
+    for name, call in cases.items():
+        g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=20))
+        t = torch.ones(3)
+        dist.all_reduce(t, group=g)  # the group works
+        try:
+            call(g)
+        except Exception as exc:  # noqa: BLE001 - the type is checked below
+            out[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            out[name] = "no error"
+        # Later calls fail fast with the same cause.
+        try:
+            dist.all_reduce(torch.ones(3), group=g)
+            out[name + " after"] = "no error"
+        except Exception as exc:  # noqa: BLE001
+            out[name + " after"] = str(exc)
+        dist.barrier()  # world group, unaffected
+    out["other"] = other
+    return out
+
+
+def test_mismatched_collectives_raise_on_every_rank_naming_both_calls():
+    results = run_ranks(2, mismatches, timeout=240)
+    expect = {
+        "op": ("allreduce(Float, 4 elements, sum)", "all_gather_into_tensor(Float, 4 elements)"),
+        "size": ("allreduce(Float, 4 elements, sum)", "allreduce(Float, 5 elements, sum)"),
+        "dtype": ("allreduce(Float, 4 elements, sum)", "allreduce(Double, 4 elements, sum)"),
+        "reduce op": ("allreduce(Float, 4 elements, sum)", "allreduce(Float, 4 elements, max)"),
+    }
+    for name, calls in expect.items():
+        errors = [r[name] for r in results]
+        for rank, err in enumerate(errors):
+            assert err.startswith("DistBackendError") and "mismatched collectives" in err, (name, rank, err)
+            # Each error names this rank's call and the other's (first-failure cause included).
+            assert all(c in err for c in calls), (name, rank, err)
+            assert "mismatched collectives" in results[rank][name + " after"], (name, rank)
+
+
+def detail_fingerprint() -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out = {}
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=20))
+    t = torch.ones(2, 3) if rank == 0 else torch.ones(3, 2)
+    try:
+        dist.all_reduce(t, group=g)
+        out["shape"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["shape"] = str(exc)
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=20))
+    try:
+        dist.broadcast(torch.ones(4), src=rank, group=g)  # both think they are the root
+        out["root"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["root"] = str(exc)
+    # Matching calls still work under DETAIL.
+    g = dist.new_group(backend="smdccl")
+    x = torch.full((5,), float(rank))
+    dist.all_reduce(x, group=g)
+    out["ok"] = x.tolist()
+    return out
+
+
+def test_detail_fingerprint_catches_shapes_and_two_roots():
+    results = run_ranks(2, detail_fingerprint, env={"SMDCCL_DEBUG": "DETAIL"}, timeout=240)
+    for rank, r in enumerate(results):
+        assert "mismatched collectives" in r["shape"] and "different tensor shapes" in r["shape"], r["shape"]
+        assert "mismatched collectives" in r["root"], r["root"]
+        assert "root 0" in r["root"] and "root 1" in r["root"], r["root"]
+        assert r["ok"] == [1.0] * 5
+
+
+def nan_check() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out = {}
+    x = torch.ones(1000)
+    if rank == 1:
+        x[17] = float("nan")
+    h = torch.ones(64, dtype=torch.float16)
+    if rank == 2:
+        h[3] = float("inf")
+    for name, t in (("nan", x), ("fp16 inf", h)):
+        try:
+            dist.all_reduce(t)
+            out[name] = "no error"
+        except ValueError as exc:
+            out[name] = str(exc)
+    # Nothing moved: the inputs are as they were.
+    out["x untouched"] = bool((x[:17] == 1).all() and (x[18:] == 1).all())
+    both = torch.ones(8)
+    if rank in (0, 2):
+        both[5] = float("nan")
+    try:
+        dist.reduce_scatter_tensor(torch.empty(2), both)
+        out["rs"] = "no error"
+    except ValueError as exc:
+        out["rs"] = str(exc)
+    # A broadcast only sends the root's tensor: NaN elsewhere is not an error.
+    b = torch.full((4,), float("nan")) if rank != 0 else torch.arange(4.0)
+    dist.broadcast(b, src=0)
+    out["broadcast"] = b.tolist()
+    # Integers are not checked (and cannot hold NaN); the group still works.
+    i = torch.full((4,), rank, dtype=torch.int64)
+    dist.all_reduce(i)
+    out["int"] = i.tolist()
+    return out
+
+
+def test_nan_check_names_the_ranks_and_the_op_on_every_rank():
+    results = run_ranks(4, nan_check, env={"SMDCCL_NAN_CHECK": "1"}, timeout=180)
+    for rank, r in enumerate(results):
+        assert "SMDCCL_NAN_CHECK" in r["nan"] and "allreduce #" in r["nan"], r["nan"]
+        assert re.search(r"input of rank\(s\) 1[;.]", r["nan"]), r["nan"]
+        if rank == 1:
+            assert "element 17 (nan)" in r["nan"], r["nan"]
+        assert re.search(r"input of rank\(s\) 2[;.]", r["fp16 inf"]) and "inf" in r["fp16 inf"].lower(), r["fp16 inf"]
+        assert r["x untouched"]
+        assert "reduce_scatter_tensor #" in r["rs"] and "rank(s) 0, 2" in r["rs"], r["rs"]
+        assert r["broadcast"] == [0.0, 1.0, 2.0, 3.0]
+        assert r["int"] == [6] * 4
+
+
+def nan_passes_without_check() -> bool:
+    import math
+
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(10)
+    if dist.get_rank() == 0:
+        x[2] = float("nan")
+    dist.all_reduce(x)
+    return math.isnan(x[2].item()) and x[3].item() == 2.0
+
+
+def test_without_nan_check_nan_is_a_result():
+    assert run_ranks(2, nan_passes_without_check) == [True, True]
+
+
+def late_rank() -> str:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    t = torch.ones(100)
+    dist.all_reduce(t)
+
+    def late_allreduce():
+        if rank == 2:
+            time.sleep(4)
+        x = torch.ones(100)
+        dist.all_reduce(x)
+        return x[0].item()
+
+    value, log = _capture_stderr(late_allreduce)
+    assert value == 3.0
+    return log
+
+
+def test_warn_after_names_who_has_not_arrived():
+    logs = run_ranks(3, late_rank, env={"SMDCCL_WARN_AFTER": "1"}, timeout=120)
+    for rank in (0, 1):
+        lines = [l for l in logs[rank].splitlines() if "has waited" in l]
+        assert len(lines) == 1, logs[rank]
+        line = lines[0]
+        assert "allreduce #2 on group" in line and "waiting in it: rank(s) 0, 1" in line, line
+        assert "not arrived: 2 (last: #1 allreduce, finished)" in line, line
+    assert "has waited" not in logs[2]
