@@ -243,3 +243,42 @@ def test_warn_after_names_who_has_not_arrived():
         assert "allreduce #2 on group" in line and "waiting in it: rank(s) 0, 1" in line, line
         assert "not arrived: 2 (last: #1 allreduce, finished)" in line, line
     assert "has waited" not in logs[2]
+
+
+def traced_job(path: str) -> str:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    works = [dist.all_reduce(torch.ones(100), async_op=True) for _ in range(4)]
+    for w in works:
+        w.wait()
+    dist.all_gather_into_tensor(torch.empty(2 * 4096), torch.ones(4096))
+    dist.destroy_process_group()  # writes the file
+    return path
+
+
+def test_trace_writes_a_chrome_timeline_per_rank(tmp_path):
+    import json
+
+    path = str(tmp_path / "trace.json")
+    run_ranks(2, traced_job, path, env={"SMDCCL_TRACE": path}, timeout=120)
+    for rank in (0, 1):
+        doc = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
+        assert doc["otherData"]["rank"] == rank
+        events = doc["traceEvents"]
+        assert {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}} in events
+        spans = [e for e in events if e["ph"] == "X"]
+        assert all(e["pid"] == rank and e["dur"] >= 0 for e in spans)
+        ops = [e for e in spans if e["cat"] == "collective"]
+        names = [e["name"] for e in ops]
+        assert names[0] == "allreduce #1" and "all_gather_into_tensor #6" in names, names
+        assert ops[0]["args"]["call"] == "allreduce(Float, 1000 elements, sum)"
+        # Every op was queued first, and its algorithm span lies inside it.
+        queued = {e["name"] for e in spans if e["cat"] == "queue"}
+        assert {f"{n} queued" for n in names} <= queued
+        first_algo = next(e for e in spans if e["cat"] == "algorithm")
+        assert ops[0]["ts"] <= first_algo["ts"] and \
+            first_algo["ts"] + first_algo["dur"] <= ops[0]["ts"] + ops[0]["dur"], (ops[0], first_algo)
+        assert any(e["name"] == "fusion: agree on the count" for e in spans)

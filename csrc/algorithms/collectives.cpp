@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "common/log.h"
+#include "common/trace.h"
 
 namespace smdccl {
 
@@ -59,6 +60,11 @@ void logDecision(Collective coll, size_t bytes, const GroupShape& g, Algo chosen
               algoName(chosen), note, t.forced ? " (forced by SMDCCL_ALGO)" : "", "; model: ", est);
 }
 
+const std::string& trackOf(const Comm& c) {
+  static const std::string none = "-";
+  return c.ctx.group ? *c.ctx.group : none;
+}
+
 // `halving`: a ring would run as recursive halving/doubling (prefersHalving).
 Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t, bool halving = false) {
   GroupShape g = shapeOf(c);
@@ -66,6 +72,14 @@ Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t, bool 
   logDecision(coll, bytes, g, a, t,
               halving && a == Algo::Ring ? " as recursive halving (16-bit hops)" : "");
   return a;
+}
+
+// The span that shows the chosen algorithm in SMDCCL_TRACE's timeline.
+trace::Span algorithmSpan(const Comm& c, Algo a, size_t bytes, bool halving = false) {
+  return trace::Span(trace::enabled() ? strCat(algoName(a), halving && a == Algo::Ring ? " (halving)" : "",
+                                               ", ", bytes, " B")
+                                      : std::string(),
+                     "algorithm", trackOf(c));
 }
 
 // A flat ring over compressed hops runs as recursive halving, for accuracy
@@ -89,7 +103,9 @@ void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tunin
   if (c.size() == 1 || count == 0) return;
   Tuning t = forWire(c, dt, given);
   bool halving = flatHalving(c, dt, t);
-  switch (decide(Collective::Allreduce, count * elementSize(dt), c, t, halving)) {
+  Algo a = decide(Collective::Allreduce, count * elementSize(dt), c, t, halving);
+  trace::Span span = algorithmSpan(c, a, count * elementSize(dt), halving);
+  switch (a) {
     case Algo::Ring:
       if (halving) halvingAllreduce(c, buf, count, dt, op, t.pipelineChunkBytes);
       else ringAllreduce(c, buf, count, dt, op);
@@ -105,7 +121,9 @@ void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, cons
   Tuning t = forWire(c, dt, given);
   size_t total = b.total();
   bool halving = flatHalving(c, dt, t);
-  switch (decide(Collective::ReduceScatter, total, c, t, halving)) {
+  Algo a = decide(Collective::ReduceScatter, total, c, t, halving);
+  trace::Span span = algorithmSpan(c, a, total, halving);
+  switch (a) {
     case Algo::RecursiveDoubling:
       // Tiny: one latency-optimal allreduce of everything beats p-1 ring steps.
       // Blocks are consecutive here (the backend packs them).
@@ -121,7 +139,9 @@ void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, cons
 
 void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t) {
   if (c.size() == 1) return;
-  switch (decide(Collective::Allgather, b.total(), c, t)) {
+  Algo a = decide(Collective::Allgather, b.total(), c, t);
+  trace::Span span = algorithmSpan(c, a, b.total());
+  switch (a) {
     case Algo::Direct: directAllgather(c, buf, b); break;
     case Algo::TwoLevelRing: twoLevelAllgather(c, buf, b); break;
     default: ringAllgather(c, buf, b); break;
@@ -130,7 +150,9 @@ void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t) {
 
 void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t) {
   if (c.size() == 1) return;
-  switch (decide(Collective::Broadcast, bytes, c, t)) {
+  Algo a = decide(Collective::Broadcast, bytes, c, t);
+  trace::Span span = algorithmSpan(c, a, bytes);
+  switch (a) {
     case Algo::Chain: chainBroadcast(c, buf, bytes, root); break;
     case Algo::TwoLevelTree: twoLevelBroadcast(c, buf, bytes, root); break;
     default: treeBroadcast(c, buf, bytes, root); break;

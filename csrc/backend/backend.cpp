@@ -7,9 +7,11 @@
 #include <fstream>
 #include <thread>
 
+#include "backend/gil.h"
 #include "backend/store_adapter.h"
 #include "common/env.h"
 #include "common/log.h"
+#include "common/trace.h"
 #include "topology/topology.h"
 
 namespace smdccl {
@@ -90,6 +92,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
     for (int r = 0; r < cfg_.size; ++r) cfg_.globalRanks.push_back(r);
   if (cfg_.worldSize <= 0) cfg_.worldSize = cfg_.size;
   setLogRank(cfg_.globalRanks[cfg_.rank]);
+  trace::setRank(cfg_.globalRanks[cfg_.rank]);
   tuning_ = Tuning::fromEnv();
   fusionBytes_ = static_cast<size_t>(std::max<int64_t>(0, envInt(env::kFusionMB))) << 20;
   nanCheck_ = envInt(env::kNanCheck) != 0;
@@ -120,9 +123,14 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
 }
 
 SmdcclBackend::~SmdcclBackend() {
-  progress_.reset();  // finishes queued work first
+  {
+    GilReleasedIfHeld released;
+    progress_.reset();  // finishes queued work first
+    watchdog_.reset();
+  }
   p2p_.reset();
   mesh_.reset();
+  trace::flush();
 }
 
 c10::intrusive_ptr<::c10d::Backend::Options> SmdcclBackend::getBackendOptions() {
@@ -151,13 +159,14 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
   if (fusable) fusable->work = work;
   call.sig.name = name;
   auto timeout = effectiveTimeout(opTimeout);
+  int64_t queued = trace::enabled() ? trace::nowUs() : 0;
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
   if (!asyncOp &&
-      progress_->tryRunInline([&] { runWork(*work, call, body, seq, name, timeout); }))
+      progress_->tryRunInline([&] { runWork(*work, call, body, seq, name, timeout, queued); }))
     return work;
   progress_->post(
-      [this, work, call = std::move(call), body = std::move(body), seq, name, timeout] {
-        runWork(*work, call, body, seq, name, timeout);
+      [this, work, call = std::move(call), body = std::move(body), seq, name, timeout, queued] {
+        runWork(*work, call, body, seq, name, timeout, queued);
       },
       std::move(fusable));
   return work;
@@ -218,7 +227,8 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
 
 void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
                             const std::function<void(Comm&)>& body, uint64_t seq,
-                            const char* name, std::chrono::milliseconds timeout) {
+                            const char* name, std::chrono::milliseconds timeout,
+                            int64_t queuedUs) {
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lock(fatalMu_);
@@ -241,13 +251,25 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   ctx.sig = call.sig;
   ctx.compareShapes = detailChecks_;
   Comm c{*mesh_, ctx, ring_, &levels_};
+  const std::string& track = cfg_.groupName;
+  if (queuedUs) {
+    int64_t now = trace::nowUs();
+    trace::record(strCat(name, " #", seq, " queued"), "queue", track, queuedUs, now - queuedUs);
+  }
+  trace::Span span(strCat(name, " #", seq), "collective", track,
+                   trace::enabled() ? strCat("\"seq\":", seq, ",\"call\":\"", call.sig.describe(), "\"")
+                                    : std::string());
   try {
     if (detailChecks_) {
+      trace::Span phase("fingerprint (DETAIL)", "check", track);
       // Full fingerprint: an empty direct allgather puts this op's header
       // on every link, so every rank compares its call with every other's.
       directAllgather(c, nullptr, Blocks::fromLengths(std::vector<size_t>(size_, 0)));
     }
-    if (nanCheck_ && call.sig.dtype >= 0) checkFinite(c, call.inputs);
+    if (nanCheck_ && call.sig.dtype >= 0) {
+      trace::Span phase("NaN/Inf check", "check", track);
+      checkFinite(c, call.inputs);
+    }
     body(c);
   } catch (const CommError& e) {
     std::string msg = failureWithGroupCause(e.what());

@@ -141,8 +141,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // After a failure: the first rank to fail records its cause in the store;
   // later ones (who may only see a peer's connection close) report it too.
   std::string failureWithGroupCause(const std::string& mine);
+  // `queuedUs`: when the caller queued it (trace::nowUs(); 0 when not tracing).
   void runWork(SmdcclWork& work, const OpCall& call, const std::function<void(Comm&)>& body,
-               uint64_t seq, const char* name, std::chrono::milliseconds timeout);
+               uint64_t seq, const char* name, std::chrono::milliseconds timeout,
+               int64_t queuedUs);
   // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/tensor_checks.h"
 #include "common/error.h"
+#include "common/trace.h"
 #include "kernels/cpu/reduce.h"
 
 namespace smdccl {
@@ -89,6 +90,7 @@ class WireOverflowCheck {
   explicit WireOverflowCheck(Wire wire) : on_(wire == Wire::F16), before_(tlsFp16Overflows) {}
   void finish(Comm& c) {
     if (!on_) return;
+    trace::Span span("fp16 overflow check", "check", *c.ctx.group);
     uint8_t overflowed = tlsFp16Overflows != before_ ? 1 : 0;
     recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&overflowed), 1, DType::U8, RedOp::Max);
     TORCH_CHECK_VALUE(!overflowed, "smdccl: ", c.ctx.describe(),
@@ -207,7 +209,10 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
     return true;
   }));
   // Queues differ between ranks: fuse what every rank has (one tiny round).
-  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&count), 1, DType::I32, RedOp::Min);
+  {
+    trace::Span span("fusion: agree on the count", "check", *c.ctx.group);
+    recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&count), 1, DType::I32, RedOp::Min);
+  }
   auto taken = progress_->takeFusable(static_cast<size_t>(count));
   std::vector<at::Tensor> ts{first.tensor};
   std::vector<ReduceSpec> specs{first.spec};

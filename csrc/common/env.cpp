@@ -56,6 +56,11 @@ const std::vector<EnvVar>& envVars() {
        "Seconds a collective may wait before a warning lists which ranks of the group are in "
        "it, done with it, not arrived yet (with the last collective they reached) or not "
        "answering; 0: never. The group timeout still ends the wait with an error."},
+      {env::kTrace, "",
+       "Chrome-trace timeline (chrome://tracing, Perfetto) of every collective: queued, run, "
+       "its checks and the algorithm picked, one JSON file per rank ('{rank}' in the path is "
+       "replaced by the global rank, else '.rank<r>' goes before the extension); written when "
+       "a group is destroyed and at exit."},
       {env::kAutoload, "1",
        "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };

@@ -39,6 +39,7 @@ constexpr const char* kCompressionIntra = "SMDCCL_COMPRESSION_INTRA";
 constexpr const char* kFusionMB = "SMDCCL_FUSION_MB";
 constexpr const char* kNanCheck = "SMDCCL_NAN_CHECK";
 constexpr const char* kWarnAfter = "SMDCCL_WARN_AFTER";
+constexpr const char* kTrace = "SMDCCL_TRACE";
 }  // namespace env
 
 }  // namespace smdccl
