@@ -199,19 +199,6 @@ def _premul(factor):
 XF_META = ("torch registers Meta kernels for the c10d ops (c10d::allreduce_ & co.): when any tensor argument is "
            "on 'meta', the dispatcher runs that no-op kernel and never calls the backend, so nothing raises "
            "(a CPU output stays unwritten). Not reachable from smdccl's C++ backend methods.")
-XF_FUSION = ("tensor fusion packs async all_reduces queued back to back into one flat buffer without checking "
-             "whether their tensors overlap: the same tensor (or overlapping views) queued k times is reduced "
-             "once instead of k times in order (SmdcclBackend::runFusedAllreduce / allreduce: a queued "
-             "all_reduce whose tensor overlaps one already in the batch must end the fusion run)")
-XF_A2A_SELF = ("SmdcclBackend::alltoall_base / alltoall do not check that what a rank sends to itself "
-               "(input_split_sizes[rank], inputs[rank]) equals what it expects from itself (output_split_sizes[rank], "
-               "outputs[rank]); the self copy in directAlltoall then uses the receiver's length: sending more is "
-               "silently truncated, sending less reads past the end of the input (garbage in the output; with "
-               "output_split_sizes[rank] = 5,000,000 the progress thread segfaults, see "
-               "test_all_to_all_single_self_block_overread_crash)")
-XF_PREMUL_FACTOR = ("toReduceSpec does not validate a PREMUL_SUM tensor factor (device, dtype); applyPreScale's "
-                    "mul_ fails on the progress thread with torch's error (no ValueError at the call; with "
-                    "async_op=True only at wait())")
 
 CASES: list[Case] = [
     # ---------------------------------------------------------------- wrong device
@@ -228,7 +215,7 @@ CASES: list[Case] = [
          says=("scatter_list[0]", "is on meta", ".cpu()")),
     Case("device: PREMUL_SUM with a tensor factor on meta",
          lambda e: dist.all_reduce(torch.ones(5), op=_premul(torch.ones(1, device="meta"))),
-         says=("factor",), xfail=XF_PREMUL_FACTOR),
+         says=("factor",)),
     # ---------------------------------------------------------------- mixed dtypes
     Case("dtype: all_gather output list float32 + float64",
          lambda e: dist.all_gather([torch.zeros(N), torch.zeros(N, dtype=torch.float64)], torch.ones(N)),
@@ -309,11 +296,11 @@ CASES: list[Case] = [
          lambda e: dist.all_to_all_single(torch.zeros(4), torch.ones(4), [4], [4]),
          says=("split sizes need one entry per rank (2), got 1",)),
     Case("size: all_to_all_single sends 3 elements to itself but expects 1 from itself",
-         lambda e: _a2a_self_block(e, 3, 1), says=("split",), xfail=XF_A2A_SELF),
+         lambda e: _a2a_self_block(e, 3, 1), says=("split",)),
     Case("size: all_to_all_single sends 1 element to itself but expects 3 from itself",
-         lambda e: _a2a_self_block(e, 1, 3), says=("split",), xfail=XF_A2A_SELF),
+         lambda e: _a2a_self_block(e, 1, 3), says=("split",)),
     Case("size: all_to_all inputs[rank] of 1 element, outputs[rank] of 3",
-         _a2a_list_self_block, xfail=XF_A2A_SELF),
+         _a2a_list_self_block),
     Case("size: all_to_all_single dim 0 of 3 without splits",
          lambda e: dist.all_to_all_single(torch.zeros(3), torch.ones(3)),
          says=("must divide by the world size (2) when no split sizes are given",)),
@@ -365,9 +352,9 @@ CASES: list[Case] = [
     Case("overlap: all_gather(list) input is also output_tensor_list[other rank]",
          _all_gather_input_is_other_output, raises=None, source="legal"),
     Case("overlap: 20 async all_reduces of the same tensor (stream order: x 2**20)", _async_same_tensor,
-         raises=None, source="legal", xfail=XF_FUSION),
+         raises=None, source="legal"),
     Case("overlap: async all_reduces of overlapping views, in order", _async_overlapping_views,
-         raises=None, source="legal", xfail=XF_FUSION),
+         raises=None, source="legal"),
     # ---------------------------------------------------------------- reduce ops
     Case("op: all_reduce AVG on int32", lambda e: dist.all_reduce(_t(4, dtype=torch.int32), op=dist.ReduceOp.AVG),
          says=("avg needs a floating-point tensor", "use sum and divide")),
@@ -392,7 +379,7 @@ CASES: list[Case] = [
          raises=(RuntimeError,), says=("numel() == 1",), source="torch"),
     Case("op: PREMUL_SUM with a complex factor tensor",
          lambda e: dist.all_reduce(_t(5), op=_premul(torch.tensor([2 + 1j]))),
-         says=("factor",), xfail=XF_PREMUL_FACTOR),
+         says=("factor",)),
     # ---------------------------------------------------------------- ranks out of range
     Case("rank: broadcast src=world_size", lambda e: dist.broadcast(_t(4), src=e.ws),
          says=("root rank 2 is out of range for a group of 2 ranks",)),
@@ -533,9 +520,8 @@ def a2a_self_block_crash() -> dict:
     return res
 
 
-@pytest.mark.xfail(strict=True, reason=XF_A2A_SELF)
 def test_all_to_all_single_self_block_overread_crash():
-    """Own spawn: today every rank dies with SIGSEGV (reads 20 MB past an 8-byte input)."""
+    """Own spawn: before the self-block check every rank died with SIGSEGV (read 20 MB past an 8-byte input)."""
     run_ranks(WS, a2a_self_block_crash, timeout=60, pg_timeout=20, fail_grace=5)
 
 

@@ -83,6 +83,23 @@ def mismatches() -> dict:
         except Exception as exc:  # noqa: BLE001
             out[name + " after"] = str(exc)
         dist.barrier()  # world group, unaffected
+    # all_to_all_single split sizes that disagree: rank 0 sends rank 1 two
+    # elements, rank 1 expects one. The header carries each message's size.
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=20))
+    try:
+        if rank == 0:
+            dist.all_to_all_single(torch.empty(4), torch.ones(4), [2, 2], [2, 2], group=g)
+        else:
+            dist.all_to_all_single(torch.empty(3), torch.ones(4), [1, 2], [2, 2], group=g)
+        out["split"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["split"] = str(exc)
+    try:
+        dist.all_reduce(torch.ones(3), group=g)
+        out["split after"] = "no error"
+    except Exception as exc:  # noqa: BLE001
+        out["split after"] = str(exc)
+    dist.barrier()
     out["other"] = other
     return out
 
@@ -102,6 +119,10 @@ def test_mismatched_collectives_raise_on_every_rank_naming_both_calls():
             # Each error names this rank's call and the other's (first-failure cause included).
             assert all(c in err for c in calls), (name, rank, err)
             assert "mismatched collectives" in results[rank][name + " after"], (name, rank)
+    split = "rank 0 sends 8 bytes where this rank expects 4 in all_to_all_single(Float)"
+    assert split in results[1]["split"] and "split sizes" in results[1]["split"], results[1]["split"]
+    # Rank 0's own part may have completed; then its next call reports the cause.
+    assert split in results[0]["split"] or split in results[0]["split after"], results[0]
 
 
 def detail_fingerprint() -> dict:

@@ -34,7 +34,7 @@ Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dt
   uint64_t& stamped = kind == Kind::Send ? link.headerSentFor : link.headerRecvFor;
   if (ctx_.seq != 0 && stamped != ctx_.seq) {
     stamped = ctx_.seq;
-    if (kind == Kind::Send) link.headerOut = encodeOpHeader(ctx_.sig, ctx_.seq, ctx_.rank);
+    if (kind == Kind::Send) link.headerOut = encodeOpHeader(ctx_.sig, ctx_.seq, ctx_.rank, bytes);
     t.header = kind == Kind::Send ? link.headerOut.data() : link.headerIn.data();
     t.headerLeft = kOpHeaderBytes;
   }
@@ -225,7 +225,8 @@ bool Exchange::moveHeader(Transfer& t) {
 }
 
 void Exchange::checkHeader(const Transfer& t) const {
-  std::string why = opMismatch(ctx_, decodeOpHeader(t.header), t.link->peer(), ctx_.compareShapes);
+  std::string why =
+      opMismatch(ctx_, decodeOpHeader(t.header), t.link->peer(), ctx_.compareShapes, t.bytes);
   if (!why.empty())
     throw CommError(CommError::Kind::Mismatch, why);  // progressOnce() names the op
 }

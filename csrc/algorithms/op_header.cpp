@@ -12,12 +12,13 @@ namespace {
 constexpr uint32_t kMagic = 0x504F4D53;  // "SMOP"
 constexpr uint16_t kVersion = 1;
 constexpr size_t kNameBytes = 48;
-constexpr size_t kDtypeNameBytes = 32;
+constexpr size_t kDtypeNameBytes = 24;
 
 // Layout (little-endian host order; peers run the same build):
 //  0 magic u32 | 4 version u16 | 6 reserved u16 | 8 seq u64 | 16 count u64 |
 // 24 shapeHash u64 | 32 root i32 | 36 senderRank i32 | 40 dtype i8 | 41 redop i8 |
-// 42 reserved[6] | 48 name[48] | 96 dtype name[32] (names NUL-padded, truncated)
+// 42 reserved[6] | 48 name[48] | 96 dtype name[24] (names NUL-padded, truncated) |
+// 120 messageBytes u64
 template <typename T>
 void put(unsigned char* at, T v) {
   std::memcpy(at, &v, sizeof v);
@@ -52,7 +53,8 @@ std::string OpSignature::describe() const {
   return s + ")";
 }
 
-OpHeaderBytes encodeOpHeader(const OpSignature& sig, uint64_t seq, int senderRank) {
+OpHeaderBytes encodeOpHeader(const OpSignature& sig, uint64_t seq, int senderRank,
+                             uint64_t messageBytes) {
   OpHeaderBytes b{};
   put<uint32_t>(&b[0], kMagic);
   put<uint16_t>(&b[4], kVersion);
@@ -65,6 +67,7 @@ OpHeaderBytes encodeOpHeader(const OpSignature& sig, uint64_t seq, int senderRan
   std::memcpy(&b[96], sig.dtypeName.data(), std::min(sig.dtypeName.size(), kDtypeNameBytes));
   put<int8_t>(&b[41], static_cast<int8_t>(sig.redop));
   std::memcpy(&b[48], sig.name.data(), std::min(sig.name.size(), kNameBytes));
+  put<uint64_t>(&b[120], messageBytes);
   return b;
 }
 
@@ -83,11 +86,12 @@ DecodedOpHeader decodeOpHeader(const unsigned char* b) {
   h.sig.name.assign(name, strnlen(name, kNameBytes));
   const char* dtype = reinterpret_cast<const char*>(b + 96);
   h.sig.dtypeName.assign(dtype, strnlen(dtype, kDtypeNameBytes));
+  h.messageBytes = get<uint64_t>(b + 120);
   return h;
 }
 
 std::string opMismatch(const OpContext& ctx, const DecodedOpHeader& theirs, int peerRank,
-                       bool compareShapes) {
+                       bool compareShapes, uint64_t expectedBytes) {
   if (!theirs.valid)
     return strCat("rank ", peerRank, " sent data where the header of ", ctx.sig.name, " #",
                   ctx.seq, " was due: the ranks' streams are out of step (a collective that "
@@ -95,10 +99,17 @@ std::string opMismatch(const OpContext& ctx, const DecodedOpHeader& theirs, int 
   const OpSignature& a = ctx.sig;
   const OpSignature& b = theirs.sig;
   // Names are compared as sent (truncated to the header's width).
-  bool same = theirs.seq == ctx.seq && a.name.substr(0, kNameBytes) == b.name && a.dtype == b.dtype &&
+  bool same = theirs.seq == ctx.seq && a.name.substr(0, kNameBytes) == b.name &&
+              a.dtypeName.substr(0, kDtypeNameBytes) == b.dtypeName && a.dtype == b.dtype &&
               a.redop == b.redop && a.root == b.root && a.count == b.count &&
               (!compareShapes || a.shapeHash == b.shapeHash);
-  if (same) return "";
+  if (same && theirs.messageBytes == expectedBytes) return "";
+  if (same)
+    return strCat("rank ", peerRank, " sends ", theirs.messageBytes, " bytes where this rank "
+                  "expects ", expectedBytes, " in ", a.describe(), " #", ctx.seq,
+                  a.count == OpSignature::kAnyCount
+                      ? ": the ranks' split sizes (what one sends the other) disagree"
+                      : ": the ranks disagree on the sizes of the data");
   std::string shapes = compareShapes && a.shapeHash != b.shapeHash && a.count == b.count
                            ? " (same element count, different tensor shapes)"
                            : "";

@@ -202,10 +202,16 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
            !q.spec.preScaleTensor.defined();
   };
   size_t bytes = first.tensor.nbytes();
+  std::vector<at::Tensor> batch{first.tensor};
   int32_t count = static_cast<int32_t>(progress_->countFusable([&](Fusable& f) {
     auto& q = static_cast<QueuedAllreduce&>(f);
     if (!sameKind(q) || bytes + q.tensor.nbytes() > fusionBytes_) return false;
+    // A tensor queued twice (or overlapping views) must be reduced twice, in
+    // order: the run of fused allreduces ends before it.
+    for (const auto& t : batch)
+      if (overlaps(t, q.tensor)) return false;
     bytes += q.tensor.nbytes();
+    batch.push_back(q.tensor);
     return true;
   }));
   // Queues differ between ranks: fuse what every rank has (one tiny round).
@@ -598,6 +604,11 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                     " differs from input dtype ", input.scalar_type());
   Blocks sendB = Blocks::fromLengths(splitBytes(inputSplits, input, size_, "input"));
   Blocks recvB = Blocks::fromLengths(splitBytes(outputSplits, output, size_, "output"));
+  TORCH_CHECK_VALUE(sendB.length[rank_] == recvB.length[rank_],
+                    "smdccl: all_to_all_single: this rank (", rank_, ") sends itself ",
+                    sendB.length[rank_], " bytes (input_split_sizes[", rank_, "]) but expects ",
+                    recvB.length[rank_], " bytes from itself (output_split_sizes[", rank_,
+                    "]); the two must match");
   at::Tensor in = input, out = output;
   // Split sizes may differ between ranks: only the dtype is compared.
   return enqueue(
@@ -627,6 +638,10 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
     sendLen.push_back(inputs[r].nbytes());
     recvLen.push_back(outputs[r].nbytes());
   }
+  TORCH_CHECK_VALUE(sendLen[rank_] == recvLen[rank_], "smdccl: all_to_all: input_tensor_list[",
+                    rank_, "] (what this rank sends itself) has ", inputs[rank_].numel(),
+                    " elements but output_tensor_list[", rank_, "] has ", outputs[rank_].numel(),
+                    "; the two must match");
   std::vector<at::Tensor> ins = inputs, outs = outputs;
   Blocks sendB = Blocks::fromLengths(sendLen), recvB = Blocks::fromLengths(recvLen);
   return enqueue(

@@ -49,8 +49,19 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
       s.op = RedOp::Sum;
       auto* sup = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
       SMDCCL_VALUE_CHECK(sup != nullptr, op, ": PREMUL_SUM without a factor");
-      if (sup->tensor_factor.defined()) s.preScaleTensor = sup->tensor_factor;
-      else s.preScale = sup->double_factor;
+      if (sup->tensor_factor.defined()) {
+        const at::Tensor& f = sup->tensor_factor;
+        // Checked here, at the call: applying it later on the progress
+        // thread would fail there with torch's own message.
+        SMDCCL_VALUE_CHECK(f.device().is_cpu() && f.numel() == 1 &&
+                               at::isFloatingType(f.scalar_type()),
+                           op, ": the PREMUL_SUM factor must be a real floating-point CPU tensor "
+                           "of one element (or a Python number), got a ", f.scalar_type(),
+                           " tensor of ", f.numel(), " element(s) on ", f.device());
+        s.preScaleTensor = f;
+      } else {
+        s.preScale = sup->double_factor;
+      }
       break;
     }
     default:
