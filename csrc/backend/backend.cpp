@@ -86,7 +86,7 @@ int ranksOnThisMachine(const std::vector<std::string>& hostKeys, int myRank) {
 SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg)
     : ::c10d::Backend(cfg.rank, cfg.size),
       cfg_(std::move(cfg)),
-      store_(std::make_unique<C10dStoreAdapter>(std::move(store))),
+      store_(std::make_shared<C10dStoreAdapter>(std::move(store))),
       timeoutMs_(cfg_.timeout.count()) {
   if (cfg_.globalRanks.empty())
     for (int r = 0; r < cfg_.size; ++r) cfg_.globalRanks.push_back(r);
@@ -115,7 +115,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   int machineRanks = ranksOnThisMachine(hostKeys, cfg_.rank);
   waitPolicy_ = pickWaitPolicy(machineRanks);
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
-  watchdog_ = std::make_unique<Watchdog>(*store_, cfg_.rank, cfg_.size, cfg_.groupName,
+  watchdog_ = std::make_unique<Watchdog>(store_, cfg_.rank, cfg_.size, cfg_.groupName,
                                          envDouble(env::kWarnAfter));
   SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",
               mc.topology.describe(), "; ", machineRanks, " ranks share this machine's ",

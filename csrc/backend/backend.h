@@ -156,8 +156,8 @@ class SmdcclBackend : public ::c10d::Backend {
   void runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output, const ReduceSpec& spec);
 
   BackendConfig cfg_;
-  std::unique_ptr<KVStore> store_;
-  std::unique_ptr<Watchdog> watchdog_;  // uses store_: declared after it, so it stops first
+  std::shared_ptr<KVStore> store_;  // shared with the watchdog's thread
+  std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Mesh> mesh_;
   std::unique_ptr<P2PEngine> p2p_;
   std::vector<int> ring_;

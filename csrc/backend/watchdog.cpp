@@ -15,81 +15,113 @@ const char* kRequestKey = "smdccl/status/request";
 std::string statusKey(int rank) { return strCat("smdccl/status/", rank); }
 }  // namespace
 
-Watchdog::Watchdog(KVStore& store, int rank, int size, std::string group, double warnAfterS)
-    : store_(store), rank_(rank), size_(size), group_(std::move(group)), warnAfterS_(warnAfterS) {
-  thread_ = std::thread([this] { loop(); });
+struct Watchdog::State {
+  std::shared_ptr<KVStore> store;
+  int rank = 0, size = 1;
+  std::string group;
+  double warnAfterS = 0;
+
+  std::mutex mu;  // guards the fields below and wakes the thread
+  std::condition_variable cv;
+  bool stop = false, exited = false;
+  uint64_t started = 0, finished = 0, warnedFor = 0;
+  std::string runningName = "-";
+  std::chrono::steady_clock::time_point runningSince;
+  int64_t answered = 0;
+
+  struct Status {
+    int64_t request = -1;
+    uint64_t started = 0, finished = 0;
+    std::string name;
+  };
+  static Status parse(const std::string& s) {
+    Status st;
+    std::istringstream in(s);
+    in >> st.request >> st.started >> st.finished >> st.name;
+    if (!in) st.request = -1;
+    return st;
+  }
+  void loop();
+  void answer(int64_t request);
+  void warn(uint64_t seq, const std::string& name, double waitedS);
+};
+
+Watchdog::Watchdog(std::shared_ptr<KVStore> store, int rank, int size, std::string group,
+                   double warnAfterS)
+    : st_(std::make_shared<State>()) {
+  st_->store = std::move(store);
+  st_->rank = rank;
+  st_->size = size;
+  st_->group = std::move(group);
+  st_->warnAfterS = warnAfterS;
+  std::thread([st = st_] {
+    st->loop();
+    std::lock_guard<std::mutex> lock(st->mu);
+    st->exited = true;
+    st->cv.notify_all();
+  }).detach();
 }
 
 Watchdog::~Watchdog() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
+  std::unique_lock<std::mutex> lock(st_->mu);
+  st_->stop = true;
+  st_->cv.notify_all();
+  st_->cv.wait_for(lock, std::chrono::seconds(2), [&] { return st_->exited; });
 }
 
 void Watchdog::opStarted(uint64_t seq, const char* name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  started_ = seq;
-  runningName_ = name;
-  runningSince_ = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(st_->mu);
+  st_->started = seq;
+  st_->runningName = name;
+  st_->runningSince = std::chrono::steady_clock::now();
 }
 
 void Watchdog::opFinished(uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mu_);
-  finished_ = seq;
+  std::lock_guard<std::mutex> lock(st_->mu);
+  st_->finished = seq;
 }
 
-Watchdog::Status Watchdog::parse(const std::string& s) {
-  Status st;
-  std::istringstream in(s);
-  in >> st.request >> st.started >> st.finished >> st.name;
-  if (!in) st.request = -1;
-  return st;
-}
-
-void Watchdog::answer(int64_t request) {
+void Watchdog::State::answer(int64_t request) {
   std::string value;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    value = strCat(request, " ", started_, " ", finished_, " ", runningName_);
-    answered_ = request;
+    std::lock_guard<std::mutex> lock(mu);
+    value = strCat(request, " ", started, " ", finished, " ", runningName);
+    answered = request;
   }
-  store_.set(statusKey(rank_), value);
+  store->set(statusKey(rank), value);
 }
 
-void Watchdog::warn(uint64_t seq, const std::string& name, double waitedS) {
-  int64_t request = store_.add(kRequestKey, 1);
+void Watchdog::State::warn(uint64_t seq, const std::string& name, double waitedS) {
+  int64_t request = store->add(kRequestKey, 1);
   answer(request);
-  std::vector<Status> st(static_cast<size_t>(size_));
+  std::vector<Status> got(static_cast<size_t>(size));
   auto until = std::chrono::steady_clock::now() + kAnswerWait;
   while (true) {
     bool all = true;
-    for (int r = 0; r < size_; ++r) {
-      Status& s = st[static_cast<size_t>(r)];
+    for (int r = 0; r < size; ++r) {
+      Status& s = got[static_cast<size_t>(r)];
       if (s.request >= request) continue;
-      if (store_.check(statusKey(r))) s = parse(store_.get(statusKey(r), Deadline::after(kPoll)));
+      if (store->check(statusKey(r))) s = parse(store->get(statusKey(r), Deadline::after(kPoll)));
       if (s.request < request) all = false;
     }
     if (all || std::chrono::steady_clock::now() >= until) break;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop_; })) return;
+    std::unique_lock<std::mutex> lock(mu);
+    if (cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; })) return;
   }
   std::string in, done, missing, silent;
   auto add = [](std::string& list, const std::string& item) {
     list += (list.empty() ? "" : ", ") + item;
   };
-  for (int r = 0; r < size_; ++r) {
-    const Status& s = st[static_cast<size_t>(r)];
+  for (int r = 0; r < size; ++r) {
+    const Status& s = got[static_cast<size_t>(r)];
     if (s.request < request) add(silent, strCat(r));
     else if (s.finished >= seq) add(done, strCat(r));
     else if (s.started >= seq) add(in, strCat(r));
     else add(missing, strCat(r, " (last: #", s.started, " ", s.name,
                              s.finished >= s.started ? ", finished" : ", running", ")"));
   }
-  std::string msg = strCat(name, " #", seq, " on group '", group_, "' has waited ",
-                           static_cast<int64_t>(waitedS), " s (SMDCCL_WARN_AFTER=", warnAfterS_,
+  std::string msg = strCat(name, " #", seq, " on group '", group, "' has waited ",
+                           static_cast<int64_t>(waitedS), " s (SMDCCL_WARN_AFTER=", warnAfterS,
                            "): waiting in it: rank(s) ", in.empty() ? "none" : in);
   if (!done.empty()) msg += strCat("; done with it: ", done);
   msg += strCat("; not arrived: ", missing.empty() ? "none" : missing);
@@ -97,30 +129,30 @@ void Watchdog::warn(uint64_t seq, const std::string& name, double waitedS) {
   SMDCCL_WARN(msg);
 }
 
-void Watchdog::loop() {
+void Watchdog::State::loop() {
   int failures = 0;
   while (true) {
     uint64_t seq = 0;
     std::string name;
     double waited = 0;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, kPoll, [&] { return stop_; })) return;
-      if (warnAfterS_ > 0 && started_ > finished_ && warnedFor_ != started_) {
-        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - runningSince_)
+      std::unique_lock<std::mutex> lock(mu);
+      if (cv.wait_for(lock, kPoll, [&] { return stop; })) return;
+      if (warnAfterS > 0 && started > finished && warnedFor != started) {
+        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - runningSince)
                      .count();
-        if (waited >= warnAfterS_) {
-          seq = warnedFor_ = started_;
-          name = runningName_;
+        if (waited >= warnAfterS) {
+          seq = warnedFor = started;
+          name = runningName;
         }
       }
     }
     try {
-      int64_t request = store_.add(kRequestKey, 0);
+      int64_t request = store->add(kRequestKey, 0);
       bool ask;
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        ask = request > answered_;
+        std::lock_guard<std::mutex> lock(mu);
+        ask = request > answered;
       }
       if (ask) answer(request);
       if (seq) warn(seq, name, waited);
@@ -128,7 +160,7 @@ void Watchdog::loop() {
     } catch (const std::exception& e) {
       // The store lives in rank 0's process: once it is gone there is no one
       // to ask. Say so once, then keep quiet.
-      if (++failures == 3) SMDCCL_INFO("watchdog of group '", group_, "': store unreachable: ", e.what());
+      if (++failures == 3) SMDCCL_INFO("watchdog of group '", group, "': store unreachable: ", e.what());
     }
   }
 }

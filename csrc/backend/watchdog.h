@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <memory>
 #include <thread>
 
 #include "common/store.h"
@@ -19,7 +20,11 @@ namespace smdccl {
 class Watchdog {
  public:
   // warnAfterS <= 0: never warn (questions from peers are still answered).
-  Watchdog(KVStore& store, int rank, int size, std::string group, double warnAfterS);
+  Watchdog(std::shared_ptr<KVStore> store, int rank, int size, std::string group,
+           double warnAfterS);
+  // Stops the thread. It may be inside a store call that waits on a stuck
+  // store server: after a short wait it is left to finish on its own (it
+  // owns what it uses), so destroying a group never hangs on it.
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -28,29 +33,8 @@ class Watchdog {
   void opFinished(uint64_t seq);
 
  private:
-  struct Status {
-    int64_t request = -1;
-    uint64_t started = 0, finished = 0;
-    std::string name;
-  };
-  void loop();
-  void answer(int64_t request);
-  void warn(uint64_t seq, const std::string& name, double waitedS);
-  static Status parse(const std::string& s);
-
-  KVStore& store_;
-  const int rank_, size_;
-  const std::string group_;
-  const double warnAfterS_;
-
-  std::mutex mu_;  // guards the fields below and wakes the thread
-  std::condition_variable cv_;
-  bool stop_ = false;
-  uint64_t started_ = 0, finished_ = 0, warnedFor_ = 0;
-  std::string runningName_ = "-";
-  std::chrono::steady_clock::time_point runningSince_;
-  int64_t answered_ = 0;
-  std::thread thread_;
+  struct State;  // shared with the thread
+  std::shared_ptr<State> st_;
 };
 
 }  // namespace smdccl
