@@ -147,11 +147,12 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
   if (!asyncOp && progress_->tryRunInline([&] { runWork(*work, body, seq, name, timeout); }))
     return work;
-  progress_->post(
-      [this, work, body = std::move(body), seq, name, timeout] {
-        runWork(*work, body, seq, name, timeout);
-      },
-      std::move(fusable));
+  auto task = [this, work, body = std::move(body), seq, name, timeout] {
+    runWork(*work, body, seq, name, timeout);
+  };
+  // The thread has stopped after a failure: runWork fails the work at once
+  // with the group's cause, here.
+  if (!progress_->post(task, std::move(fusable))) task();
   return work;
 }
 
@@ -193,6 +194,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
     return;
   }
   work.markStarted();
+  riders_.clear();
   OpContext ctx;
   ctx.op = name;
   ctx.group = &cfg_.groupName;
@@ -204,15 +206,28 @@ void SmdcclBackend::runWork(SmdcclWork& work, const std::function<void(Comm&)>& 
   try {
     body(c);
   } catch (const CommError& e) {
-    std::string msg = failureWithGroupCause(e.what());
+    // Exchange names the op; a failure outside it (e.g. connecting a link
+    // on first use) does not yet.
+    std::string where = strCat("smdccl: ", ctx.describe());
+    std::string what = e.what();
+    if (what.compare(0, where.size(), where) != 0) what = where + ": " + what;
+    std::string msg = failureWithGroupCause(what);
     SMDCCL_WARN(msg);
     mesh_->abortLinks();  // only after the cause is in the store
     err = toTorchError(std::make_exception_ptr(CommError(e.kind(), msg)));
-    std::lock_guard<std::mutex> lock(fatalMu_);
-    fatal_ = err;
+    {
+      std::lock_guard<std::mutex> lock(fatalMu_);
+      fatal_ = err;
+    }
+    // Nothing can run on this group any more: what is queued fails fast,
+    // then the thread exits; later calls fail on the caller's thread.
+    progress_->stopWhenIdle();
   } catch (...) {
     err = toTorchError(std::current_exception());
   }
+  // Allreduces fused into this one fail with the same error.
+  for (auto& w : riders_) w->complete(err);
+  riders_.clear();
   work.complete(err);
 }
 

@@ -181,21 +181,16 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   auto taken = progress_->takeFusable(static_cast<size_t>(count));
   std::vector<at::Tensor> ts{first.tensor};
   std::vector<ReduceSpec> specs{first.spec};
-  std::vector<SmdcclWork*> works;
   for (auto& f : taken) {
     auto& q = static_cast<QueuedAllreduce&>(*f);
     q.work->markStarted();
-    works.push_back(q.work.get());
+    riders_.push_back(q.work);  // on failure runWork completes them with its error
     ts.push_back(q.tensor);
     specs.push_back(q.spec);
   }
-  try {
-    allreduceFlat(c, ts, specs);
-  } catch (...) {
-    for (auto* w : works) w->complete(std::current_exception());
-    throw;
-  }
-  for (auto* w : works) w->complete(nullptr);
+  allreduceFlat(c, ts, specs);
+  for (auto& w : riders_) w->complete(nullptr);
+  riders_.clear();
   if (!taken.empty()) {
     fusedOps_ += taken.size() + 1;
     ++fusedCollectives_;
