@@ -76,6 +76,7 @@ GLOO_UNSUPPORTED: dict[str, str] = {
     "large_all_gather_memory": "allgather copies input and output into flat buffers: ~7.6 GiB per rank "
                                "for a 2 GiB output, over the suite's 10 GiB budget",
     "failed_rank_in_error": "the error after a peer dies does not name the dead rank",
+    "progress_thread": "no smdccl progress thread to watch stop after a failure",
 }
 
 

@@ -279,6 +279,37 @@ def test_allreduce_across_two_nodes(backend, clean):
             assert "topology='2 nodes" in ok[0], report
 
 
+@pytest.mark.smdccl_only
+def test_peer_killed_mid_allreduce_across_nodes(clean):
+    """Rank 3 (node1 of 2 x 2) SIGKILLs itself while a 64 MiB all_reduce is in
+    flight over the 1 Gbit/s links: the survivors on both nodes (ranks 0 and 1
+    on node0, rank 2 beside the victim) raise within the group timeout (10 s)
+    + 5 s naming rank 3 and the op, later calls fail fast with that cause, the
+    progress thread stops and destroy_process_group returns (the job checks
+    all of it: tests/cluster_jobs/peer_kill.py). node1 fails with the SIGKILL:
+    the cluster exits 128 + 9. node0's torchrun then waits in its exit barrier
+    for node1's, which never comes: the cluster kills it --fail-grace (20 s)
+    later, by when its ranks have reported (within 10 + 5 s)."""
+    env = cli_env()
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    res = subprocess.run(
+        cli("--nodes", "2", "--procs-per-node", "2", "--link", "1gbit", "--timeout", "150",
+            "--fail-grace", "20", "--",
+            str(JOBS / "peer_kill.py"), "--victim", "3", "--pg-timeout", "10"),
+        env=env, capture_output=True, text=True, timeout=200)
+    report = f"stdout:\n{res.stdout[-20000:]}\nstderr:\n{res.stderr[-5000:]}"
+    lines = res.stdout.splitlines()
+    assert not [line for line in lines if re.search(r"rank \d+ FAILED", line)], report
+    assert any(line.startswith("[node1] [rank3] rank 3 dies now") for line in lines), report
+    for rank in range(3):
+        ok = [line for line in lines if f"rank {rank} SURVIVED" in line]
+        assert len(ok) == 1, report
+        assert ok[0].startswith(f"[node{rank // 2}] [rank{rank}] "), report
+        assert "rank 3" in ok[0], report
+    assert res.returncode == 128 + signal.SIGKILL, report
+    print("\n" + "\n".join(line for line in lines if "SURVIVED" in line))
+
+
 def test_worst_exit_code_and_process_trees_killed(clean):
     with EmulatedCluster(2, 1, "none") as c:
         namespaces = c.namespaces

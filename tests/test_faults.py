@@ -2,16 +2,28 @@
 
 Why: with shared memory and TCP peers, a crashed rank must not turn into a
 hang of the whole job.  Three ranks finish a warm-up all_reduce (so every
-connection exists), then rank 2 SIGKILLs itself right before an all_reduce of
-a medium tensor.  Ranks 0 and 1 must raise within the group timeout (10 s)
-+ 5 s, the error must mention "rank 2", and afterwards no new /dev/shm/smdccl*
-file may remain (the harness snapshots /dev/shm before the run and checks it
-after every run; the killed rank cannot clean up, so segments must be
-unlinked early or by the survivors).  The killed rank's SIGKILL exit is
-declared expected.  Survivors wait for each other (over the harness's
-store) before exiting, so that no survivor's exit is mistaken for the fault.
-A second variant forces the TCP path with
-SMDCCL_TOPOLOGY=1,1,1 (smdccl only).
+connection exists), then rank 2 SIGKILLs itself, either right before an
+all_reduce of a medium tensor ("before") or while a large all_reduce is in
+flight ("during": it issues the all_reduce async, and dies a few ms later,
+checking first that it has not completed).  Ranks 0 and 1 must raise within
+the group timeout (10 s) + 5 s, and the error must mention "rank 2" and the
+op.  Then, on each survivor:
+
+* a later blocking all_reduce on the same group fails fast (< 1 s) with the
+  same cause (the message names rank 2 again);
+* an async all_reduce fails fast too (``work.wait()`` raises, naming rank 2);
+* the backend's progress thread (named "smdccl-progress", seen in
+  /proc/self/task/*/comm) has exited;
+* ``dist.destroy_process_group()`` returns, quickly, without error;
+* no new /dev/shm/smdccl* file remains (the harness snapshots /dev/shm before
+  the run and checks it after every run; the killed rank cannot clean up, so
+  segments must be unlinked early or by the survivors).
+
+The killed rank's SIGKILL exit is declared expected.  Survivors wait for each
+other (over the harness's store) before tearing down, so that no survivor's
+exit is mistaken for the fault.  Variants force the TCP path with
+SMDCCL_TOPOLOGY=1,1,1 (smdccl only).  The cross-node variant (a rank on
+another emulated host dies mid-all_reduce) is in test_cluster.py.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,50 +42,117 @@ from harness import BACKEND, backend_supports, run_ranks, store_barrier
 PG_TIMEOUT = 10.0
 VICTIM = 2
 MEDIUM = 300_007
+LARGE = 32 << 20  # float32 elements (128 MiB): an all_reduce that takes far longer than KILL_AFTER
+KILL_AFTER = 0.03  # s after issuing it
+FAST = 1.0  # s: "fails fast" for calls after the failure
+PROGRESS_THREAD = "smdccl-progress"  # the engine names its thread so (progress_thread.cpp)
 
 
-def survive_dead_peer(timeout_s: float, victim: int) -> dict | None:
+def progress_threads() -> int:
+    """How many threads of this process are smdccl progress threads."""
+    n = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            n += (task / "comm").read_text().strip() == PROGRESS_THREAD
+        except OSError:  # the thread exited meanwhile
+            pass
+    return n
+
+
+def _raises(fn) -> tuple[float, str | None]:
+    """(seconds, 'Type: message') of what ``fn()`` raised; message None if it returned."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - any error type, but it must come
+        return time.monotonic() - t0, f"{type(exc).__name__}: {exc}"
+    return time.monotonic() - t0, None
+
+
+def after_failure_checks(victim: int, first: str) -> list[str]:
+    """(a)-(c) of the module docstring on a survivor whose collective raised ``first``."""
+    problems = []
+    names = f"rank {victim}"
+
+    def async_op():
+        dist.all_reduce(torch.ones(10), async_op=True).wait()
+
+    for what, call in (("a later all_reduce", lambda: dist.all_reduce(torch.ones(10))),
+                       ("a later async all_reduce's wait()", async_op)):
+        took, msg = _raises(call)
+        if msg is None:
+            problems.append(f"{what} returned normally")
+            continue
+        if took > FAST:
+            problems.append(f"{what} raised only after {took:.2f} s")
+        if backend_supports("failed_rank_in_error") and names not in msg:
+            problems.append(f"{what}'s error does not name {names!r}: {msg[:500]}")
+    if backend_supports("progress_thread"):
+        deadline = time.monotonic() + FAST
+        while progress_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if progress_threads():
+            problems.append(f"the progress thread still runs {FAST} s after the failure")
+    return problems
+
+
+def survive_dead_peer(timeout_s: float, victim: int, when: str) -> dict | None:
     rank, ws = dist.get_rank(), dist.get_world_size()
     t = torch.ones(1000)
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((1000,), float(ws))), "warm-up all_reduce wrong"
+    if backend_supports("progress_thread"):
+        assert progress_threads() == 1, f"{progress_threads()} threads named {PROGRESS_THREAD!r}, expected 1"
+    big = torch.ones(MEDIUM if when == "before" else LARGE)
     dist.barrier()
     if rank == victim:
+        if when == "during":
+            work = dist.all_reduce(big, async_op=True)
+            time.sleep(KILL_AFTER)
+            if work.is_completed():
+                raise AssertionError(f"the {LARGE}-element all_reduce completed within {KILL_AFTER} s: "
+                                     "not in flight when the rank dies; make LARGE bigger")
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # not reached
-    big = torch.ones(MEDIUM)
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(big)
-    except Exception as exc:  # noqa: BLE001 - any error type, but it must come
-        elapsed = time.monotonic() - t0
-        msg = f"{type(exc).__name__}: {exc}"
-    else:
+    elapsed, msg = _raises(lambda: dist.all_reduce(big))
+    if msg is None:
         raise AssertionError(f"rank {rank}: all_reduce returned normally although rank {victim} was killed")
-    # Survivors leave together (through the harness's store, not the failed group):
-    # one survivor's exit must not be what another survivor ends up reporting.
-    store_barrier("fault-survivors-raised", ws - 1)
     problems = []
     if elapsed > timeout_s + 5:
         problems.append(f"raised only after {elapsed:.1f} s (group timeout {timeout_s} s + 5 s allowed)")
-    if backend_supports("failed_rank_in_error") and f"rank {victim}" not in msg:
-        problems.append(f"error does not mention 'rank {victim}': {msg[:1000]}")
+    if backend_supports("failed_rank_in_error"):
+        if f"rank {victim}" not in msg:
+            problems.append(f"error does not mention 'rank {victim}': {msg[:1000]}")
+        if "allreduce" not in msg:
+            problems.append(f"error does not name the op (allreduce): {msg[:1000]}")
+    problems += after_failure_checks(victim, msg)
+    # Survivors tear down together (through the harness's store, not the failed group):
+    # one survivor's exit must not be what another survivor ends up reporting.
+    store_barrier(f"fault-survivors-raised-{when}", ws - 1)
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    destroyed = time.monotonic() - t0
+    if destroyed > 10:
+        problems.append(f"destroy_process_group took {destroyed:.1f} s")
     if problems:
         raise AssertionError(f"rank {rank}: " + "; ".join(problems))
-    return {"elapsed": round(elapsed, 2), "error": msg[:300]}
+    return {"elapsed": round(elapsed, 2), "destroy": round(destroyed, 2), "error": msg[:300]}
 
 
-def _run(env=None):
-    results = run_ranks(3, survive_dead_peer, PG_TIMEOUT, VICTIM, env=env, pg_timeout=PG_TIMEOUT,
+def _run(when: str, env=None):
+    results = run_ranks(3, survive_dead_peer, PG_TIMEOUT, VICTIM, when, env=env, pg_timeout=PG_TIMEOUT,
                         expect_exit={VICTIM: -signal.SIGKILL}, timeout=120)
     for r in (0, 1):
-        print(f"\n[{BACKEND}] rank {r} raised after {results[r]['elapsed']} s: {results[r]['error']}")
+        print(f"\n[{BACKEND}] rank {r} raised after {results[r]['elapsed']} s "
+              f"(destroy {results[r]['destroy']} s): {results[r]['error']}")
 
 
-def test_dead_rank_fails_fast():
-    _run()
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_dead_rank_fails_fast(when):
+    _run(when)
 
 
 @pytest.mark.smdccl_only
-def test_dead_rank_fails_fast_tcp():
-    _run({"SMDCCL_TOPOLOGY": "1,1,1"})
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_dead_rank_fails_fast_tcp(when):
+    _run(when, {"SMDCCL_TOPOLOGY": "1,1,1"})

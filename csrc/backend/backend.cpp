@@ -164,11 +164,11 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
   if (!asyncOp &&
       progress_->tryRunInline([&] { runWork(*work, call, body, seq, name, timeout, queued); }))
     return work;
-  progress_->post(
-      [this, work, call = std::move(call), body = std::move(body), seq, name, timeout, queued] {
-        runWork(*work, call, body, seq, name, timeout, queued);
-      },
-      std::move(fusable));
+  auto task = [this, work, call = std::move(call), body = std::move(body), seq, name, timeout,
+               queued] { runWork(*work, call, body, seq, name, timeout, queued); };
+  // The thread has stopped after a failure: runWork fails the work at once
+  // with the group's cause, here.
+  if (!progress_->post(task, std::move(fusable))) task();
   return work;
 }
 
@@ -241,6 +241,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   }
   work.markStarted();
   watchdog_->opStarted(seq, name);
+  riders_.clear();
   OpContext ctx;
   ctx.op = name;
   ctx.group = &cfg_.groupName;
@@ -272,16 +273,29 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
     }
     body(c);
   } catch (const CommError& e) {
-    std::string msg = failureWithGroupCause(e.what());
+    // Exchange names the op; a failure outside it (e.g. connecting a link
+    // on first use) does not yet.
+    std::string where = strCat("smdccl: ", ctx.describe());
+    std::string what = e.what();
+    if (what.compare(0, where.size(), where) != 0) what = where + ": " + what;
+    std::string msg = failureWithGroupCause(what);
     SMDCCL_WARN(msg);
     mesh_->abortLinks();  // only after the cause is in the store
     err = toTorchError(std::make_exception_ptr(CommError(e.kind(), msg)));
-    std::lock_guard<std::mutex> lock(fatalMu_);
-    fatal_ = err;
+    {
+      std::lock_guard<std::mutex> lock(fatalMu_);
+      fatal_ = err;
+    }
+    // Nothing can run on this group any more: what is queued fails fast,
+    // then the thread exits; later calls fail on the caller's thread.
+    progress_->stopWhenIdle();
   } catch (...) {
     err = toTorchError(std::current_exception());
   }
   watchdog_->opFinished(seq);
+  // Allreduces fused into this one fail with the same error.
+  for (auto& w : riders_) w->complete(err);
+  riders_.clear();
   work.complete(err);
 }
 

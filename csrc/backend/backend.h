@@ -172,6 +172,10 @@ class SmdcclBackend : public ::c10d::Backend {
   std::atomic<uint64_t> fusedOps_{0}, fusedCollectives_{0};
   std::mutex fatalMu_;
   std::exception_ptr fatal_;  // a failed collective leaves the group unusable
+  // Works of the queued allreduces the running one took in (fusion): runWork
+  // completes them with its own error if the fused collective fails. Touched
+  // only by the task running (runMu_ of the progress thread serializes).
+  std::vector<c10::intrusive_ptr<SmdcclWork>> riders_;
   std::unique_ptr<ProgressThread> progress_;  // last: stops first
 };
 

@@ -33,16 +33,18 @@ void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
     checkSameShapeAndType(list[i], ref, op, strCat(what, "[", i, "]"));
 }
 
-// Copies tensors into / out of consecutive blocks of a flat buffer.
+// Copies tensors into / out of consecutive blocks of a flat buffer. An empty
+// tensor's data_ptr() is null, and memcpy's pointers must never be (even for
+// 0 bytes): skip those.
 void packInto(char* dst, const std::vector<at::Tensor>& ts) {
   for (const auto& t : ts) {
-    std::memcpy(dst, t.data_ptr(), t.nbytes());
+    if (t.nbytes()) std::memcpy(dst, t.data_ptr(), t.nbytes());
     dst += t.nbytes();
   }
 }
 void unpackFrom(const char* src, std::vector<at::Tensor>& ts) {
   for (auto& t : ts) {
-    std::memcpy(t.data_ptr(), src, t.nbytes());
+    if (t.nbytes()) std::memcpy(t.data_ptr(), src, t.nbytes());
     src += t.nbytes();
   }
 }
@@ -74,7 +76,7 @@ void allgatherPacked(Comm& c, const std::vector<at::Tensor>& ins, const Tuning& 
   for (int r = 0; r < c.size(); ++r) {
     const char* src = bytesOf(flat) + each * r;
     for (size_t i = 0; i < ins.size(); ++i) {
-      std::memcpy(place(i, r), src, ins[i].nbytes());
+      if (ins[i].nbytes()) std::memcpy(place(i, r), src, ins[i].nbytes());
       src += ins[i].nbytes();
     }
   }
@@ -222,21 +224,16 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   auto taken = progress_->takeFusable(static_cast<size_t>(count));
   std::vector<at::Tensor> ts{first.tensor};
   std::vector<ReduceSpec> specs{first.spec};
-  std::vector<SmdcclWork*> works;
   for (auto& f : taken) {
     auto& q = static_cast<QueuedAllreduce&>(*f);
     q.work->markStarted();
-    works.push_back(q.work.get());
+    riders_.push_back(q.work);  // on failure runWork completes them with its error
     ts.push_back(q.tensor);
     specs.push_back(q.spec);
   }
-  try {
-    allreduceFlat(c, ts, specs);
-  } catch (...) {
-    for (auto* w : works) w->complete(std::current_exception());
-    throw;
-  }
-  for (auto* w : works) w->complete(nullptr);
+  allreduceFlat(c, ts, specs);
+  for (auto& w : riders_) w->complete(nullptr);
+  riders_.clear();
   if (!taken.empty()) {
     fusedOps_ += taken.size() + 1;
     ++fusedCollectives_;

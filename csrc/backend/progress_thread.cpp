@@ -1,5 +1,6 @@
 #include "backend/progress_thread.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <chrono>
@@ -19,13 +20,23 @@ ProgressThread::~ProgressThread() {
   thread_.join();
 }
 
-void ProgressThread::post(std::function<void()> task, std::shared_ptr<Fusable> fusable) {
+bool ProgressThread::post(std::function<void()> task, std::shared_ptr<Fusable> fusable) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_.load()) return false;
     queue_.push_back({std::move(task), std::move(fusable)});
     pending_.fetch_add(1);
   }
   if (sleeping_.load()) cv_.notify_one();
+  return true;
+}
+
+void ProgressThread::stopWhenIdle() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exiting_ = true;
+  }
+  cv_.notify_all();
 }
 
 bool ProgressThread::tryRunInline(const std::function<void()>& task) {
@@ -65,18 +76,24 @@ std::vector<std::shared_ptr<Fusable>> ProgressThread::takeFusable(size_t k) {
 
 void ProgressThread::loop() {
   using Clock = std::chrono::steady_clock;
+  pthread_setname_np(pthread_self(), "smdccl-progress");  // 15 characters: the limit
   while (true) {
     std::function<void()> task;
     // Poll briefly first: the next collective usually follows at once.
     auto until = Clock::now() + std::chrono::microseconds(idleSpinUs_);
     bool got = false;
-    while (!(got = pending_.load() > 0 && tryPop(&task)) && Clock::now() < until) sched_yield();
+    while (!(got = pending_.load() > 0 && tryPop(&task)) && Clock::now() < until &&
+           !exiting_.load())
+      sched_yield();
     if (!got) {
       std::unique_lock<std::mutex> lock(mu_);
       sleeping_ = true;
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stop_ || exiting_.load() || !queue_.empty(); });
       sleeping_ = false;
-      if (queue_.empty()) return;  // stop requested and nothing left
+      if (queue_.empty()) {  // stop requested and nothing left
+        stopped_ = true;     // under mu_: no post() can slip in behind this
+        return;
+      }
       task = std::move(queue_.front().run);
       queue_.pop_front();
     }

@@ -2,7 +2,9 @@
 // The backend's own thread: runs queued collectives one at a time, in the
 // order they were issued. After each task it polls for the next one a little
 // (yielding the core) before sleeping, so back-to-back collectives do not pay
-// a wake-up each.
+// a wake-up each. The thread is named "smdccl-progress" (/proc/PID/task/*/comm).
+// After a failure that leaves the group unusable, stopWhenIdle() ends it
+// once the queue is drained; post() then refuses new tasks.
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -25,7 +27,13 @@ class ProgressThread {
   explicit ProgressThread(int idleSpinUs);
   ~ProgressThread();  // runs what is queued, then stops
 
-  void post(std::function<void()> task, std::shared_ptr<Fusable> fusable = nullptr);
+  // Queues `task`; false, without queueing it, once the thread has stopped
+  // (stopWhenIdle): the caller must then run it itself.
+  bool post(std::function<void()> task, std::shared_ptr<Fusable> fusable = nullptr);
+  // Lets the thread run what is queued, then exit. Callable from a task.
+  void stopWhenIdle();
+  // False once the thread has exited after stopWhenIdle().
+  bool running() const { return !stopped_.load(); }
   // For the running task: how many tasks at the head of the queue are
   // fusable and accepted by `ok` (called in order, stops at the first no),
   // and taking the first k of them (they will not run on their own).
@@ -53,6 +61,8 @@ class ProgressThread {
   std::atomic<size_t> pending_{0};
   std::atomic<bool> sleeping_{false};
   bool stop_ = false;
+  std::atomic<bool> exiting_{false};  // stopWhenIdle() was called
+  std::atomic<bool> stopped_{false};  // set under mu_, with the queue empty
   std::thread thread_;
 };
 
