@@ -303,3 +303,23 @@ def test_trace_writes_a_chrome_timeline_per_rank(tmp_path):
         assert ops[0]["ts"] <= first_algo["ts"] and \
             first_algo["ts"] + first_algo["dur"] <= ops[0]["ts"] + ops[0]["dur"], (ops[0], first_algo)
         assert any(e["name"] == "fusion: agree on the count" for e in spans)
+
+
+def trace_logged() -> str:
+    import torch
+    import torch.distributed as dist
+
+    def ops():
+        dist.all_reduce(torch.ones(1000))
+        dist.all_reduce(torch.ones(1000))
+
+    return _capture_stderr(ops)[1]
+
+
+def test_debug_trace_logs_each_decision_and_timing():
+    logs = run_ranks(2, trace_logged, env={"SMDCCL_DEBUG": "TRACE"}, timeout=120)
+    for rank, log in enumerate(logs):
+        for seq in (1, 2):  # every op, not once per size range
+            assert re.search(rf"allreduce #{seq} on group '\S+' \(rank {rank}\): allreduce of 4000 B -> \w+", log), log
+            assert re.search(rf"allreduce #{seq} on group '\S+' \(rank {rank}\) allreduce\(Float, 1000 elements, sum\): "
+                             rf"\d+ us", log), log

@@ -69,8 +69,10 @@ const std::string& trackOf(const Comm& c) {
 Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t, bool halving = false) {
   GroupShape g = shapeOf(c);
   Algo a = choose(coll, bytes, g, t);
-  logDecision(coll, bytes, g, a, t,
-              halving && a == Algo::Ring ? " as recursive halving (16-bit hops)" : "");
+  const char* note = halving && a == Algo::Ring ? " as recursive halving (16-bit hops)" : "";
+  logDecision(coll, bytes, g, a, t, note);
+  SMDCCL_TRACE(c.ctx.describe(), ": ", collectiveName(coll), " of ", bytes, " B -> ", algoName(a),
+               note);
   return a;
 }
 

@@ -257,9 +257,12 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
     int64_t now = trace::nowUs();
     trace::record(strCat(name, " #", seq, " queued"), "queue", track, queuedUs, now - queuedUs);
   }
-  trace::Span span(strCat(name, " #", seq), "collective", track,
-                   trace::enabled() ? strCat("\"seq\":", seq, ",\"call\":\"", call.sig.describe(), "\"")
-                                    : std::string());
+  const bool tracing = trace::enabled();
+  trace::Span span(tracing ? strCat(name, " #", seq) : std::string(), "collective", track,
+                   tracing ? strCat("\"seq\":", seq, ",\"call\":\"", call.sig.describe(), "\"")
+                           : std::string());
+  const bool timing = logEnabled(LogLevel::Trace);
+  auto started = timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   try {
     if (detailChecks_) {
       trace::Span phase("fingerprint (DETAIL)", "check", track);
@@ -293,6 +296,12 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
     err = toTorchError(std::current_exception());
   }
   watchdog_->opFinished(seq);
+  if (timing)
+    SMDCCL_TRACE(ctx.describe(), " ", call.sig.describe(), ": ",
+                 std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::steady_clock::now() - started).count(),
+                 " us", riders_.empty() ? "" : strCat(" (", riders_.size(), " fused in)"),
+                 err ? " (failed)" : "");
   // Allreduces fused into this one fail with the same error.
   for (auto& w : riders_) w->complete(err);
   riders_.clear();
