@@ -123,11 +123,11 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
 }
 
 SmdcclBackend::~SmdcclBackend() {
-  {
-    GilReleasedIfHeld released;
-    progress_.reset();  // finishes queued work first
-    watchdog_.reset();
-  }
+  // The progress and send/recv threads may be dropping the last reference to
+  // a Work whose tensors are Python's (that takes the GIL): join them without it.
+  GilReleasedIfHeld released;
+  progress_.reset();  // finishes queued work first
+  watchdog_.reset();
   p2p_.reset();
   mesh_.reset();
   trace::flush();
