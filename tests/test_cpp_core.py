@@ -1,6 +1,7 @@
 """Builds and runs the torch-free C++ unit tests (topology, CPU reductions,
-shared-memory transport, exchange deadlines) with CMake, without torch: this is
-also the proof that those layers do not depend on it."""
+shared-memory transport, exchange deadlines, fuzzing of the handshake and
+send/recv frame parsers and of the TCP listener) with CMake, without torch:
+this is also the proof that those layers do not depend on it."""
 
 import os
 import shutil

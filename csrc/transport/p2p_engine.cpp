@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -12,16 +13,69 @@
 namespace smdccl {
 
 namespace {
-struct Header {
-  uint32_t magic;
-  uint32_t reserved;
-  int64_t tag;
-  uint64_t bytes;
-};
-constexpr uint32_t kMagic = 0x50325053;  // "SP2P"
-constexpr uint64_t kMaxEarlyBytes = uint64_t(1) << 40;  // sanity bound on a header
-
+uint64_t loadLE64(const uint8_t* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+void storeLE64(uint8_t* p, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i, v >>= 8) p[i] = static_cast<uint8_t>(v);
+}
 }  // namespace
+
+P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len) {
+  P2PHeaderParse r;
+  if (data == nullptr || len < sizeof(P2PHeader)) {
+    r.why = "incomplete header";
+    return r;
+  }
+  P2PHeader& h = r.header;
+  h.magic = static_cast<uint32_t>(loadLE64(data, 4));
+  h.reserved = static_cast<uint32_t>(loadLE64(data + 4, 4));
+  h.tag = static_cast<int64_t>(loadLE64(data + 8, 8));
+  h.bytes = loadLE64(data + 16, 8);
+  if (h.magic != P2PHeader::kMagic) {
+    r.why = "bad magic";
+  } else if (h.bytes > P2PHeader::kMaxBytes) {
+    r.why = "length over the limit";
+  } else {
+    r.ok = true;
+  }
+  return r;
+}
+
+void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]) {
+  storeLE64(out, h.magic, 4);
+  storeLE64(out + 4, h.reserved, 4);
+  storeLE64(out + 8, static_cast<uint64_t>(h.tag), 8);
+  storeLE64(out + 16, h.bytes, 8);
+}
+
+void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, Deadline deadline,
+                 const std::string& what, const std::atomic<bool>* cancel) {
+  out.clear();
+  size_t got = 0;
+  while (got < bytes) {
+    // Grow by what has arrived so far (at least a chunk): the allocation
+    // follows the data, not the length field.
+    size_t step =
+        static_cast<size_t>(std::min<uint64_t>(bytes - got, std::max(kPayloadChunk, got)));
+    out.resize(got + step);
+    recvAll(fd, out.data() + got, step, deadline, what, cancel);
+    got += step;
+  }
+}
+
+void discardPayload(int fd, uint64_t bytes, Deadline deadline, const std::string& what,
+                    const std::atomic<bool>* cancel) {
+  if (bytes == 0) return;
+  std::vector<char> sink(static_cast<size_t>(std::min<uint64_t>(bytes, kPayloadChunk)));
+  while (bytes > 0) {
+    size_t step = static_cast<size_t>(std::min<uint64_t>(bytes, sink.size()));
+    recvAll(fd, sink.data(), step, deadline, what, cancel);
+    bytes -= step;
+  }
+}
 
 P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
                      std::function<std::chrono::milliseconds()> timeout)
@@ -132,8 +186,9 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
     }
     try {
       if (fd < 0) fd = mesh_.p2pSocket(rank, /*outgoing=*/true, req.deadline);
-      Header h{kMagic, 0, req.tag, req.bytes};
-      sendAll(fd, &h, sizeof h, req.deadline, what, mesh_.cancelFlag());
+      uint8_t h[sizeof(P2PHeader)];
+      encodeP2PHeader(P2PHeader{P2PHeader::kMagic, 0, req.tag, req.bytes}, h);
+      sendAll(fd, h, sizeof h, req.deadline, what, mesh_.cancelFlag());
       sendAll(fd, req.buf, req.bytes, req.deadline, what, mesh_.cancelFlag());
     } catch (const std::exception& e) {
       SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
@@ -189,11 +244,14 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       }
     }
     if (stop_) return;
-    Header h{};
     try {
-      recvAll(fd, &h, sizeof h, Deadline::after(timeout_()), what, mesh_.cancelFlag());
-      if (h.magic != kMagic || h.bytes > kMaxEarlyBytes)
-        throw CommError(CommError::Kind::Protocol, "corrupt message header");
+      uint8_t wire[sizeof(P2PHeader)];
+      recvAll(fd, wire, sizeof wire, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+      P2PHeaderParse parsed = parseP2PHeader(wire, sizeof wire);
+      if (!parsed.ok)
+        throw CommError(CommError::Kind::Protocol,
+                        strCat("corrupt message header (", parsed.why, ")"));
+      const P2PHeader& h = parsed.header;
       RecvReq target{};
       bool matched;
       {
@@ -205,13 +263,14 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         target.done(nullptr);
         continue;
       }
-      std::vector<char> msg(h.bytes);
-      recvAll(fd, msg.data(), h.bytes, Deadline::after(timeout_()), what,
-              mesh_.cancelFlag());
       if (matched) {
+        // Drained through a small buffer: only the size goes into the error.
+        discardPayload(fd, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
         target.done(std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
         continue;
       }
+      std::vector<char> msg;
+      recvPayload(fd, msg, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
       // A receive may have been posted while the payload was arriving.
       RecvReq late{};
       bool lateMatch;

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,6 +23,40 @@
 namespace smdccl {
 
 class Mesh;
+
+// The header in front of every send/recv payload (little-endian on the wire).
+struct P2PHeader {
+  static constexpr uint32_t kMagic = 0x50325053;  // "SP2P"
+  // Sanity bound on a header's length field: anything above is corruption.
+  static constexpr uint64_t kMaxBytes = uint64_t(1) << 40;
+  uint32_t magic;
+  uint32_t reserved;  // not checked
+  int64_t tag;        // any value: user tags
+  uint64_t bytes;     // payload length
+};
+static_assert(sizeof(P2PHeader) == 24, "P2PHeader is a wire format");
+
+// Pure header parsing, shared with the fuzz test: decodes the header at the
+// start of `data`; rejects fewer than sizeof(P2PHeader) bytes, a wrong magic,
+// or a length over kMaxBytes, with `why` set. Never reads past data + len.
+struct P2PHeaderParse {
+  bool ok = false;
+  const char* why = nullptr;
+  P2PHeader header{};
+};
+P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len);
+void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]);
+
+// Payload reads whose length comes off the wire. The buffer grows as bytes
+// actually arrive (at most doubling, from kPayloadChunk), so a header that
+// claims more than its sender sends costs at most about twice what was sent,
+// never the claimed size. `out` is resized to `bytes` on success.
+constexpr size_t kPayloadChunk = size_t(4) << 20;
+void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, Deadline deadline,
+                 const std::string& what, const std::atomic<bool>* cancel = nullptr);
+// Reads and drops `bytes` through a kPayloadChunk buffer.
+void discardPayload(int fd, uint64_t bytes, Deadline deadline, const std::string& what,
+                    const std::atomic<bool>* cancel = nullptr);
 
 using Completion = std::function<void(std::exception_ptr)>;
 

@@ -19,9 +19,56 @@ namespace smdccl {
 
 namespace {
 constexpr uint32_t kAck = 0x594b4f53;  // "SOKY": sent back once a Hello is accepted
-constexpr int kHandshakeMs = 5000;     // a connection must say Hello within this
-constexpr size_t kMaxPending = 256;    // half-open connections kept at once
+
+uint32_t loadLE(const uint8_t* p, int n) {
+  uint32_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+void storeLE(uint8_t* p, uint32_t v, int n) {
+  for (int i = 0; i < n; ++i, v >>= 8) p[i] = static_cast<uint8_t>(v);
+}
 }  // namespace
+
+HelloParse parseHello(const uint8_t* data, size_t len) {
+  HelloParse r;
+  if (data == nullptr || len < sizeof(Hello)) {
+    r.why = "incomplete handshake";
+    return r;
+  }
+  Hello& h = r.hello;
+  h.magic = loadLE(data, 4);
+  h.version = static_cast<uint16_t>(loadLE(data + 4, 2));
+  h.channel = static_cast<uint16_t>(loadLE(data + 6, 2));
+  h.srcRank = static_cast<int32_t>(loadLE(data + 8, 4));
+  h.dstRank = static_cast<int32_t>(loadLE(data + 12, 4));
+  std::memcpy(h.token.data(), data + 16, h.token.size());
+  if (h.magic != Hello::kMagic || h.version != Hello::kVersion) {
+    r.why = "bad magic or version";
+    return r;
+  }
+  r.ok = true;
+  return r;
+}
+
+void encodeHello(const Hello& h, uint8_t out[sizeof(Hello)]) {
+  storeLE(out, h.magic, 4);
+  storeLE(out + 4, h.version, 2);
+  storeLE(out + 6, h.channel, 2);
+  storeLE(out + 8, static_cast<uint32_t>(h.srcRank), 4);
+  storeLE(out + 12, static_cast<uint32_t>(h.dstRank), 4);
+  std::memcpy(out + 16, h.token.data(), h.token.size());
+}
+
+const char* checkHello(const Hello& h, const HelloGroup* group) {
+  if (group == nullptr) return "unknown group token";
+  if (h.srcRank < 0 || h.srcRank >= group->size || h.dstRank != group->myRank)
+    return "ranks out of range";
+  if (h.channel != static_cast<uint16_t>(Channel::Collective) &&
+      h.channel != static_cast<uint16_t>(Channel::PointToPoint))
+    return "unknown channel";
+  return nullptr;
+}
 
 GroupToken randomToken() {
   GroupToken t;
@@ -64,7 +111,7 @@ TcpListener::TcpListener(const std::string& localIp) {
 
 void TcpListener::registerGroup(const GroupToken& token, int groupSize, int myRank) {
   std::lock_guard<std::mutex> lock(mu_);
-  groups_[token] = Group{groupSize, myRank, {}};
+  groups_[token] = Group{HelloGroup{groupSize, myRank}, {}};
 }
 
 void TcpListener::unregisterGroup(const GroupToken& token) {
@@ -99,21 +146,15 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Dea
   }
 }
 
-void TcpListener::onHello(int fd, const Hello& h) {
-  std::string from = peerAddressOf(fd);
-  const char* why = nullptr;
+void TcpListener::onHello(int fd, const std::string& from, const uint8_t* data, size_t len) {
+  HelloParse parsed = parseHello(data, len);
+  const Hello& h = parsed.hello;
+  const char* why = parsed.why;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto g = groups_.find(h.token);
-    if (h.magic != Hello::kMagic || h.version != Hello::kVersion) why = "bad magic or version";
-    else if (g == groups_.end()) why = "unknown group token";
-    else if (h.srcRank < 0 || h.srcRank >= g->second.size || h.dstRank != g->second.myRank)
-      why = "ranks out of range";
-    else if (h.channel != static_cast<uint16_t>(Channel::Collective) &&
-             h.channel != static_cast<uint16_t>(Channel::PointToPoint))
-      why = "unknown channel";
-    else if (g->second.inbox.count({h.srcRank, h.channel}))
-      why = "duplicate connection";
+    auto g = why ? groups_.end() : groups_.find(h.token);
+    if (!why) why = checkHello(h, g == groups_.end() ? nullptr : &g->second.shape);
+    if (!why && g->second.inbox.count({h.srcRank, h.channel})) why = "duplicate connection";
     if (!why) {
       uint32_t ack = kAck;
       if (::send(fd, &ack, sizeof ack, MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof ack) {
@@ -135,7 +176,8 @@ void TcpListener::onHello(int fd, const Hello& h) {
 void TcpListener::acceptLoop() {
   struct Pending {
     int fd;
-    Hello hello;
+    std::string from;  // taken at accept: a peer that resets has no address later
+    uint8_t hello[sizeof(Hello)];
     size_t got;
     std::chrono::steady_clock::time_point until;
   };
@@ -150,29 +192,35 @@ void TcpListener::acceptLoop() {
         int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
         if (pending.size() >= kMaxPending) {
+          // Push out the oldest waiting connection, not the new one: a peer
+          // sends its Hello at once, so only a connection that has been idle
+          // longest is likely to be a stray (or a flood). Refusing the new one
+          // instead let kMaxPending idle sockets lock every real peer out for
+          // kHandshakeMs, again and again.
           rejected_++;
-          SMDCCL_WARN("dropped connection from ", peerAddressOf(fd), ": too many half-open");
-          close(fd);
-          continue;
+          SMDCCL_WARN("dropped connection from ", pending.front().from,
+                      ": too many half-open connections (the oldest is dropped)");
+          close(pending.front().fd);
+          pending.erase(pending.begin());
         }
-        pending.push_back({fd, {}, 0, now + std::chrono::milliseconds(kHandshakeMs)});
+        pending.push_back(
+            {fd, peerAddressOf(fd), {}, 0, now + std::chrono::milliseconds(kHandshakeMs)});
       }
     }
     std::vector<Pending> still;
     for (auto& p : pending) {
-      ssize_t k = ::recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got,
-                         MSG_DONTWAIT);
+      ssize_t k = ::recv(p.fd, p.hello + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
       if (k > 0) p.got += static_cast<size_t>(k);
       bool dead = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
       if (p.got == sizeof(Hello)) {
-        onHello(p.fd, p.hello);
+        onHello(p.fd, p.from, p.hello, p.got);
       } else if (dead || now > p.until) {
         rejected_++;
-        SMDCCL_WARN("dropped connection from ", peerAddressOf(p.fd), ": ",
+        SMDCCL_WARN("dropped connection from ", p.from, ": ",
                     dead ? "closed before a complete handshake" : "no handshake in time");
         close(p.fd);
       } else {
-        still.push_back(p);
+        still.push_back(std::move(p));
       }
     }
     pending.swap(still);
@@ -193,8 +241,10 @@ int connectToPeer(const std::string& peerAddress, const GroupToken& token, int m
   h.srcRank = myRank;
   h.dstRank = peerRank;
   h.token = token;
+  uint8_t wire[sizeof(Hello)];
+  encodeHello(h, wire);
   try {
-    sendAll(fd, &h, sizeof h, deadline, what);
+    sendAll(fd, wire, sizeof wire, deadline, what);
     uint32_t ack = 0;
     recvAll(fd, &ack, sizeof ack, deadline, what);
     if (ack != kAck) throw CommError(CommError::Kind::Protocol, what + " refused the handshake");

@@ -38,8 +38,40 @@ static_assert(sizeof(Hello) == 32, "Hello is a wire format");
 
 enum class Channel : uint16_t { Collective = 1, PointToPoint = 2 };
 
+// Handshake parsing, pure (no sockets, no state) so that the listener and the
+// fuzz test (tests/cpp/test_frame_fuzz.cpp) run the same code.
+//
+// Decodes the Hello at the start of `data` (little-endian, exactly
+// sizeof(Hello) bytes; what follows belongs to the stream, not the
+// handshake). Rejects fewer bytes, or a wrong magic or version, with `why`
+// set; never reads past data + len.
+struct HelloParse {
+  bool ok = false;
+  const char* why = nullptr;  // the rejection, for the log; nullptr when ok
+  Hello hello{};
+};
+HelloParse parseHello(const uint8_t* data, size_t len);
+// The wire bytes of `h` (what connectToPeer sends).
+void encodeHello(const Hello& h, uint8_t out[sizeof(Hello)]);
+
+// What the listener knows of a registered group.
+struct HelloGroup {
+  int size;
+  int myRank;
+};
+// Checks a decoded Hello against the group its token names (`group`, nullptr
+// when no group has that token): nullptr if acceptable, else why not.
+const char* checkHello(const Hello& h, const HelloGroup* group);
+
 class TcpListener {
  public:
+  // A connection must say Hello within this...
+  static constexpr int kHandshakeMs = 5000;
+  // ...and at most this many may be waiting to: when full, a new connection
+  // pushes out the oldest waiting one (an idle flood must not lock real
+  // peers out).
+  static constexpr size_t kMaxPending = 256;
+
   // The process-wide listener, started on first use on `localIp`.
   static TcpListener& instance(const std::string& localIp);
 
@@ -55,11 +87,10 @@ class TcpListener {
  private:
   explicit TcpListener(const std::string& localIp);
   void acceptLoop();
-  void onHello(int fd, const Hello& h);
+  void onHello(int fd, const std::string& from, const uint8_t* data, size_t len);
 
   struct Group {
-    int size;
-    int myRank;
+    HelloGroup shape;
     std::map<std::pair<int, uint16_t>, int> inbox;
   };
   int listenFd_;
