@@ -305,7 +305,6 @@ def test_peer_killed_mid_allreduce_across_nodes(clean):
         ok = [line for line in lines if f"rank {rank} SURVIVED" in line]
         assert len(ok) == 1, report
         assert ok[0].startswith(f"[node{rank // 2}] [rank{rank}] "), report
-        assert "rank 3" in ok[0], report
     assert res.returncode == 128 + signal.SIGKILL, report
     print("\n" + "\n".join(line for line in lines if "SURVIVED" in line))
 

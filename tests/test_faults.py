@@ -6,8 +6,10 @@ connection exists), then rank 2 SIGKILLs itself, either right before an
 all_reduce of a medium tensor ("before") or while a large all_reduce is in
 flight ("during": it issues the all_reduce async, and dies a few ms later,
 checking first that it has not completed).  Ranks 0 and 1 must raise within
-the group timeout (10 s) + 5 s, and the error must mention "rank 2" and the
-op.  Then, on each survivor:
+the group timeout (10 s) + 5 s (smdccl: before it; every survivor hears
+of the failure from the dead rank or from another survivor, not from its
+own timeout), and the error must mention "rank 2" and the op.  Then, on
+each survivor:
 
 * a later blocking all_reduce on the same group fails fast (< 1 s) with the
   same cause (the message names rank 2 again);
@@ -22,8 +24,9 @@ op.  Then, on each survivor:
 The killed rank's SIGKILL exit is declared expected.  Survivors wait for each
 other (over the harness's store) before tearing down, so that no survivor's
 exit is mistaken for the fault.  Variants force the TCP path with
-SMDCCL_TOPOLOGY=1,1,1 (smdccl only).  The cross-node variant (a rank on
-another emulated host dies mid-all_reduce) is in test_cluster.py.
+SMDCCL_TOPOLOGY=1,1,1, and 2 x 2 virtual nodes with rank 3 dying (smdccl
+only).  The cross-node variant on emulated hosts (namespaces, root) is in
+test_cluster.py.
 """
 
 from __future__ import annotations
@@ -120,6 +123,10 @@ def survive_dead_peer(timeout_s: float, victim: int, when: str) -> dict | None:
     problems = []
     if elapsed > timeout_s + 5:
         problems.append(f"raised only after {elapsed:.1f} s (group timeout {timeout_s} s + 5 s allowed)")
+    elif BACKEND == "smdccl" and elapsed >= timeout_s:
+        # every survivor hears of the failure from the dead rank or from another
+        # survivor (TCP shutdown, shared-memory flag), not from its own timeout
+        problems.append(f"raised only at the group timeout ({elapsed:.1f} s): {msg[:1000]}")
     if backend_supports("failed_rank_in_error"):
         if f"rank {victim}" not in msg:
             problems.append(f"error does not mention 'rank {victim}': {msg[:1000]}")
@@ -139,12 +146,13 @@ def survive_dead_peer(timeout_s: float, victim: int, when: str) -> dict | None:
     return {"elapsed": round(elapsed, 2), "destroy": round(destroyed, 2), "error": msg[:300]}
 
 
-def _run(when: str, env=None):
-    results = run_ranks(3, survive_dead_peer, PG_TIMEOUT, VICTIM, when, env=env, pg_timeout=PG_TIMEOUT,
-                        expect_exit={VICTIM: -signal.SIGKILL}, timeout=120)
-    for r in (0, 1):
-        print(f"\n[{BACKEND}] rank {r} raised after {results[r]['elapsed']} s "
-              f"(destroy {results[r]['destroy']} s): {results[r]['error']}")
+def _run(when: str, env=None, world: int = 3, victim: int = VICTIM):
+    results = run_ranks(world, survive_dead_peer, PG_TIMEOUT, victim, when, env=env, pg_timeout=PG_TIMEOUT,
+                        expect_exit={victim: -signal.SIGKILL}, timeout=120)
+    for r in range(world):
+        if r != victim:
+            print(f"\n[{BACKEND}] rank {r} raised after {results[r]['elapsed']} s "
+                  f"(destroy {results[r]['destroy']} s): {results[r]['error']}")
 
 
 @pytest.mark.parametrize("when", ["before", "during"])
@@ -156,3 +164,12 @@ def test_dead_rank_fails_fast(when):
 @pytest.mark.parametrize("when", ["before", "during"])
 def test_dead_rank_fails_fast_tcp(when):
     _run(when, {"SMDCCL_TOPOLOGY": "1,1,1"})
+
+
+@pytest.mark.smdccl_only
+def test_dead_rank_fails_fast_two_virtual_nodes():
+    """2 x 2 virtual nodes: rank 3 dies mid-all_reduce. Its node-mate (rank 2)
+    sees its pid gone, ranks 0 and 1 a TCP link drop; a rank waiting on its
+    node-mate over shared memory learns of that rank's failure from a flag
+    in the node's shared memory, not by timing out."""
+    _run("during", {"SMDCCL_TOPOLOGY": "2x2"}, world=4, victim=3)

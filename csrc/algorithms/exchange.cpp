@@ -301,13 +301,38 @@ void Exchange::checkHealth() {
 }
 
 void Exchange::timeout() {
-  std::string waiting;
+  // One entry per peer, direction and transport, in schedule order: a
+  // pipelined collective has dozens of transfers per peer, and listing each
+  // buried the rest of the message (the group's first failure) in repeats.
+  struct Waiting {
+    bool send;
+    int peer;
+    const char* kind;
+    size_t done, bytes;
+    int transfers;
+  };
+  std::vector<Waiting> open;
   for (auto& t : t_) {
     if (t.finished) continue;
-    waiting += strCat(waiting.empty() ? "" : "; ", t.kind == Kind::Send ? "sending to" : "receiving from",
-                      " rank ", t.link->peer(), " (", t.done, " of ", t.bytes, " bytes, ",
-                      t.link->kind(), ")");
+    bool send = t.kind == Kind::Send;
+    auto same = [&](const Waiting& w) {
+      return w.send == send && w.peer == t.link->peer() && std::strcmp(w.kind, t.link->kind()) == 0;
+    };
+    auto it = std::find_if(open.begin(), open.end(), same);
+    if (it == open.end()) {
+      open.push_back({send, t.link->peer(), t.link->kind(), t.done, t.bytes, 1});
+    } else {
+      it->done += t.done;
+      it->bytes += t.bytes;
+      ++it->transfers;
+    }
   }
+  std::string waiting;
+  for (const auto& w : open)
+    waiting += strCat(waiting.empty() ? "" : "; ", w.send ? "sending to" : "receiving from",
+                      " rank ", w.peer, " (", w.done, " of ", w.bytes, " bytes",
+                      w.transfers > 1 ? strCat(" in ", w.transfers, " transfers") : std::string(),
+                      ", ", w.kind, ")");
   throw CommError(CommError::Kind::Timeout,
                   strCat("smdccl: ", ctx_.describe(), " timed out waiting: ", waiting,
                          ". Is that rank alive and did it call the same collective?"));

@@ -43,6 +43,7 @@ Mesh::~Mesh() {
 void Mesh::abortLinks() {
   for (auto& l : links_)
     if (l && l->pollFd() >= 0) shutdown(l->pollFd(), SHUT_RDWR);
+  if (shm_) shm_->markFailed();
 }
 
 std::string Mesh::peerAddress(int peer, Deadline deadline) {

@@ -42,8 +42,9 @@ class Mesh {
   // "ip:port" of this process's listener ("" for a one-rank group).
   std::string listenAddress() const { return listener_ ? listener_->address() : ""; }
   uint64_t rejectedConnections() const { return listener_ ? listener_->rejectedCount() : 0; }
-  // After a failure: shuts down every TCP link so that remote peers waiting
-  // on this rank fail at once instead of at their deadline.
+  // After a failure: shuts down every TCP link and flags this rank as failed
+  // in the node's shared memory, so that peers waiting on this rank (remote
+  // or local) fail at once instead of at their deadline.
   void abortLinks();
 
   // Collective-channel link to `peer` (not thread-safe: progress thread only).

@@ -72,11 +72,21 @@ char* ShmNode::ringData(int from, int to) const {
 void ShmNode::checkAllAlive() const {
   for (size_t i = 0; i < localRanks_.size(); ++i) {
     if (static_cast<int>(i) == me_) continue;
+    if (ctl(static_cast<int>(i))->failed.load(std::memory_order_acquire))
+      throw CommError(CommError::Kind::PeerFailure,
+                      strCat("rank ", localRanks_[i],
+                             " (same node) stopped: a collective failed there"));
     int32_t pid = ctl(static_cast<int>(i))->pid;
     if (!processAlive(pid))
       throw CommError(CommError::Kind::PeerFailure,
                       strCat("rank ", localRanks_[i], " (pid ", pid, ", same node) has exited"));
   }
+}
+
+void ShmNode::markFailed() {
+  ctl(me_)->failed.store(1, std::memory_order_release);
+  for (size_t i = 0; i < localRanks_.size(); ++i)
+    if (static_cast<int>(i) != me_) ctl(static_cast<int>(i))->bell.ring();
 }
 
 ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)

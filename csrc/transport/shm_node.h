@@ -19,6 +19,10 @@ namespace smdccl {
 struct alignas(128) ShmRankCtl {
   Doorbell bell;
   int32_t pid;
+  // Set by its rank when a collective failed there: the group is unusable,
+  // and local peers waiting on it must stop too (it is alive, so the pid
+  // check would not tell them).
+  std::atomic<int32_t> failed;
 };
 
 struct alignas(128) ShmCounter {
@@ -44,9 +48,13 @@ class ShmNode {
   char* ringData(int from, int to) const;
   size_t ringBytes() const { return ringBytes_; }
   Doorbell& myBell() const { return ctl(me_)->bell; }
-  // Throws CommError naming the first local rank whose process is gone: a
-  // collective cannot finish without it, whoever we are waiting on.
+  // Throws CommError naming the first local rank whose process is gone, or
+  // that has given up after a failure (markFailed): a collective cannot
+  // finish without it, whoever we are waiting on.
   void checkAllAlive() const;
+  // After a failure on this rank: tells the local peers (checkAllAlive), and
+  // wakes them.
+  void markFailed();
 
  private:
   std::vector<int> localRanks_;

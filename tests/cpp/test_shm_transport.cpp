@@ -49,9 +49,9 @@ class MemoryStore : public KVStore {
   std::map<std::string, std::string> kv_;
 };
 
-// Runs body(rank, link, ctx) on two threads joined by a small shm ring.
-void withTwoRanks(size_t ringBytes,
-                  const std::function<void(int, Link&, Doorbell&)>& body) {
+// Runs body(rank, link, bell, node) on two threads joined by a small shm ring.
+void withTwoRanksNode(size_t ringBytes,
+                      const std::function<void(int, Link&, Doorbell&, ShmNode&)>& body) {
   MemoryStore store;
   std::string token = "00112233445566778899aabbccddeeff";
   std::vector<std::thread> threads;
@@ -60,10 +60,15 @@ void withTwoRanks(size_t ringBytes,
       auto node = std::make_shared<ShmNode>(store, token, std::vector<int>{0, 1}, r, ringBytes,
                                             Deadline::after(std::chrono::seconds(10)));
       ShmLink link(node, r, 1 - r);
-      body(r, link, node->myBell());
+      body(r, link, node->myBell(), *node);
     });
   }
   for (auto& t : threads) t.join();
+}
+
+void withTwoRanks(size_t ringBytes,
+                  const std::function<void(int, Link&, Doorbell&)>& body) {
+  withTwoRanksNode(ringBytes, [&](int r, Link& l, Doorbell& b, ShmNode&) { body(r, l, b); });
 }
 
 }  // namespace
@@ -113,13 +118,42 @@ TEST(exchange_times_out_naming_the_peer) {
     char buf[16];
     std::string msg;
     try {
-      Exchange(ctx, &bell).recv(link, buf, sizeof buf).run();
+      Exchange(ctx, &bell).recv(link, buf, 8).recv(link, buf + 8, 8).run();
     } catch (const CommError& e) {
       msg = e.what();
     }
     CHECK(msg.find("timed out") != std::string::npos);
-    CHECK(msg.find("rank 1") != std::string::npos);
     CHECK(msg.find("allreduce") != std::string::npos);
+    // transfers to one peer are summed up, not listed one by one
+    CHECK(msg.find("receiving from rank 1 (0 of 16 bytes in 2 transfers, shm)") != std::string::npos);
+  });
+}
+
+TEST(exchange_fails_at_once_when_a_local_peer_gave_up) {
+  // Rank 1 is alive but a collective failed there (Mesh::abortLinks): rank 0,
+  // waiting on it over shared memory, must stop long before its deadline.
+  withTwoRanksNode(4096, [&](int rank, Link& link, Doorbell& bell, ShmNode& node) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      node.markFailed();
+      return;
+    }
+    OpContext ctx;
+    ctx.op = "allreduce";
+    ctx.deadline = Deadline::after(std::chrono::seconds(20));
+    ctx.wait.spinUs = 0;
+    char buf[16];
+    std::string msg;
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      Exchange(ctx, &bell, &node).recv(link, buf, sizeof buf).run();
+    } catch (const CommError& e) {
+      msg = e.what();
+    }
+    auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(msg.find("rank 1 (same node) stopped") != std::string::npos);
+    CHECK(msg.find("allreduce") != std::string::npos);
+    CHECK(took < std::chrono::seconds(2));
   });
 }
 
