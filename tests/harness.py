@@ -52,6 +52,9 @@ BACKEND = os.environ.get("SMDCCL_TEST_BACKEND", "smdccl").strip().lower() or "sm
 IS_SMDCCL = BACKEND == "smdccl"
 
 DEFAULT_TIMEOUT = float(os.environ.get("SMDCCL_TEST_RUN_TIMEOUT", "240"))
+#: multiplies the run timeouts tests pass explicitly (scripts/sanitize.sh: ranks
+#: under AddressSanitizer run several times slower)
+TIMEOUT_SCALE = float(os.environ.get("SMDCCL_TEST_TIMEOUT_SCALE", "1"))
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "smdccl"
 
@@ -205,7 +208,7 @@ def run_ranks(
     import torch.distributed as dist  # parent hosts the rendezvous store
 
     backend = (backend or BACKEND).lower()
-    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout * TIMEOUT_SCALE
     expect_exit = dict(expect_exit or {})
     ref = _fn_ref(fn)
     shm_before = _shm_listing() if check_shm else set()
