@@ -7,21 +7,11 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/byte_order.h"
 #include "transport/mesh.h"
 #include "transport/socket_util.h"
 
 namespace smdccl {
-
-namespace {
-uint64_t loadLE64(const uint8_t* p, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-void storeLE64(uint8_t* p, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i, v >>= 8) p[i] = static_cast<uint8_t>(v);
-}
-}  // namespace
 
 P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len) {
   P2PHeaderParse r;
@@ -30,10 +20,10 @@ P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len) {
     return r;
   }
   P2PHeader& h = r.header;
-  h.magic = static_cast<uint32_t>(loadLE64(data, 4));
-  h.reserved = static_cast<uint32_t>(loadLE64(data + 4, 4));
-  h.tag = static_cast<int64_t>(loadLE64(data + 8, 8));
-  h.bytes = loadLE64(data + 16, 8);
+  h.magic = static_cast<uint32_t>(loadLE(data, 4));
+  h.reserved = static_cast<uint32_t>(loadLE(data + 4, 4));
+  h.tag = static_cast<int64_t>(loadLE(data + 8, 8));
+  h.bytes = loadLE(data + 16, 8);
   if (h.magic != P2PHeader::kMagic) {
     r.why = "bad magic";
   } else if (h.bytes > P2PHeader::kMaxBytes) {
@@ -45,10 +35,10 @@ P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len) {
 }
 
 void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]) {
-  storeLE64(out, h.magic, 4);
-  storeLE64(out + 4, h.reserved, 4);
-  storeLE64(out + 8, static_cast<uint64_t>(h.tag), 8);
-  storeLE64(out + 16, h.bytes, 8);
+  storeLE(out, h.magic, 4);
+  storeLE(out + 4, h.reserved, 4);
+  storeLE(out + 8, static_cast<uint64_t>(h.tag), 8);
+  storeLE(out + 16, h.bytes, 8);
 }
 
 void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, Deadline deadline,

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/byte_order.h"
 #include "transport/socket_util.h"
 
 namespace smdccl {
@@ -20,14 +21,6 @@ namespace smdccl {
 namespace {
 constexpr uint32_t kAck = 0x594b4f53;  // "SOKY": sent back once a Hello is accepted
 
-uint32_t loadLE(const uint8_t* p, int n) {
-  uint32_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
-void storeLE(uint8_t* p, uint32_t v, int n) {
-  for (int i = 0; i < n; ++i, v >>= 8) p[i] = static_cast<uint8_t>(v);
-}
 }  // namespace
 
 HelloParse parseHello(const uint8_t* data, size_t len) {
@@ -37,7 +30,7 @@ HelloParse parseHello(const uint8_t* data, size_t len) {
     return r;
   }
   Hello& h = r.hello;
-  h.magic = loadLE(data, 4);
+  h.magic = static_cast<uint32_t>(loadLE(data, 4));
   h.version = static_cast<uint16_t>(loadLE(data + 4, 2));
   h.channel = static_cast<uint16_t>(loadLE(data + 6, 2));
   h.srcRank = static_cast<int32_t>(loadLE(data + 8, 4));
