@@ -13,6 +13,10 @@
 
 namespace smdccl {
 
+// Link keeps the header buffers (transport cannot see op_header.h): same size.
+static_assert(std::tuple_size_v<decltype(Link::headerOut)> == kOpHeaderBytes &&
+              std::tuple_size_v<decltype(Link::headerIn)> == kOpHeaderBytes);
+
 std::string OpContext::describe() const {
   return strCat(op, " #", seq, " on group '", group ? *group : std::string("?"), "' (rank ", rank,
                 ")");
