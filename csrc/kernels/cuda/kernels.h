@@ -1,0 +1,64 @@
+#pragma once
+// GPU kernels of smdccl, callable from plain C++ (no torch, no CUDA headers
+// beyond the runtime API). Every function enqueues on `stream` and returns
+// the launch error (cudaSuccess when nothing went wrong); none synchronizes.
+//
+// Semantics match the CPU kernels (kernels/cpu/reduce.h) element for element:
+// float16/bfloat16 are widened to float32 for the arithmetic and rounded once
+// (round to nearest even); integer SUM/PRODUCT wrap; MIN/MAX propagate NaN;
+// bool SUM/MAX are OR, PRODUCT/MIN are AND.
+//
+// Vectorized: 16-byte loads and stores when every pointer is 16-byte aligned,
+// an element-wise path otherwise (and for the tail).
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace smdccl::cuda {
+
+// Inputs one multi-input reduce reads in one pass (the ranks of a node).
+constexpr int kMaxReduceInputs = 16;
+
+// out[i] = a[i] op b[i]; out may alias a or b.
+cudaError_t reduce2(void* out, const void* a, const void* b, size_t count, DType dt, RedOp op,
+                    cudaStream_t stream);
+
+// out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], accumulated in order
+// 0..k-1 (16-bit types in float32, rounded once at the end), 1 <= k <=
+// kMaxReduceInputs. `in` is a host array of device pointers (peers' buffers
+// mapped through CUDA IPC); out may alias any of them.
+cudaError_t reduceMulti(void* out, const void* const* in, int k, size_t count, DType dt,
+                        RedOp op, cudaStream_t stream);
+
+// out[i] = in[q][i] for i in [begin[q], end[q]) for each q < k: the allgather
+// half of a two-shot allreduce (each peer's reduced slice into one output).
+cudaError_t gatherSlices(void* out, const void* const* in, const size_t* beginBytes,
+                         const size_t* endBytes, int k, cudaStream_t stream);
+
+// ---- float32 data over a 16-bit wire (F16 or BF16, round to nearest even) ----
+// dst16[i] = round(src[i]); counts finite values that became inf (fp16 only)
+// into *overflows (device memory, may be null).
+cudaError_t packToWire(void* dst16, const float* src, size_t n, Wire w,
+                       unsigned long long* overflows, cudaStream_t stream);
+// dst[i] = widen(src16[i]).
+cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cudaStream_t stream);
+// dst[i] = dst[i] op widen(src16[i]) (fused unpack + reduce).
+cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, Wire w, RedOp op,
+                                 cudaStream_t stream);
+
+// ---- stream ordering across threads without blocking the host ----
+// Blocks `stream` (one thread spinning, not the host) until
+// *counter >= target. `counter` is host memory mapped into the device
+// (cudaHostAlloc(..., cudaHostAllocMapped)), written by the host or by
+// signalCounter. Gives up after timeoutNs (then *timedOut, mapped host
+// memory too, is set to 1) so that a lost signal cannot hang the GPU.
+cudaError_t waitCounter(const volatile uint64_t* counter, uint64_t target, uint64_t timeoutNs,
+                        volatile int* timedOut, cudaStream_t stream);
+// *counter = value, visible to the host and other streams, once the work
+// queued on `stream` before it is done.
+cudaError_t signalCounter(volatile uint64_t* counter, uint64_t value, cudaStream_t stream);
+
+}  // namespace smdccl::cuda
