@@ -3,7 +3,10 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <c10/core/StreamGuard.h>
+
 #include <algorithm>
+#include <optional>
 #include <fstream>
 #include <thread>
 
@@ -114,6 +117,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
                                      [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
   int machineRanks = ranksOnThisMachine(hostKeys, cfg_.rank);
   waitPolicy_ = pickWaitPolicy(machineRanks);
+  deviceOps_ = makeDeviceOps(*store_, [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
   watchdog_ = std::make_unique<Watchdog>(store_, cfg_.rank, cfg_.size, cfg_.groupName,
                                          envDouble(env::kWarnAfter));
@@ -151,21 +155,26 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
                                                         std::function<void(Comm&)> body,
                                                         std::chrono::milliseconds opTimeout,
                                                         bool asyncOp,
-                                                        std::shared_ptr<QueuedAllreduce> fusable) {
+                                                        std::shared_ptr<QueuedAllreduce> fusable,
+                                                        std::shared_ptr<DeviceOp> device) {
   uint64_t seq = ++seq_;
   auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), [this, name, seq] {
     return strCat(name, " #", seq, " on group '", cfg_.groupName, "'");
   });
   if (fusable) fusable->work = work;
+  if (device) work->setDeviceCompletion(device->completion(seq));
   call.sig.name = name;
   auto timeout = effectiveTimeout(opTimeout);
   int64_t queued = trace::enabled() ? trace::nowUs() : 0;
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
   if (!asyncOp &&
-      progress_->tryRunInline([&] { runWork(*work, call, body, seq, name, timeout, queued); }))
+      progress_->tryRunInline(
+          [&] { runWork(*work, call, body, seq, name, timeout, queued, device.get()); }))
     return work;
   auto task = [this, work, call = std::move(call), body = std::move(body), seq, name, timeout,
-               queued] { runWork(*work, call, body, seq, name, timeout, queued); };
+               queued, device] {
+    runWork(*work, call, body, seq, name, timeout, queued, device.get());
+  };
   // The thread has stopped after a failure: runWork fails the work at once
   // with the group's cause, here.
   if (!progress_->post(task, std::move(fusable))) task();
@@ -228,7 +237,11 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
 void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
                             const std::function<void(Comm&)>& body, uint64_t seq,
                             const char* name, std::chrono::milliseconds timeout,
-                            int64_t queuedUs) {
+                            int64_t queuedUs, DeviceOp* device) {
+  // CUDA: tensor ops of the body (scaling, copies) run on the internal
+  // stream, and the work's future completes there.
+  std::optional<c10::StreamGuard> onStream;
+  if (device) onStream.emplace(device->stream());
   std::exception_ptr err;
   {
     std::lock_guard<std::mutex> lock(fatalMu_);
@@ -236,6 +249,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   }
   if (err) {
     // Streams between ranks are out of step after a failure: fail fast.
+    if (device) device->signal(seq);
     work.complete(err);
     return;
   }
@@ -264,6 +278,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   const bool timing = logEnabled(LogLevel::Trace);
   auto started = timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   try {
+    if (device) device->prepare(ctx);
     if (detailChecks_) {
       trace::Span phase("fingerprint (DETAIL)", "check", track);
       // Full fingerprint: an empty direct allgather puts this op's header
@@ -275,6 +290,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
       checkFinite(c, call.inputs);
     }
     body(c);
+    if (device) device->finishBody(ctx);
   } catch (const CommError& e) {
     // Exchange names the op; a failure outside it (e.g. connecting a link
     // on first use) does not yet.
@@ -305,6 +321,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   // Allreduces fused into this one fail with the same error.
   for (auto& w : riders_) w->complete(err);
   riders_.clear();
+  if (device) device->signal(seq);
   work.complete(err);
 }
 

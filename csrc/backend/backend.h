@@ -12,6 +12,7 @@
 
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
+#include "backend/device_op.h"
 #include "backend/progress_thread.h"
 #include "backend/tensor_checks.h"
 #include "backend/watchdog.h"
@@ -131,7 +132,8 @@ class SmdcclBackend : public ::c10d::Backend {
                                            std::function<void(Comm&)> body,
                                            std::chrono::milliseconds opTimeout,
                                            bool asyncOp = true,
-                                           std::shared_ptr<QueuedAllreduce> fusable = nullptr);
+                                           std::shared_ptr<QueuedAllreduce> fusable = nullptr,
+                                           std::shared_ptr<DeviceOp> device = nullptr);
   // Runs `first` and, when every rank has more fusable allreduces queued
   // right behind it, as many of those as all have, as one collective.
   void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
@@ -142,9 +144,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // later ones (who may only see a peer's connection close) report it too.
   std::string failureWithGroupCause(const std::string& mine);
   // `queuedUs`: when the caller queued it (trace::nowUs(); 0 when not tracing).
+  // `device`: the op's CUDA side (nullptr for CPU tensors).
   void runWork(SmdcclWork& work, const OpCall& call, const std::function<void(Comm&)>& body,
                uint64_t seq, const char* name, std::chrono::milliseconds timeout,
-               int64_t queuedUs);
+               int64_t queuedUs, DeviceOp* device);
   // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);
@@ -176,6 +179,7 @@ class SmdcclBackend : public ::c10d::Backend {
   // completes them with its own error if the fused collective fails. Touched
   // only by the task running (runMu_ of the progress thread serializes).
   std::vector<c10::intrusive_ptr<SmdcclWork>> riders_;
+  std::unique_ptr<DeviceOps> deviceOps_;       // CUDA tensors' streams and buffers
   std::unique_ptr<ProgressThread> progress_;  // last: stops first
 };
 

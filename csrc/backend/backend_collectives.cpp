@@ -121,6 +121,7 @@ OpCall callOf(std::vector<at::Tensor> inputs, at::ScalarType dt, uint64_t count,
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     for (const auto& t : inputs) {
+      mix(t.is_cuda() ? 1 : 0);  // CPU and CUDA tensors take different paths
       mix(static_cast<uint64_t>(t.dim()));
       for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
     }
@@ -154,9 +155,10 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
   DType dt = toDType(t.scalar_type(), "allreduce");
   Tuning tuning = tuning_;
+  auto dev = deviceOps_->begin({t}, "allreduce");
   // Small async allreduces may be fused with those queued right behind them.
   std::shared_ptr<QueuedAllreduce> fusable;
-  if (opts.asyncOp && fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
+  if (!dev && opts.asyncOp && fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
       !spec.preScaleTensor.defined()) {
     fusable = std::make_shared<QueuedAllreduce>();
     fusable->tensor = t;
@@ -168,14 +170,15 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   }
   return enqueue(
       OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
-      tensors, [this, t, spec, dt, tuning](Comm& c) mutable {
+      tensors, [this, t, spec, dt, tuning, dev](Comm& c) mutable {
         WireOverflowCheck overflow(useWire(c, dt, spec));
         applyPreScale(t, spec);
-        smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
+        if (dev) dev->allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
+        else smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
         applyPostDivide(t, spec);
         overflow.finish(c);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
@@ -248,7 +251,9 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     checkTensor(t, "allreduce_coalesced", "tensor");
     specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
   }
-  std::vector<at::Tensor> ts = tensors;
+  auto dev = deviceOps_->begin(tensors, "allreduce_coalesced");
+  std::vector<at::Tensor> ts;
+  for (auto& t : tensors) ts.push_back(hostOf(dev, t, true, true));
   return enqueue(
       OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
       callOf(ts, ts[0].scalar_type(), numelOf(ts),
@@ -267,7 +272,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
           allreduceFlat(c, group, groupSpecs);
         }
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) {
@@ -278,17 +283,19 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
   DType dt = toDType(t.scalar_type(), "reduce");
   bool isRoot = opts.rootRank == rank_;
   Tuning tuning = tuning_;
+  auto dev = deviceOps_->begin({t}, "reduce");
   return enqueue(
       OpType::REDUCE, "reduce",
       callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp), static_cast<int>(opts.rootRank)),
-      tensors, [t, spec, dt, isRoot, tuning](Comm& c) mutable {
+      tensors, [t, spec, dt, isRoot, tuning, dev](Comm& c) mutable {
         // Non-roots reduce a scratch copy: their input stays as it was.
         at::Tensor buf = isRoot ? t : t.clone();
         applyPreScale(buf, spec);
-        smdccl::allreduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
+        if (dev) dev->allreduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
+        else smdccl::allreduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
         applyPostDivide(buf, spec);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 // ---------------------------------------------------------------- broadcast
@@ -303,10 +310,12 @@ WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
   // Only the root's data is sent: only its input is checked for NaN/Inf.
   OpCall call = callOf({t}, t.scalar_type(), t.numel(), -1, root);
   if (root != rank_) call.inputs.clear();
+  auto dev = deviceOps_->begin({t}, "broadcast");
+  at::Tensor h = hostOf(dev, t, root == rank_, root != rank_);
   return enqueue(
       OpType::BROADCAST, "broadcast", std::move(call), tensors,
-      [t, root, tuning](Comm& c) { smdccl::broadcast(c, bytesOf(t), t.nbytes(), root, tuning); },
-      opts.timeout, opts.asyncOp);
+      [h, root, tuning](Comm& c) { smdccl::broadcast(c, bytesOf(h), h.nbytes(), root, tuning); },
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 // ---------------------------------------------------------------- allgather
@@ -317,18 +326,23 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor in = checkSingle(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "smdccl: allgather takes one output list per rank");
   checkOutputList(outputs[0], in, size_, "allgather", "output_tensor_list");
-  std::vector<at::Tensor> outs = outputs[0];
+  std::vector<at::Tensor> all = outputs[0];
+  all.push_back(in);
+  auto dev = deviceOps_->begin(all, "allgather");
+  std::vector<at::Tensor> outs;
+  for (auto& o : outputs[0]) outs.push_back(hostOf(dev, o, false, true));
+  at::Tensor hin = hostOf(dev, in, true, false);
   Tuning tuning = tuning_;
   return enqueue(
       OpType::ALLGATHER, "allgather", callOf({in}, in.scalar_type(), in.numel()),
-      outs, [in, outs, tuning](Comm& c) mutable {
+      outputs[0], [in = hin, outs, tuning](Comm& c) mutable {
         size_t each = in.nbytes();
         at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
         if (each) std::memcpy(bytesOf(flat) + each * c.rank(), bytesOf(in), each);
         smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
         unpackFrom(bytesOf(flat), outs);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -341,18 +355,19 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
   TORCH_CHECK_VALUE(output.numel() == input.numel() * size_,
                     "smdccl: all_gather_into_tensor: output must have world_size (", size_,
                     ") x input elements = ", input.numel() * size_, ", got ", output.numel());
-  at::Tensor in = input, out = output;
+  auto dev = deviceOps_->begin({input, output}, "all_gather_into_tensor");
+  at::Tensor in = hostOf(dev, input, true, false), out = hostOf(dev, output, false, true);
   Tuning tuning = tuning_;
   return enqueue(
       OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
-      callOf({in}, in.scalar_type(), in.numel()), {output},
+      callOf({input}, in.scalar_type(), in.numel()), {output},
       [in, out, tuning](Comm& c) {
         size_t each = in.nbytes();
         char* mine = bytesOf(out) + each * c.rank();
         if (each && mine != bytesOf(in)) std::memmove(mine, bytesOf(in), each);
         smdccl::allgather(c, bytesOf(out), equalBlocks(c.size(), each), tuning);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
@@ -366,8 +381,16 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
     checkOutputList(outputLists[i], inputs[i], size_, "allgather_coalesced", "output list");
     allOutputs.insert(allOutputs.end(), outputLists[i].begin(), outputLists[i].end());
   }
-  std::vector<at::Tensor> ins = inputs;
-  std::vector<std::vector<at::Tensor>> outs = outputLists;
+  std::vector<at::Tensor> all = allOutputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  auto dev = deviceOps_->begin(all, "allgather_coalesced");
+  std::vector<at::Tensor> ins;
+  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
+  std::vector<std::vector<at::Tensor>> outs;
+  for (auto& list : outputLists) {
+    outs.emplace_back();
+    for (auto& t : list) outs.back().push_back(hostOf(dev, t, false, true));
+  }
   Tuning tuning = tuning_;
   return enqueue(
       OpType::ALLGATHER_COALESCED, "allgather_coalesced",
@@ -376,7 +399,7 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
       allOutputs, [ins, outs, tuning](Comm& c) {
         allgatherPacked(c, ins, tuning, [&](size_t i, int r) { return bytesOf(outs[i][r]); });
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -393,7 +416,12 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
                       "smdccl: allgather_into_tensor_coalesced: output ", i,
                       " must have the input's dtype and world_size x its elements");
   }
-  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  std::vector<at::Tensor> all = inputs;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  auto dev = deviceOps_->begin(all, "allgather_into_tensor_coalesced");
+  std::vector<at::Tensor> ins, outs;
+  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
+  for (auto& t : outputs) outs.push_back(hostOf(dev, t, false, true));
   Tuning tuning = tuning_;
   return enqueue(
       OpType::COALESCED, "allgather_into_tensor_coalesced",
@@ -404,7 +432,7 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
         allgatherPacked(c, ins, tuning,
                         [&](size_t i, int r) { return bytesOf(outs[i]) + ins[i].nbytes() * r; });
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 // ---------------------------------------------------------------- gather / scatter
@@ -414,10 +442,16 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor in = checkSingle(inputs, "gather");
   checkRank(opts.rootRank, size_, "gather", "root rank");
   int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> outs = rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
+  std::vector<at::Tensor> devOuts = rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
+  std::vector<at::Tensor> all = devOuts;
+  all.push_back(in);
+  auto dev = deviceOps_->begin(all, "gather");
+  std::vector<at::Tensor> outs;
+  for (auto& o : devOuts) outs.push_back(hostOf(dev, o, false, true));
+  at::Tensor hin = hostOf(dev, in, true, false);
   return enqueue(
-      OpType::GATHER, "gather", callOf({in}, in.scalar_type(), in.numel(), -1, root),
-      outs, [in, outs, root](Comm& c) mutable {
+      OpType::GATHER, "gather", callOf({hin}, in.scalar_type(), in.numel(), -1, root),
+      devOuts, [in = hin, outs, root](Comm& c) mutable {
         size_t each = in.nbytes();
         if (c.rank() != root) {
           directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
@@ -428,7 +462,7 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
         directGather(c, bytesOf(in), each, bytesOf(flat), equalBlocks(c.size(), each), root);
         unpackFrom(bytesOf(flat), outs);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -437,13 +471,19 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
   at::Tensor out = checkSingle(outputs, "scatter");
   checkRank(opts.rootRank, size_, "scatter", "root rank");
   int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> ins = rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
+  std::vector<at::Tensor> devIns = rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
+  std::vector<at::Tensor> all = devIns;
+  all.push_back(out);
+  auto dev = deviceOps_->begin(all, "scatter");
+  std::vector<at::Tensor> ins;
+  for (auto& t : devIns) ins.push_back(hostOf(dev, t, true, false));
+  at::Tensor hout = hostOf(dev, out, false, true);
   // The signature counts the output: only the root passes a scatter_list.
-  OpCall call = callOf({out}, out.scalar_type(), out.numel(), -1, root);
+  OpCall call = callOf({hout}, out.scalar_type(), out.numel(), -1, root);
   call.inputs = ins;
   return enqueue(
       OpType::SCATTER, "scatter", std::move(call), outputs,
-      [ins, out, root](Comm& c) {
+      [ins, out = hout, root](Comm& c) {
         size_t each = out.nbytes();
         if (c.rank() != root) {
           directScatter(c, nullptr, Blocks(), bytesOf(out), each, root);
@@ -454,7 +494,7 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
         directScatter(c, bytesOf(flat), equalBlocks(c.size(), each), bytesOf(out), each, root);
         if (each) std::memcpy(bytesOf(out), bytesOf(flat) + each * root, each);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 // ---------------------------------------------------------------- reduce-scatter
@@ -490,18 +530,23 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: reduce_scatter takes one input list per rank");
   checkOutputList(inputs[0], out, size_, "reduce_scatter", "input_list");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
-  std::vector<at::Tensor> ins = inputs[0];
-  OpCall call = callOf({out}, out.scalar_type(), out.numel(),
+  std::vector<at::Tensor> all = inputs[0];
+  all.push_back(out);
+  auto dev = deviceOps_->begin(all, "reduce_scatter");
+  std::vector<at::Tensor> ins;
+  for (auto& t : inputs[0]) ins.push_back(hostOf(dev, t, true, false));
+  at::Tensor hout = hostOf(dev, out, false, true);
+  OpCall call = callOf({hout}, out.scalar_type(), out.numel(),
                        redOpCode(opts.reduceOp));
   call.inputs = ins;
   return enqueue(
       OpType::REDUCE_SCATTER, "reduce_scatter", std::move(call), outputs,
-      [this, ins, out, spec](Comm& c) mutable {
+      [this, ins, out = hout, spec](Comm& c) mutable {
         at::Tensor work = at::empty({out.numel() * c.size()}, out.options());
         packInto(bytesOf(work), ins);
         runReduceScatter(c, work, out, spec);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -516,17 +561,19 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
                     ") x output elements = ", output.numel() * size_, ", got ", input.numel());
   ReduceSpec spec = toReduceSpec(opts.reduceOp, output.scalar_type(), size_,
                                  "reduce_scatter_tensor");
-  at::Tensor in = input, out = output;
+  auto dev = deviceOps_->begin({input, output}, "reduce_scatter_tensor");
+  at::Tensor in = hostOf(dev, input, true, false), out = hostOf(dev, output, false, true);
   OpCall call = callOf({out}, out.scalar_type(), out.numel(),
                        redOpCode(opts.reduceOp));
   call.inputs = {in};
   return enqueue(
       OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {output},
-      [this, in, out, spec](Comm& c) mutable {
-        at::Tensor work = in.clone();  // the input is left as it was
+      [this, in, out, spec, staged = dev != nullptr](Comm& c) mutable {
+        // The input is left as it was (a staged input is a copy already).
+        at::Tensor work = staged ? in : in.clone();
         runReduceScatter(c, work, out, spec);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -546,7 +593,12 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
     specs.push_back(toReduceSpec(opts.reduceOp, outputs[i].scalar_type(), size_,
                                  "reduce_scatter_tensor_coalesced"));
   }
-  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  std::vector<at::Tensor> all = inputs;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  auto dev = deviceOps_->begin(all, "reduce_scatter_tensor_coalesced");
+  std::vector<at::Tensor> ins, outs;
+  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
+  for (auto& t : outputs) outs.push_back(hostOf(dev, t, false, true));
   OpCall call = callOf(outs, outs.empty() ? at::kByte
                                           : outs[0].scalar_type(),
                        numelOf(outs), redOpCode(opts.reduceOp));
@@ -559,7 +611,7 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
           runReduceScatter(c, work, outs[i], specs[i]);
         }
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 // ---------------------------------------------------------------- all-to-all
@@ -606,7 +658,8 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                     sendB.length[rank_], " bytes (input_split_sizes[", rank_, "]) but expects ",
                     recvB.length[rank_], " bytes from itself (output_split_sizes[", rank_,
                     "]); the two must match");
-  at::Tensor in = input, out = output;
+  auto dev = deviceOps_->begin({input, output}, "all_to_all_single");
+  at::Tensor in = hostOf(dev, input, true, false), out = hostOf(dev, output, false, true);
   // Split sizes may differ between ranks: only the dtype is compared.
   return enqueue(
       OpType::ALLTOALL_BASE, "all_to_all_single",
@@ -616,7 +669,7 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
         at::Tensor src = overlaps(in, out) ? in.clone() : in;
         directAlltoall(c, bytesOf(src), sendB, bytesOf(out), recvB);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -639,7 +692,12 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
                     rank_, "] (what this rank sends itself) has ", inputs[rank_].numel(),
                     " elements but output_tensor_list[", rank_, "] has ", outputs[rank_].numel(),
                     "; the two must match");
-  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  std::vector<at::Tensor> all = inputs;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  auto dev = deviceOps_->begin(all, "all_to_all");
+  std::vector<at::Tensor> ins, outs;
+  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
+  for (auto& t : outputs) outs.push_back(hostOf(dev, t, false, true));
   Blocks sendB = Blocks::fromLengths(sendLen), recvB = Blocks::fromLengths(recvLen);
   return enqueue(
       OpType::ALLTOALL, "all_to_all",
@@ -651,7 +709,7 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
         directAlltoall(c, bytesOf(in), sendB, bytesOf(out), recvB);
         unpackFrom(bytesOf(out), outs);
       },
-      opts.timeout, opts.asyncOp);
+      opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
 // ---------------------------------------------------------------- barrier, send/recv
@@ -669,9 +727,14 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
     return strCat("send to rank ", dstRank, " tag ", tag, " on group '", cfg_.groupName, "'");
   });
   work->markStarted();
-  p2p_->send(dstRank, t.data_ptr(), t.nbytes(), tag,
+  at::Tensor h = t;
+  if (t.is_cuda()) {
+    deviceOps_->begin({t}, "send");  // checks the device
+    h = deviceOps_->hostCopyForSend(t);
+  }
+  p2p_->send(dstRank, h.data_ptr(), h.nbytes(), tag,
              Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
-             [work, t](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); });
+             [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); });
   return work;
 }
 
@@ -683,9 +746,24 @@ WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int t
     return strCat("recv from rank ", srcRank, " tag ", tag, " on group '", cfg_.groupName, "'");
   });
   work->markStarted();
-  p2p_->recv(srcRank, t.data_ptr(), t.nbytes(), tag,
+  at::Tensor h = t;
+  if (t.is_cuda()) {
+    deviceOps_->begin({t}, "recv");  // checks the device
+    h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  }
+  DeviceOps* ops = deviceOps_.get();
+  p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag,
              Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
-             [work, t](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); });
+             [work, t, h, ops](std::exception_ptr e) {
+               if (!e && t.is_cuda()) {
+                 try {
+                   ops->copyReceived(t, h);
+                 } catch (...) {
+                   e = std::current_exception();
+                 }
+               }
+               work->complete(e ? toTorchError(e) : nullptr);
+             });
   return work;
 }
 

@@ -73,8 +73,15 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
 
 void checkTensor(const at::Tensor& t, const char* op, const char* what) {
   SMDCCL_VALUE_CHECK(t.defined(), op, ": ", what, " is undefined");
+#ifdef SMDCCL_WITH_CUDA
+  SMDCCL_VALUE_CHECK(t.device().is_cpu() || t.is_cuda(), op, ": ", what, " is on ", t.device(),
+                     "; smdccl runs collectives on CPU and CUDA tensors");
+#else
   SMDCCL_VALUE_CHECK(t.device().is_cpu(), op, ": ", what, " is on ", t.device(),
-                     "; this build of smdccl runs collectives on CPU tensors (move it with .cpu())");
+                     "; this build of smdccl has no CUDA support (built without nvcc or against "
+                     "a CPU build of torch): move it with .cpu(), or rebuild smdccl where nvcc "
+                     "and a CUDA torch are found");
+#endif
   SMDCCL_VALUE_CHECK(t.layout() == at::kStrided, op, ": ", what,
                      " must be a dense (strided) tensor; sparse tensors are not supported");
   SMDCCL_VALUE_CHECK(t.is_contiguous(), op, ": ", what,

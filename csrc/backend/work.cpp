@@ -3,14 +3,29 @@
 #include <sched.h>
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
 namespace smdccl {
 
 namespace {
-c10::intrusive_ptr<c10::ivalue::Future> newTensorListFuture() {
+c10::intrusive_ptr<c10::ivalue::Future> newTensorListFuture(const DeviceCompletion* device) {
   static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  // A CUDA-aware future: completed while the internal stream is current, it
+  // records an event there; wait() and then() make the user's stream wait on it.
+  if (device) return c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{device->device()});
   return c10::make_intrusive<c10::ivalue::Future>(type);
+}
+// Completes a CUDA work's future with the internal stream current, so the
+// future's events follow the op's GPU work.
+void markDone(c10::ivalue::Future& f, const std::vector<at::Tensor>& outputs,
+              const DeviceCompletion* device) {
+  if (!device) {
+    f.markCompleted(c10::IValue(outputs));
+    return;
+  }
+  c10::StreamGuard guard(device->stream());
+  f.markCompleted(c10::IValue(outputs));
 }
 }  // namespace
 
@@ -18,7 +33,10 @@ SmdcclWork::SmdcclWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> ou
                        std::function<std::string()> what)
     : ::c10d::Work(rank, type), outputs_(std::move(outputs)), what_(std::move(what)) {}
 
-bool SmdcclWork::isCompleted() { return done_.load(std::memory_order_acquire); }
+bool SmdcclWork::isCompleted() {
+  if (!done_.load(std::memory_order_acquire)) return false;
+  return !device_ || exception() || device_->done();
+}
 
 bool SmdcclWork::isSuccess() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -46,12 +64,21 @@ void SmdcclWork::complete(std::exception_ptr error) {
   // Future callbacks (DDP's) run here, on the completing thread.
   if (future) {
     if (error) future->setError(error);
-    else future->markCompleted(c10::IValue(outputs_));
+    else markDone(*future, outputs_, device_.get());
   }
 }
 
+
+
 bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
+  if (device_) {
+    // Like ProcessGroupNCCL: the caller's current stream waits for the
+    // collective, the host does not. A failure known by now is raised.
+    if (auto e = exception()) std::rethrow_exception(e);
+    device_->blockCurrentStream();
+    return true;
+  }
   if (!done_.load(std::memory_order_acquire)) {
     // Most collectives finish within microseconds: poll (yielding the core
     // to the progress thread) before paying for a sleep and a wake-up.
@@ -73,6 +100,10 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+void SmdcclWork::synchronize() {
+  if (device_) device_->blockCurrentStream();
+}
+
 std::vector<at::Tensor> SmdcclWork::result() { return outputs_; }
 
 c10::intrusive_ptr<c10::ivalue::Future> SmdcclWork::getFuture() {
@@ -81,14 +112,14 @@ c10::intrusive_ptr<c10::ivalue::Future> SmdcclWork::getFuture() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!future_) {
-      future_ = newTensorListFuture();
+      future_ = newTensorListFuture(device_.get());
       completeNow = done_.load();
     }
     future = future_;
   }
   if (completeNow) {
     if (exception_) future->setError(exception_);
-    else future->markCompleted(c10::IValue(outputs_));
+    else markDone(*future, outputs_, device_.get());
   }
   return future;
 }

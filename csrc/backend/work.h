@@ -7,9 +7,24 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace smdccl {
+
+// GPU-side completion of a work on CUDA tensors (backend/cuda implements
+// it): wait() makes the caller's current stream wait instead of the host.
+class DeviceCompletion {
+ public:
+  virtual ~DeviceCompletion() = default;
+  // The GPU has finished the op's work.
+  virtual bool done() const = 0;
+  // The caller's current stream waits for the op's GPU work (no host block).
+  virtual void blockCurrentStream() = 0;
+  virtual c10::Device device() const = 0;
+  // The stream the op's GPU work runs on: futures complete on it.
+  virtual c10::Stream stream() const = 0;
+};
 
 class SmdcclWork : public ::c10d::Work {
  public:
@@ -22,6 +37,7 @@ class SmdcclWork : public ::c10d::Work {
   bool isSuccess() const override;
   std::exception_ptr exception() const override;
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
+  void synchronize() override;
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   float getDuration() const override;
@@ -29,6 +45,8 @@ class SmdcclWork : public ::c10d::Work {
   // Called once, from the thread that ran the work.
   void markStarted();
   void complete(std::exception_ptr error);
+  // Before the work is queued: a CUDA work completes on the GPU too.
+  void setDeviceCompletion(std::shared_ptr<DeviceCompletion> d) { device_ = std::move(d); }
 
  private:
   std::vector<at::Tensor> outputs_;
@@ -36,6 +54,7 @@ class SmdcclWork : public ::c10d::Work {
   // Created on the first getFuture() (DDP asks; plain calls never do).
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> done_{false};
+  std::shared_ptr<DeviceCompletion> device_;
   std::chrono::steady_clock::time_point started_, finished_;
 };
 

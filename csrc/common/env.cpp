@@ -61,6 +61,20 @@ const std::vector<EnvVar>& envVars() {
        "its checks and the algorithm picked, one JSON file per rank ('{rank}' in the path is "
        "replaced by the global rank, else '.rank<r>' goes before the extension); written when "
        "a group is destroyed and at exit."},
+      {env::kCudaIpc, "1",
+       "CUDA tensors: 1 moves data between the GPUs (or processes sharing a GPU) of a node "
+       "through CUDA IPC buffers; 0 stages everything through pinned host memory and the CPU "
+       "transports."},
+      {env::kCudaIpcMB, "64",
+       "Size of each rank's CUDA IPC buffer, in MiB (allocated on the first CUDA allreduce); "
+       "larger messages go through it in pieces of this size."},
+      {env::kCudaOneShotKB, "256",
+       "CUDA allreduce inside one node: up to this many KiB every rank reduces all peers' "
+       "buffers at once (one-shot, fewer steps); above it each rank reduces a slice and then "
+       "gathers the others' (two-shot, less data read)."},
+      {env::kCudaStageChunkKB, "4096",
+       "CUDA tensors that cross nodes (or every CUDA collective with SMDCCL_CUDA_IPC=0) go "
+       "through pinned host memory in chunks of this many KiB, so copies overlap the network."},
       {env::kAutoload, "1",
        "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };

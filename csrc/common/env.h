@@ -40,6 +40,10 @@ constexpr const char* kFusionMB = "SMDCCL_FUSION_MB";
 constexpr const char* kNanCheck = "SMDCCL_NAN_CHECK";
 constexpr const char* kWarnAfter = "SMDCCL_WARN_AFTER";
 constexpr const char* kTrace = "SMDCCL_TRACE";
+constexpr const char* kCudaIpc = "SMDCCL_CUDA_IPC";
+constexpr const char* kCudaIpcMB = "SMDCCL_CUDA_IPC_MB";
+constexpr const char* kCudaOneShotKB = "SMDCCL_CUDA_ONESHOT_KB";
+constexpr const char* kCudaStageChunkKB = "SMDCCL_CUDA_STAGE_CHUNK_KB";
 }  // namespace env
 
 }  // namespace smdccl

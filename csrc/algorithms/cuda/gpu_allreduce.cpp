@@ -1,0 +1,180 @@
+// Allreduce of device memory: CUDA IPC inside a node, pinned host staging
+// between nodes (see gpu_collectives.h for when each path is taken).
+//
+// The IPC steps are ordered across processes by the host: each rank's
+// stream finishes its part (polled with the op's deadline), then the node's
+// ranks meet at a barrier over shared memory before anyone reads what the
+// others wrote, and again before anyone overwrites its buffer. A barrier
+// costs microseconds against a GPU pass over the data; spinning kernels
+// would be faster for tiny messages but can deadlock ranks that share one
+// GPU (their contexts are time-sliced, not concurrent).
+#include <algorithm>
+
+#include "algorithms/collectives.h"
+#include "algorithms/cuda/gpu_collectives.h"
+#include "common/log.h"
+#include "common/trace.h"
+#include "kernels/cuda/kernels.h"
+#include "transport/cuda/cuda_check.h"
+#include "transport/cuda/gpu_wait.h"
+
+namespace smdccl {
+
+namespace {
+
+bool ipcUsable(const Comm& c, const GpuContext& g) {
+  if (!g.tuning().ipc || !c.levels || !c.members.empty()) return false;
+  const Hierarchy& h = *c.levels;
+  return h.localSize() > 1 && h.uniform() &&
+         h.localSize() <= cuda::kMaxReduceInputs;
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throwCudaError(e, what);
+}
+
+// Slice q of `count` elements over `parts` ranks: boundaries on 16 bytes so
+// every slice takes the kernels' vector path when the buffers are aligned.
+struct Slices {
+  std::vector<size_t> begin, end;  // elements
+  Slices(size_t count, int parts, size_t es) {
+    size_t align = std::max<size_t>(1, 16 / es);
+    size_t per = (count + parts - 1) / parts;
+    per = (per + align - 1) / align * align;
+    for (int q = 0; q < parts; ++q) {
+      begin.push_back(std::min(count, per * q));
+      end.push_back(std::min(count, per * (q + 1)));
+    }
+  }
+};
+
+struct IpcStep {
+  Comm& c;
+  Comm local;
+  GpuContext& g;
+  CudaIpcSpace& space;
+  DType dt;
+  RedOp op;
+  size_t es;
+
+  // Every node-mate's stream is done with its part: now their buffers may be read (or reused).
+  void sync(const char* what) {
+    waitForStream(g.stream(), c.ctx, what);
+    barrier(local);
+  }
+  std::vector<const void*> peers(size_t byteOffset) const {
+    std::vector<const void*> p;
+    for (char* b : space.buffers()) p.push_back(b + byteOffset);
+    return p;
+  }
+  void stageIn(const char* dev, size_t n) {
+    if (n)
+      check(cudaMemcpyAsync(space.buffer(space.localRank()), dev, n * es, cudaMemcpyDeviceToDevice,
+                            g.stream()),
+            "copy into the IPC buffer");
+    sync("copy into the IPC buffer");
+  }
+  void oneShot(char* dev, size_t n) {
+    stageIn(dev, n);
+    auto in = peers(0);
+    check(cuda::reduceMulti(dev, in.data(), space.localSize(), n, dt, op, g.stream()),
+          "one-shot reduce");
+    sync("one-shot reduce");
+  }
+  // Reduce-scatter: this rank's slice of every buffer, reduced into its own.
+  void reduceMySlice(const Slices& s) {
+    int me = space.localRank();
+    size_t n = s.end[me] - s.begin[me];
+    auto in = peers(s.begin[me] * es);
+    if (n)
+      check(cuda::reduceMulti(space.buffer(me) + s.begin[me] * es, in.data(), space.localSize(), n,
+                              dt, op, g.stream()),
+            "two-shot reduce-scatter");
+    sync("two-shot reduce-scatter");
+  }
+  // Allgather: slice q from rank q's buffer into the output.
+  void gather(char* dev, const Slices& s) {
+    std::vector<size_t> b, e;
+    for (size_t q = 0; q < s.begin.size(); ++q) {
+      b.push_back(s.begin[q] * es);
+      e.push_back(s.end[q] * es);
+    }
+    std::vector<const void*> in(space.buffers().begin(), space.buffers().end());
+    check(cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
+          "two-shot allgather");
+    sync("two-shot allgather");
+  }
+};
+
+}  // namespace
+
+const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes) {
+  if (!ipcUsable(c, g)) return "staged";
+  if (c.levels->numNodes() > 1) return "two-level ipc + staged";
+  return bytes <= g.tuning().oneShotBytes ? "ipc one-shot" : "ipc two-shot";
+}
+
+void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
+                     const Tuning& t) {
+  if (count == 0 || c.size() == 1) return;
+  size_t es = elementSize(dt);
+  size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
+  size_t chunks = (count + chunk - 1) / chunk;
+  // Nothing may still be copying out of the staging buffer from an earlier op.
+  waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
+  char* host = g.staging().reserve(count * es);
+  for (size_t k = 0; k < chunks; ++k) {
+    size_t off = k * chunk * es, n = std::min(chunk, count - k * chunk);
+    check(cudaMemcpyAsync(host + off, dev + off, n * es, cudaMemcpyDeviceToHost, g.stream()),
+          "copy to pinned host memory");
+    check(cudaEventRecord(g.event(k), g.stream()), "cudaEventRecord");
+  }
+  for (size_t k = 0; k < chunks; ++k) {
+    size_t off = k * chunk * es, n = std::min(chunk, count - k * chunk);
+    waitForEvent(g.event(k), c.ctx, "copy to pinned host memory");
+    allreduce(c, host + off, n, dt, op, t);
+    check(cudaMemcpyAsync(dev + off, host + off, n * es, cudaMemcpyHostToDevice, g.stream()),
+          "copy from pinned host memory");
+  }
+  waitForStream(g.stream(), c.ctx, "copy from pinned host memory");
+}
+
+void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
+                  const Tuning& t) {
+  if (count == 0 || c.size() == 1) return;
+  size_t es = elementSize(dt);
+  const char* path = gpuAllreducePath(c, g, count * es);
+  trace::Span span(trace::enabled() ? strCat("cuda allreduce: ", path) : std::string(),
+                   "algorithm", *c.ctx.group);
+  if (!ipcUsable(c, g)) {
+    stagedAllreduce(c, g, dev, count, dt, op, t);
+    return;
+  }
+  const Hierarchy& h = *c.levels;
+  Comm local = c.sub(h.nodes[h.myNode]);
+  CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
+  IpcStep step{c, local, g, space, dt, op, es};
+  const bool multiNode = h.numNodes() > 1;
+  Comm across = multiNode ? c.sub(h.acrossNodes(h.myLocal)) : local;
+  size_t chunk = space.bytes() / es;
+  for (size_t at = 0; at < count; at += chunk) {
+    size_t n = std::min(chunk, count - at);
+    char* d = dev + at * es;
+    if (!multiNode && n * es <= g.tuning().oneShotBytes) {
+      step.oneShot(d, n);
+      continue;
+    }
+    Slices s(n, space.localSize(), es);
+    step.stageIn(d, n);
+    step.reduceMySlice(s);
+    if (multiNode) {
+      int me = space.localRank();
+      stagedAllreduce(across, g, space.buffer(me) + s.begin[me] * es, s.end[me] - s.begin[me], dt,
+                      op, t);
+      barrier(local);  // every slice is final before anyone gathers
+    }
+    step.gather(d, s);
+  }
+}
+
+}  // namespace smdccl

@@ -1,0 +1,32 @@
+#pragma once
+// Collectives on device memory. Each enqueues its GPU work on the context's
+// stream, moves data between ranks over CUDA IPC (node-mates) and through
+// pinned host memory over the host transports (other nodes), and returns
+// once the result is in place (the stream has finished the op's work).
+#include "algorithms/comm.h"
+#include "algorithms/cuda/gpu_context.h"
+#include "algorithms/select.h"
+
+namespace smdccl {
+
+// In place on `dev` (count elements of dt), over the whole group c:
+//  - one node, several ranks: CUDA IPC, one-shot (every rank reduces all
+//    peers' buffers) up to GpuTuning::oneShotBytes, two-shot (reduce-scatter
+//    then allgather over the buffers) above;
+//  - several nodes of the same size with node-mates: two levels, the IPC
+//    reduce-scatter, the inter-node allreduce of each rank's slice through
+//    pinned host memory (with the 16-bit wire when compression is on), the
+//    IPC allgather;
+//  - otherwise (one rank per node, uneven nodes, SMDCCL_CUDA_IPC=0): staged
+//    through pinned host memory in chunks, copies overlapping the network.
+void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
+                  const Tuning& t);
+// The staged path alone: chunk k's device-to-host copy, chunk k-1's host
+// allreduce and chunk k-2's copy back overlap.
+void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
+                     const Tuning& t);
+// Which path gpuAllreduce takes, for logs and tests: "ipc one-shot",
+// "ipc two-shot", "two-level ipc + staged", "staged".
+const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes);
+
+}  // namespace smdccl

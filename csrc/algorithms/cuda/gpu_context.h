@@ -1,0 +1,50 @@
+#pragma once
+// What the GPU paths of one group keep between collectives: the internal
+// stream they run on, the node's CUDA IPC buffers, pinned host staging, and
+// their tuning (SMDCCL_CUDA_*). Torch-free: the backend hands in the stream.
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/store.h"
+#include "transport/cuda/ipc_space.h"
+#include "transport/cuda/pinned_buffer.h"
+
+namespace smdccl {
+
+struct GpuTuning {
+  bool ipc = true;                     // SMDCCL_CUDA_IPC
+  size_t ipcBytes = 64u << 20;         // SMDCCL_CUDA_IPC_MB: each rank's IPC buffer
+  size_t oneShotBytes = 256u << 10;    // SMDCCL_CUDA_ONESHOT_KB: one-shot up to this
+  size_t stageChunkBytes = 4u << 20;   // SMDCCL_CUDA_STAGE_CHUNK_KB: host staging pipeline
+  static GpuTuning fromEnv();
+};
+
+class GpuContext {
+ public:
+  GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning);
+  ~GpuContext();
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  const GpuTuning& tuning() const { return tuning_; }
+  PinnedBuffer& staging() { return staging_; }
+  // `n` reusable events (timing off), recorded and waited on by one op at a time.
+  cudaEvent_t event(size_t i);
+  // The node's IPC buffers, mapped on first use: a collective over the node
+  // (every node-mate asks at the same collective, in issue order).
+  CudaIpcSpace& ipc(int node, int localRank, int localSize, Deadline deadline);
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  KVStore& store_;
+  GpuTuning tuning_;
+  PinnedBuffer staging_;
+  std::vector<cudaEvent_t> events_;
+  std::unique_ptr<CudaIpcSpace> ipc_;
+};
+
+}  // namespace smdccl

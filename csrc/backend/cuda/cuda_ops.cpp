@@ -1,0 +1,196 @@
+// DeviceOps for CUDA tensors: the internal stream, the stream-ordered
+// completion mark, host staging of the collectives that run on the host,
+// and the GPU allreduce (see device_op.h for the life of an op).
+// c10/cuda only: ATen/cuda headers pull in cuBLAS/cuSPARSE headers that a
+// toolkit without those libraries (CI's nvcc-only install) lacks.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <mutex>
+
+#include "algorithms/cuda/gpu_collectives.h"
+#include "backend/device_op.h"
+#include "backend/tensor_checks.h"
+#include "kernels/cuda/kernels.h"
+#include "transport/cuda/cuda_check.h"
+#include "transport/cuda/gpu_wait.h"
+
+namespace smdccl {
+
+namespace {
+
+// One group's GPU state: created at its first CUDA collective, on the
+// device of that collective's tensors.
+struct CudaState {
+  int device;
+  c10::cuda::CUDAStream stream;
+  std::unique_ptr<GpuContext> gpu;
+  // Ops signalled done by the internal stream (their seq), in host memory
+  // mapped into the GPU: streams wait on it, the host reads it.
+  volatile uint64_t* counter = nullptr;
+  volatile int* gateTimedOut = nullptr;
+
+  CudaState(int dev, KVStore& store)
+      : device(dev), stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, dev)) {
+    c10::cuda::CUDAGuard guard(dev);
+    void* p = nullptr;
+    SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(p, 0, 64);
+    counter = static_cast<volatile uint64_t*>(p);
+    gateTimedOut = reinterpret_cast<volatile int*>(static_cast<char*>(p) + 8);
+    gpu = std::make_unique<GpuContext>(dev, stream.stream(), store, GpuTuning::fromEnv());
+  }
+  ~CudaState() {
+    gpu.reset();  // synchronizes the stream
+    cudaFreeHost(const_cast<uint64_t*>(counter));
+  }
+};
+
+class CudaCompletion : public DeviceCompletion {
+ public:
+  CudaCompletion(std::shared_ptr<CudaState> s, uint64_t seq, uint64_t timeoutNs)
+      : s_(std::move(s)), seq_(seq), timeoutNs_(timeoutNs) {}
+  bool done() const override { return *s_->counter >= seq_; }
+  void blockCurrentStream() override {
+    if (done()) return;  // the GPU is past it: nothing to order
+    c10::cuda::CUDAGuard guard(s_->device);
+    cudaStream_t cur = c10::cuda::getCurrentCUDAStream(s_->device).stream();
+    cudaError_t e = cuda::waitCounter(s_->counter, seq_, timeoutNs_, s_->gateTimedOut, cur);
+    TORCH_CHECK(e == cudaSuccess, "smdccl: could not make the current stream wait for the "
+                "collective: ", cudaGetErrorString(e));
+  }
+  c10::Device device() const override { return c10::Device(c10::kCUDA, s_->device); }
+  c10::Stream stream() const override { return s_->stream; }
+
+ private:
+  std::shared_ptr<CudaState> s_;
+  uint64_t seq_;
+  uint64_t timeoutNs_;
+};
+
+class CudaOp : public DeviceOp {
+ public:
+  CudaOp(std::shared_ptr<CudaState> s, uint64_t timeoutNs)
+      : s_(std::move(s)), timeoutNs_(timeoutNs) {
+    // Ordered after what the caller queued on its current stream.
+    c10::cuda::CUDAGuard guard(s_->device);
+    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    SMDCCL_CUDA_CHECK(cudaEventRecord(ready_, c10::cuda::getCurrentCUDAStream(s_->device).stream()));
+  }
+  ~CudaOp() override { cudaEventDestroy(ready_); }
+  c10::Stream stream() const override { return s_->stream; }
+
+  at::Tensor host(const at::Tensor& dev, bool in, bool out) override {
+    at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
+    if (in) copyIn_.push_back({dev, h});
+    if (out) copyOut_.push_back({dev, h});
+    return h;
+  }
+
+  void prepare(const OpContext& ctx) override {
+    SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_, 0));
+    if (copyIn_.empty()) return;
+    c10::cuda::CUDAStreamGuard guard(s_->stream);
+    for (auto& [dev, h] : copyIn_) h.copy_(dev, /*non_blocking=*/true);
+    waitForStream(s_->stream.stream(), ctx, "copy to host memory");
+  }
+
+  void finishBody(const OpContext& ctx) override {
+    if (copyOut_.empty()) return;
+    c10::cuda::CUDAStreamGuard guard(s_->stream);
+    for (auto& [dev, h] : copyOut_) dev.copy_(h, /*non_blocking=*/true);
+    // The pinned copies are freed with this op: the copies must be done.
+    waitForStream(s_->stream.stream(), ctx, "copy back from host memory");
+  }
+
+  void signal(uint64_t seq) noexcept override {
+    cudaError_t e = cuda::signalCounter(s_->counter, seq, s_->stream.stream());
+    if (e != cudaSuccess) *s_->counter = seq;  // nothing may wait for it forever
+  }
+
+  void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op, const Tuning& t) override {
+    gpuAllreduce(c, *s_->gpu, dev, count, dt, op, t);
+  }
+
+  std::shared_ptr<DeviceCompletion> completion(uint64_t seq) override {
+    return std::make_shared<CudaCompletion>(s_, seq, timeoutNs_);
+  }
+
+ private:
+  std::shared_ptr<CudaState> s_;
+  uint64_t timeoutNs_;
+  cudaEvent_t ready_ = nullptr;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
+};
+
+class CudaDeviceOps : public DeviceOps {
+ public:
+  CudaDeviceOps(KVStore& store, std::function<std::chrono::milliseconds()> timeout)
+      : store_(store), timeout_(std::move(timeout)) {}
+
+  std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors, const char* op) override {
+    int device = -1;
+    bool anyCpu = false;
+    for (const auto& t : tensors) {
+      if (!t.defined()) continue;
+      if (t.is_cuda()) {
+        TORCH_CHECK_VALUE(device < 0 || device == t.get_device(), "smdccl: ", op,
+                          ": tensors on cuda:", device, " and cuda:", t.get_device(),
+                          "; one call's tensors must be on one device");
+        device = t.get_device();
+      } else {
+        anyCpu = true;
+      }
+    }
+    if (device < 0) return nullptr;
+    TORCH_CHECK_VALUE(!anyCpu, "smdccl: ", op, ": some tensors are on cuda:", device,
+                      " and some on the CPU; one call's tensors must be on one device");
+    std::shared_ptr<CudaState> s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!state_) state_ = std::make_shared<CudaState>(device, store_);
+      TORCH_CHECK_VALUE(state_->device == device, "smdccl: ", op, ": this group runs on cuda:",
+                        state_->device, " (its first CUDA collective was there), got a tensor on "
+                        "cuda:", device, "; use one GPU per rank and group, like NCCL");
+      s = state_;
+    }
+    // The caching allocator must not hand these blocks to another stream's
+    // allocation until the internal stream is done with them.
+    for (const auto& t : tensors)
+      if (t.defined() && t.numel())
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), s->stream);
+    uint64_t ns = static_cast<uint64_t>(timeout_().count()) * 1000000ull;
+    return std::make_shared<CudaOp>(std::move(s), ns);
+  }
+
+  at::Tensor hostCopyForSend(const at::Tensor& dev) override {
+    at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
+    h.copy_(dev);  // on the caller's current stream, after its queued work
+    return h;
+  }
+
+  void copyReceived(const at::Tensor& dev, const at::Tensor& host) override {
+    // A stream of its own: the legacy default stream would wait for every
+    // other stream of the device, a gate of this group included.
+    c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, dev.get_device()));
+    dev.copy_(host, /*non_blocking=*/true);
+    c10::cuda::getCurrentCUDAStream(dev.get_device()).synchronize();
+  }
+
+ private:
+  KVStore& store_;
+  std::function<std::chrono::milliseconds()> timeout_;
+  std::mutex mu_;
+  std::shared_ptr<CudaState> state_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
+                                         std::function<std::chrono::milliseconds()> timeout) {
+  return std::make_unique<CudaDeviceOps>(store, std::move(timeout));
+}
+
+}  // namespace smdccl

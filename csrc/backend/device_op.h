@@ -1,0 +1,79 @@
+#pragma once
+// The device side of one collective on CUDA tensors, seen from the
+// device-neutral backend code (backend.cpp, backend_collectives.cpp): this
+// header needs no CUDA. The CUDA build implements it in backend/cuda/;
+// CPU tensors have none (nullptr).
+//
+// Life of a CUDA collective:
+//   caller thread   an event is recorded on the caller's current stream;
+//                   every tensor is recordStream'ed on the internal stream
+//   progress thread prepare(): the internal stream waits for that event,
+//                   staged inputs are copied to pinned host memory;
+//                   the body runs (kernels on the internal stream, or host
+//                   algorithms on the pinned copies);
+//                   finishBody(): staged outputs are copied back;
+//                   signal(seq): the op's GPU work is marked done on the GPU
+//   Work.wait()     the caller's current stream waits for that mark (no
+//                   host block); the future is CUDA-aware.
+#include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "algorithms/comm.h"
+#include "algorithms/select.h"
+#include "algorithms/op_context.h"
+#include "backend/work.h"
+#include "common/store.h"
+
+namespace smdccl {
+
+class DeviceOp {
+ public:
+  virtual ~DeviceOp() = default;
+  // Where the body's tensor ops run (the progress thread's current stream).
+  virtual c10::Stream stream() const = 0;
+  // A pinned host copy of device tensor `dev` for a body that runs on the
+  // host: copied in before the body when `in`, back after it when `out`.
+  virtual at::Tensor host(const at::Tensor& dev, bool in, bool out) = 0;
+  virtual void prepare(const OpContext& ctx) = 0;
+  virtual void finishBody(const OpContext& ctx) = 0;
+  // Marks the op done on the GPU once the internal stream gets there (also
+  // after a failure, so that no stream waits for it forever).
+  virtual void signal(uint64_t seq) noexcept = 0;
+  // In-place allreduce of device memory (CUDA IPC / staged).
+  virtual void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op,
+                         const Tuning& t) = 0;
+  // What the op's Work waits on (op number `seq`, the one signal() gets).
+  virtual std::shared_ptr<DeviceCompletion> completion(uint64_t seq) = 0;
+};
+
+// Per group: makes the DeviceOp of each call on CUDA tensors. The CPU build's
+// rejects CUDA tensors with a ValueError that says so.
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+  // nullptr when every tensor is on the CPU; a ValueError when tensors of
+  // one call are on different devices, or on another device than earlier
+  // calls of this group.
+  virtual std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors,
+                                          const char* op) = 0;
+  // Point-to-point on CUDA tensors goes through host memory: a pinned copy
+  // of `dev` made after the caller's queued work (blocks the caller), and
+  // the copy of a received host tensor into `dev` (blocks the calling thread).
+  virtual at::Tensor hostCopyForSend(const at::Tensor& dev) = 0;
+  virtual void copyReceived(const at::Tensor& dev, const at::Tensor& host) = 0;
+};
+std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
+                                         std::function<std::chrono::milliseconds()> timeout);
+
+// A host copy where there is a device op, the tensor itself otherwise.
+inline at::Tensor hostOf(const std::shared_ptr<DeviceOp>& d, const at::Tensor& t, bool in,
+                         bool out) {
+  return d ? d->host(t, in, out) : t;
+}
+
+}  // namespace smdccl

@@ -1,0 +1,29 @@
+// The CPU build's DeviceOps: no tensor may be on a GPU.
+#ifndef SMDCCL_WITH_CUDA
+#include "backend/device_op.h"
+#include "backend/tensor_checks.h"
+
+namespace smdccl {
+
+namespace {
+class CpuOnlyDeviceOps : public DeviceOps {
+ public:
+  std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors, const char* op) override {
+    for (const auto& t : tensors)
+      TORCH_CHECK_VALUE(!t.defined() || t.device().is_cpu(), "smdccl: ", op, ": a tensor is on ", t.device(),
+                         "; this build of smdccl has no CUDA support (it was built without "
+                         "nvcc or against a CPU build of torch): move it with .cpu(), or "
+                         "rebuild smdccl where nvcc and a CUDA torch are found");
+    return nullptr;
+  }
+  at::Tensor hostCopyForSend(const at::Tensor& t) override { return t; }
+  void copyReceived(const at::Tensor&, const at::Tensor&) override {}
+};
+}  // namespace
+
+std::unique_ptr<DeviceOps> makeDeviceOps(KVStore&, std::function<std::chrono::milliseconds()>) {
+  return std::make_unique<CpuOnlyDeviceOps>();
+}
+
+}  // namespace smdccl
+#endif

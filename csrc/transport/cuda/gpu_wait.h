@@ -1,0 +1,14 @@
+#pragma once
+// Host waits for GPU work with the op's deadline: cudaStreamSynchronize and
+// cudaEventSynchronize cannot give up, so these poll (spin, then yield, then
+// sleep) and throw a Timeout that names the op and what it waited for.
+#include <cuda_runtime_api.h>
+
+#include "algorithms/op_context.h"
+
+namespace smdccl {
+
+void waitForEvent(cudaEvent_t ev, const OpContext& ctx, const char* what);
+void waitForStream(cudaStream_t s, const OpContext& ctx, const char* what);
+
+}  // namespace smdccl

@@ -1,0 +1,42 @@
+#pragma once
+// One device buffer per rank of a node, mapped into every node-mate's
+// address space through CUDA IPC: the intra-node transport for CUDA tensors.
+// A rank writes its data into its own buffer, the node's ranks meet at a
+// barrier, and each then reads its peers' buffers directly (NVLink / the
+// same GPU's memory), with no host copy. Ranks may share one GPU.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/store.h"
+
+namespace smdccl {
+
+class CudaIpcSpace {
+ public:
+  // Collective over the node's ranks (each calls it with its local index):
+  // allocates `bytes` on `device`, publishes the IPC handle under
+  // `keyPrefix`/<local> in the store and maps every node-mate's buffer.
+  CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank, int localSize,
+               int device, size_t bytes, Deadline deadline);
+  ~CudaIpcSpace();
+  CudaIpcSpace(const CudaIpcSpace&) = delete;
+  CudaIpcSpace& operator=(const CudaIpcSpace&) = delete;
+
+  // Local rank l's buffer in this process's address space (l == local
+  // rank: this rank's own).
+  char* buffer(int l) const { return ptrs_[static_cast<size_t>(l)]; }
+  const std::vector<char*>& buffers() const { return ptrs_; }
+  size_t bytes() const { return bytes_; }
+  int localRank() const { return localRank_; }
+  int localSize() const { return static_cast<int>(ptrs_.size()); }
+
+ private:
+  int localRank_ = 0;
+  int device_ = 0;
+  size_t bytes_ = 0;
+  std::vector<char*> ptrs_;
+};
+
+}  // namespace smdccl

@@ -1,0 +1,28 @@
+#pragma once
+// Page-locked host memory for staging CUDA tensors through the host
+// transports (TCP, shared memory): the GPU copies into and out of it
+// asynchronously. Grows on demand; its user orders reuse with the stream
+// that copies (every copy into it is on that one stream).
+#include <cstddef>
+
+namespace smdccl {
+
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  // At least `bytes` long. Contents are lost when it grows; the caller must
+  // have no copy in flight on it then.
+  char* reserve(size_t bytes);
+  char* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+}  // namespace smdccl

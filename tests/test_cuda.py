@@ -1,0 +1,355 @@
+"""CUDA tensors: every collective on GPU memory, in real multi-process runs.
+
+Several ranks share one GPU (smdccl allows it, NCCL does not), so all of this
+runs on a single-GPU machine: the one-shot and two-shot CUDA-IPC allreduce,
+the two-level path (CUDA IPC inside emulated nodes, pinned host staging and
+TCP between them, with and without the fp16 wire), the staged path
+(SMDCCL_CUDA_IPC=0) and the host-staged collectives, against the float64 /
+integer references of tests/reference.py. Stream semantics: work queued on
+the caller's stream before the call is seen, Work.wait() orders the caller's
+stream without blocking the host, futures are CUDA-aware.
+
+Without a GPU these tests are skipped (the reason says so); what can run
+without one does: the CUDA build itself (test_cuda_code_compiled) and the
+rejection of CUDA tensors by a CPU build (tests/test_bad_input.py).
+scripts/gpu_check.sh runs this file on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import Checker, run_ranks
+from reference import (
+    DTYPES,
+    OP_NAMES,
+    assert_equal_bits,
+    assert_matches,
+    dtype_name,
+    is_float,
+    make_op,
+    op_valid,
+    rank_input,
+    reduce_reference,
+)
+
+HAVE_GPU = torch.cuda.is_available() and torch.cuda.device_count() > 0
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA device on this machine "
+                               "(scripts/gpu_check.sh runs these on a GPU machine)")
+
+# Sizes: empty, tiny, odd, one-shot (< 256 KiB), two-shot, and over the
+# 1 MiB IPC buffer the matrix runs with (several IPC chunks, uneven last).
+SIZES = [0, 1, 7, 1001, 65_537, 300_007]
+BIG = 700_001  # float32: 2.8 MB > SMDCCL_CUDA_IPC_MB=1
+
+
+def _nvcc() -> str | None:
+    return shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                     if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+def test_cuda_code_compiled():
+    """Where nvcc and a CUDA torch are present (CI too), the CUDA paths are built."""
+    import smdccl._C as C
+
+    info = C.build_info()
+    if _nvcc() and torch.version.cuda and os.environ.get("SMDCCL_CMAKE_ARGS", "").find("SMDCCL_CUDA=OFF") < 0:
+        assert info["cuda"] is True, f"nvcc at {_nvcc()} and torch {torch.__version__} but no CUDA build: {info}"
+    else:
+        assert info["cuda"] is False
+
+
+def _device() -> torch.device:
+    d = torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(d)
+    return d
+
+
+def _factor(kind: str) -> float:
+    return 2.0 if kind == "int" else 0.3
+
+
+def cuda_matrix(big: bool) -> dict:
+    """Every collective x dtype x op x size edge on CUDA tensors."""
+    dev = _device()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    chk = Checker(f"on rank {rank} of {ws} (cuda)")
+    oracle = dist.new_group(backend="gloo")
+    sizes = SIZES + ([BIG] if big else [])
+
+    def ref(n, dtype, op, kind, seed=0):
+        inputs = [rank_input(r, n, dtype, seed, kind) for r in range(ws)]
+        exact = kind == "int" and not (op == "AVG" and ws & (ws - 1))
+        if exact and op == "PRODUCT" and dtype.is_floating_point:
+            exact = 4**ws * torch.finfo(dtype).eps <= 2
+        return reduce_reference(inputs, op, dtype, factor=_factor(kind), exact=exact)
+
+    for dtype in DTYPES.values():
+        dn = dtype_name(dtype)
+        for kind in (["int", "rand"] if is_float(dtype) else ["int"]):
+            for op in OP_NAMES:
+                if not op_valid(op, dtype) or (kind == "rand" and op in ("MIN", "MAX", "PRODUCT")):
+                    continue
+                for n in sizes:
+                    if n == BIG and (dtype not in (torch.float32, torch.bfloat16) or op not in ("SUM", "AVG")):
+                        continue
+                    desc = f"all_reduce {dn} {op} n={n} {kind}"
+                    with chk.case(desc):
+                        t = rank_input(rank, n, dtype, 0, kind).to(dev)
+                        dist.all_reduce(t, op=make_op(op, _factor(kind)))
+                        out = t.cpu()
+                        chk.digest(desc, out)
+                        assert_matches(out, ref(n, dtype, op, kind))
+                    if n in (1001, 65_537):
+                        desc = f"reduce {dn} {op} n={n} {kind}"
+                        with chk.case(desc):
+                            root = n % ws
+                            t = rank_input(rank, n, dtype, 1, kind).to(dev)
+                            dist.reduce(t, dst=root, op=make_op(op, _factor(kind)))
+                            if rank == root:
+                                assert_matches(t.cpu(), ref(n, dtype, op, kind, seed=1))
+                            else:
+                                assert_equal_bits(t.cpu(), rank_input(rank, n, dtype, 1, kind), "non-root input kept")
+                        desc = f"reduce_scatter_tensor {dn} {op} n={n} {kind}"
+                        with chk.case(desc):
+                            inp = rank_input(rank, n * ws, dtype, 2, kind).to(dev)
+                            out = torch.full((n,), 7, dtype=dtype, device=dev)
+                            dist.reduce_scatter_tensor(out, inp, op=make_op(op, _factor(kind)))
+                            assert_matches(out.cpu(), ref(n * ws, dtype, op, kind, seed=2).slice(rank * n, rank * n + n))
+                        desc = f"all_reduce_coalesced {dn} {op} n={n} {kind}"
+                        with chk.case(desc):
+                            ts = [rank_input(rank, m, dtype, 3 + m, kind).to(dev) for m in (n, 5)]
+                            dist.all_reduce_coalesced(ts, op=make_op(op, _factor(kind)))
+                            for m, t in zip((n, 5), ts):
+                                assert_matches(t.cpu(), ref(m, dtype, op, kind, seed=3 + m), f"tensor of {m}")
+
+        # data movement: bit-exact
+        for n in (0, 1, 1001, 65_537):
+            with chk.case(f"broadcast {dn} n={n}"):
+                for root in range(ws):
+                    t = (rank_input(root, n, dtype, 10).to(dev) if rank == root
+                         else torch.zeros(n, dtype=dtype, device=dev))
+                    dist.broadcast(t, src=root)
+                    assert_equal_bits(t.cpu(), rank_input(root, n, dtype, 10), f"root {root}")
+            with chk.case(f"all_gather {dn} n={n}"):
+                outs = [torch.zeros(n, dtype=dtype, device=dev) for _ in range(ws)]
+                dist.all_gather(outs, rank_input(rank, n, dtype, 11).to(dev))
+                for r in range(ws):
+                    assert_equal_bits(outs[r].cpu(), rank_input(r, n, dtype, 11), f"from {r}")
+            with chk.case(f"all_gather_into_tensor {dn} n={n}"):
+                out = torch.zeros(n * ws, dtype=dtype, device=dev)
+                dist.all_gather_into_tensor(out, rank_input(rank, n, dtype, 12).to(dev))
+                assert_equal_bits(out.cpu(), torch.cat([rank_input(r, n, dtype, 12) for r in range(ws)]))
+            with chk.case(f"gather/scatter {dn} n={n}"):
+                root = ws - 1
+                glist = [torch.zeros(n, dtype=dtype, device=dev) for _ in range(ws)] if rank == root else None
+                dist.gather(rank_input(rank, n, dtype, 13).to(dev), glist, dst=root)
+                if rank == root:
+                    for r in range(ws):
+                        assert_equal_bits(glist[r].cpu(), rank_input(r, n, dtype, 13), f"gather from {r}")
+                out = torch.zeros(n, dtype=dtype, device=dev)
+                slist = [rank_input(r, n, dtype, 14).to(dev) for r in range(ws)] if rank == root else None
+                dist.scatter(out, slist, src=root)
+                assert_equal_bits(out.cpu(), rank_input(rank, n, dtype, 14), "scatter")
+            with chk.case(f"all_to_all_single / all_to_all {dn} n={n}"):
+                inp = torch.cat([rank_input(rank, n, dtype, 20 + j) for j in range(ws)]).to(dev)
+                out = torch.zeros(n * ws, dtype=dtype, device=dev)
+                dist.all_to_all_single(out, inp)
+                assert_equal_bits(out.cpu(), torch.cat([rank_input(j, n, dtype, 20 + rank) for j in range(ws)]))
+                outs = [torch.zeros(n, dtype=dtype, device=dev) for _ in range(ws)]
+                dist.all_to_all(outs, [rank_input(rank, n, dtype, 30 + j).to(dev) for j in range(ws)])
+                for j in range(ws):
+                    assert_equal_bits(outs[j].cpu(), rank_input(j, n, dtype, 30 + rank), f"from {j}")
+            with chk.case(f"send/recv {dn} n={n}"):
+                right, left = (rank + 1) % ws, (rank - 1) % ws
+                got = torch.zeros(n, dtype=dtype, device=dev)
+                reqs = [dist.isend(rank_input(rank, n, dtype, 40 + right).to(dev), dst=right),
+                        dist.irecv(got, src=left)]
+                for r in reqs:
+                    r.wait()
+                assert_equal_bits(got.cpu(), rank_input(left, n, dtype, 40 + rank))
+    with chk.case("barrier"):
+        dist.barrier()
+    chk.compare_digests(oracle)
+    return {"failures": chk.failures, "count": chk.count}
+
+
+def stream_semantics() -> dict:
+    """Ordering with the caller's stream, Work.wait() without a host block,
+    CUDA-aware futures, memory kept alive until the collective is done."""
+    dev = _device()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    chk = Checker(f"on rank {rank} (cuda streams)")
+    n = 1 << 22  # 16 MiB of float32: long enough for a stream to still be busy
+    expect = float(sum(r + 1 for r in range(ws)))
+
+    with chk.case("input written by a kernel still queued on the caller's stream"):
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            t = torch.zeros(n, device=dev)
+            torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time ahead of the fill
+            t.fill_(rank + 1)
+            dist.all_reduce(t)  # must see the fill, queued after the sleep
+            torch.cuda.current_stream().synchronize()
+            assert torch.all(t == expect).item(), f"got {t[:4].tolist()}"
+
+    with chk.case("Work.wait() orders the current stream and does not block the host"):
+        t = torch.full((n,), float(rank + 1), device=dev)
+        w = dist.all_reduce(t, async_op=True)
+        torch.cuda._sleep(50_000_000)  # keep the caller's stream busy
+        t0 = time.perf_counter()
+        w.wait()
+        host_wait = time.perf_counter() - t0
+        u = t * 2  # queued on the current stream: must run after the allreduce
+        torch.cuda.synchronize()
+        assert torch.all(u == 2 * expect).item(), f"got {u[:4].tolist()}"
+        # wait() launched at most a gate on the stream: far less than the
+        # GPU time queued ahead of it.
+        assert host_wait < 0.5, f"wait() blocked the host {host_wait:.3f} s"
+        assert w.is_completed()
+
+    with chk.case("get_future(): CUDA-aware value and then()"):
+        t = torch.full((n,), float(rank + 1), device=dev)
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        doubled = fut.then(lambda f: f.value()[0] * 2)
+        out = doubled.wait()
+        assert torch.all(out == 2 * expect).item()
+        assert torch.all(fut.wait()[0] == expect).item()
+
+    with chk.case("input dropped by the caller stays alive until the collective ran"):
+        outs = []
+        for i in range(8):
+            t = torch.full((1 << 20,), float(rank + i), device=dev)
+            dist.all_reduce(t, async_op=True)
+            outs.append(torch.full((1 << 20,), -1.0, device=dev))  # may reuse a freed block
+            del t
+        torch.cuda.synchronize()
+        for o in outs:
+            assert torch.all(o == -1.0).item(), "a collective wrote into memory given to another tensor"
+
+    with chk.case("many async allreduces in flight, waited in order"):
+        ts = [torch.full((4096 * (i + 1),), float(rank + i), device=dev) for i in range(16)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        for w in works:
+            w.wait()
+        for i, t in enumerate(ts):
+            want = float(sum(r + i for r in range(ws)))
+            assert torch.all(t == want).item(), f"tensor {i}: {t[:2].tolist()} != {want}"
+
+    with chk.case("mixed devices in one call raise ValueError"):
+        try:
+            dist.all_gather_into_tensor(torch.zeros(2 * ws, device=dev), torch.zeros(2))
+        except ValueError as e:
+            assert "one device" in str(e), str(e)
+        else:
+            raise AssertionError("no ValueError for a CPU input and a CUDA output")
+    dist.barrier()
+    return {"failures": chk.failures, "count": chk.count}
+
+
+def _check(results):
+    failures = [f for r in results for f in r["failures"]]
+    assert not failures, "\n".join(failures[:40])
+    assert all(r["count"] > 0 for r in results)
+
+
+@needs_gpu
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_cuda_collectives_one_node_ipc(world_size):
+    """One node: allreduce over CUDA IPC (one-shot and two-shot, 1 MiB IPC
+    buffers so big messages take several pieces), the rest host-staged."""
+    _check(run_ranks(world_size, cuda_matrix, world_size == 2,
+                     env={"SMDCCL_CUDA_IPC_MB": "1"}, timeout=900))
+
+
+@needs_gpu
+@pytest.mark.parametrize("env", [
+    {"SMDCCL_TOPOLOGY": "2x2"},
+    {"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_CUDA_STAGE_CHUNK_KB": "64"},
+    {"SMDCCL_CUDA_IPC": "0"},
+], ids=["two-level", "two-level-small-chunks", "staged"])
+def test_cuda_collectives_two_level_and_staged(env):
+    _check(run_ranks(4, cuda_matrix, False, env={"SMDCCL_CUDA_IPC_MB": "1", **env}, timeout=900))
+
+
+def compressed_allreduce() -> dict:
+    dev = _device()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    chk = Checker(f"on rank {rank} (cuda fp16 wire)")
+    for n in (1, 1001, 300_007, 3_000_001):
+        with chk.case(f"fp16 wire n={n}"):
+            t = rank_input(rank, n, torch.float32, 5, "rand").to(dev)
+            dist.all_reduce(t)
+            out = t.cpu()
+            ref = sum(rank_input(r, n, torch.float32, 5, "rand").double() for r in range(ws))
+            mag = sum(rank_input(r, n, torch.float32, 5, "rand").double().abs() for r in range(ws))
+            # every addition in float32, each hop's value rounded to fp16 (2^-11 relative)
+            bound = mag * (ws * 2.0**-11) + 1e-30
+            err = (out.double() - ref).abs()
+            assert torch.all(err <= bound), f"max error {float(err.max())} over bound"
+            chk.digest(f"fp16 n={n}", out)
+    chk.compare_digests(dist.new_group(backend="gloo"))
+    return {"failures": chk.failures, "count": chk.count}
+
+
+@needs_gpu
+def test_cuda_two_level_fp16_wire():
+    _check(run_ranks(4, compressed_allreduce, env={"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_COMPRESSION": "fp16",
+                                                    "SMDCCL_CUDA_IPC_MB": "1"}, timeout=600))
+
+
+@needs_gpu
+@pytest.mark.parametrize("world_size", [2])
+def test_cuda_stream_semantics(world_size):
+    _check(run_ranks(world_size, stream_semantics, timeout=300))
+
+
+def ddp_against_gloo(steps: int) -> dict:
+    """DDP on CUDA: the same model, data and seed trained over smdccl and over
+    gloo (which stages CUDA tensors through the host) end with the same
+    parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = _device()
+    rank = dist.get_rank()
+    gloo = dist.new_group(backend="gloo")
+    chk = Checker(f"on rank {rank} (cuda ddp)")
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                   torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                   torch.nn.Linear(256, 10)).to(dev)
+
+    nets = {"smdccl": DDP(model(), device_ids=[dev.index], bucket_cap_mb=1),
+            "gloo": DDP(model(), device_ids=[dev.index], process_group=gloo, bucket_cap_mb=1)}
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for k, m in nets.items()}
+    g = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(32, 64, generator=g).to(dev)
+        y = torch.randint(0, 10, (32,), generator=g).to(dev)
+        for k, m in nets.items():
+            opts[k].zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            opts[k].step()
+    with chk.case(f"parameters after {steps} steps"):
+        for (name, a), b in zip(nets["smdccl"].module.named_parameters(), nets["gloo"].module.parameters()):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (
+                f"{name}: max |smdccl - gloo| = {float((a - b).abs().max())}")
+    with chk.case("replicas identical across ranks"):
+        for name, p in nets["smdccl"].module.named_parameters():
+            chk.digest(name, p.detach().cpu())
+    chk.compare_digests(gloo)
+    return {"failures": chk.failures, "count": chk.count}
+
+
+@needs_gpu
+def test_cuda_ddp_matches_gloo():
+    _check(run_ranks(2, ddp_against_gloo, 20, timeout=300))
