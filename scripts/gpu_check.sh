@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU verification of smdccl's CUDA paths, on a machine with a GPU:
+#   1. builds the extension, the kernel tests and the kernel benchmark against
+#      the torch found here (architecture: this GPU's);
+#   2. runs the kernel unit tests and tests/test_cuda.py (every collective on
+#      CUDA tensors, 2 and 4 ranks sharing the GPU, DDP vs gloo);
+#   3. runs the kernel benchmark and the collective benchmark (smdccl vs gloo
+#      on CUDA tensors, 2 and 4 ranks; nccl too where there are >= 2 GPUs);
+#   4. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
+# Usage: bash scripts/gpu_check.sh [--quick]   (PYTHON=... to pick the interpreter;
+#        SMDCCL_GPU_CHECK_OUT=dir for the results; logs go there too)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+QUICK=0
+[[ "${1:-}" == "--quick" ]] && QUICK=1
+OUT=${SMDCCL_GPU_CHECK_OUT:-bench/results}
+mkdir -p "$OUT"
+"$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
+  echo "gpu_check: torch sees no CUDA device here" >&2; exit 2; }
+GPU=$("$PY" -c "import torch;print(torch.cuda.get_device_name(0).replace('NVIDIA ','').replace(' ','-'))")
+NGPU=$("$PY" -c "import torch;print(torch.cuda.device_count())")
+ARCH=$("$PY" -c "import torch;a,b=torch.cuda.get_device_capability(0);print(f'{a}{b}')")
+DATE=$(date -u +%F)
+STEM="$OUT/${GPU}-${DATE}"
+LOGS="$OUT/gpu-check-logs"
+mkdir -p "$LOGS"
+echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(torch.__version__)'), results $STEM.{json,md}"
+
+# 1. build: one CMake tree for the module, the kernel tests and the benchmark.
+BUILD=build/gpu-check
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMDCCL_CUDA_ARCHS="$ARCH" \
+  -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')" \
+  -DPython3_EXECUTABLE="$(command -v "$PY")" -DSMDCCL_PYTHON_OUT_DIR="$PWD/python/smdccl" \
+  > "$LOGS/build.log" 2>&1 &&
+cmake --build "$BUILD" --target smdccl_C smdccl_cuda_tests smdccl_cuda_kernel_bench -j "$(nproc)" \
+  >> "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; echo "gpu_check: build failed"; exit 1; }
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c "import smdccl._C as C; b=C.build_info(); assert b['cuda'], b; print('built:', b)" || exit 1
+
+status=0
+# 2. tests
+"$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2>&1; rc=$?
+tail -3 "$LOGS/kernel-tests.txt"; [[ $rc == 0 ]] || { status=1; grep -m20 FAIL "$LOGS/kernel-tests.txt"; }
+PYTEST_ARGS=(tests/test_cuda.py -q -rs --junitxml="$LOGS/test_cuda.xml")
+"$PY" -m pytest "${PYTEST_ARGS[@]}" > "$LOGS/test_cuda.txt" 2>&1; rc=$?
+tail -15 "$LOGS/test_cuda.txt"; [[ $rc == 0 ]] || status=1
+
+# 3. benchmarks
+ITERS=()
+[[ $QUICK == 1 ]] && ITERS=(--quick)
+"$BUILD/smdccl_cuda_kernel_bench" "${ITERS[@]}" --json "$LOGS/kernels.json" > "$LOGS/kernels.txt" 2>&1 \
+  || { status=1; tail -5 "$LOGS/kernels.txt"; }
+BACKENDS=smdccl,gloo
+[[ $NGPU -ge 2 ]] && BACKENDS=smdccl,gloo,nccl
+SIZES=4K,64K,256K,1M,4M,16M,64M
+for n in 2 4; do
+  "$PY" -m torch.distributed.run --nproc-per-node $n -m smdccl.bench --device cuda \
+    --backends "$BACKENDS" --collectives allreduce,allgather,reduce_scatter,broadcast \
+    --sizes "$SIZES" --json "$LOGS/collectives-${n}ranks.json" --no-progress \
+    > "$LOGS/collectives-${n}ranks.txt" 2>&1 || { status=1; tail -20 "$LOGS/collectives-${n}ranks.txt"; }
+done
+
+# 4. report
+"$PY" scripts/gpu_report.py --logs "$LOGS" --stem "$STEM" --status $status || status=1
+cat "$STEM.md"
+exit $status

@@ -1,0 +1,167 @@
+"""Summarizes a scripts/gpu_check.sh run into <stem>.json and <stem>.md.
+
+Reads from the logs folder: kernel-tests.txt, test_cuda.xml (pytest's JUnit
+report), kernels.json (smdccl_cuda_kernel_bench --json) and
+collectives-<n>ranks.json (python -m smdccl.bench --json), and checks the
+targets of the CUDA work: reduce kernels at >= 85 % of the device-to-device
+copy bandwidth of the same run, and a 64 MiB allreduce of 2 ranks on one GPU
+at >= 3x gloo's in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import subprocess
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
+
+KERNEL_TARGET = 85.0
+ALLREDUCE_TARGET = 3.0
+BIG = 64 << 20
+
+
+def _read_json(p: Path):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def kernel_tests(logs: Path) -> dict:
+    text = (logs / "kernel-tests.txt").read_text() if (logs / "kernel-tests.txt").exists() else ""
+    m = re.search(r"(\d+) passed, (\d+) failed", text)
+    return {"passed": int(m.group(1)), "failed": int(m.group(2))} if m else {"passed": 0, "failed": None,
+                                                                             "log_tail": text[-500:]}
+
+
+def pytest_results(logs: Path) -> dict:
+    p = logs / "test_cuda.xml"
+    if not p.exists():
+        return {"ran": False}
+    root = ET.parse(p).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    cases = []
+    for tc in suite.iter("testcase"):
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if tc.find(tag) is not None:
+                outcome = tag
+        cases.append({"test": tc.get("name"), "outcome": outcome, "seconds": float(tc.get("time", 0))})
+    return {"ran": True, "tests": int(suite.get("tests", 0)), "failures": int(suite.get("failures", 0)),
+            "errors": int(suite.get("errors", 0)), "skipped": int(suite.get("skipped", 0)), "cases": cases}
+
+
+def kernels(logs: Path) -> dict:
+    recs = _read_json(logs / "kernels.json") or []
+    recs = [r for r in recs if isinstance(r, dict) and "pct_of_copy" in r]
+    reduce_recs = [r for r in recs if r.get("kernel", "").startswith("reduce")]
+    worst = min(reduce_recs, key=lambda r: r["pct_of_copy"]) if reduce_recs else None
+    return {"records": recs, "worst_reduce": worst,
+            "target_pct": KERNEL_TARGET,
+            "met": bool(worst) and worst["pct_of_copy"] >= KERNEL_TARGET}
+
+
+def collectives(logs: Path) -> dict:
+    out = {}
+    for p in sorted(logs.glob("collectives-*ranks.json")):
+        d = _read_json(p)
+        if d:
+            out[p.stem] = d
+    two = out.get("collectives-2ranks", {}).get("rows", [])
+
+    def algbw(backend):
+        rows = [r for r in two if r["backend"] == backend and r["collective"] == "allreduce" and r["size"] == BIG]
+        return rows[0]["algbw"] if rows else None
+
+    s, g = algbw("smdccl"), algbw("gloo")
+    ratio = s / g if s and g else None
+    return {"runs": out, "allreduce_64MiB_2ranks": {"smdccl_algbw": s, "gloo_algbw": g, "ratio": ratio,
+                                                      "target": ALLREDUCE_TARGET,
+                                                      "met": ratio is not None and ratio >= ALLREDUCE_TARGET}}
+
+
+def gpu_info() -> dict:
+    try:
+        import torch
+
+        return {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+                "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+                "torch": torch.__version__, "cuda": torch.version.cuda}
+    except Exception as exc:  # noqa: BLE001 - the report still gets written
+        return {"error": str(exc)}
+
+
+def markdown(rep: dict) -> str:
+    g = rep["gpu"]
+    lines = [f"# smdccl GPU check: {g.get('name')} x{g.get('count')} — {rep['date']}", "",
+             f"Command: `{rep['command']}`  ", f"torch {g.get('torch')} (CUDA {g.get('cuda')}), "
+             f"sm_{str(g.get('capability', '')).replace('.', '')}, host {rep['host']}, commit {rep['commit']}", ""]
+    kt, pt = rep["kernel_tests"], rep["tests"]
+    lines += ["## Tests", f"- kernel unit tests: {kt.get('passed')} passed, {kt.get('failed')} failed",
+              f"- tests/test_cuda.py: {pt.get('tests')} tests, {pt.get('failures')} failures, "
+              f"{pt.get('errors')} errors, {pt.get('skipped')} skipped"]
+    for c in pt.get("cases", []):
+        lines.append(f"  - {c['test']}: {c['outcome']} ({c['seconds']:.1f} s)")
+    k = rep["kernels"]
+    lines += ["", "## Kernels (median of timed runs; bytes read + written)", "",
+              "| kernel | dtype | op | MiB/buffer | GB/s | copy GB/s | % of copy |", "|---|---|---|---|---|---|---|"]
+    for r in k["records"]:
+        lines.append(f"| {r.get('kernel')} | {r.get('dtype', '')} | {r.get('op', '')} | "
+                     f"{r.get('bytes_per_buffer', 0) / 2**20:.0f} | {r.get('gbps', 0):.0f} | "
+                     f"{r.get('copy_gbps', 0):.0f} | {r.get('pct_of_copy', 0):.1f} |")
+    w = k["worst_reduce"]
+    lines.append("")
+    lines.append(f"Target: every reduce kernel >= {KERNEL_TARGET:.0f} % of the copy: "
+                 + (f"worst {w['kernel']} {w.get('dtype')} {w['pct_of_copy']:.1f} % -> "
+                    f"{'MET' if k['met'] else 'MISSED'}" if w else "no kernel records -> MISSED"))
+    c = rep["collectives"]
+    for name, run in c["runs"].items():
+        rows = run.get("rows", [])
+        lines += ["", f"## {name} (CUDA tensors, one GPU shared; algbw GB/s, median)", ""]
+        backends = sorted({r["backend"] for r in rows}, key=lambda b: (b != "smdccl", b))
+        colls = sorted({r["collective"] for r in rows})
+        for coll in colls:
+            sizes = sorted({r["size"] for r in rows if r["collective"] == coll})
+            lines += [f"**{coll}**", "", "| size | " + " | ".join(backends) + " | smdccl / gloo |",
+                      "|---|" + "---|" * (len(backends) + 1)]
+            for sz in sizes:
+                vals = {r["backend"]: r for r in rows if r["collective"] == coll and r["size"] == sz}
+                cells = [f"{vals[b]['algbw']:.2f} ({vals[b]['time_us']:.0f} us)" if b in vals else "-" for b in backends]
+                ratio = (vals["smdccl"]["algbw"] / vals["gloo"]["algbw"]
+                         if "smdccl" in vals and "gloo" in vals and vals["gloo"]["algbw"] else None)
+                lines.append(f"| {sz >> 10} KiB | " + " | ".join(cells) + f" | {ratio:.1f}x |" if ratio
+                             else f"| {sz >> 10} KiB | " + " | ".join(cells) + " | - |")
+            lines.append("")
+    a = c["allreduce_64MiB_2ranks"]
+    lines.append(f"Target: 64 MiB allreduce, 2 ranks on one GPU, >= {ALLREDUCE_TARGET:.0f}x gloo: "
+                 + (f"{a['ratio']:.1f}x -> {'MET' if a['met'] else 'MISSED'}" if a["ratio"] else "no data -> MISSED"))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--logs", required=True, type=Path)
+    ap.add_argument("--stem", required=True, help="output path without extension")
+    ap.add_argument("--status", type=int, default=0, help="gpu_check.sh's status so far")
+    args = ap.parse_args()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    rep = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+           "command": "bash scripts/gpu_check.sh", "commit": commit or "(not a git checkout)",
+           "gpu": gpu_info(), "kernel_tests": kernel_tests(args.logs), "tests": pytest_results(args.logs),
+           "kernels": kernels(args.logs), "collectives": collectives(args.logs), "script_status": args.status}
+    Path(args.stem + ".json").write_text(json.dumps(rep, indent=1))
+    Path(args.stem + ".md").write_text(markdown(rep))
+    ok = (args.status == 0 and rep["kernels"]["met"] and rep["collectives"]["allreduce_64MiB_2ranks"]["met"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
