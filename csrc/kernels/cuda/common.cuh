@@ -1,0 +1,227 @@
+#pragma once
+// Device helpers shared by the smdccl CUDA kernels: element traits (storage
+// type, accumulation type, widening/rounding), the reduction operators with
+// the CPU kernels' exact semantics (kernels/cpu/reduce_impl.h), and launch
+// configuration.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace smdccl::cuda::detail {
+
+constexpr int kThreads = 512;  // threads per block of the streaming kernels
+
+// ---- float <-> 16-bit, round to nearest even, bit-identical to the CPU ----
+__host__ __device__ __forceinline__ uint32_t floatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+__host__ __device__ __forceinline__ float bitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+__host__ __device__ __forceinline__ float bf16ToFloat(uint16_t h) {
+  return bitsFloat(static_cast<uint32_t>(h) << 16);
+}
+// The CPU's floatToBf16: RNE; a NaN keeps its top bits and is made quiet.
+__host__ __device__ __forceinline__ uint16_t floatToBf16(float f) {
+  uint32_t u = floatBits(f);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t quietNan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
+}
+
+__device__ __forceinline__ float f16ToFloat(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+// IEEE RNE (cvt.rn.f16.f32). A NaN keeps its sign and top payload bits and is
+// made quiet, as F16C's vcvtps2ph does on the CPU (the hardware conversion
+// would return a canonical NaN).
+__device__ __forceinline__ uint16_t floatToF16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu));
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+// fp16 rounds finite |x| >= 65520 to inf: an overflow (NaN / inf are not).
+__device__ __forceinline__ bool fp16Overflows(float f) {
+  float a = fabsf(f);
+  return a >= 65520.0f && a <= 3.4028235e38f;
+}
+
+// ---- operators: the CPU's floatOp / intLoop / boolLoop ----
+template <RedOp OP, typename T>
+__device__ __forceinline__ T floatOp(T a, T b) {
+  if constexpr (OP == RedOp::Sum) {
+    return a + b;
+  } else if constexpr (OP == RedOp::Prod) {
+    return a * b;
+  } else if constexpr (OP == RedOp::Min) {
+    T r = b < a ? b : a;
+    return (a != a || b != b) ? a + b : r;  // NaN wins
+  } else {
+    T r = b > a ? b : a;
+    return (a != a || b != b) ? a + b : r;
+  }
+}
+
+template <typename T> struct UnsignedOf;
+template <> struct UnsignedOf<int8_t> { using type = uint8_t; };
+template <> struct UnsignedOf<uint8_t> { using type = uint8_t; };
+template <> struct UnsignedOf<int32_t> { using type = uint32_t; };
+template <> struct UnsignedOf<int64_t> { using type = uint64_t; };
+
+template <RedOp OP, typename T>
+__device__ __forceinline__ T intOp(T a, T b) {
+  using U = typename UnsignedOf<T>::type;
+  if constexpr (OP == RedOp::Sum) return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  else if constexpr (OP == RedOp::Prod) return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  else if constexpr (OP == RedOp::Min) return b < a ? b : a;
+  else return b > a ? b : a;
+}
+
+template <RedOp OP>
+__device__ __forceinline__ uint8_t boolOp(uint8_t a, uint8_t b) {
+  if constexpr (OP == RedOp::Sum || OP == RedOp::Max) return (a | b) ? 1 : 0;
+  else return (a && b) ? 1 : 0;
+}
+
+// ---- element traits: T = storage, A = accumulation ----
+enum class Kind { Float, Int, Bool };
+
+template <DType D> struct Elem;
+template <> struct Elem<DType::F32> {
+  using T = float; using A = float; static constexpr Kind kind = Kind::Float;
+  static __device__ __forceinline__ A widen(T x) { return x; }
+  static __device__ __forceinline__ T narrow(A x) { return x; }
+};
+template <> struct Elem<DType::F64> {
+  using T = double; using A = double; static constexpr Kind kind = Kind::Float;
+  static __device__ __forceinline__ A widen(T x) { return x; }
+  static __device__ __forceinline__ T narrow(A x) { return x; }
+};
+template <> struct Elem<DType::F16> {
+  using T = uint16_t; using A = float; static constexpr Kind kind = Kind::Float;
+  static __device__ __forceinline__ A widen(T x) { return f16ToFloat(x); }
+  static __device__ __forceinline__ T narrow(A x) { return floatToF16(x); }
+};
+template <> struct Elem<DType::BF16> {
+  using T = uint16_t; using A = float; static constexpr Kind kind = Kind::Float;
+  static __device__ __forceinline__ A widen(T x) { return bf16ToFloat(x); }
+  static __device__ __forceinline__ T narrow(A x) { return floatToBf16(x); }
+};
+template <typename IT> struct IntElem {
+  using T = IT; using A = IT; static constexpr Kind kind = Kind::Int;
+  static __device__ __forceinline__ A widen(T x) { return x; }
+  static __device__ __forceinline__ T narrow(A x) { return x; }
+};
+template <> struct Elem<DType::I8> : IntElem<int8_t> {};
+template <> struct Elem<DType::I32> : IntElem<int32_t> {};
+template <> struct Elem<DType::I64> : IntElem<int64_t> {};
+template <> struct Elem<DType::U8> : IntElem<uint8_t> {};
+template <> struct Elem<DType::Bool> {
+  using T = uint8_t; using A = uint8_t; static constexpr Kind kind = Kind::Bool;
+  static __device__ __forceinline__ A widen(T x) { return x; }
+  static __device__ __forceinline__ T narrow(A x) { return x; }
+};
+
+template <DType D, RedOp OP>
+__device__ __forceinline__ typename Elem<D>::A applyOp(typename Elem<D>::A a, typename Elem<D>::A b) {
+  if constexpr (Elem<D>::kind == Kind::Float) return floatOp<OP>(a, b);
+  else if constexpr (Elem<D>::kind == Kind::Int) return intOp<OP>(a, b);
+  else return boolOp<OP>(a, b);
+}
+
+// 16 bytes seen as V elements of T (registers only).
+template <typename T>
+union Vec16 {
+  static constexpr int V = 16 / sizeof(T);
+  uint4 u;
+  T e[V];
+};
+
+// Streaming 16-byte loads/stores (data touched once: evict-first).
+__device__ __forceinline__ uint4 loadStream(const uint4* p) { return __ldcs(p); }
+__device__ __forceinline__ void storeStream(uint4* p, uint4 v) { __stcs(p, v); }
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// SMs of the current device, cached per device.
+inline int smCount() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 1;
+  if (dev < kMaxDevices) {
+    int v = cache[dev].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+    cudaGetLastError();
+    return 1;
+  }
+  if (dev < kMaxDevices) cache[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// Resident blocks per SM of kernel K at kThreads threads (its registers
+// decide), computed once per kernel.
+template <auto K>
+int blocksPerSm() {
+  static std::atomic<int> cached{0};
+  int v = cached.load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, K, kThreads, 0) != cudaSuccess || n <= 0) {
+    cudaGetLastError();
+    n = 1;
+  }
+  cached.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Blocks for `work` units of which each thread takes `perThread` per pass:
+// enough to cover the work, at most one full wave of kernel K (every SM
+// holding all the blocks it can), so the grid-stride loops stay balanced.
+template <auto K>
+unsigned gridFor(size_t work, size_t perThread) {
+  size_t perBlock = static_cast<size_t>(kThreads) * perThread;
+  size_t need = (work + perBlock - 1) / perBlock;
+  size_t cap = static_cast<size_t>(smCount()) * static_cast<size_t>(blocksPerSm<K>());
+  if (need > cap) need = cap;
+  if (need < 1) need = 1;
+  return static_cast<unsigned>(need);
+}
+
+// Loads kernel F on the current device now (with lazy module loading, the
+// default, a kernel is otherwise loaded at its first launch, which may wait
+// for the device to be idle: never, while waitCounter spins).
+template <auto F>
+void preload(cudaError_t& first) {
+  cudaFuncAttributes attr;
+  cudaError_t e = cudaFuncGetAttributes(&attr, F);
+  if (e != cudaSuccess && first == cudaSuccess) first = e;
+}
+// Every kernel of reduce.cu / wire.cu, on the current device.
+cudaError_t preloadReduceKernels();
+cudaError_t preloadWireKernels();
+
+}  // namespace smdccl::cuda::detail

@@ -1,0 +1,290 @@
+// reduce2, reduceMulti and gatherSlices (kernels.h).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace smdccl::cuda {
+namespace {
+
+using namespace detail;
+
+// The inputs, by value in the kernel's parameters (peers' IPC mappings).
+struct InPtrs {
+  const void* p[kMaxReduceInputs];
+};
+
+// 16-byte vectors a thread keeps in flight per input and pass: about 32
+// accumulators per thread whatever the element size (16 for the 16-bit
+// types with k inputs, whose MIN/MAX would spill at 64 registers).
+template <DType D, int K>
+__host__ __device__ constexpr int unrollFor() {
+  constexpr int v = 16 / static_cast<int>(sizeof(typename Elem<D>::T));
+  constexpr int u = (K == 0 && v == 8 ? 16 : 32) / v;
+  return u < 1 ? 1 : (u > 4 ? 4 : u);
+}
+
+// out = in[0] op in[1] op ... op in[n-1], n = K (compile time) or k (K == 0).
+// Every pointer 16-byte aligned: vectors for count / V elements, then the
+// last count % V elements one per thread of the first threads.
+template <DType D, RedOp OP, int K>
+__global__ void __launch_bounds__(kThreads, 2) reduceVecKernel(const __grid_constant__ InPtrs in, int k, void* out,
+                                                            size_t count) {
+  using E = Elem<D>;
+  using T = typename E::T;
+  using A = typename E::A;
+  using VT = Vec16<T>;
+  constexpr int V = VT::V;
+  constexpr int U = unrollFor<D, K>();
+  const int n = K > 0 ? K : k;
+  const size_t nvec = count / V;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
+  uint4* o = static_cast<uint4*>(out);
+
+  size_t i = tid;
+  for (; i + (U - 1) * nth < nvec; i += U * nth) {
+    A acc[U][V];
+    {
+      const uint4* p = static_cast<const uint4*>(in.p[0]);
+      VT r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) r[u].u = p[i + u * nth];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[u][e] = E::widen(r[u].e[e]);
+    }
+#pragma unroll(K > 0 ? K : 1)
+    for (int j = 1; j < n; ++j) {
+      const uint4* p = static_cast<const uint4*>(in.p[j]);
+      VT r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) r[u].u = p[i + u * nth];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[u][e] = applyOp<D, OP>(acc[u][e], E::widen(r[u].e[e]));
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      VT w;
+#pragma unroll
+      for (int e = 0; e < V; ++e) w.e[e] = E::narrow(acc[u][e]);
+      o[i + u * nth] = w.u;
+    }
+  }
+  for (; i < nvec; i += nth) {
+    A acc[V];
+    VT r;
+    r.u = static_cast<const uint4*>(in.p[0])[i];
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] = E::widen(r.e[e]);
+    for (int j = 1; j < n; ++j) {
+      r.u = static_cast<const uint4*>(in.p[j])[i];
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = applyOp<D, OP>(acc[e], E::widen(r.e[e]));
+    }
+    VT w;
+#pragma unroll
+    for (int e = 0; e < V; ++e) w.e[e] = E::narrow(acc[e]);
+    o[i] = w.u;
+  }
+  const size_t tail = count - nvec * V;
+  if (tid < tail) {
+    const size_t idx = nvec * V + tid;
+    A acc = E::widen(static_cast<const T*>(in.p[0])[idx]);
+    for (int j = 1; j < n; ++j) acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[idx]));
+    static_cast<T*>(out)[idx] = E::narrow(acc);
+  }
+}
+
+// The same, element by element (some pointer not 16-byte aligned).
+template <DType D, RedOp OP, int K>
+__global__ void __launch_bounds__(kThreads) reduceScalarKernel(const __grid_constant__ InPtrs in, int k, void* out,
+                                                               size_t count) {
+  using E = Elem<D>;
+  using T = typename E::T;
+  using A = typename E::A;
+  const int n = K > 0 ? K : k;
+  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += nth) {
+    A acc = E::widen(static_cast<const T*>(in.p[0])[i]);
+#pragma unroll(K > 0 ? K : 1)
+    for (int j = 1; j < n; ++j) acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[i]));
+    static_cast<T*>(out)[i] = E::narrow(acc);
+  }
+}
+
+template <DType D, RedOp OP, int K>
+cudaError_t launchReduce(const InPtrs& in, int k, void* out, size_t count, bool vec,
+                         cudaStream_t stream) {
+  constexpr int V = 16 / static_cast<int>(sizeof(typename Elem<D>::T));
+  if (vec) {
+    unsigned grid = gridFor<reduceVecKernel<D, OP, K>>(count / V, unrollFor<D, K>());
+    reduceVecKernel<D, OP, K><<<grid, kThreads, 0, stream>>>(in, k, out, count);
+  } else {
+    unsigned grid = gridFor<reduceScalarKernel<D, OP, K>>(count, 4);
+    reduceScalarKernel<D, OP, K><<<grid, kThreads, 0, stream>>>(in, k, out, count);
+  }
+  return cudaGetLastError();
+}
+
+template <DType D, int K>
+cudaError_t byOp(RedOp op, const InPtrs& in, int k, void* out, size_t count, bool vec,
+                 cudaStream_t s) {
+  switch (op) {
+    case RedOp::Sum: return launchReduce<D, RedOp::Sum, K>(in, k, out, count, vec, s);
+    case RedOp::Prod: return launchReduce<D, RedOp::Prod, K>(in, k, out, count, vec, s);
+    case RedOp::Min: return launchReduce<D, RedOp::Min, K>(in, k, out, count, vec, s);
+    case RedOp::Max: return launchReduce<D, RedOp::Max, K>(in, k, out, count, vec, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <int K>
+cudaError_t byType(DType dt, RedOp op, const InPtrs& in, int k, void* out, size_t count,
+                   bool vec, cudaStream_t s) {
+  switch (dt) {
+    case DType::F32: return byOp<DType::F32, K>(op, in, k, out, count, vec, s);
+    case DType::F64: return byOp<DType::F64, K>(op, in, k, out, count, vec, s);
+    case DType::F16: return byOp<DType::F16, K>(op, in, k, out, count, vec, s);
+    case DType::BF16: return byOp<DType::BF16, K>(op, in, k, out, count, vec, s);
+    case DType::I8: return byOp<DType::I8, K>(op, in, k, out, count, vec, s);
+    case DType::I32: return byOp<DType::I32, K>(op, in, k, out, count, vec, s);
+    case DType::I64: return byOp<DType::I64, K>(op, in, k, out, count, vec, s);
+    case DType::U8: return byOp<DType::U8, K>(op, in, k, out, count, vec, s);
+    case DType::Bool: return byOp<DType::Bool, K>(op, in, k, out, count, vec, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+// ---- gatherSlices ----
+struct Slices {
+  const unsigned char* in[kMaxReduceInputs];
+  size_t begin[kMaxReduceInputs];
+  size_t end[kMaxReduceInputs];
+};
+
+constexpr int kGatherUnroll = 4;
+
+// blockIdx.y: the slice. Source and destination equally misaligned: bytes up
+// to a 16-byte boundary, then 16-byte vectors, then the last bytes;
+// otherwise byte by byte.
+__global__ void __launch_bounds__(kThreads) gatherKernel(Slices s, unsigned char* out) {
+  const int q = blockIdx.y;
+  const size_t b = s.begin[q], e = s.end[q];
+  if (e <= b) return;
+  const unsigned char* src = s.in[q] + b;
+  unsigned char* dst = out + b;
+  const size_t n = e - b;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const uintptr_t sa = reinterpret_cast<uintptr_t>(src), da = reinterpret_cast<uintptr_t>(dst);
+  if (((sa ^ da) & 15u) != 0) {
+    for (size_t i = tid; i < n; i += nth) dst[i] = src[i];
+    return;
+  }
+  size_t head = (16u - (sa & 15u)) & 15u;
+  if (head > n) head = n;
+  if (tid < head) dst[tid] = src[tid];
+  const size_t nvec = (n - head) / 16;
+  const uint4* vs = reinterpret_cast<const uint4*>(src + head);
+  uint4* vd = reinterpret_cast<uint4*>(dst + head);
+  size_t i = tid;
+  for (; i + (kGatherUnroll - 1) * nth < nvec; i += kGatherUnroll * nth) {
+    uint4 r[kGatherUnroll];
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) r[u] = vs[i + u * nth];
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) vd[i + u * nth] = r[u];
+  }
+  for (; i < nvec; i += nth) vd[i] = vs[i];
+  const size_t done = head + nvec * 16;
+  if (tid < n - done) dst[done + tid] = src[done + tid];
+}
+
+template <DType D, int K>
+void preloadOps(cudaError_t& e) {
+  preload<reduceVecKernel<D, RedOp::Sum, K>>(e);
+  preload<reduceVecKernel<D, RedOp::Prod, K>>(e);
+  preload<reduceVecKernel<D, RedOp::Min, K>>(e);
+  preload<reduceVecKernel<D, RedOp::Max, K>>(e);
+  preload<reduceScalarKernel<D, RedOp::Sum, K>>(e);
+  preload<reduceScalarKernel<D, RedOp::Prod, K>>(e);
+  preload<reduceScalarKernel<D, RedOp::Min, K>>(e);
+  preload<reduceScalarKernel<D, RedOp::Max, K>>(e);
+}
+
+template <int K>
+void preloadTypes(cudaError_t& e) {
+  preloadOps<DType::F32, K>(e);
+  preloadOps<DType::F64, K>(e);
+  preloadOps<DType::F16, K>(e);
+  preloadOps<DType::BF16, K>(e);
+  preloadOps<DType::I8, K>(e);
+  preloadOps<DType::I32, K>(e);
+  preloadOps<DType::I64, K>(e);
+  preloadOps<DType::U8, K>(e);
+  preloadOps<DType::Bool, K>(e);
+}
+
+}  // namespace
+
+cudaError_t detail::preloadReduceKernels() {
+  cudaError_t e = cudaSuccess;
+  preloadTypes<2>(e);
+  preloadTypes<0>(e);
+  preload<gatherKernel>(e);
+  return e;
+}
+
+cudaError_t reduce2(void* out, const void* a, const void* b, size_t count, DType dt, RedOp op,
+                    cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  InPtrs in{};
+  in.p[0] = a;
+  in.p[1] = b;
+  const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
+  return byType<2>(dt, op, in, 2, out, count, vec, stream);
+}
+
+cudaError_t reduceMulti(void* out, const void* const* in, int k, size_t count, DType dt, RedOp op,
+                        cudaStream_t stream) {
+  if (k < 1 || k > kMaxReduceInputs || in == nullptr) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  InPtrs p{};
+  bool vec = aligned16(out);
+  for (int j = 0; j < k; ++j) {
+    p.p[j] = in[j];
+    vec = vec && aligned16(in[j]);
+  }
+  return byType<0>(dt, op, p, k, out, count, vec, stream);
+}
+
+cudaError_t gatherSlices(void* out, const void* const* in, const size_t* beginBytes,
+                         const size_t* endBytes, int k, cudaStream_t stream) {
+  if (k < 0 || k > kMaxReduceInputs) return cudaErrorInvalidValue;
+  if (k == 0) return cudaSuccess;
+  if (in == nullptr || beginBytes == nullptr || endBytes == nullptr) return cudaErrorInvalidValue;
+  Slices s{};
+  size_t longest = 0;
+  for (int q = 0; q < k; ++q) {
+    s.in[q] = static_cast<const unsigned char*>(in[q]);
+    s.begin[q] = beginBytes[q];
+    s.end[q] = endBytes[q];
+    if (endBytes[q] > beginBytes[q] && endBytes[q] - beginBytes[q] > longest)
+      longest = endBytes[q] - beginBytes[q];
+  }
+  if (longest == 0) return cudaSuccess;
+  // One wave in all: the slices share the resident blocks.
+  size_t perBlock = static_cast<size_t>(kThreads) * 16 * kGatherUnroll;
+  size_t need = (longest + perBlock - 1) / perBlock;
+  size_t cap = static_cast<size_t>(smCount()) * blocksPerSm<gatherKernel>() / k;
+  if (cap < 1) cap = 1;
+  if (need > cap) need = cap;
+  if (need < 1) need = 1;
+  dim3 grid(static_cast<unsigned>(need), static_cast<unsigned>(k));
+  gatherKernel<<<grid, kThreads, 0, stream>>>(s, static_cast<unsigned char*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace smdccl::cuda
