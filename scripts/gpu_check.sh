@@ -28,6 +28,11 @@ mkdir -p "$LOGS"
 echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(torch.__version__)'), results $STEM.{json,md}"
 
 # 1. build: one CMake tree for the module, the kernel tests and the benchmark.
+# The module must use the libstdc++ that Python loads: the system compiler,
+# not another GCC first on PATH (one GPU image has /opt/gcc, whose build put
+# its own libstdc++ into the module and crashed it). CXX=... overrides.
+if [[ -z "${CXX:-}" && -x /usr/bin/g++ ]]; then export CXX=/usr/bin/g++; fi
+export CUDAHOSTCXX=${CUDAHOSTCXX:-${CXX:-}}
 BUILD=build/gpu-check
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMDCCL_CUDA_ARCHS="$ARCH" \
   -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')" \

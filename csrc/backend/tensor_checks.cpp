@@ -75,7 +75,7 @@ void checkTensor(const at::Tensor& t, const char* op, const char* what) {
   SMDCCL_VALUE_CHECK(t.defined(), op, ": ", what, " is undefined");
 #ifdef SMDCCL_WITH_CUDA
   SMDCCL_VALUE_CHECK(t.device().is_cpu() || t.is_cuda(), op, ": ", what, " is on ", t.device(),
-                     "; smdccl runs collectives on CPU and CUDA tensors");
+                     "; smdccl runs collectives on CPU and CUDA tensors (move it with .cpu() or .cuda())");
 #else
   SMDCCL_VALUE_CHECK(t.device().is_cpu(), op, ": ", what, " is on ", t.device(),
                      "; this build of smdccl has no CUDA support (built without nvcc or against "
