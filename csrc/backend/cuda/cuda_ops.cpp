@@ -8,7 +8,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "backend/device_op.h"
@@ -16,6 +18,7 @@
 #include "kernels/cuda/kernels.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
+#include "transport/cuda/stream_memops.h"
 
 namespace smdccl {
 
@@ -30,7 +33,6 @@ struct CudaState {
   // Ops signalled done by the internal stream (their seq), in host memory
   // mapped into the GPU: streams wait on it, the host reads it.
   volatile uint64_t* counter = nullptr;
-  volatile int* gateTimedOut = nullptr;
 
   CudaState(int dev, KVStore& store)
       : device(dev), stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, dev)) {
@@ -39,7 +41,6 @@ struct CudaState {
     SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable));
     std::memset(p, 0, 64);
     counter = static_cast<volatile uint64_t*>(p);
-    gateTimedOut = reinterpret_cast<volatile int*>(static_cast<char*>(p) + 8);
     gpu = std::make_unique<GpuContext>(dev, stream.stream(), store, GpuTuning::fromEnv());
   }
   ~CudaState() {
@@ -57,9 +58,16 @@ class CudaCompletion : public DeviceCompletion {
     if (done()) return;  // the GPU is past it: nothing to order
     c10::cuda::CUDAGuard guard(s_->device);
     cudaStream_t cur = c10::cuda::getCurrentCUDAStream(s_->device).stream();
-    cudaError_t e = cuda::waitCounter(s_->counter, seq_, timeoutNs_, s_->gateTimedOut, cur);
-    TORCH_CHECK(e == cudaSuccess, "smdccl: could not make the current stream wait for the "
-                "collective: ", cudaGetErrorString(e));
+    // The GPU's front end holds the stream until the counter gets there.
+    if (streamWaitAtLeast(cur, s_->counter, seq_)) return;
+    // No stream memory operations here: the host waits instead (the counter
+    // is written once the op's GPU work is done, so then nothing is left to order).
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeoutNs_);
+    while (!done()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
+                  "smdccl: timed out waiting for the GPU work of collective #", seq_);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
   }
   c10::Device device() const override { return c10::Device(c10::kCUDA, s_->device); }
   c10::Stream stream() const override { return s_->stream; }
@@ -106,8 +114,13 @@ class CudaOp : public DeviceOp {
   }
 
   void signal(uint64_t seq) noexcept override {
-    cudaError_t e = cuda::signalCounter(s_->counter, seq, s_->stream.stream());
-    if (e != cudaSuccess) *s_->counter = seq;  // nothing may wait for it forever
+    cudaStream_t st = s_->stream.stream();
+    try {
+      if (streamWrite(st, s_->counter, seq)) return;
+    } catch (...) {
+    }
+    if (cuda::signalCounter(s_->counter, seq, st) == cudaSuccess) return;
+    *s_->counter = seq;  // nothing may wait for it forever
   }
 
   void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op, const Tuning& t) override {
