@@ -153,8 +153,12 @@ def main() -> int:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = ""
+    import os
+
+    commit = commit or os.environ.get("SMDCCL_COMMIT", "")
     rep = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-           "command": "bash scripts/gpu_check.sh", "commit": commit or "(not a git checkout)",
+           "command": os.environ.get("SMDCCL_GPU_CHECK_COMMAND", "bash scripts/gpu_check.sh"),
+           "commit": commit or "(not a git checkout)",
            "gpu": gpu_info(), "kernel_tests": kernel_tests(args.logs), "tests": pytest_results(args.logs),
            "kernels": kernels(args.logs), "collectives": collectives(args.logs), "script_status": args.status}
     Path(args.stem + ".json").write_text(json.dumps(rep, indent=1))
