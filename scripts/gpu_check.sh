@@ -31,8 +31,10 @@ echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(to
 # The module must use the libstdc++ that Python loads: the system compiler,
 # not another GCC first on PATH (one GPU image has /opt/gcc, whose build put
 # its own libstdc++ into the module and crashed it). CXX=... overrides.
-if [[ -z "${CXX:-}" && -x /usr/bin/g++ ]]; then export CXX=/usr/bin/g++; fi
-export CUDAHOSTCXX=${CUDAHOSTCXX:-${CXX:-}}
+# SMDCCL_CXX=... picks another (an image may export CXX=/opt/gcc/bin/g++).
+if [[ -n "${SMDCCL_CXX:-}" ]]; then export CXX=$SMDCCL_CXX
+elif [[ -x /usr/bin/g++ ]]; then export CXX=/usr/bin/g++; fi
+export CUDAHOSTCXX=${CXX:-}
 BUILD=build/gpu-check
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMDCCL_CUDA_ARCHS="$ARCH" \
   -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')" \
@@ -63,7 +65,7 @@ BACKENDS=smdccl,gloo
 [[ $NGPU -ge 2 ]] && BACKENDS=smdccl,gloo,nccl
 SIZES=${SMDCCL_GPU_CHECK_SIZES:-4K,64K,256K,1M,4M,16M,64M}
 COLLS=${SMDCCL_GPU_CHECK_COLLECTIVES:-allreduce,allgather,reduce_scatter,broadcast}
-for n in 2 4; do
+for n in ${SMDCCL_GPU_CHECK_RANKS:-2 4}; do
   timeout "${SMDCCL_GPU_CHECK_BENCH_TIMEOUT:-1200}" \
   "$PY" -m torch.distributed.run --nproc-per-node $n -m smdccl.bench --device cuda \
     --backends "$BACKENDS" --collectives "$COLLS" \

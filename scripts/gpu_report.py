@@ -155,7 +155,7 @@ def main() -> int:
         commit = ""
     import os
 
-    commit = commit or os.environ.get("SMDCCL_COMMIT", "")
+    commit = os.environ.get("SMDCCL_COMMIT") or commit
     rep = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
            "command": os.environ.get("SMDCCL_GPU_CHECK_COMMAND", "bash scripts/gpu_check.sh"),
            "commit": commit or "(not a git checkout)",
