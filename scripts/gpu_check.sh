@@ -30,12 +30,13 @@ echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(to
 # 1. build: one CMake tree for the module, the kernel tests and the benchmark.
 # The module must use the libstdc++ that Python loads: the system compiler,
 # not another GCC first on PATH (one GPU image has /opt/gcc, whose build put
-# its own libstdc++ into the module and crashed it). CXX=... overrides.
+# its own libstdc++ into the module and crashed it).
 # SMDCCL_CXX=... picks another (an image may export CXX=/opt/gcc/bin/g++).
 if [[ -n "${SMDCCL_CXX:-}" ]]; then export CXX=$SMDCCL_CXX
 elif [[ -x /usr/bin/g++ ]]; then export CXX=/usr/bin/g++; fi
 export CUDAHOSTCXX=${CXX:-}
 BUILD=build/gpu-check
+rm -rf "$BUILD"  # a cached configure would keep an earlier compiler
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMDCCL_CUDA_ARCHS="$ARCH" \
   -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')" \
   -DPython3_EXECUTABLE="$(command -v "$PY")" -DSMDCCL_PYTHON_OUT_DIR="$PWD/python/smdccl" \
