@@ -111,7 +111,8 @@ def markdown(rep: dict) -> str:
     lines += ["", "## Kernels (median of timed runs; bytes read + written)", "",
               "| kernel | dtype | op | MiB/buffer | GB/s | copy GB/s | % of copy |", "|---|---|---|---|---|---|---|"]
     for r in k["records"]:
-        lines.append(f"| {r.get('kernel')} | {r.get('dtype', '')} | {r.get('op', '')} | "
+        name = r.get("kernel", "") + (f" (k={r['k']})" if r.get("k") else "")
+        lines.append(f"| {name} | {r.get('dtype', '')} | {r.get('op', '')} | "
                      f"{r.get('bytes_per_buffer', 0) / 2**20:.0f} | {r.get('gbps', 0):.0f} | "
                      f"{r.get('copy_gbps', 0):.0f} | {r.get('pct_of_copy', 0):.1f} |")
     w = k["worst_reduce"]
