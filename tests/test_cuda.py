@@ -7,7 +7,9 @@ TCP between them, with and without the fp16 wire), the staged path
 (SMDCCL_CUDA_IPC=0) and the host-staged collectives, against the float64 /
 integer references of tests/reference.py. Stream semantics: work queued on
 the caller's stream before the call is seen, Work.wait() orders the caller's
-stream without blocking the host, futures are CUDA-aware.
+stream after the collective (waiting on the host only until the collective's
+GPU work is queued, never for the caller's own queued work), futures are
+CUDA-aware.
 
 Without a GPU these tests are skipped (the reason says so); what can run
 without one does: the CUDA build itself (test_cuda_code_compiled) and the
@@ -200,18 +202,18 @@ def stream_semantics() -> dict:
             torch.cuda.current_stream().synchronize()
             assert torch.all(t == expect).item(), f"got {t[:4].tolist()}"
 
-    with chk.case("Work.wait() orders the current stream and does not block the host"):
+    with chk.case("Work.wait() orders the current stream, without waiting for the work on it"):
         t = torch.full((n,), float(rank + 1), device=dev)
         w = dist.all_reduce(t, async_op=True)
-        torch.cuda._sleep(50_000_000)  # keep the caller's stream busy
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued behind the call
         t0 = time.perf_counter()
         w.wait()
         host_wait = time.perf_counter() - t0
         u = t * 2  # queued on the current stream: must run after the allreduce
         torch.cuda.synchronize()
         assert torch.all(u == 2 * expect).item(), f"got {u[:4].tolist()}"
-        # wait() launched at most a gate on the stream: far less than the
-        # GPU time queued ahead of it.
+        # wait() waits (host) until the collective's GPU work is queued, not
+        # for the sleep that the caller's stream holds.
         assert host_wait < 0.5, f"wait() blocked the host {host_wait:.3f} s"
         # The progress thread marks the work done microseconds after the GPU
         # got past it: give it a moment, not a race.

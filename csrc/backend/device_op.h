@@ -12,9 +12,10 @@
 //                   the body runs (kernels on the internal stream, or host
 //                   algorithms on the pinned copies);
 //                   finishBody(): staged outputs are copied back;
-//                   signal(seq): the op's GPU work is marked done on the GPU
-//   Work.wait()     the caller's current stream waits for that mark (no
-//                   host block); the future is CUDA-aware.
+//                   signal(seq): an event is recorded behind the op's GPU work
+//   Work.wait()     once that event is recorded (the host waits for it), the
+//                   caller's current stream waits for it; the future is
+//                   CUDA-aware.
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
 
@@ -41,8 +42,8 @@ class DeviceOp {
   virtual at::Tensor host(const at::Tensor& dev, bool in, bool out) = 0;
   virtual void prepare(const OpContext& ctx) = 0;
   virtual void finishBody(const OpContext& ctx) = 0;
-  // Marks the op done on the GPU once the internal stream gets there (also
-  // after a failure, so that no stream waits for it forever).
+  // Records the event behind the op's GPU work (also after a failure, so
+  // that nothing waits for it forever).
   virtual void signal(uint64_t seq) noexcept = 0;
   // In-place allreduce of device memory (CUDA IPC / staged).
   virtual void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op,

@@ -73,10 +73,11 @@ void SmdcclWork::complete(std::exception_ptr error) {
 bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   if (device_) {
-    // Like ProcessGroupNCCL: the caller's current stream waits for the
-    // collective, the host does not. A failure known by now is raised.
+    // The caller's current stream waits for the collective's GPU work (see
+    // DeviceCompletion). A failure known by then is raised.
     if (auto e = exception()) std::rethrow_exception(e);
     device_->blockCurrentStream();
+    if (auto e = exception()) std::rethrow_exception(e);
     return true;
   }
   if (!done_.load(std::memory_order_acquire)) {

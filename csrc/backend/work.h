@@ -13,13 +13,14 @@
 namespace smdccl {
 
 // GPU-side completion of a work on CUDA tensors (backend/cuda implements
-// it): wait() makes the caller's current stream wait instead of the host.
+// it): wait() makes the caller's current stream wait for the op's GPU work.
 class DeviceCompletion {
  public:
   virtual ~DeviceCompletion() = default;
   // The GPU has finished the op's work.
   virtual bool done() const = 0;
-  // The caller's current stream waits for the op's GPU work (no host block).
+  // Once the op's GPU work is queued (the host waits for that, up to the
+  // group timeout), the caller's current stream waits for it.
   virtual void blockCurrentStream() = 0;
   virtual c10::Device device() const = 0;
   // The stream the op's GPU work runs on: futures complete on it.

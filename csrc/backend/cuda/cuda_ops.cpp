@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -15,10 +16,8 @@
 #include "algorithms/cuda/gpu_collectives.h"
 #include "backend/device_op.h"
 #include "backend/tensor_checks.h"
-#include "kernels/cuda/kernels.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
-#include "transport/cuda/stream_memops.h"
 
 namespace smdccl {
 
@@ -30,50 +29,66 @@ struct CudaState {
   int device;
   c10::cuda::CUDAStream stream;
   std::unique_ptr<GpuContext> gpu;
-  // Ops signalled done by the internal stream (their seq), in host memory
-  // mapped into the GPU: streams wait on it, the host reads it.
-  volatile uint64_t* counter = nullptr;
-
   CudaState(int dev, KVStore& store)
       : device(dev), stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, dev)) {
-    c10::cuda::CUDAGuard guard(dev);
-    void* p = nullptr;
-    SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(p, 0, 64);
-    counter = static_cast<volatile uint64_t*>(p);
     gpu = std::make_unique<GpuContext>(dev, stream.stream(), store, GpuTuning::fromEnv());
-  }
-  ~CudaState() {
-    gpu.reset();  // synchronizes the stream
-    cudaFreeHost(const_cast<uint64_t*>(counter));
   }
 };
 
+// When an op's GPU work is all queued on the internal stream: an event
+// recorded right behind it. Shared by the op (records it) and its Work
+// (waits for it).
+struct OpEnd {
+  int device;
+  cudaEvent_t event = nullptr;
+  std::atomic<bool> recorded{false};
+  explicit OpEnd(int dev) : device(dev) {
+    c10::cuda::CUDAGuard guard(dev);
+    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
+  ~OpEnd() {
+    if (event) cudaEventDestroy(event);
+  }
+};
+
+// Work.wait() on CUDA tensors. The caller's stream must not wait for GPU
+// work that is not queued yet: a stream blocked on a future submission can
+// share a hardware queue with the internal stream and block it (seen on an
+// H100 with a front-end wait and with a spinning kernel alike: the
+// collective never finished). So the host waits until the progress thread
+// has queued the op's GPU work, then the caller's stream waits for the
+// event behind it. The collectives here drive their steps from the host, so
+// that host wait lasts about as long as the collective.
 class CudaCompletion : public DeviceCompletion {
  public:
-  CudaCompletion(std::shared_ptr<CudaState> s, uint64_t seq, uint64_t timeoutNs)
-      : s_(std::move(s)), seq_(seq), timeoutNs_(timeoutNs) {}
-  bool done() const override { return *s_->counter >= seq_; }
+  CudaCompletion(std::shared_ptr<CudaState> s, std::shared_ptr<OpEnd> end, uint64_t seq,
+                 uint64_t timeoutNs)
+      : s_(std::move(s)), end_(std::move(end)), seq_(seq), timeoutNs_(timeoutNs) {}
+  bool done() const override {
+    return end_->recorded.load(std::memory_order_acquire) && cudaEventQuery(end_->event) == cudaSuccess;
+  }
   void blockCurrentStream() override {
-    if (done()) return;  // the GPU is past it: nothing to order
+    using Clock = std::chrono::steady_clock;
+    auto start = Clock::now();
+    auto deadline = start + std::chrono::nanoseconds(timeoutNs_);
+    while (!end_->recorded.load(std::memory_order_acquire)) {
+      TORCH_CHECK(Clock::now() < deadline, "smdccl: timed out after ", timeoutNs_ / 1000000,
+                  " ms waiting for collective #", seq_, " to be queued on the GPU");
+      if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
     c10::cuda::CUDAGuard guard(s_->device);
     cudaStream_t cur = c10::cuda::getCurrentCUDAStream(s_->device).stream();
-    // The GPU's front end holds the stream until the counter gets there.
-    if (streamWaitAtLeast(cur, s_->counter, seq_)) return;
-    // No stream memory operations here: the host waits instead (the counter
-    // is written once the op's GPU work is done, so then nothing is left to order).
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeoutNs_);
-    while (!done()) {
-      TORCH_CHECK(std::chrono::steady_clock::now() < deadline,
-                  "smdccl: timed out waiting for the GPU work of collective #", seq_);
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    cudaError_t e = cudaStreamWaitEvent(cur, end_->event, 0);
+    TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after collective #",
+                seq_, ": ", cudaGetErrorString(e));
   }
   c10::Device device() const override { return c10::Device(c10::kCUDA, s_->device); }
   c10::Stream stream() const override { return s_->stream; }
 
  private:
   std::shared_ptr<CudaState> s_;
+  std::shared_ptr<OpEnd> end_;
   uint64_t seq_;
   uint64_t timeoutNs_;
 };
@@ -81,7 +96,7 @@ class CudaCompletion : public DeviceCompletion {
 class CudaOp : public DeviceOp {
  public:
   CudaOp(std::shared_ptr<CudaState> s, uint64_t timeoutNs)
-      : s_(std::move(s)), timeoutNs_(timeoutNs) {
+      : s_(std::move(s)), end_(std::make_shared<OpEnd>(s_->device)), timeoutNs_(timeoutNs) {
     // Ordered after what the caller queued on its current stream.
     c10::cuda::CUDAGuard guard(s_->device);
     SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -113,14 +128,11 @@ class CudaOp : public DeviceOp {
     waitForStream(s_->stream.stream(), ctx, "copy back from host memory");
   }
 
-  void signal(uint64_t seq) noexcept override {
-    cudaStream_t st = s_->stream.stream();
-    try {
-      if (streamWrite(st, s_->counter, seq)) return;
-    } catch (...) {
-    }
-    if (cuda::signalCounter(s_->counter, seq, st) == cudaSuccess) return;
-    *s_->counter = seq;  // nothing may wait for it forever
+  void signal(uint64_t) noexcept override {
+    // Also after a failure: nothing may wait for it forever (the event then
+    // marks whatever reached the stream).
+    cudaEventRecord(end_->event, s_->stream.stream());
+    end_->recorded.store(true, std::memory_order_release);
   }
 
   void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op, const Tuning& t) override {
@@ -128,11 +140,12 @@ class CudaOp : public DeviceOp {
   }
 
   std::shared_ptr<DeviceCompletion> completion(uint64_t seq) override {
-    return std::make_shared<CudaCompletion>(s_, seq, timeoutNs_);
+    return std::make_shared<CudaCompletion>(s_, end_, seq, timeoutNs_);
   }
 
  private:
   std::shared_ptr<CudaState> s_;
+  std::shared_ptr<OpEnd> end_;
   uint64_t timeoutNs_;
   cudaEvent_t ready_ = nullptr;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
