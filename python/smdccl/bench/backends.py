@@ -54,12 +54,31 @@ def init_world(device_kind: str, timeout_s: float) -> World:
     return World(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.group.WORLD)
 
 
-def default_backends(device_kind: str) -> list[str]:
-    """smdccl and gloo; nccl too when it can run (CUDA tensors, >= 2 GPUs)."""
+def nccl_unavailable(device_kind: str, local_ranks: int, gpus: int) -> str | None:
+    """Why nccl cannot run here, or None. NCCL needs CUDA tensors and a GPU of
+    its own for each rank of a machine ("Duplicate GPU detected" otherwise),
+    where gloo and smdccl let ranks share one."""
+    if device_kind != "cuda":
+        return "nccl only runs on CUDA tensors: use --device cuda"
+    if gpus < 1:
+        return "nccl needs a GPU and torch sees none"
+    if local_ranks > gpus:
+        return (f"nccl needs one GPU per rank: {local_ranks} ranks share {gpus} GPU(s) on this "
+                "machine (NCCL refuses two ranks on one GPU; smdccl and gloo do not)")
+    return None
+
+
+def default_backends(device_kind: str, local_ranks: int = 1) -> list[str]:
+    """smdccl and gloo; nccl too when it can run (CUDA tensors, a GPU per rank, >= 2 GPUs)."""
     names = ["smdccl", "gloo"]
-    if device_kind == "cuda" and torch.cuda.device_count() >= 2:
+    gpus = torch.cuda.device_count() if device_kind == "cuda" else 0
+    if gpus >= 2 and nccl_unavailable(device_kind, local_ranks, gpus) is None:
         names.append("nccl")
     return names
+
+
+def _local_ranks() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def first_error(world: World, err: str | None) -> str | None:
@@ -97,8 +116,9 @@ def open_group(name: str, world: World, timeout_s: float):
             import smdccl  # noqa: F401 - registers the "smdccl" backend
         except Exception as exc:  # ImportError, or an OSError loading _C
             err = f"cannot import smdccl ({describe(exc)})"
-    elif base == "nccl" and world.device.type != "cuda":
-        err = "nccl only runs on CUDA tensors: use --device cuda"
+    elif base == "nccl":
+        err = nccl_unavailable(world.device.type, _local_ranks(),
+                               torch.cuda.device_count() if world.device.type == "cuda" else 0)
     if (err := first_error(world, err)) is not None:
         return None, err
 

@@ -14,6 +14,7 @@ Order of events (every rank runs it; only rank 0 prints):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -173,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         explicit = args.backends is not None
-        names = args.backends if explicit else default_backends(args.device)
+        names = args.backends if explicit else default_backends(
+            args.device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         groups, unavailable = {}, {}
         for name in names:
             group, err = open_group(name, world, args.timeout)
