@@ -252,8 +252,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
   }
   auto dev = deviceOps_->begin(tensors, "allreduce_coalesced");
-  std::vector<at::Tensor> ts;
-  for (auto& t : tensors) ts.push_back(hostOf(dev, t, true, true));
+  std::vector<at::Tensor> ts = hostOf(dev, tensors, true, true);
   return enqueue(
       OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
       callOf(ts, ts[0].scalar_type(), numelOf(ts),
@@ -326,11 +325,8 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor in = checkSingle(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "smdccl: allgather takes one output list per rank");
   checkOutputList(outputs[0], in, size_, "allgather", "output_tensor_list");
-  std::vector<at::Tensor> all = outputs[0];
-  all.push_back(in);
-  auto dev = deviceOps_->begin(all, "allgather");
-  std::vector<at::Tensor> outs;
-  for (auto& o : outputs[0]) outs.push_back(hostOf(dev, o, false, true));
+  auto dev = deviceOps_->begin(allOf(outputs[0], {in}), "allgather");
+  std::vector<at::Tensor> outs = hostOf(dev, outputs[0], false, true);
   at::Tensor hin = hostOf(dev, in, true, false);
   Tuning tuning = tuning_;
   return enqueue(
@@ -381,16 +377,10 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
     checkOutputList(outputLists[i], inputs[i], size_, "allgather_coalesced", "output list");
     allOutputs.insert(allOutputs.end(), outputLists[i].begin(), outputLists[i].end());
   }
-  std::vector<at::Tensor> all = allOutputs;
-  all.insert(all.end(), inputs.begin(), inputs.end());
-  auto dev = deviceOps_->begin(all, "allgather_coalesced");
-  std::vector<at::Tensor> ins;
-  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
+  auto dev = deviceOps_->begin(allOf(allOutputs, inputs), "allgather_coalesced");
+  std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
   std::vector<std::vector<at::Tensor>> outs;
-  for (auto& list : outputLists) {
-    outs.emplace_back();
-    for (auto& t : list) outs.back().push_back(hostOf(dev, t, false, true));
-  }
+  for (auto& list : outputLists) outs.push_back(hostOf(dev, list, false, true));
   Tuning tuning = tuning_;
   return enqueue(
       OpType::ALLGATHER_COALESCED, "allgather_coalesced",
@@ -416,12 +406,9 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
                       "smdccl: allgather_into_tensor_coalesced: output ", i,
                       " must have the input's dtype and world_size x its elements");
   }
-  std::vector<at::Tensor> all = inputs;
-  all.insert(all.end(), outputs.begin(), outputs.end());
-  auto dev = deviceOps_->begin(all, "allgather_into_tensor_coalesced");
-  std::vector<at::Tensor> ins, outs;
-  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
-  for (auto& t : outputs) outs.push_back(hostOf(dev, t, false, true));
+  auto dev = deviceOps_->begin(allOf(inputs, outputs), "allgather_into_tensor_coalesced");
+  std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
+  std::vector<at::Tensor> outs = hostOf(dev, outputs, false, true);
   Tuning tuning = tuning_;
   return enqueue(
       OpType::COALESCED, "allgather_into_tensor_coalesced",
@@ -443,11 +430,8 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   checkRank(opts.rootRank, size_, "gather", "root rank");
   int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> devOuts = rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
-  std::vector<at::Tensor> all = devOuts;
-  all.push_back(in);
-  auto dev = deviceOps_->begin(all, "gather");
-  std::vector<at::Tensor> outs;
-  for (auto& o : devOuts) outs.push_back(hostOf(dev, o, false, true));
+  auto dev = deviceOps_->begin(allOf(devOuts, {in}), "gather");
+  std::vector<at::Tensor> outs = hostOf(dev, devOuts, false, true);
   at::Tensor hin = hostOf(dev, in, true, false);
   return enqueue(
       OpType::GATHER, "gather", callOf({hin}, in.scalar_type(), in.numel(), -1, root),
@@ -472,11 +456,8 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
   checkRank(opts.rootRank, size_, "scatter", "root rank");
   int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> devIns = rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
-  std::vector<at::Tensor> all = devIns;
-  all.push_back(out);
-  auto dev = deviceOps_->begin(all, "scatter");
-  std::vector<at::Tensor> ins;
-  for (auto& t : devIns) ins.push_back(hostOf(dev, t, true, false));
+  auto dev = deviceOps_->begin(allOf(devIns, {out}), "scatter");
+  std::vector<at::Tensor> ins = hostOf(dev, devIns, true, false);
   at::Tensor hout = hostOf(dev, out, false, true);
   // The signature counts the output: only the root passes a scatter_list.
   OpCall call = callOf({hout}, out.scalar_type(), out.numel(), -1, root);
@@ -530,11 +511,8 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: reduce_scatter takes one input list per rank");
   checkOutputList(inputs[0], out, size_, "reduce_scatter", "input_list");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
-  std::vector<at::Tensor> all = inputs[0];
-  all.push_back(out);
-  auto dev = deviceOps_->begin(all, "reduce_scatter");
-  std::vector<at::Tensor> ins;
-  for (auto& t : inputs[0]) ins.push_back(hostOf(dev, t, true, false));
+  auto dev = deviceOps_->begin(allOf(inputs[0], {out}), "reduce_scatter");
+  std::vector<at::Tensor> ins = hostOf(dev, inputs[0], true, false);
   at::Tensor hout = hostOf(dev, out, false, true);
   OpCall call = callOf({hout}, out.scalar_type(), out.numel(),
                        redOpCode(opts.reduceOp));
@@ -593,12 +571,9 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
     specs.push_back(toReduceSpec(opts.reduceOp, outputs[i].scalar_type(), size_,
                                  "reduce_scatter_tensor_coalesced"));
   }
-  std::vector<at::Tensor> all = inputs;
-  all.insert(all.end(), outputs.begin(), outputs.end());
-  auto dev = deviceOps_->begin(all, "reduce_scatter_tensor_coalesced");
-  std::vector<at::Tensor> ins, outs;
-  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
-  for (auto& t : outputs) outs.push_back(hostOf(dev, t, false, true));
+  auto dev = deviceOps_->begin(allOf(inputs, outputs), "reduce_scatter_tensor_coalesced");
+  std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
+  std::vector<at::Tensor> outs = hostOf(dev, outputs, false, true);
   OpCall call = callOf(outs, outs.empty() ? at::kByte
                                           : outs[0].scalar_type(),
                        numelOf(outs), redOpCode(opts.reduceOp));
@@ -692,12 +667,9 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
                     rank_, "] (what this rank sends itself) has ", inputs[rank_].numel(),
                     " elements but output_tensor_list[", rank_, "] has ", outputs[rank_].numel(),
                     "; the two must match");
-  std::vector<at::Tensor> all = inputs;
-  all.insert(all.end(), outputs.begin(), outputs.end());
-  auto dev = deviceOps_->begin(all, "all_to_all");
-  std::vector<at::Tensor> ins, outs;
-  for (auto& t : inputs) ins.push_back(hostOf(dev, t, true, false));
-  for (auto& t : outputs) outs.push_back(hostOf(dev, t, false, true));
+  auto dev = deviceOps_->begin(allOf(inputs, outputs), "all_to_all");
+  std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
+  std::vector<at::Tensor> outs = hostOf(dev, outputs, false, true);
   Blocks sendB = Blocks::fromLengths(sendLen), recvB = Blocks::fromLengths(recvLen);
   return enqueue(
       OpType::ALLTOALL, "all_to_all",

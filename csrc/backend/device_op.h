@@ -76,5 +76,18 @@ inline at::Tensor hostOf(const std::shared_ptr<DeviceOp>& d, const at::Tensor& t
                          bool out) {
   return d ? d->host(t, in, out) : t;
 }
+inline std::vector<at::Tensor> hostOf(const std::shared_ptr<DeviceOp>& d,
+                                      const std::vector<at::Tensor>& ts, bool in, bool out) {
+  std::vector<at::Tensor> r;
+  r.reserve(ts.size());
+  for (const auto& t : ts) r.push_back(hostOf(d, t, in, out));
+  return r;
+}
+
+// Every tensor of a call, for DeviceOps::begin.
+inline std::vector<at::Tensor> allOf(std::vector<at::Tensor> a, const std::vector<at::Tensor>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
 
 }  // namespace smdccl
