@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "algorithms/collectives.h"
+#include "algorithms/slices.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "common/log.h"
 #include "common/trace.h"
@@ -32,21 +33,6 @@ bool ipcUsable(const Comm& c, const GpuContext& g) {
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throwCudaError(e, what);
 }
-
-// Slice q of `count` elements over `parts` ranks: boundaries on 16 bytes so
-// every slice takes the kernels' vector path when the buffers are aligned.
-struct Slices {
-  std::vector<size_t> begin, end;  // elements
-  Slices(size_t count, int parts, size_t es) {
-    size_t align = std::max<size_t>(1, 16 / es);
-    size_t per = (count + parts - 1) / parts;
-    per = (per + align - 1) / align * align;
-    for (int q = 0; q < parts; ++q) {
-      begin.push_back(std::min(count, per * q));
-      end.push_back(std::min(count, per * (q + 1)));
-    }
-  }
-};
 
 struct IpcStep {
   Comm& c;
