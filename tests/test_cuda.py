@@ -50,6 +50,9 @@ needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA device on this mach
 # 1 MiB IPC buffer the matrix runs with (several IPC chunks, uneven last).
 SIZES = [0, 1, 7, 1001, 65_537, 300_007]
 BIG = 700_001  # float32: 2.8 MB > SMDCCL_CUDA_IPC_MB=1
+# Every collective here takes milliseconds on a GPU: a stuck one fails in
+# 30 s (naming the op) instead of holding a GPU machine's limited time.
+PG_TIMEOUT = 30.0
 
 
 def _nvcc() -> str | None:
@@ -273,7 +276,7 @@ def test_cuda_collectives_one_node_ipc(world_size):
     """One node: allreduce over CUDA IPC (one-shot and two-shot, 1 MiB IPC
     buffers so big messages take several pieces), the rest host-staged."""
     _check(run_ranks(world_size, cuda_matrix, world_size == 2,
-                     env={"SMDCCL_CUDA_IPC_MB": "1"}, timeout=900))
+                     env={"SMDCCL_CUDA_IPC_MB": "1"}, timeout=240, pg_timeout=PG_TIMEOUT))
 
 
 @needs_gpu
@@ -283,7 +286,8 @@ def test_cuda_collectives_one_node_ipc(world_size):
     {"SMDCCL_CUDA_IPC": "0"},
 ], ids=["two-level", "two-level-small-chunks", "staged"])
 def test_cuda_collectives_two_level_and_staged(env):
-    _check(run_ranks(4, cuda_matrix, False, env={"SMDCCL_CUDA_IPC_MB": "1", **env}, timeout=900))
+    _check(run_ranks(4, cuda_matrix, False, env={"SMDCCL_CUDA_IPC_MB": "1", **env}, timeout=240,
+                     pg_timeout=PG_TIMEOUT))
 
 
 def compressed_allreduce() -> dict:
@@ -309,13 +313,14 @@ def compressed_allreduce() -> dict:
 @needs_gpu
 def test_cuda_two_level_fp16_wire():
     _check(run_ranks(4, compressed_allreduce, env={"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_COMPRESSION": "fp16",
-                                                    "SMDCCL_CUDA_IPC_MB": "1"}, timeout=600))
+                                                    "SMDCCL_CUDA_IPC_MB": "1"}, timeout=180,
+                     pg_timeout=PG_TIMEOUT))
 
 
 @needs_gpu
 @pytest.mark.parametrize("world_size", [2])
 def test_cuda_stream_semantics(world_size):
-    _check(run_ranks(world_size, stream_semantics, timeout=300))
+    _check(run_ranks(world_size, stream_semantics, timeout=120, pg_timeout=PG_TIMEOUT))
 
 
 def ddp_against_gloo(steps: int) -> dict:
@@ -359,4 +364,4 @@ def ddp_against_gloo(steps: int) -> dict:
 
 @needs_gpu
 def test_cuda_ddp_matches_gloo():
-    _check(run_ranks(2, ddp_against_gloo, 20, timeout=300))
+    _check(run_ranks(2, ddp_against_gloo, 20, timeout=120, pg_timeout=PG_TIMEOUT))
