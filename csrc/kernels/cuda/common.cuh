@@ -211,17 +211,4 @@ unsigned gridFor(size_t work, size_t perThread) {
   return static_cast<unsigned>(need);
 }
 
-// Loads kernel F on the current device now (with lazy module loading, the
-// default, a kernel is otherwise loaded at its first launch, which may wait
-// for the device to be idle: never, while waitCounter spins).
-template <auto F>
-void preload(cudaError_t& first) {
-  cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, F);
-  if (e != cudaSuccess && first == cudaSuccess) first = e;
-}
-// Every kernel of reduce.cu / wire.cu, on the current device.
-cudaError_t preloadReduceKernels();
-cudaError_t preloadWireKernels();
-
 }  // namespace smdccl::cuda::detail

@@ -49,16 +49,4 @@ cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cuda
 cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, Wire w, RedOp op,
                                  cudaStream_t stream);
 
-// ---- stream ordering across threads without blocking the host ----
-// Blocks `stream` (one thread spinning, not the host) until
-// *counter >= target. `counter` is host memory mapped into the device
-// (cudaHostAlloc(..., cudaHostAllocMapped)), written by the host or by
-// signalCounter. Gives up after timeoutNs (then *timedOut, mapped host
-// memory too, is set to 1) so that a lost signal cannot hang the GPU.
-cudaError_t waitCounter(const volatile uint64_t* counter, uint64_t target, uint64_t timeoutNs,
-                        volatile int* timedOut, cudaStream_t stream);
-// *counter = value, visible to the host and other streams, once the work
-// queued on `stream` before it is done.
-cudaError_t signalCounter(volatile uint64_t* counter, uint64_t value, cudaStream_t stream);
-
 }  // namespace smdccl::cuda

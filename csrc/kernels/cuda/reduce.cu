@@ -202,40 +202,7 @@ __global__ void __launch_bounds__(kThreads) gatherKernel(Slices s, unsigned char
   if (tid < n - done) dst[done + tid] = src[done + tid];
 }
 
-template <DType D, int K>
-void preloadOps(cudaError_t& e) {
-  preload<reduceVecKernel<D, RedOp::Sum, K>>(e);
-  preload<reduceVecKernel<D, RedOp::Prod, K>>(e);
-  preload<reduceVecKernel<D, RedOp::Min, K>>(e);
-  preload<reduceVecKernel<D, RedOp::Max, K>>(e);
-  preload<reduceScalarKernel<D, RedOp::Sum, K>>(e);
-  preload<reduceScalarKernel<D, RedOp::Prod, K>>(e);
-  preload<reduceScalarKernel<D, RedOp::Min, K>>(e);
-  preload<reduceScalarKernel<D, RedOp::Max, K>>(e);
-}
-
-template <int K>
-void preloadTypes(cudaError_t& e) {
-  preloadOps<DType::F32, K>(e);
-  preloadOps<DType::F64, K>(e);
-  preloadOps<DType::F16, K>(e);
-  preloadOps<DType::BF16, K>(e);
-  preloadOps<DType::I8, K>(e);
-  preloadOps<DType::I32, K>(e);
-  preloadOps<DType::I64, K>(e);
-  preloadOps<DType::U8, K>(e);
-  preloadOps<DType::Bool, K>(e);
-}
-
 }  // namespace
-
-cudaError_t detail::preloadReduceKernels() {
-  cudaError_t e = cudaSuccess;
-  preloadTypes<2>(e);
-  preloadTypes<0>(e);
-  preload<gatherKernel>(e);
-  return e;
-}
 
 cudaError_t reduce2(void* out, const void* a, const void* b, size_t count, DType dt, RedOp op,
                     cudaStream_t stream) {

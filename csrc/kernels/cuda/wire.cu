@@ -216,24 +216,7 @@ cudaError_t unpackReduceByOp(float* dst, const void* src16, size_t n, RedOp op, 
   return cudaErrorInvalidValue;
 }
 
-template <bool BF>
-void preloadWire(cudaError_t& e) {
-  preload<packKernel<BF>>(e);
-  preload<unpackKernel<BF>>(e);
-  preload<unpackReduceKernel<BF, RedOp::Sum>>(e);
-  preload<unpackReduceKernel<BF, RedOp::Prod>>(e);
-  preload<unpackReduceKernel<BF, RedOp::Min>>(e);
-  preload<unpackReduceKernel<BF, RedOp::Max>>(e);
-}
-
 }  // namespace
-
-cudaError_t detail::preloadWireKernels() {
-  cudaError_t e = cudaSuccess;
-  preloadWire<false>(e);
-  preloadWire<true>(e);
-  return e;
-}
 
 cudaError_t packToWire(void* dst16, const float* src, size_t n, Wire w,
                        unsigned long long* overflows, cudaStream_t stream) {
