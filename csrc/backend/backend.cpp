@@ -164,6 +164,9 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
   if (fusable) fusable->work = work;
   if (device) work->setDeviceCompletion(device->completion(seq));
   call.sig.name = name;
+  // CPU and CUDA tensors may take different paths (allreduce): under the
+  // full fingerprint a CPU rank and a CUDA rank of one call do not match.
+  if (device && call.sig.shapeHash) call.sig.shapeHash = (call.sig.shapeHash ^ 1) * 1099511628211ull;
   auto timeout = effectiveTimeout(opTimeout);
   int64_t queued = trace::enabled() ? trace::nowUs() : 0;
   // A blocking call (async_op=False) with nothing ahead of it runs right here.

@@ -121,7 +121,6 @@ OpCall callOf(std::vector<at::Tensor> inputs, at::ScalarType dt, uint64_t count,
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     for (const auto& t : inputs) {
-      mix(t.is_cuda() ? 1 : 0);  // CPU and CUDA tensors take different paths
       mix(static_cast<uint64_t>(t.dim()));
       for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
     }
@@ -173,8 +172,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
       tensors, [this, t, spec, dt, tuning, dev](Comm& c) mutable {
         WireOverflowCheck overflow(useWire(c, dt, spec));
         applyPreScale(t, spec);
-        if (dev) dev->allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
-        else smdccl::allreduce(c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
+        allreduceOn(dev, c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
         applyPostDivide(t, spec);
         overflow.finish(c);
       },
@@ -290,8 +288,7 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
         // Non-roots reduce a scratch copy: their input stays as it was.
         at::Tensor buf = isRoot ? t : t.clone();
         applyPreScale(buf, spec);
-        if (dev) dev->allreduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
-        else smdccl::allreduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
+        allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
         applyPostDivide(buf, spec);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
@@ -700,10 +697,7 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
   });
   work->markStarted();
   at::Tensor h = t;
-  if (t.is_cuda()) {
-    deviceOps_->begin({t}, "send");  // checks the device
-    h = deviceOps_->hostCopyForSend(t);
-  }
+  if (deviceOps_->deviceOf({t}, "send") >= 0) h = deviceOps_->hostCopyForSend(t);
   p2p_->send(dstRank, h.data_ptr(), h.nbytes(), tag,
              Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
              [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); });
@@ -719,10 +713,8 @@ WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int t
   });
   work->markStarted();
   at::Tensor h = t;
-  if (t.is_cuda()) {
-    deviceOps_->begin({t}, "recv");  // checks the device
+  if (deviceOps_->deviceOf({t}, "recv") >= 0)
     h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  }
   DeviceOps* ops = deviceOps_.get();
   p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag,
              Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),

@@ -24,6 +24,7 @@
 #include <memory>
 #include <vector>
 
+#include "algorithms/collectives.h"
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
 #include "algorithms/op_context.h"
@@ -62,6 +63,9 @@ class DeviceOps {
   // calls of this group.
   virtual std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors,
                                           const char* op) = 0;
+  // The CUDA device of a call's tensors (-1: all on the CPU), with begin()'s
+  // checks, for calls that need no DeviceOp (point-to-point).
+  virtual int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) = 0;
   // Point-to-point on CUDA tensors goes through host memory: a pinned copy
   // of `dev` made after the caller's queued work (blocks the caller), and
   // the copy of a received host tensor into `dev` (blocks the calling thread).
@@ -70,6 +74,13 @@ class DeviceOps {
 };
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
                                          std::function<std::chrono::milliseconds()> timeout);
+
+// In-place allreduce on the op's device, or on the host for CPU tensors.
+inline void allreduceOn(const std::shared_ptr<DeviceOp>& d, Comm& c, char* buf, size_t count,
+                        DType dt, RedOp op, const Tuning& t) {
+  if (d) d->allreduce(c, buf, count, dt, op, t);
+  else allreduce(c, buf, count, dt, op, t);
+}
 
 // A host copy where there is a device op, the tensor itself otherwise.
 inline at::Tensor hostOf(const std::shared_ptr<DeviceOp>& d, const at::Tensor& t, bool in,

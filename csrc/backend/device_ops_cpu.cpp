@@ -9,12 +9,16 @@ namespace {
 class CpuOnlyDeviceOps : public DeviceOps {
  public:
   std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors, const char* op) override {
+    deviceOf(tensors, op);
+    return nullptr;
+  }
+  int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) override {
     for (const auto& t : tensors)
       TORCH_CHECK_VALUE(!t.defined() || t.device().is_cpu(), "smdccl: ", op, ": a tensor is on ", t.device(),
                          "; this build of smdccl has no CUDA support (it was built without "
                          "nvcc or against a CPU build of torch): move it with .cpu(), or "
                          "rebuild smdccl where nvcc and a CUDA torch are found");
-    return nullptr;
+    return -1;
   }
   at::Tensor hostCopyForSend(const at::Tensor& t) override { return t; }
   void copyReceived(const at::Tensor&, const at::Tensor&) override {}

@@ -27,7 +27,6 @@ class GpuContext {
   GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning);
   ~GpuContext();
 
-  int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   const GpuTuning& tuning() const { return tuning_; }
   PinnedBuffer& staging() { return staging_; }

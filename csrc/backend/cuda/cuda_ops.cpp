@@ -39,10 +39,9 @@ struct CudaState {
 // recorded right behind it. Shared by the op (records it) and its Work
 // (waits for it).
 struct OpEnd {
-  int device;
   cudaEvent_t event = nullptr;
   std::atomic<bool> recorded{false};
-  explicit OpEnd(int dev) : device(dev) {
+  explicit OpEnd(int dev) {
     c10::cuda::CUDAGuard guard(dev);
     SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
@@ -157,6 +156,25 @@ class CudaDeviceOps : public DeviceOps {
       : store_(store), timeout_(std::move(timeout)) {}
 
   std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors, const char* op) override {
+    int device = deviceOf(tensors, op);
+    if (device < 0) return nullptr;
+    std::shared_ptr<CudaState> s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!state_) state_ = std::make_shared<CudaState>(device, store_);
+      checkGroupDevice(device, op);  // another thread may have created it first
+      s = state_;
+    }
+    // The caching allocator must not hand these blocks to another stream's
+    // allocation until the internal stream is done with them.
+    for (const auto& t : tensors)
+      if (t.defined() && t.numel())
+        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), s->stream);
+    uint64_t ns = static_cast<uint64_t>(timeout_().count()) * 1000000ull;
+    return std::make_shared<CudaOp>(std::move(s), ns);
+  }
+
+  int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) override {
     int device = -1;
     bool anyCpu = false;
     for (const auto& t : tensors) {
@@ -170,25 +188,12 @@ class CudaDeviceOps : public DeviceOps {
         anyCpu = true;
       }
     }
-    if (device < 0) return nullptr;
+    if (device < 0) return -1;
     TORCH_CHECK_VALUE(!anyCpu, "smdccl: ", op, ": some tensors are on cuda:", device,
                       " and some on the CPU; one call's tensors must be on one device");
-    std::shared_ptr<CudaState> s;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!state_) state_ = std::make_shared<CudaState>(device, store_);
-      TORCH_CHECK_VALUE(state_->device == device, "smdccl: ", op, ": this group runs on cuda:",
-                        state_->device, " (its first CUDA collective was there), got a tensor on "
-                        "cuda:", device, "; use one GPU per rank and group, like NCCL");
-      s = state_;
-    }
-    // The caching allocator must not hand these blocks to another stream's
-    // allocation until the internal stream is done with them.
-    for (const auto& t : tensors)
-      if (t.defined() && t.numel())
-        c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), s->stream);
-    uint64_t ns = static_cast<uint64_t>(timeout_().count()) * 1000000ull;
-    return std::make_shared<CudaOp>(std::move(s), ns);
+    std::lock_guard<std::mutex> lock(mu_);
+    checkGroupDevice(device, op);
+    return device;
   }
 
   at::Tensor hostCopyForSend(const at::Tensor& dev) override {
@@ -198,14 +203,22 @@ class CudaDeviceOps : public DeviceOps {
   }
 
   void copyReceived(const at::Tensor& dev, const at::Tensor& host) override {
-    // A stream of its own: the legacy default stream would wait for every
-    // other stream of the device, a gate of this group included.
+    // A stream of its own: on the legacy default stream the copy would wait
+    // for every other blocking stream of the device.
     c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, dev.get_device()));
     dev.copy_(host, /*non_blocking=*/true);
     c10::cuda::getCurrentCUDAStream(dev.get_device()).synchronize();
   }
 
  private:
+  // With mu_ held: a group's CUDA collectives all run on its first one's GPU.
+  void checkGroupDevice(int device, const char* op) const {
+    TORCH_CHECK_VALUE(!state_ || state_->device == device, "smdccl: ", op,
+                      ": this group runs on cuda:", state_ ? state_->device : -1,
+                      " (its first CUDA collective was there), got a tensor on cuda:", device,
+                      "; use one GPU per rank and group, like NCCL");
+  }
+
   KVStore& store_;
   std::function<std::chrono::milliseconds()> timeout_;
   std::mutex mu_;

@@ -17,8 +17,6 @@ class PinnedBuffer {
   // At least `bytes` long. Contents are lost when it grows; the caller must
   // have no copy in flight on it then.
   char* reserve(size_t bytes);
-  char* data() const { return data_; }
-  size_t capacity() const { return capacity_; }
 
  private:
   char* data_ = nullptr;
