@@ -2,8 +2,9 @@
 # GPU verification of smdccl's CUDA paths, on a machine with a GPU:
 #   1. builds the extension, the kernel tests and the kernel benchmark against
 #      the torch found here (architecture: this GPU's);
-#   2. runs the kernel unit tests and tests/test_cuda.py (every collective on
-#      CUDA tensors, 2 and 4 ranks sharing the GPU, DDP vs gloo);
+#   2. runs the kernel unit tests, tests/test_cuda.py (every collective on
+#      CUDA tensors, 2 and 4 ranks sharing the GPU, DDP vs gloo) and FSDP2 on
+#      CUDA (tests/test_fsdp.py);
 #   3. runs the kernel benchmark and the collective benchmark (smdccl vs gloo
 #      on CUDA tensors, 2 and 4 ranks; nccl too where there are >= 2 GPUs);
 #   4. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
@@ -52,9 +53,10 @@ status=0
 # 2. tests
 "$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2>&1; rc=$?
 tail -3 "$LOGS/kernel-tests.txt"; [[ $rc == 0 ]] || { status=1; grep -m20 FAIL "$LOGS/kernel-tests.txt"; }
-# SMDCCL_GPU_CHECK_TESTS: a pytest -k expression to run part of test_cuda.py
+# SMDCCL_GPU_CHECK_TESTS: a pytest -k expression to run part of those tests
 # (a stuck test fails at its 30 s group timeout, see PG_TIMEOUT there).
-PYTEST_ARGS=(tests/test_cuda.py -q -rs --durations=0 --junitxml="$LOGS/test_cuda.xml")
+PYTEST_ARGS=(tests/test_cuda.py tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process
+             -q -rs --durations=0 --junitxml="$LOGS/test_cuda.xml")
 [[ -n "${SMDCCL_GPU_CHECK_TESTS:-}" ]] && PYTEST_ARGS+=(-k "$SMDCCL_GPU_CHECK_TESTS")
 PYTHONUNBUFFERED=1 timeout "${SMDCCL_GPU_CHECK_TEST_TIMEOUT:-420}" "$PY" -m pytest "${PYTEST_ARGS[@]}" > "$LOGS/test_cuda.txt" 2>&1; rc=$?
 tail -15 "$LOGS/test_cuda.txt"; [[ $rc == 0 ]] || status=1

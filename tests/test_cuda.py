@@ -112,6 +112,14 @@ def cuda_matrix(big: bool) -> dict:
                         out = t.cpu()
                         chk.digest(desc, out)
                         assert_matches(out, ref(n, dtype, op, kind))
+                    if n == BIG:  # several IPC pieces (rows of 1 MiB / world size)
+                        desc = f"reduce_scatter_tensor {dn} {op} n={n} {kind}"
+                        with chk.case(desc):
+                            inp = rank_input(rank, n * ws, dtype, 2, kind).to(dev)
+                            out = torch.full((n,), 7, dtype=dtype, device=dev)
+                            dist.reduce_scatter_tensor(out, inp, op=make_op(op, _factor(kind)))
+                            assert_matches(out.cpu(), ref(n * ws, dtype, op, kind, seed=2).slice(rank * n, rank * n + n))
+                            assert_equal_bits(inp.cpu(), rank_input(rank, n * ws, dtype, 2, kind), "input kept")
                     if n in (1001, 65_537):
                         desc = f"reduce {dn} {op} n={n} {kind}"
                         with chk.case(desc):
@@ -128,6 +136,7 @@ def cuda_matrix(big: bool) -> dict:
                             out = torch.full((n,), 7, dtype=dtype, device=dev)
                             dist.reduce_scatter_tensor(out, inp, op=make_op(op, _factor(kind)))
                             assert_matches(out.cpu(), ref(n * ws, dtype, op, kind, seed=2).slice(rank * n, rank * n + n))
+                            assert_equal_bits(inp.cpu(), rank_input(rank, n * ws, dtype, 2, kind), "input kept")
                         desc = f"all_reduce_coalesced {dn} {op} n={n} {kind}"
                         with chk.case(desc):
                             ts = [rank_input(rank, m, dtype, 3 + m, kind).to(dev) for m in (n, 5)]
@@ -136,6 +145,16 @@ def cuda_matrix(big: bool) -> dict:
                                 assert_matches(t.cpu(), ref(m, dtype, op, kind, seed=3 + m), f"tensor of {m}")
 
         # data movement: bit-exact
+        if big:  # several IPC pieces of 1 MiB
+            with chk.case(f"all_gather_into_tensor {dn} n={BIG}, in place and not"):
+                want = torch.cat([rank_input(r, BIG, dtype, 12) for r in range(ws)])
+                out = torch.zeros(BIG * ws, dtype=dtype, device=dev)
+                dist.all_gather_into_tensor(out, rank_input(rank, BIG, dtype, 12).to(dev))
+                assert_equal_bits(out.cpu(), want)
+                out = torch.zeros(BIG * ws, dtype=dtype, device=dev)
+                out[rank * BIG:(rank + 1) * BIG] = rank_input(rank, BIG, dtype, 12).to(dev)
+                dist.all_gather_into_tensor(out, out[rank * BIG:(rank + 1) * BIG])
+                assert_equal_bits(out.cpu(), want, "input is the output's own block")
         for n in (0, 1, 1001, 65_537):
             with chk.case(f"broadcast {dn} n={n}"):
                 for root in range(ws):

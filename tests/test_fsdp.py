@@ -13,6 +13,7 @@ reference (fp32 reduction-order tolerance) and be identical on both ranks.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -38,11 +39,19 @@ def _opt(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def fsdp2_vs_reference() -> dict:
+def fsdp2_vs_reference(device: str = "cpu") -> dict:
+    """On "cuda" (a GPU shared by the ranks) FSDP2 also drives the stream
+    semantics: its all-gather and reduce-scatter streams, async works waited
+    on other streams, and CUDA-IPC reduce_scatter_tensor /
+    all_gather_into_tensor."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     rank, ws = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cpu")
+    if device == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
 
     ref = _model()
     ref_opt = _opt(ref.parameters())
@@ -52,22 +61,22 @@ def fsdp2_vs_reference() -> dict:
         nn.functional.mse_loss(ref(x), y).backward()  # mean over the whole batch
         ref_opt.step()
 
-    model = _model()
-    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")  # the default group: backend under test
+    model = _model().to(dev)
+    mesh = DeviceMesh.from_group(dist.group.WORLD, device)  # the default group: backend under test
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = _opt(model.parameters())
     for step in range(STEPS):
-        x, y = _batch(step, ws)
+        x, y = (t.to(dev) for t in _batch(step, ws))
         sl = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
         opt.zero_grad()
         nn.functional.mse_loss(model(x[sl]), y[sl]).backward()  # mean over this rank's slice
         opt.step()
 
     problems = []
-    full = [p.full_tensor().detach() for p in model.parameters()]  # collective: all ranks
+    full = [p.full_tensor().detach().cpu() for p in model.parameters()]  # collective: all ranks
     for i, (a, b) in enumerate(zip(full, ref.parameters())):
         if a.shape != b.shape:
             problems.append(f"param {i}: shape {tuple(a.shape)} vs reference {tuple(b.shape)}")
@@ -86,3 +95,11 @@ def fsdp2_vs_reference() -> dict:
 def test_fsdp2_matches_single_process():
     res = run_ranks(2, fsdp2_vs_reference, timeout=240)
     print(f"\n[{BACKEND}] FSDP2 vs single-process max |diff| = {res[0]['max_diff']:.3g}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine "
+                    "(scripts/gpu_check.sh runs this on a GPU machine)")
+def test_fsdp2_cuda_matches_single_process():
+    # 30 s: a stuck collective fails fast instead of holding a lent GPU machine.
+    res = run_ranks(2, fsdp2_vs_reference, "cuda", timeout=180, pg_timeout=30.0)
+    print(f"\n[{BACKEND}] FSDP2 on CUDA vs single-process max |diff| = {res[0]['max_diff']:.3g}")

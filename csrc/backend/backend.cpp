@@ -158,8 +158,8 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
                                                         std::shared_ptr<QueuedAllreduce> fusable,
                                                         std::shared_ptr<DeviceOp> device) {
   uint64_t seq = ++seq_;
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), [this, name, seq] {
-    return strCat(name, " #", seq, " on group '", cfg_.groupName, "'");
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), [name, seq, group = cfg_.groupName] {
+    return strCat(name, " #", seq, " on group '", group, "'");
   });
   if (fusable) fusable->work = work;
   if (device) work->setDeviceCompletion(device->completion(seq));

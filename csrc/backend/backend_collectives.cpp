@@ -349,18 +349,25 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                     "smdccl: all_gather_into_tensor: output must have world_size (", size_,
                     ") x input elements = ", input.numel() * size_, ", got ", output.numel());
   auto dev = deviceOps_->begin({input, output}, "all_gather_into_tensor");
-  at::Tensor in = hostOf(dev, input, true, false), out = hostOf(dev, output, false, true);
   Tuning tuning = tuning_;
+  if (dev)  // on the GPU (CUDA IPC inside a node), no host copies here
+    return enqueue(
+        OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
+        callOf({input}, input.scalar_type(), input.numel()), {output},
+        [input, output, tuning, dev](Comm& c) {
+          dev->allgather(c, bytesOf(input), bytesOf(output), input.nbytes(), tuning);
+        },
+        opts.timeout, opts.asyncOp, nullptr, dev);
   return enqueue(
       OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
-      callOf({input}, in.scalar_type(), in.numel()), {output},
-      [in, out, tuning](Comm& c) {
-        size_t each = in.nbytes();
-        char* mine = bytesOf(out) + each * c.rank();
-        if (each && mine != bytesOf(in)) std::memmove(mine, bytesOf(in), each);
-        smdccl::allgather(c, bytesOf(out), equalBlocks(c.size(), each), tuning);
+      callOf({input}, input.scalar_type(), input.numel()), {output},
+      [input, output, tuning](Comm& c) {
+        size_t each = input.nbytes();
+        char* mine = bytesOf(output) + each * c.rank();
+        if (each && mine != bytesOf(input)) std::memmove(mine, bytesOf(input), each);
+        smdccl::allgather(c, bytesOf(output), equalBlocks(c.size(), each), tuning);
       },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
@@ -537,18 +544,35 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
   ReduceSpec spec = toReduceSpec(opts.reduceOp, output.scalar_type(), size_,
                                  "reduce_scatter_tensor");
   auto dev = deviceOps_->begin({input, output}, "reduce_scatter_tensor");
-  at::Tensor in = hostOf(dev, input, true, false), out = hostOf(dev, output, false, true);
-  OpCall call = callOf({out}, out.scalar_type(), out.numel(),
-                       redOpCode(opts.reduceOp));
-  call.inputs = {in};
+  OpCall call = callOf({output}, output.scalar_type(), output.numel(), redOpCode(opts.reduceOp));
+  call.inputs = {input};
+  if (dev) {  // on the GPU (CUDA IPC inside a node), no host copies here
+    Tuning tuning = tuning_;
+    return enqueue(
+        OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {output},
+        [this, input, output, spec, tuning, dev](Comm& c) mutable {
+          DType dt = toDType(output.scalar_type(), "reduce_scatter_tensor");
+          WireOverflowCheck overflow(useWire(c, dt, spec));
+          // The input is left as it was: a pre-scale works on a copy.
+          at::Tensor in = input;
+          if (spec.needsPreScale()) {
+            in = input.clone();
+            applyPreScale(in, spec);
+          }
+          dev->reduceScatter(c, bytesOf(in), bytesOf(output), static_cast<size_t>(output.numel()),
+                             dt, spec.op, tuning);
+          applyPostDivide(output, spec);
+          overflow.finish(c);
+        },
+        opts.timeout, opts.asyncOp, nullptr, dev);
+  }
   return enqueue(
       OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {output},
-      [this, in, out, spec, staged = dev != nullptr](Comm& c) mutable {
-        // The input is left as it was (a staged input is a copy already).
-        at::Tensor work = staged ? in : in.clone();
-        runReduceScatter(c, work, out, spec);
+      [this, input, output, spec](Comm& c) mutable {
+        at::Tensor work = input.clone();  // the input is left as it was
+        runReduceScatter(c, work, output, spec);
       },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+      opts.timeout, opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -692,8 +716,8 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
   at::Tensor t = checkSingle(tensors, "send");
   checkRank(dstRank, size_, "send", "destination rank");
   TORCH_CHECK_VALUE(dstRank != rank_, "smdccl: send: a rank cannot send to itself");
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::SEND, tensors, [this, dstRank, tag] {
-    return strCat("send to rank ", dstRank, " tag ", tag, " on group '", cfg_.groupName, "'");
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::SEND, tensors, [dstRank, tag, group = cfg_.groupName] {
+    return strCat("send to rank ", dstRank, " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
   at::Tensor h = t;
@@ -708,8 +732,8 @@ WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int t
   at::Tensor t = checkSingle(tensors, "recv");
   checkRank(srcRank, size_, "recv", "source rank");
   TORCH_CHECK_VALUE(srcRank != rank_, "smdccl: recv: a rank cannot receive from itself");
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::RECV, tensors, [this, srcRank, tag] {
-    return strCat("recv from rank ", srcRank, " tag ", tag, " on group '", cfg_.groupName, "'");
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::RECV, tensors, [srcRank, tag, group = cfg_.groupName] {
+    return strCat("recv from rank ", srcRank, " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
   at::Tensor h = t;

@@ -9,8 +9,9 @@
 //                   every tensor is recordStream'ed on the internal stream
 //   progress thread prepare(): the internal stream waits for that event,
 //                   staged inputs are copied to pinned host memory;
-//                   the body runs (kernels on the internal stream, or host
-//                   algorithms on the pinned copies);
+//                   the body runs (kernels on the internal stream: allreduce,
+//                   reduce, reduce_scatter_tensor, all_gather_into_tensor;
+//                   or host algorithms on the pinned copies: the rest);
 //                   finishBody(): staged outputs are copied back;
 //                   signal(seq): an event is recorded behind the op's GPU work
 //   Work.wait()     once that event is recorded (the host waits for it), the
@@ -48,6 +49,13 @@ class DeviceOp {
   virtual void signal(uint64_t seq) noexcept = 0;
   // In-place allreduce of device memory (CUDA IPC / staged).
   virtual void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op,
+                         const Tuning& t) = 0;
+  // Reduce-scatter of device memory: `in` holds c.size() blocks of `each`
+  // elements, `out` gets this rank's block reduced; `in` is left as it was.
+  virtual void reduceScatter(Comm& c, const char* in, char* out, size_t each, DType dt, RedOp op,
+                             const Tuning& t) = 0;
+  // Allgather of device memory: `in` (eachBytes) and every peer's block into `out`.
+  virtual void allgather(Comm& c, const char* in, char* out, size_t eachBytes,
                          const Tuning& t) = 0;
   // What the op's Work waits on (op number `seq`, the one signal() gets).
   virtual std::shared_ptr<DeviceCompletion> completion(uint64_t seq) = 0;

@@ -30,7 +30,8 @@ class DeviceCompletion {
 class SmdcclWork : public ::c10d::Work {
  public:
   // `what` names the op in a wait() timeout, e.g. "allreduce #7 on group 'g'";
-  // it is built only if needed.
+  // it is built only if needed, and must own what it reads: a Work may
+  // outlive its group.
   SmdcclWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs,
              std::function<std::string()> what);
 

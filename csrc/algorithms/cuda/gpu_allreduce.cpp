@@ -13,26 +13,13 @@
 #include "algorithms/collectives.h"
 #include "algorithms/slices.h"
 #include "algorithms/cuda/gpu_collectives.h"
+#include "algorithms/cuda/ipc_steps.h"
 #include "common/log.h"
 #include "common/trace.h"
-#include "kernels/cuda/kernels.h"
-#include "transport/cuda/cuda_check.h"
-#include "transport/cuda/gpu_wait.h"
 
 namespace smdccl {
 
 namespace {
-
-bool ipcUsable(const Comm& c, const GpuContext& g) {
-  if (!g.tuning().ipc || !c.levels || !c.members.empty()) return false;
-  const Hierarchy& h = *c.levels;
-  return h.localSize() > 1 && h.uniform() &&
-         h.localSize() <= cuda::kMaxReduceInputs;
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throwCudaError(e, what);
-}
 
 struct IpcStep {
   Comm& c;
@@ -44,10 +31,7 @@ struct IpcStep {
   size_t es;
 
   // Every node-mate's stream is done with its part: now their buffers may be read (or reused).
-  void sync(const char* what) {
-    waitForStream(g.stream(), c.ctx, what);
-    barrier(local);
-  }
+  void sync(const char* what) { ipcStepDone(g, c, local, what); }
   std::vector<const void*> peers(size_t byteOffset) const {
     std::vector<const void*> p;
     for (char* b : space.buffers()) p.push_back(b + byteOffset);
@@ -55,7 +39,7 @@ struct IpcStep {
   }
   void stageIn(const char* dev, size_t n) {
     if (n)
-      check(cudaMemcpyAsync(space.buffer(space.localRank()), dev, n * es, cudaMemcpyDeviceToDevice,
+      checkCuda(cudaMemcpyAsync(space.buffer(space.localRank()), dev, n * es, cudaMemcpyDeviceToDevice,
                             g.stream()),
             "copy into the IPC buffer");
     sync("copy into the IPC buffer");
@@ -63,7 +47,7 @@ struct IpcStep {
   void oneShot(char* dev, size_t n) {
     stageIn(dev, n);
     auto in = peers(0);
-    check(cuda::reduceMulti(dev, in.data(), space.localSize(), n, dt, op, g.stream()),
+    checkCuda(cuda::reduceMulti(dev, in.data(), space.localSize(), n, dt, op, g.stream()),
           "one-shot reduce");
     sync("one-shot reduce");
   }
@@ -73,7 +57,7 @@ struct IpcStep {
     size_t n = s.end[me] - s.begin[me];
     auto in = peers(s.begin[me] * es);
     if (n)
-      check(cuda::reduceMulti(space.buffer(me) + s.begin[me] * es, in.data(), space.localSize(), n,
+      checkCuda(cuda::reduceMulti(space.buffer(me) + s.begin[me] * es, in.data(), space.localSize(), n,
                               dt, op, g.stream()),
             "two-shot reduce-scatter");
     sync("two-shot reduce-scatter");
@@ -86,7 +70,7 @@ struct IpcStep {
       e.push_back(s.end[q] * es);
     }
     std::vector<const void*> in(space.buffers().begin(), space.buffers().end());
-    check(cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
+    checkCuda(cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
           "two-shot allgather");
     sync("two-shot allgather");
   }
@@ -111,15 +95,15 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
   char* host = g.staging().reserve(count * es);
   for (size_t k = 0; k < chunks; ++k) {
     size_t off = k * chunk * es, n = std::min(chunk, count - k * chunk);
-    check(cudaMemcpyAsync(host + off, dev + off, n * es, cudaMemcpyDeviceToHost, g.stream()),
+    checkCuda(cudaMemcpyAsync(host + off, dev + off, n * es, cudaMemcpyDeviceToHost, g.stream()),
           "copy to pinned host memory");
-    check(cudaEventRecord(g.event(k), g.stream()), "cudaEventRecord");
+    checkCuda(cudaEventRecord(g.event(k), g.stream()), "cudaEventRecord");
   }
   for (size_t k = 0; k < chunks; ++k) {
     size_t off = k * chunk * es, n = std::min(chunk, count - k * chunk);
     waitForEvent(g.event(k), c.ctx, "copy to pinned host memory");
     allreduce(c, host + off, n, dt, op, t);
-    check(cudaMemcpyAsync(dev + off, host + off, n * es, cudaMemcpyHostToDevice, g.stream()),
+    checkCuda(cudaMemcpyAsync(dev + off, host + off, n * es, cudaMemcpyHostToDevice, g.stream()),
           "copy from pinned host memory");
   }
   waitForStream(g.stream(), c.ctx, "copy from pinned host memory");

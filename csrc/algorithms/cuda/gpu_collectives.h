@@ -29,4 +29,23 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
 // "ipc two-shot", "two-level ipc + staged", "staged".
 const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes);
 
+// Reduce-scatter of device memory over the group c: `in` holds c.size()
+// blocks of `each` elements (block r is rank r's), `out` (each elements)
+// receives this rank's block reduced over every rank; `in` is left as it
+// was. One node with node-mates: CUDA IPC (each rank stages all blocks in
+// its buffer, then reduces its own block from every buffer in one pass).
+// Otherwise staged through pinned host memory (the host reduce-scatter,
+// with the 16-bit wire when compression is on).
+void gpuReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
+                      RedOp op, const Tuning& t);
+// Allgather of device memory: `in` (eachBytes) goes to block c.rank() of
+// `out` (c.size() blocks), every other rank's into its block. One node with
+// node-mates: CUDA IPC (each rank stages its block, then copies every
+// peer's); otherwise staged through pinned host memory. `in` may be
+// `out`'s own block.
+void gpuAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes,
+                  const Tuning& t);
+// Which path those two take: "ipc" or "staged".
+const char* gpuScatterGatherPath(const Comm& c, const GpuContext& g);
+
 }  // namespace smdccl

@@ -138,6 +138,15 @@ class CudaOp : public DeviceOp {
     gpuAllreduce(c, *s_->gpu, dev, count, dt, op, t);
   }
 
+  void reduceScatter(Comm& c, const char* in, char* out, size_t each, DType dt, RedOp op,
+                     const Tuning& t) override {
+    gpuReduceScatter(c, *s_->gpu, in, out, each, dt, op, t);
+  }
+
+  void allgather(Comm& c, const char* in, char* out, size_t eachBytes, const Tuning& t) override {
+    gpuAllgather(c, *s_->gpu, in, out, eachBytes, t);
+  }
+
   std::shared_ptr<DeviceCompletion> completion(uint64_t seq) override {
     return std::make_shared<CudaCompletion>(s_, end_, seq, timeoutNs_);
   }

@@ -1,0 +1,152 @@
+// Reduce-scatter and allgather of device memory (reduce_scatter_tensor and
+// all_gather_into_tensor, what FSDP calls): CUDA IPC inside one node, pinned
+// host staging otherwise. Steps are ordered across processes by the host,
+// as in gpu_allreduce.cpp (ipc_steps.h).
+#include <algorithm>
+#include <vector>
+
+#include "algorithms/cuda/gpu_collectives.h"
+#include "algorithms/cuda/ipc_steps.h"
+#include "common/trace.h"
+
+namespace smdccl {
+
+namespace {
+
+// Inter-node reduce-scatter / allgather of CUDA tensors is staged: the
+// two-level split of allreduce (IPC slice, then across nodes) would need
+// blocks regrouped by local rank, which is not written yet.
+bool oneNodeIpc(const Comm& c, const GpuContext& g) {
+  return ipcUsable(c, g) && c.levels->numNodes() == 1;
+}
+
+Blocks equalBlocks(int parts, size_t bytesEach) {
+  return Blocks::fromLengths(std::vector<size_t>(static_cast<size_t>(parts), bytesEach));
+}
+
+// Copies `bytes` on the context's stream and waits for it with the op's deadline.
+void copyAndWait(Comm& c, GpuContext& g, void* dst, const void* src, size_t bytes,
+                 cudaMemcpyKind kind, const char* what) {
+  if (bytes) checkCuda(cudaMemcpyAsync(dst, src, bytes, kind, g.stream()), what);
+  waitForStream(g.stream(), c.ctx, what);
+}
+
+void stagedReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
+                         RedOp op, const Tuning& t) {
+  size_t blockBytes = each * elementSize(dt);
+  // Nothing may still be copying out of the staging buffer from an earlier op.
+  waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
+  char* host = g.staging().reserve(blockBytes * static_cast<size_t>(c.size()));
+  copyAndWait(c, g, host, in, blockBytes * static_cast<size_t>(c.size()), cudaMemcpyDeviceToHost,
+              "copy to pinned host memory");
+  reduceScatter(c, host, equalBlocks(c.size(), blockBytes), dt, op, t);
+  copyAndWait(c, g, out, host + blockBytes * static_cast<size_t>(c.rank()), blockBytes,
+              cudaMemcpyHostToDevice, "copy from pinned host memory");
+}
+
+void stagedAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes,
+                     const Tuning& t) {
+  waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
+  char* host = g.staging().reserve(eachBytes * static_cast<size_t>(c.size()));
+  copyAndWait(c, g, host + eachBytes * static_cast<size_t>(c.rank()), in, eachBytes,
+              cudaMemcpyDeviceToHost, "copy to pinned host memory");
+  allgather(c, host, equalBlocks(c.size(), eachBytes), t);
+  copyAndWait(c, g, out, host, eachBytes * static_cast<size_t>(c.size()), cudaMemcpyHostToDevice,
+              "copy from pinned host memory");
+}
+
+// One node, rank r = local rank r. Per piece of `m` elements of every block:
+// each rank copies piece p of all P blocks into its IPC buffer (row q at
+// q*m), the node meets, each rank reduces row `me` of every buffer into its
+// output in one pass, the node meets again before buffers are reused.
+void ipcReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
+                      RedOp op) {
+  const Hierarchy& h = *c.levels;
+  Comm local = c.sub(h.nodes[h.myNode]);
+  CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
+  const int P = space.localSize(), me = space.localRank();
+  const size_t es = elementSize(dt);
+  // Rows start on 16 bytes so the reduce takes its vector path.
+  const size_t align = std::max<size_t>(1, 16 / es);
+  size_t m = space.bytes() / (static_cast<size_t>(P) * es);
+  if (m >= align) m = m / align * align;
+  m = std::max<size_t>(1, m);
+  for (size_t a = 0; a < each; a += m) {
+    const size_t n = std::min(m, each - a);
+    for (int q = 0; q < P; ++q)
+      checkCuda(cudaMemcpyAsync(space.buffer(me) + static_cast<size_t>(q) * m * es,
+                                in + (static_cast<size_t>(q) * each + a) * es, n * es,
+                                cudaMemcpyDeviceToDevice, g.stream()),
+                "copy into the IPC buffer");
+    ipcStepDone(g, c, local, "copy into the IPC buffer");
+    std::vector<const void*> rows;
+    for (int q = 0; q < P; ++q) rows.push_back(space.buffer(q) + static_cast<size_t>(me) * m * es);
+    checkCuda(cuda::reduceMulti(out + a * es, rows.data(), P, n, dt, op, g.stream()),
+              "IPC reduce-scatter");
+    ipcStepDone(g, c, local, "IPC reduce-scatter");
+  }
+}
+
+// One node. Per piece: each rank copies its block's piece into its IPC
+// buffer, the node meets, each rank copies every peer's piece into place,
+// the node meets again before buffers are reused.
+void ipcAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes) {
+  const Hierarchy& h = *c.levels;
+  Comm local = c.sub(h.nodes[h.myNode]);
+  CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
+  const int P = space.localSize(), me = space.localRank();
+  char* mine = out + static_cast<size_t>(me) * eachBytes;
+  if (mine != in)
+    checkCuda(cudaMemcpyAsync(mine, in, eachBytes, cudaMemcpyDeviceToDevice, g.stream()),
+              "copy of this rank's block");
+  const size_t piece = std::max<size_t>(16, space.bytes() / 16 * 16);
+  for (size_t a = 0; a < eachBytes; a += piece) {
+    const size_t n = std::min(piece, eachBytes - a);
+    checkCuda(cudaMemcpyAsync(space.buffer(me), in + a, n, cudaMemcpyDeviceToDevice, g.stream()),
+              "copy into the IPC buffer");
+    ipcStepDone(g, c, local, "copy into the IPC buffer");
+    // Default kind: a peer's buffer may be on another GPU of the node.
+    for (int q = 0; q < P; ++q)
+      if (q != me)
+        checkCuda(cudaMemcpyAsync(out + static_cast<size_t>(q) * eachBytes + a, space.buffer(q), n,
+                                  cudaMemcpyDefault, g.stream()),
+                  "IPC allgather");
+    ipcStepDone(g, c, local, "IPC allgather");
+  }
+}
+
+}  // namespace
+
+const char* gpuScatterGatherPath(const Comm& c, const GpuContext& g) {
+  return oneNodeIpc(c, g) ? "ipc" : "staged";
+}
+
+void gpuReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
+                      RedOp op, const Tuning& t) {
+  if (each == 0) return;
+  if (c.size() == 1) {
+    copyAndWait(c, g, out, in, each * elementSize(dt), cudaMemcpyDeviceToDevice, "copy to the output");
+    return;
+  }
+  trace::Span span(trace::enabled() ? strCat("cuda reduce_scatter: ", gpuScatterGatherPath(c, g))
+                                    : std::string(),
+                   "algorithm", *c.ctx.group);
+  if (oneNodeIpc(c, g)) ipcReduceScatter(c, g, in, out, each, dt, op);
+  else stagedReduceScatter(c, g, in, out, each, dt, op, t);
+}
+
+void gpuAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes,
+                  const Tuning& t) {
+  if (eachBytes == 0) return;
+  if (c.size() == 1) {
+    if (out != in) copyAndWait(c, g, out, in, eachBytes, cudaMemcpyDeviceToDevice, "copy to the output");
+    return;
+  }
+  trace::Span span(trace::enabled() ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g))
+                                    : std::string(),
+                   "algorithm", *c.ctx.group);
+  if (oneNodeIpc(c, g)) ipcAllgather(c, g, in, out, eachBytes);
+  else stagedAllgather(c, g, in, out, eachBytes, t);
+}
+
+}  // namespace smdccl

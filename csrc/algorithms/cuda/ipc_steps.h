@@ -1,0 +1,35 @@
+#pragma once
+// What every CUDA-IPC collective of a node does between its steps (see
+// gpu_allreduce.cpp for why the host orders them): wait until this rank's
+// stream has finished its part, then meet the node's ranks at a barrier, so
+// that peers' buffers may be read, or reused, by everyone.
+#include <cuda_runtime_api.h>
+
+#include "algorithms/collectives.h"
+#include "algorithms/comm.h"
+#include "algorithms/cuda/gpu_context.h"
+#include "kernels/cuda/kernels.h"
+#include "transport/cuda/cuda_check.h"
+#include "transport/cuda/gpu_wait.h"
+
+namespace smdccl {
+
+inline void checkCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throwCudaError(e, what);
+}
+
+// The node's ranks can reach each other's buffers over CUDA IPC: the whole
+// group (not a sub-comm), IPC on, nodes of equal size with node-mates.
+inline bool ipcUsable(const Comm& c, const GpuContext& g) {
+  if (!g.tuning().ipc || !c.levels || !c.members.empty()) return false;
+  const Hierarchy& h = *c.levels;
+  return h.localSize() > 1 && h.uniform() && h.localSize() <= cuda::kMaxReduceInputs;
+}
+
+// This rank's stream is done with step `what`, and so is every node-mate's.
+inline void ipcStepDone(GpuContext& g, Comm& c, Comm& local, const char* what) {
+  waitForStream(g.stream(), c.ctx, what);
+  barrier(local);
+}
+
+}  // namespace smdccl
