@@ -87,6 +87,56 @@ def test_listener_drops_bad_handshakes():
     assert results[0] >= 4
 
 
+def listener_out_of_fds() -> float:
+    """Rank 1 runs out of file descriptors while a connection waits in its
+    listener's backlog: accept() fails with EMFILE as long as that lasts. The
+    listener must back off (it used to poll and fail again at once, a core at
+    100 %), then accept once descriptors are free again; the group works."""
+    import resource
+
+    rank = dist.get_rank()
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    addrs = [None, None]
+    dist.all_gather_object(addrs, backend.listen_address)
+    t = torch.ones(1000)
+    dist.all_reduce(t)  # links up: the barriers below open no descriptor
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cpu = 0.0
+    if rank == 1:
+        lowest_free = os.dup(0)  # a new descriptor takes the lowest free number
+        os.close(lowest_free)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))  # nothing more opens
+    dist.barrier()
+    sock = None
+    if rank == 0:
+        host, port = addrs[1].rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=10)  # queued in the backlog
+    dist.barrier()
+    if rank == 1:
+        try:
+            u0 = resource.getrusage(resource.RUSAGE_SELF)
+            time.sleep(1.0)
+            u1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (u1.ru_utime - u0.ru_utime) + (u1.ru_stime - u0.ru_stime)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    dist.barrier()
+    if rank == 0:
+        sock.close()
+    x = torch.arange(10_000, dtype=torch.float64) * (rank + 1)
+    dist.all_reduce(x)
+    assert torch.equal(x, torch.arange(10_000, dtype=torch.float64) * 3)
+    return cpu
+
+
+def test_listener_backs_off_when_out_of_fds():
+    cpu = run_ranks(2, listener_out_of_fds, timeout=120)[1]
+    print(f"\nrank 1 CPU time over 1 s out of descriptors: {cpu:.3f} s")
+    # A spinning listener burns about the whole second; backing off, the
+    # process is idle (CPU time of all its threads).
+    assert cpu < 0.3, f"rank 1 used {cpu:.2f} s of CPU in 1 s while accept() failed with EMFILE"
+
+
 # ---------------------------------------------------------------------------
 # Fuzzing the listener while a job runs (see the test's docstring)
 # ---------------------------------------------------------------------------

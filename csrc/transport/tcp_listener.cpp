@@ -21,6 +21,15 @@ namespace smdccl {
 namespace {
 constexpr uint32_t kAck = 0x594b4f53;  // "SOKY": sent back once a Hello is accepted
 
+// accept() failed for want of a resource: the connection stays in the
+// backlog and poll() reports it again at once, so retrying without a pause
+// spins a core until descriptors are freed.
+bool outOfResources(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
+constexpr auto kResourceWarnEvery = std::chrono::seconds(10);
+
 }  // namespace
 
 HelloParse parseHello(const uint8_t* data, size_t len) {
@@ -175,15 +184,40 @@ void TcpListener::acceptLoop() {
     std::chrono::steady_clock::time_point until;
   };
   std::vector<Pending> pending;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point acceptPausedUntil{}, lastResourceWarning{};
   while (true) {
-    std::vector<pollfd> fds{{listenFd_, POLLIN, 0}};
+    auto before = Clock::now();
+    // While paused the listening socket is left out: its backlog waits.
+    bool paused = before < acceptPausedUntil;
+    std::vector<pollfd> fds{{paused ? -1 : listenFd_, POLLIN, 0}};
     for (auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
-    poll(fds.data(), fds.size(), 200);
-    auto now = std::chrono::steady_clock::now();
+    int timeoutMs = 200;
+    if (paused)
+      timeoutMs = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(acceptPausedUntil - before).count() + 1);
+    poll(fds.data(), fds.size(), timeoutMs);
+    auto now = Clock::now();
     if (fds[0].revents & POLLIN) {
       while (true) {
         int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          int err = errno;
+          if (outOfResources(err)) {
+            acceptPausedUntil = now + kAcceptPause;
+            if (lastResourceWarning == Clock::time_point{} ||
+                now - lastResourceWarning >= kResourceWarnEvery) {
+              lastResourceWarning = now;
+              SMDCCL_WARN("cannot accept connections: ", std::strerror(err),
+                          (err == EMFILE ? " (this process is at its open-file limit: raise "
+                                           "`ulimit -n`)"
+                                         : ""),
+                          "; peers wait in the backlog, retrying every ",
+                          kAcceptPause.count(), " ms");
+            }
+          }
+          break;
+        }
         if (pending.size() >= kMaxPending) {
           // Push out the oldest waiting connection, not the new one: a peer
           // sends its Hello at once, so only a connection that has been idle
