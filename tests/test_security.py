@@ -19,6 +19,7 @@ smdccl only."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import socket
@@ -145,6 +146,8 @@ FUZZ_SEED = int(os.environ.get("SMDCCL_TEST_FUZZ_SEED", "20240611"))
 FLOOD_CONNECTIONS = 300
 MAX_PENDING = 256       # TcpListener::kMaxPending
 HANDSHAKE_S = 5.0       # TcpListener::kHandshakeMs
+DROP_WARN_BURST = 10    # TcpListener::kDropWarnBurst
+DROP_WARN_WINDOW_S = 10  # TcpListener::kDropWarnWindowS
 RSS_LIMIT_MIB = 32      # rank 1's VmRSS may grow by less than this over the whole run
 
 
@@ -385,6 +388,7 @@ def fuzz_listener_during_job(seed: int, connections: int = FLOOD_CONNECTIONS) ->
     rejected_before = backend.rejected_connections
     try:
         dist.barrier()
+        flood_started = time.monotonic()
         report: dict = {}
         flood = None
         if rank == 0:
@@ -455,6 +459,8 @@ def fuzz_listener_during_job(seed: int, connections: int = FLOOD_CONNECTIONS) ->
         capture.close()
         dropped = [line for line in log.splitlines() if "dropped connection from" in line]
         result["logged_drops"] = len(dropped)
+        result["warned_drops"] = sum(" WARN" in line for line in dropped)
+        result["flood_s"] = time.monotonic() - flood_started
         reasons: dict[str, int] = {}
         for line in dropped:  # "[smdccl WARN ...] dropped connection from IP:PORT: why"
             why = line.split("dropped connection from ", 1)[1].split(": ", 1)[-1]
@@ -476,7 +482,7 @@ def test_listener_survives_fuzzing_during_job(topology):
     expected results in a loop and create a new group mid-flood. Then 8, and
     then MAX_PENDING + 24, idle connections are held open while a new group
     connects. Rank 1 must have rejected exactly one per bad connection, logged
-    each with its reason, kept VmRSS within RSS_LIMIT_MIB and come back to its
+    each with its reason (WARN for the first few of each 10 s, INFO after), kept VmRSS within RSS_LIMIT_MIB and come back to its
     descriptor count; every new group must connect in under FRESH_GROUP_LIMIT_S
     (a listener reading handshakes one at a time, or refusing newcomers while
     full, fails this).
@@ -493,7 +499,7 @@ def test_listener_survives_fuzzing_during_job(topology):
     # so VmRSS shows what the process keeps, not glibc's heap growing once its
     # adaptive threshold has risen past the collectives' 2.4 MB buffers
     # (without it VmRSS drifts by 20-40 MiB over the loop, flood or not).
-    env = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072", "SMDCCL_DEBUG": "INFO"}
     if topology != "default":
         env["SMDCCL_TOPOLOGY"] = topology
     r0, r1 = run_ranks(2, fuzz_listener_during_job, FUZZ_SEED, env=env, timeout=240)
@@ -502,9 +508,14 @@ def test_listener_survives_fuzzing_during_job(topology):
     assert sum(r0["kinds"].values()) == FLOOD_CONNECTIONS
     assert set(r0["kinds"]) == set(FLOOD_KINDS), f"{where}: kinds not all drawn: {r0['kinds']}"
     assert not r0["not_dropped"], f"{where}: not dropped (or acknowledged): {r0['not_dropped']}"
-    # Exactly one rejection per bad connection, each logged with its reason.
+    # Exactly one rejection per bad connection, each logged with its reason
+    # (at INFO here); at WARN, at most DROP_WARN_BURST per window of
+    # DROP_WARN_WINDOW_S, so that a flood does not flood the log.
     assert r1["rejected"] == r1["expected_rejected"], f"{where}: {r1}"
     assert r1["logged_drops"] == r1["rejected"], f"{where}: {r1}"
+    windows = math.ceil(r1["flood_s"] / DROP_WARN_WINDOW_S) + 1
+    assert 0 < r1["warned_drops"] <= DROP_WARN_BURST * windows, (
+        f"{where}: {r1['warned_drops']} WARN lines for drops in {r1['flood_s']:.1f} s")
     for reason in FLOOD_REASONS + ["too many half-open"]:
         assert any(reason in why for why in r1["reasons"]), (
             f"{where}: nothing logged as {reason!r}: {r1['reasons']}")
@@ -519,7 +530,8 @@ def test_listener_survives_fuzzing_during_job(topology):
     print(f"\n{where}: {r0['rounds']} rounds of collectives during {FLOOD_CONNECTIONS} + {r0['idle']} "
           f"bad connections; rank 1 rejected {r1['rejected']}, VmRSS {r1['rss_before_kb']} -> "
           f"{r1['rss_after_kb']} kB, fds {r1['fds_before']} -> {r1['fds_after']}, new groups in "
-          f"{[round(s, 2) for s in r1['fresh_group_s']]} s; reasons {r1['reasons']}")
+          f"{[round(s, 2) for s in r1['fresh_group_s']]} s; {r1['warned_drops']} drops logged at WARN in "
+          f"{r1['flood_s']:.1f} s; reasons {r1['reasons']}")
 
 
 # ---------------------------------------------------------------------------

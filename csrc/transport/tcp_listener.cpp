@@ -167,12 +167,36 @@ void TcpListener::onHello(int fd, const std::string& from, const uint8_t* data, 
     }
   }
   if (why) {
-    rejected_++;
-    SMDCCL_WARN("dropped connection from ", from, ": ", why);
-    close(fd);
+    drop(fd, from, why);
     return;
   }
   cv_.notify_all();
+}
+
+void TcpListener::drop(int fd, const std::string& from, const char* why) {
+  rejected_++;
+  close(fd);
+  auto now = std::chrono::steady_clock::now();
+  logUnloggedDrops(now);
+  if (dropsLoggedInWindow_ == 0) dropWindowStart_ = now;
+  if (dropsLoggedInWindow_ < kDropWarnBurst) {
+    dropsLoggedInWindow_++;
+    SMDCCL_WARN("dropped connection from ", from, ": ", why);
+  } else {
+    dropsUnlogged_++;
+    SMDCCL_INFO("dropped connection from ", from, ": ", why);
+  }
+}
+
+void TcpListener::logUnloggedDrops(std::chrono::steady_clock::time_point now) {
+  if (dropsLoggedInWindow_ == 0 || now - dropWindowStart_ < std::chrono::seconds(kDropWarnWindowS))
+    return;
+  if (dropsUnlogged_)
+    SMDCCL_WARN("dropped ", dropsUnlogged_, " more connections in ", kDropWarnWindowS,
+                " s, logged at INFO only (SMDCCL_DEBUG=INFO); ", rejected_.load(),
+                " dropped since start");
+  dropsLoggedInWindow_ = 0;
+  dropsUnlogged_ = 0;
 }
 
 void TcpListener::acceptLoop() {
@@ -224,10 +248,8 @@ void TcpListener::acceptLoop() {
           // longest is likely to be a stray (or a flood). Refusing the new one
           // instead let kMaxPending idle sockets lock every real peer out for
           // kHandshakeMs, again and again.
-          rejected_++;
-          SMDCCL_WARN("dropped connection from ", pending.front().from,
-                      ": too many half-open connections (the oldest is dropped)");
-          close(pending.front().fd);
+          drop(pending.front().fd, pending.front().from,
+               "too many half-open connections (the oldest is dropped)");
           pending.erase(pending.begin());
         }
         pending.push_back(
@@ -242,15 +264,13 @@ void TcpListener::acceptLoop() {
       if (p.got == sizeof(Hello)) {
         onHello(p.fd, p.from, p.hello, p.got);
       } else if (dead || now > p.until) {
-        rejected_++;
-        SMDCCL_WARN("dropped connection from ", p.from, ": ",
-                    dead ? "closed before a complete handshake" : "no handshake in time");
-        close(p.fd);
+        drop(p.fd, p.from, dead ? "closed before a complete handshake" : "no handshake in time");
       } else {
         still.push_back(std::move(p));
       }
     }
     pending.swap(still);
+    logUnloggedDrops(now);
   }
 }
 

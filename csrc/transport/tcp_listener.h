@@ -5,6 +5,7 @@
 // sockets wait in the group's inbox until the group takes them.
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -83,11 +84,19 @@ class TcpListener {
            const std::string& what, const std::atomic<bool>* cancel = nullptr);
   // Counts connections dropped for a bad handshake (tests read it).
   uint64_t rejectedCount() const { return rejected_; }
+  // A flood must not flood the log too: at most this many "dropped
+  // connection" WARN lines per window; the rest are logged at INFO and
+  // counted in one WARN line after it.
+  static constexpr int kDropWarnBurst = 10;
+  static constexpr int kDropWarnWindowS = 10;
 
  private:
   explicit TcpListener(const std::string& localIp);
   void acceptLoop();
   void onHello(int fd, const std::string& from, const uint8_t* data, size_t len);
+  // Counts, logs (rate-limited) and closes a connection that failed its
+  // handshake. Accept thread only.
+  void drop(int fd, const std::string& from, const char* why);
 
   struct Group {
     HelloGroup shape;
@@ -99,6 +108,12 @@ class TcpListener {
   std::condition_variable cv_;
   std::map<GroupToken, Group> groups_;
   std::atomic<uint64_t> rejected_{0};
+  // Once drop()'s window is over: one line for what it did not log.
+  void logUnloggedDrops(std::chrono::steady_clock::time_point now);
+  // drop()'s log budget (accept thread only).
+  std::chrono::steady_clock::time_point dropWindowStart_{};
+  int dropsLoggedInWindow_ = 0;
+  uint64_t dropsUnlogged_ = 0;
 };
 
 // Opens our side of a pair: connects to the peer's listener and sends Hello.
