@@ -199,7 +199,8 @@ def cuda_matrix(big: bool) -> dict:
 
 def stream_semantics() -> dict:
     """Ordering with the caller's stream, Work.wait() without a host block,
-    CUDA-aware futures, memory kept alive until the collective is done."""
+    CUDA-aware futures, memory kept alive until the collective is done, an
+    isend that does not block its caller."""
     dev = _device()
     rank, ws = dist.get_rank(), dist.get_world_size()
     chk = Checker(f"on rank {rank} (cuda streams)")
@@ -235,6 +236,21 @@ def stream_semantics() -> dict:
         while not w.is_completed() and time.time() < deadline:
             time.sleep(0.001)
         assert w.is_completed(), "is_completed() still False 5 s after the stream synchronized"
+
+    with chk.case("isend returns at once and sends what the caller's stream queued before it"):
+        if rank == 0:
+            t = torch.zeros(n, device=dev)
+            torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the fill
+            t.fill_(42.0)
+            t0 = time.perf_counter()
+            w = dist.isend(t, dst=1)
+            call = time.perf_counter() - t0
+            w.wait()
+            assert call < 0.25, f"isend blocked the caller {call:.3f} s"
+        elif rank == 1:
+            got = torch.zeros(n, device=dev)
+            dist.irecv(got, src=0).wait()
+            assert torch.all(got == 42.0).item(), f"got {got[:4].tolist()}"
 
     with chk.case("get_future(): CUDA-aware value and then()"):
         t = torch.full((n,), float(rank + 1), device=dev)

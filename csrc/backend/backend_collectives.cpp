@@ -720,11 +720,13 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
     return strCat("send to rank ", dstRank, " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
-  at::Tensor h = t;
-  if (deviceOps_->deviceOf({t}, "send") >= 0) h = deviceOps_->hostCopyForSend(t);
+  DeviceOps::HostCopy copy{t, nullptr};
+  if (deviceOps_->deviceOf({t}, "send") >= 0) copy = deviceOps_->hostCopyForSend(t);
+  at::Tensor h = copy.host;
   p2p_->send(dstRank, h.data_ptr(), h.nbytes(), tag,
              Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
-             [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); });
+             [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); },
+             std::move(copy.ready));
   return work;
 }
 

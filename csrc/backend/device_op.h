@@ -30,6 +30,7 @@
 #include "algorithms/select.h"
 #include "algorithms/op_context.h"
 #include "backend/work.h"
+#include "common/deadline.h"
 #include "common/store.h"
 
 namespace smdccl {
@@ -74,10 +75,17 @@ class DeviceOps {
   // The CUDA device of a call's tensors (-1: all on the CPU), with begin()'s
   // checks, for calls that need no DeviceOp (point-to-point).
   virtual int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) = 0;
-  // Point-to-point on CUDA tensors goes through host memory: a pinned copy
-  // of `dev` made after the caller's queued work (blocks the caller), and
-  // the copy of a received host tensor into `dev` (blocks the calling thread).
-  virtual at::Tensor hostCopyForSend(const at::Tensor& dev) = 0;
+  // Point-to-point on CUDA tensors goes through host memory. A send's
+  // pinned copy of `dev` is queued on the caller's current stream, behind
+  // its work, without blocking the caller; `ready` (run by the send thread
+  // before it sends) waits for that copy, up to the send's deadline.
+  struct HostCopy {
+    at::Tensor host;
+    std::function<void(Deadline)> ready;
+  };
+  virtual HostCopy hostCopyForSend(const at::Tensor& dev) = 0;
+  // A received host tensor into `dev` (blocks the calling thread: the
+  // receive thread).
   virtual void copyReceived(const at::Tensor& dev, const at::Tensor& host) = 0;
 };
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,

@@ -20,7 +20,7 @@ class CpuOnlyDeviceOps : public DeviceOps {
                          "rebuild smdccl where nvcc and a CUDA torch are found");
     return -1;
   }
-  at::Tensor hostCopyForSend(const at::Tensor& t) override { return t; }
+  HostCopy hostCopyForSend(const at::Tensor& t) override { return {t, nullptr}; }
   void copyReceived(const at::Tensor&, const at::Tensor&) override {}
 };
 }  // namespace

@@ -89,14 +89,14 @@ P2PEngine::Peer& P2PEngine::peer(int rank) {
 }
 
 void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
-                     Completion done) {
+                     Completion done, std::function<void(Deadline)> ready) {
   Peer& p = peer(rank);
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.failed) {
     done(p.failed);
     return;
   }
-  p.sends.push_back({buf, bytes, tag, deadline, std::move(done)});
+  p.sends.push_back({buf, bytes, tag, deadline, std::move(done), std::move(ready)});
   if (!p.sender.joinable()) p.sender = std::thread([this, rank, &p] { senderLoop(rank, p); });
   p.cv.notify_all();
 }
@@ -173,6 +173,23 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
       p.cv.wait(lock, [&] { return stop_ || !p.sends.empty(); });
       if (stop_) return;
       req = p.sends.front();
+    }
+    if (req.ready) {
+      // A local failure (the GPU copy): this send fails, the link is fine.
+      std::exception_ptr notReady;
+      try {
+        req.ready(req.deadline);
+      } catch (...) {
+        notReady = std::current_exception();
+      }
+      if (notReady) {
+        {
+          std::lock_guard<std::mutex> lock(p.mu);
+          p.sends.pop_front();
+        }
+        req.done(notReady);
+        continue;
+      }
     }
     try {
       if (fd < 0) fd = mesh_.p2pSocket(rank, /*outgoing=*/true, req.deadline);

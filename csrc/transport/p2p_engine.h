@@ -67,8 +67,11 @@ class P2PEngine {
   P2PEngine(Mesh& mesh, std::string groupName, std::function<std::chrono::milliseconds()> timeout);
   ~P2PEngine();
 
+  // `ready`, when given, runs on the send thread before anything is sent
+  // (e.g. waits for a GPU copy into `buf`); what it throws fails this send
+  // only.
   void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
-            Completion done);
+            Completion done, std::function<void(Deadline)> ready = nullptr);
   void recv(int peer, void* buf, size_t bytes, int64_t tag, Deadline deadline, Completion done);
 
  private:
@@ -78,6 +81,7 @@ class P2PEngine {
     int64_t tag;
     Deadline deadline;
     Completion done;
+    std::function<void(Deadline)> ready;
   };
   struct RecvReq {
     void* buf;

@@ -35,19 +35,26 @@ struct CudaState {
   }
 };
 
-// When an op's GPU work is all queued on the internal stream: an event
-// recorded right behind it. Shared by the op (records it) and its Work
-// (waits for it).
-struct OpEnd {
+// A CUDA event (timing off) on device `dev`, destroyed with it.
+struct GpuEvent {
   cudaEvent_t event = nullptr;
-  std::atomic<bool> recorded{false};
-  explicit OpEnd(int dev) {
+  explicit GpuEvent(int dev) {
     c10::cuda::CUDAGuard guard(dev);
     SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
-  ~OpEnd() {
+  ~GpuEvent() {
     if (event) cudaEventDestroy(event);
   }
+  GpuEvent(const GpuEvent&) = delete;
+  GpuEvent& operator=(const GpuEvent&) = delete;
+};
+
+// When an op's GPU work is all queued on the internal stream: an event
+// recorded right behind it. Shared by the op (records it) and its Work
+// (waits for it).
+struct OpEnd : GpuEvent {
+  std::atomic<bool> recorded{false};
+  explicit OpEnd(int dev) : GpuEvent(dev) {}
 };
 
 // Work.wait() on CUDA tensors. The caller's stream must not wait for GPU
@@ -95,13 +102,15 @@ class CudaCompletion : public DeviceCompletion {
 class CudaOp : public DeviceOp {
  public:
   CudaOp(std::shared_ptr<CudaState> s, uint64_t timeoutNs)
-      : s_(std::move(s)), end_(std::make_shared<OpEnd>(s_->device)), timeoutNs_(timeoutNs) {
+      : s_(std::move(s)),
+        end_(std::make_shared<OpEnd>(s_->device)),
+        timeoutNs_(timeoutNs),
+        ready_(s_->device) {
     // Ordered after what the caller queued on its current stream.
     c10::cuda::CUDAGuard guard(s_->device);
-    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-    SMDCCL_CUDA_CHECK(cudaEventRecord(ready_, c10::cuda::getCurrentCUDAStream(s_->device).stream()));
+    SMDCCL_CUDA_CHECK(
+        cudaEventRecord(ready_.event, c10::cuda::getCurrentCUDAStream(s_->device).stream()));
   }
-  ~CudaOp() override { cudaEventDestroy(ready_); }
   c10::Stream stream() const override { return s_->stream; }
 
   at::Tensor host(const at::Tensor& dev, bool in, bool out) override {
@@ -112,7 +121,7 @@ class CudaOp : public DeviceOp {
   }
 
   void prepare(const OpContext& ctx) override {
-    SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_, 0));
+    SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_.event, 0));
     if (copyIn_.empty()) return;
     c10::cuda::CUDAStreamGuard guard(s_->stream);
     for (auto& [dev, h] : copyIn_) h.copy_(dev, /*non_blocking=*/true);
@@ -155,7 +164,7 @@ class CudaOp : public DeviceOp {
   std::shared_ptr<CudaState> s_;
   std::shared_ptr<OpEnd> end_;
   uint64_t timeoutNs_;
-  cudaEvent_t ready_ = nullptr;
+  GpuEvent ready_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
 };
 
@@ -205,10 +214,19 @@ class CudaDeviceOps : public DeviceOps {
     return device;
   }
 
-  at::Tensor hostCopyForSend(const at::Tensor& dev) override {
+  HostCopy hostCopyForSend(const at::Tensor& dev) override {
+    int d = dev.get_device();
+    c10::cuda::CUDAGuard guard(d);
     at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
-    h.copy_(dev);  // on the caller's current stream, after its queued work
-    return h;
+    // On the caller's current stream, after its queued work; the caller
+    // goes on at once (as with ProcessGroupNCCL's send), the send thread
+    // waits for the copy.
+    h.copy_(dev, /*non_blocking=*/true);
+    auto copied = std::make_shared<GpuEvent>(d);
+    SMDCCL_CUDA_CHECK(cudaEventRecord(copied->event, c10::cuda::getCurrentCUDAStream(d).stream()));
+    return {h, [copied](Deadline deadline) {
+              waitForEvent(copied->event, deadline, "the copy of a CUDA send into host memory");
+            }};
   }
 
   void copyReceived(const at::Tensor& dev, const at::Tensor& host) override {

@@ -4,11 +4,16 @@
 // sleep) and throw a Timeout that names the op and what it waited for.
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "algorithms/op_context.h"
+#include "common/deadline.h"
 
 namespace smdccl {
 
 void waitForEvent(cudaEvent_t ev, const OpContext& ctx, const char* what);
 void waitForStream(cudaStream_t s, const OpContext& ctx, const char* what);
+// Outside a collective (a send's copy): `what` names the wait.
+void waitForEvent(cudaEvent_t ev, Deadline deadline, const std::string& what);
 
 }  // namespace smdccl
