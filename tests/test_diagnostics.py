@@ -216,6 +216,62 @@ def test_nan_check_names_the_ranks_and_the_op_on_every_rank():
         assert r["int"] == [6] * 4
 
 
+def nan_check_send_recv() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out = {}
+    bad = torch.ones(100)
+    bad[42] = float("nan")
+
+    def raised(fn) -> str:
+        try:
+            fn()
+            return "no error"
+        except ValueError as exc:
+            return str(exc)
+
+    # 1. The receive is posted before the send arrives.
+    got = torch.full((100,), 7.0)
+    if rank == 1:
+        req = dist.irecv(got, src=0, tag=5)
+    dist.barrier()
+    if rank == 0:
+        out["send"] = raised(lambda: dist.send(bad, dst=1, tag=5))
+    else:
+        out["recv posted"] = raised(req.wait)
+        out["left as it was"] = bool((got == 7.0).all())
+    # 2. The report arrives before the receive is posted.
+    if rank == 0:
+        out["send 2"] = raised(lambda: dist.send(bad, dst=1, tag=6))
+    dist.barrier()
+    if rank == 1:
+        out["recv early"] = raised(lambda: dist.recv(got, src=0, tag=6))
+    # 3. The pair goes on: finite data moves.
+    if rank == 0:
+        dist.send(torch.arange(100.0), dst=1, tag=7)
+    else:
+        dist.recv(got, src=0, tag=7)
+        out["after"] = bool(torch.equal(got, torch.arange(100.0)))
+    return out
+
+
+def test_nan_check_covers_send_and_recv():
+    """SMDCCL_NAN_CHECK on point-to-point: the sender raises ValueError naming
+    the element, sends the receiver its report instead of the data, and the
+    receive raises too (posted before or after the report arrived), leaving
+    its tensor as it was; later messages of the pair are not affected."""
+    r0, r1 = run_ranks(2, nan_check_send_recv, env={"SMDCCL_NAN_CHECK": "1"}, timeout=120)
+    for key in ("send", "send 2"):
+        assert "SMDCCL_NAN_CHECK" in r0[key] and "element 42 (nan)" in r0[key], r0[key]
+        assert "send to rank 1" in r0[key], r0[key]
+    for key in ("recv posted", "recv early"):
+        assert "SMDCCL_NAN_CHECK" in r1[key] and "recv from rank 0" in r1[key], r1[key]
+        assert "element 42 (nan)" in r1[key], r1[key]
+    assert r1["left as it was"] and r1["after"]
+
+
 def nan_passes_without_check() -> bool:
     import math
 

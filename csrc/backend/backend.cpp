@@ -212,13 +212,8 @@ std::string SmdcclBackend::failureWithGroupCause(const std::string& mine) {
 void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) {
   std::string mine;
   for (size_t i = 0; i < inputs.size() && mine.empty(); ++i) {
-    const at::Tensor& t = inputs[i];
-    if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;
-    at::Tensor bad = at::isfinite(t.reshape({-1})).logical_not_().nonzero();
-    if (bad.numel() == 0) continue;
-    int64_t at0 = bad[0].item<int64_t>();
-    mine = strCat("input ", i, " has ", bad.numel(), " NaN/Inf value(s), the first at element ",
-                  at0, " (", t.reshape({-1})[at0].item<double>(), ")");
+    std::string report = nonFiniteReport(inputs[i]);
+    if (!report.empty()) mine = strCat("input ", i, " has ", report);
   }
   // flags[r] = 1: rank r's inputs are not finite. Every rank takes part, also
   // ranks whose inputs are not sent (a broadcast's non-roots).

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/tensor_checks.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "common/trace.h"
 #include "kernels/cpu/reduce.h"
 
@@ -720,11 +721,30 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
     return strCat("send to rank ", dstRank, " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
+  bool onGpu = deviceOps_->deviceOf({t}, "send") >= 0;
+  Deadline deadline = Deadline::after(std::chrono::milliseconds(timeoutMs_.load()));
+  if (nanCheck_) {
+    std::string report = nonFiniteReport(t);
+    if (!report.empty()) {
+      // The receiver gets this report instead of the data and raises too.
+      auto text = std::make_shared<std::string>(strCat("its tensor has ", report));
+      std::string msg = strCat("smdccl: send to rank ", dstRank, " (tag ", tag, ") on group '",
+                               cfg_.groupName, "': SMDCCL_NAN_CHECK: the tensor has ", report,
+                               "; it was not sent (the receive fails too)");
+      SMDCCL_WARN(msg);
+      p2p_->send(
+          dstRank, text->data(), text->size(), tag, deadline,
+          [work, text, msg](std::exception_ptr e) {
+            work->complete(toTorchError(e ? e : std::make_exception_ptr(InvalidArgument(msg))));
+          },
+          nullptr, P2PHeader::kNonFinite);
+      return work;
+    }
+  }
   DeviceOps::HostCopy copy{t, nullptr};
-  if (deviceOps_->deviceOf({t}, "send") >= 0) copy = deviceOps_->hostCopyForSend(t);
+  if (onGpu) copy = deviceOps_->hostCopyForSend(t);
   at::Tensor h = copy.host;
-  p2p_->send(dstRank, h.data_ptr(), h.nbytes(), tag,
-             Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
+  p2p_->send(dstRank, h.data_ptr(), h.nbytes(), tag, deadline,
              [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); },
              std::move(copy.ready));
   return work;

@@ -109,6 +109,15 @@ void checkRank(int64_t r, int size, const char* op, const char* what) {
                      size, " ranks");
 }
 
+std::string nonFiniteReport(const at::Tensor& t) {
+  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return "";
+  at::Tensor bad = at::isfinite(t.reshape({-1})).logical_not_().nonzero();
+  if (bad.numel() == 0) return "";
+  int64_t at0 = bad[0].item<int64_t>();
+  return strCat(bad.numel(), " NaN/Inf value(s), the first at element ", at0, " (",
+                t.reshape({-1})[at0].item<double>(), ")");
+}
+
 void applyPreScale(at::Tensor& t, const ReduceSpec& spec) {
   if (spec.preScaleTensor.defined()) t.mul_(spec.preScaleTensor.to(t.device()));
   else if (spec.preScale != 1.0) t.mul_(spec.preScale);

@@ -30,6 +30,10 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
 // Single CPU, strided, contiguous tensor of a supported dtype.
 void checkTensor(const at::Tensor& t, const char* op, const char* what);
 const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* op);
+// SMDCCL_NAN_CHECK: "" when every value of t is finite (or t is not
+// floating point), else how many are not and the first of them.
+std::string nonFiniteReport(const at::Tensor& t);
+
 void checkSameShapeAndType(const at::Tensor& t, const at::Tensor& ref, const char* op,
                            const std::string& what);
 void checkRank(int64_t r, int size, const char* op, const char* what);

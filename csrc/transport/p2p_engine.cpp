@@ -21,7 +21,7 @@ P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len) {
   }
   P2PHeader& h = r.header;
   h.magic = static_cast<uint32_t>(loadLE(data, 4));
-  h.reserved = static_cast<uint32_t>(loadLE(data + 4, 4));
+  h.flags = static_cast<uint32_t>(loadLE(data + 4, 4));
   h.tag = static_cast<int64_t>(loadLE(data + 8, 8));
   h.bytes = loadLE(data + 16, 8);
   if (h.magic != P2PHeader::kMagic) {
@@ -36,7 +36,7 @@ P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len) {
 
 void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]) {
   storeLE(out, h.magic, 4);
-  storeLE(out + 4, h.reserved, 4);
+  storeLE(out + 4, h.flags, 4);
   storeLE(out + 8, static_cast<uint64_t>(h.tag), 8);
   storeLE(out + 16, h.bytes, 8);
 }
@@ -89,14 +89,14 @@ P2PEngine::Peer& P2PEngine::peer(int rank) {
 }
 
 void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
-                     Completion done, std::function<void(Deadline)> ready) {
+                     Completion done, std::function<void(Deadline)> ready, uint32_t flags) {
   Peer& p = peer(rank);
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.failed) {
     done(p.failed);
     return;
   }
-  p.sends.push_back({buf, bytes, tag, deadline, std::move(done), std::move(ready)});
+  p.sends.push_back({buf, bytes, tag, deadline, std::move(done), std::move(ready), flags});
   if (!p.sender.joinable()) p.sender = std::thread([this, rank, &p] { senderLoop(rank, p); });
   p.cv.notify_all();
 }
@@ -112,7 +112,7 @@ void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline de
   }
   auto early = p.early.find(tag);
   if (early != p.early.end() && !early->second.empty()) {
-    std::vector<char> msg = std::move(early->second.front());
+    Arrived msg = std::move(early->second.front());
     early->second.pop_front();
     lock.unlock();
     completeFromBuffer(rank, RecvReq{buf, bytes, tag, deadline, std::move(done)}, msg);
@@ -135,13 +135,24 @@ bool P2PEngine::takePosted(Peer& p, int64_t tag, RecvReq* out) {
   return false;
 }
 
-void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const std::vector<char>& msg) {
-  if (msg.size() != req.bytes) {
-    req.done(std::make_exception_ptr(sizeMismatch(rank, req, msg.size())));
+void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const Arrived& msg) {
+  if (msg.flags & P2PHeader::kNonFinite) {
+    failNonFinite(rank, req, msg.payload);
     return;
   }
-  if (req.bytes) std::memcpy(req.buf, msg.data(), req.bytes);
+  if (msg.payload.size() != req.bytes) {
+    req.done(std::make_exception_ptr(sizeMismatch(rank, req, msg.payload.size())));
+    return;
+  }
+  if (req.bytes) std::memcpy(req.buf, msg.payload.data(), req.bytes);
   req.done(nullptr);
+}
+
+void P2PEngine::failNonFinite(int rank, const RecvReq& req, const std::vector<char>& report) const {
+  req.done(std::make_exception_ptr(InvalidArgument(
+      strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '", group_,
+             "': SMDCCL_NAN_CHECK: rank ", rank, " did not send its tensor: ",
+             std::string(report.begin(), report.end()), ". This tensor was left as it was"))));
 }
 
 InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const {
@@ -194,7 +205,7 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
     try {
       if (fd < 0) fd = mesh_.p2pSocket(rank, /*outgoing=*/true, req.deadline);
       uint8_t h[sizeof(P2PHeader)];
-      encodeP2PHeader(P2PHeader{P2PHeader::kMagic, 0, req.tag, req.bytes}, h);
+      encodeP2PHeader(P2PHeader{P2PHeader::kMagic, req.flags, req.tag, req.bytes}, h);
       sendAll(fd, h, sizeof h, req.deadline, what, mesh_.cancelFlag());
       sendAll(fd, req.buf, req.bytes, req.deadline, what, mesh_.cancelFlag());
     } catch (const std::exception& e) {
@@ -265,6 +276,12 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         std::lock_guard<std::mutex> lock(p.mu);
         matched = takePosted(p, h.tag, &target);
       }
+      if (matched && (h.flags & P2PHeader::kNonFinite)) {
+        std::vector<char> report;
+        recvPayload(fd, report, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+        failNonFinite(rank, target, report);
+        continue;
+      }
       if (matched && target.bytes == h.bytes) {
         recvAll(fd, target.buf, h.bytes, target.deadline, what, mesh_.cancelFlag());
         target.done(nullptr);
@@ -284,9 +301,9 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       {
         std::lock_guard<std::mutex> lock(p.mu);
         lateMatch = takePosted(p, h.tag, &late);
-        if (!lateMatch) p.early[h.tag].push_back(std::move(msg));
+        if (!lateMatch) p.early[h.tag].push_back({std::move(msg), h.flags});
       }
-      if (lateMatch) completeFromBuffer(rank, late, msg);
+      if (lateMatch) completeFromBuffer(rank, late, {std::move(msg), h.flags});
     } catch (const std::exception& e) {
       failWith(e.what());
       return;

@@ -29,8 +29,11 @@ struct P2PHeader {
   static constexpr uint32_t kMagic = 0x50325053;  // "SP2P"
   // Sanity bound on a header's length field: anything above is corruption.
   static constexpr uint64_t kMaxBytes = uint64_t(1) << 40;
+  // flags: kNonFinite says the payload is the sender's SMDCCL_NAN_CHECK
+  // report (text), not the data; other bits are ignored.
+  static constexpr uint32_t kNonFinite = 1;
   uint32_t magic;
-  uint32_t reserved;  // not checked
+  uint32_t flags;
   int64_t tag;        // any value: user tags
   uint64_t bytes;     // payload length
 };
@@ -70,8 +73,9 @@ class P2PEngine {
   // `ready`, when given, runs on the send thread before anything is sent
   // (e.g. waits for a GPU copy into `buf`); what it throws fails this send
   // only.
+  // `flags` go into the header (P2PHeader::kNonFinite: buf is a report).
   void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
-            Completion done, std::function<void(Deadline)> ready = nullptr);
+            Completion done, std::function<void(Deadline)> ready = nullptr, uint32_t flags = 0);
   void recv(int peer, void* buf, size_t bytes, int64_t tag, Deadline deadline, Completion done);
 
  private:
@@ -82,6 +86,7 @@ class P2PEngine {
     Deadline deadline;
     Completion done;
     std::function<void(Deadline)> ready;
+    uint32_t flags;
   };
   struct RecvReq {
     void* buf;
@@ -90,12 +95,17 @@ class P2PEngine {
     Deadline deadline;
     Completion done;
   };
+  // A message read before its receive was posted.
+  struct Arrived {
+    std::vector<char> payload;
+    uint32_t flags;
+  };
   struct Peer {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<SendReq> sends;
     std::deque<RecvReq> recvs;
-    std::map<int64_t, std::deque<std::vector<char>>> early;  // arrived before a recv
+    std::map<int64_t, std::deque<Arrived>> early;  // arrived before a recv
     std::thread sender, receiver;
     std::exception_ptr failed;  // sticky: the peer is gone
   };
@@ -106,7 +116,9 @@ class P2PEngine {
   void failAll(Peer& p, std::exception_ptr e);
   // The oldest posted receive with this tag, removed from the queue (p.mu held).
   static bool takePosted(Peer& p, int64_t tag, RecvReq* out);
-  void completeFromBuffer(int rank, const RecvReq& req, const std::vector<char>& msg);
+  void completeFromBuffer(int rank, const RecvReq& req, const Arrived& msg);
+  // A receive matched by a kNonFinite message: fails with the sender's report.
+  void failNonFinite(int rank, const RecvReq& req, const std::vector<char>& report) const;
   InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
 
   Mesh& mesh_;

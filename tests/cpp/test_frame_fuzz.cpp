@@ -336,9 +336,9 @@ TEST(frame_fuzz_hello_parser) {
 
 // ------------------------------------------------------------------ P2P header
 
-Bytes p2pBytes(uint32_t magic, uint32_t reserved, int64_t tag, uint64_t bytes) {
+Bytes p2pBytes(uint32_t magic, uint32_t flags, int64_t tag, uint64_t bytes) {
   Bytes b(sizeof(P2PHeader));
-  encodeP2PHeader(P2PHeader{magic, reserved, tag, bytes}, b.data());
+  encodeP2PHeader(P2PHeader{magic, flags, tag, bytes}, b.data());
   return b;
 }
 
