@@ -77,3 +77,31 @@ def fusion_off() -> int:
 
 def test_fusion_off_with_zero():
     assert run_ranks(2, fusion_off, env={"SMDCCL_FUSION_MB": "0"}) == [0, 0]
+
+
+def async_on_some_ranks() -> list:
+    """The same allreduces, async on even ranks and blocking on odd ones
+    (async_op is each rank's own choice): before the fusion decision ignored
+    it, an async rank opened the fusion round while a blocking rank sent its
+    data, and both failed with "the ranks disagree on the sizes"."""
+    import torch
+    import torch.distributed as dist
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    out = []
+    for n in (1, 1000, 70_000, 300_000):
+        ts = [torch.full((n,), float(rank + i)) for i in range(4)]
+        if rank % 2 == 0:
+            works = [dist.all_reduce(t, async_op=True) for t in ts]
+            for w in works:
+                w.wait()
+        else:
+            for t in ts:
+                dist.all_reduce(t)
+        want = [float(sum(r + i for r in range(ws))) for i in range(4)]
+        out.append(all(bool((t == w).all()) for t, w in zip(ts, want)))
+    return out
+
+
+def test_async_on_some_ranks_and_blocking_on_others():
+    assert run_ranks(4, async_on_some_ranks, timeout=120) == [[True] * 4] * 4

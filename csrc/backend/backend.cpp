@@ -13,6 +13,7 @@
 #include "backend/gil.h"
 #include "backend/store_adapter.h"
 #include "common/env.h"
+#include "common/exit_fence.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "topology/topology.h"
@@ -318,7 +319,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
                  err ? " (failed)" : "");
   // Allreduces fused into this one fail with the same error.
   for (auto& w : riders_) w->complete(err);
-  riders_.clear();
+  dropOrLeak(riders_);
   if (device) device->signal(seq);
   work.complete(err);
 }

@@ -137,6 +137,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // Runs `first` and, when every rank has more fusable allreduces queued
   // right behind it, as many of those as all have, as one collective.
   void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
+  // One allreduce in place (on the op's device, or the host): pre-scale,
+  // reduce, post-divide, fp16 overflow check.
+  void allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec, const std::shared_ptr<DeviceOp>& dev,
+                    const Tuning& tuning);
   // Allreduces tensors of one dtype and op as one flat buffer.
   void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs);
   static constexpr size_t kFusableBytes = 1 << 20;  // "small": fused with its neighbours

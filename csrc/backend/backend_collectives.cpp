@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/tensor_checks.h"
 #include "common/error.h"
+#include "common/exit_fence.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "kernels/cpu/reduce.h"
@@ -153,12 +154,15 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                                  const ::c10d::AllreduceOptions& opts) {
   at::Tensor t = checkSingle(tensors, "allreduce");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
-  DType dt = toDType(t.scalar_type(), "allreduce");
+  toDType(t.scalar_type(), "allreduce");  // an unsupported dtype raises here, at the call
   Tuning tuning = tuning_;
   auto dev = deviceOps_->begin({t}, "allreduce");
-  // Small async allreduces may be fused with those queued right behind them.
+  // Small allreduces may be fused with those queued right behind them. The
+  // choice must be the same on every rank (a fusable op opens with a round
+  // that agrees on the count), so it does not depend on async_op, which
+  // ranks may choose differently for the same call.
   std::shared_ptr<QueuedAllreduce> fusable;
-  if (!dev && opts.asyncOp && fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
+  if (!dev && fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
       !spec.preScaleTensor.defined()) {
     fusable = std::make_shared<QueuedAllreduce>();
     fusable->tensor = t;
@@ -166,18 +170,23 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     return enqueue(
         OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
         tensors, [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
-        true, fusable);
+        opts.asyncOp, fusable);
   }
   return enqueue(
       OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
-      tensors, [this, t, spec, dt, tuning, dev](Comm& c) mutable {
-        WireOverflowCheck overflow(useWire(c, dt, spec));
-        applyPreScale(t, spec);
-        allreduceOn(dev, c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
-        applyPostDivide(t, spec);
-        overflow.finish(c);
-      },
+      tensors,
+      [this, t, spec, tuning, dev](Comm& c) mutable { allreduceOne(c, t, spec, dev, tuning); },
       opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
+void SmdcclBackend::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
+                                 const std::shared_ptr<DeviceOp>& dev, const Tuning& tuning) {
+  DType dt = toDType(t.scalar_type(), "allreduce");
+  WireOverflowCheck overflow(useWire(c, dt, spec));
+  applyPreScale(t, spec);
+  allreduceOn(dev, c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
+  applyPostDivide(t, spec);
+  overflow.finish(c);
 }
 
 void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
@@ -224,6 +233,10 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
     recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&count), 1, DType::I32, RedOp::Min);
   }
   auto taken = progress_->takeFusable(static_cast<size_t>(count));
+  if (taken.empty()) {  // nothing to fuse: in place, without packing a flat copy
+    allreduceOne(c, first.tensor, first.spec, nullptr, tuning_);
+    return;
+  }
   std::vector<at::Tensor> ts{first.tensor};
   std::vector<ReduceSpec> specs{first.spec};
   for (auto& f : taken) {
@@ -235,7 +248,7 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   }
   allreduceFlat(c, ts, specs);
   for (auto& w : riders_) w->complete(nullptr);
-  riders_.clear();
+  dropOrLeak(riders_);  // they may hold the last reference to Python's tensors
   if (!taken.empty()) {
     fusedOps_ += taken.size() + 1;
     ++fusedCollectives_;

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "common/exit_fence.h"
 #include "kernels/cpu/reduce.h"
 
 namespace py = pybind11;
@@ -85,6 +86,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("master_addr"), py::arg("world_size"), py::arg("compression") = "",
         py::arg("compression_intra") = -1);
 
+  // atexit (see common/exit_fence.h): waits for our threads without the GIL.
+  m.def("_mark_process_exiting", &smdccl::markProcessExiting,
+        py::call_guard<py::gil_scoped_release>());
   m.def("env_vars", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;
     for (const auto& v : smdccl::envVars()) out.emplace_back(v.name, v.defaultValue, v.help);

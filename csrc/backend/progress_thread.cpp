@@ -5,6 +5,8 @@
 
 #include <chrono>
 
+#include "common/exit_fence.h"
+
 namespace smdccl {
 
 ProgressThread::ProgressThread(int idleSpinUs) : idleSpinUs_(idleSpinUs) {
@@ -100,6 +102,7 @@ void ProgressThread::loop() {
     std::lock_guard<std::mutex> running(runMu_);
     task();
     pending_.fetch_sub(1);
+    dropOrLeak(task);  // it may hold the last reference to Python's tensors
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/exit_fence.h"
 #include "common/log.h"
 #include "transport/byte_order.h"
 #include "transport/mesh.h"
@@ -172,6 +173,8 @@ void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
   }
   for (auto& s : sends) s.done(e);
   for (auto& r : recvs) r.done(e);
+  dropOrLeak(sends);  // they may hold the last reference to Python's tensors
+  dropOrLeak(recvs);
 }
 
 void P2PEngine::senderLoop(int rank, Peer& p) {
@@ -199,6 +202,7 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
           p.sends.pop_front();
         }
         req.done(notReady);
+        dropOrLeak(req);
         continue;
       }
     }
@@ -221,6 +225,7 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
       p.sends.pop_front();
     }
     req.done(nullptr);
+    dropOrLeak(req);  // it may hold the last reference to Python's tensors
   }
 }
 
@@ -250,16 +255,19 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       pollfd pf{fd, POLLIN, 0};
       ready = poll(&pf, 1, 100) > 0;
       if (ready) break;
-      std::lock_guard<std::mutex> lock(p.mu);
-      if (!p.recvs.empty() && p.recvs.front().deadline.expired()) {
-        RecvReq late = p.recvs.front();
+      RecvReq late{};
+      {
+        std::lock_guard<std::mutex> lock(p.mu);
+        if (p.recvs.empty() || !p.recvs.front().deadline.expired()) continue;
+        late = std::move(p.recvs.front());
         p.recvs.pop_front();
-        late.done(std::make_exception_ptr(CommError(
-            CommError::Kind::Timeout,
-            strCat("smdccl: recv from rank ", rank, " (tag ", late.tag, ", ", late.bytes,
-                   " bytes) on group '", group_, "' timed out: rank ", rank,
-                   " sent nothing. Did it call send with the same tag?"))));
       }
+      late.done(std::make_exception_ptr(CommError(
+          CommError::Kind::Timeout,
+          strCat("smdccl: recv from rank ", rank, " (tag ", late.tag, ", ", late.bytes,
+                 " bytes) on group '", group_, "' timed out: rank ", rank,
+                 " sent nothing. Did it call send with the same tag?"))));
+      dropOrLeak(late);  // it may hold the last reference to Python's tensors
     }
     if (stop_) return;
     try {
@@ -280,17 +288,20 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         std::vector<char> report;
         recvPayload(fd, report, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
         failNonFinite(rank, target, report);
+        dropOrLeak(target);
         continue;
       }
       if (matched && target.bytes == h.bytes) {
         recvAll(fd, target.buf, h.bytes, target.deadline, what, mesh_.cancelFlag());
         target.done(nullptr);
+        dropOrLeak(target);  // it may hold the last reference to Python's tensors
         continue;
       }
       if (matched) {
         // Drained through a small buffer: only the size goes into the error.
         discardPayload(fd, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
         target.done(std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
+        dropOrLeak(target);
         continue;
       }
       std::vector<char> msg;
@@ -303,7 +314,10 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         lateMatch = takePosted(p, h.tag, &late);
         if (!lateMatch) p.early[h.tag].push_back({std::move(msg), h.flags});
       }
-      if (lateMatch) completeFromBuffer(rank, late, {std::move(msg), h.flags});
+      if (lateMatch) {
+        completeFromBuffer(rank, late, {std::move(msg), h.flags});
+        dropOrLeak(late);
+      }
     } catch (const std::exception& e) {
       failWith(e.what());
       return;

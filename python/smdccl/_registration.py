@@ -57,10 +57,27 @@ def _backend_options(backend_options) -> dict:
     return options
 
 
+_exit_hook_registered = False
+
+
+def _register_exit_hook(_C) -> None:
+    """Before the interpreter finalizes, smdccl's threads must stop dropping
+    Python-owned tensors (a thread that takes the GIL then is ended by a
+    forced unwind, which aborts the process): see csrc/common/exit_fence.h."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        import atexit
+
+        atexit.register(_C._mark_process_exiting)
+        _exit_hook_registered = True
+
+
 def _create_backend(dist_opts, backend_options=None):
     import torch.distributed as dist
 
     from smdccl import _C
+
+    _register_exit_hook(_C)
 
     options = _backend_options(backend_options)
     compression = options.get("compression") or ""
