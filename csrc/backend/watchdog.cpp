@@ -1,5 +1,6 @@
 #include "backend/watchdog.h"
 
+#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -11,6 +12,7 @@ namespace smdccl {
 namespace {
 constexpr auto kPoll = std::chrono::milliseconds(500);  // how often peers' questions are read
 constexpr auto kAnswerWait = std::chrono::seconds(3);   // how long a question waits for answers
+constexpr auto kMaxBackoff = std::chrono::milliseconds(60000);  // between tries of a failing store
 const char* kRequestKey = "smdccl/status/request";
 std::string statusKey(int rank) { return strCat("smdccl/status/", rank); }
 }  // namespace
@@ -135,9 +137,12 @@ void Watchdog::State::loop() {
     uint64_t seq = 0;
     std::string name;
     double waited = 0;
+    // While the store fails, ask less and less often: each failed call makes
+    // torch's store client log a warning with a stack trace.
+    auto interval = failures == 0 ? kPoll : std::min(kMaxBackoff, kPoll * (1 << std::min(failures, 7)));
     {
       std::unique_lock<std::mutex> lock(mu);
-      if (cv.wait_for(lock, kPoll, [&] { return stop; })) return;
+      if (cv.wait_for(lock, interval, [&] { return stop; })) return;
       if (warnAfterS > 0 && started > finished && warnedFor != started) {
         waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - runningSince)
                      .count();
@@ -159,7 +164,7 @@ void Watchdog::State::loop() {
       failures = 0;
     } catch (const std::exception& e) {
       // The store lives in rank 0's process: once it is gone there is no one
-      // to ask. Say so once, then keep quiet.
+      // to ask. Say so once, then keep quiet (and back off, above).
       if (++failures == 3) SMDCCL_INFO("watchdog of group '", group, "': store unreachable: ", e.what());
     }
   }
