@@ -39,6 +39,10 @@ Blocks Blocks::even(size_t count, int parts, size_t elemSize) {
   return b;
 }
 
+Blocks Blocks::equal(int parts, size_t bytesEach) {
+  return fromLengths(std::vector<size_t>(static_cast<size_t>(parts), bytesEach));
+}
+
 Blocks Blocks::fromLengths(const std::vector<size_t>& lengths) {
   Blocks b;
   size_t at = 0;

@@ -45,6 +45,8 @@ struct Blocks {
   static Blocks even(size_t count, int parts, size_t elemSize);
   // Consecutive blocks of the given byte lengths.
   static Blocks fromLengths(const std::vector<size_t>& lengths);
+  // `parts` consecutive blocks of `bytesEach` bytes.
+  static Blocks equal(int parts, size_t bytesEach);
   size_t total() const;
 };
 

@@ -23,10 +23,6 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 namespace {
 
-Blocks equalBlocks(int parts, size_t bytesEach) {
-  return Blocks::fromLengths(std::vector<size_t>(parts, bytesEach));
-}
-
 void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int size,
                      const char* op, const char* what) {
   TORCH_CHECK_VALUE(static_cast<int>(list.size()) == size, "smdccl: ", op, ": ", what,
@@ -74,7 +70,7 @@ void allgatherPacked(Comm& c, const std::vector<at::Tensor>& ins, const Tuning& 
   for (auto& t : ins) each += t.nbytes();
   at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
   packInto(bytesOf(flat) + each * c.rank(), ins);
-  smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
+  smdccl::allgather(c, bytesOf(flat), Blocks::equal(c.size(), each), tuning);
   for (int r = 0; r < c.size(); ++r) {
     const char* src = bytesOf(flat) + each * r;
     for (size_t i = 0; i < ins.size(); ++i) {
@@ -249,10 +245,8 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   allreduceFlat(c, ts, specs);
   for (auto& w : riders_) w->complete(nullptr);
   dropOrLeak(riders_);  // they may hold the last reference to Python's tensors
-  if (!taken.empty()) {
-    fusedOps_ += taken.size() + 1;
-    ++fusedCollectives_;
-  }
+  fusedOps_ += taken.size() + 1;
+  ++fusedCollectives_;
 }
 
 WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
@@ -346,7 +340,7 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
         size_t each = in.nbytes();
         at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
         if (each) std::memcpy(bytesOf(flat) + each * c.rank(), bytesOf(in), each);
-        smdccl::allgather(c, bytesOf(flat), equalBlocks(c.size(), each), tuning);
+        smdccl::allgather(c, bytesOf(flat), Blocks::equal(c.size(), each), tuning);
         unpackFrom(bytesOf(flat), outs);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
@@ -379,7 +373,7 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
         size_t each = input.nbytes();
         char* mine = bytesOf(output) + each * c.rank();
         if (each && mine != bytesOf(input)) std::memmove(mine, bytesOf(input), each);
-        smdccl::allgather(c, bytesOf(output), equalBlocks(c.size(), each), tuning);
+        smdccl::allgather(c, bytesOf(output), Blocks::equal(c.size(), each), tuning);
       },
       opts.timeout, opts.asyncOp);
 }
@@ -461,7 +455,7 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
         }
         at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
         if (each) std::memcpy(bytesOf(flat) + each * root, bytesOf(in), each);
-        directGather(c, bytesOf(in), each, bytesOf(flat), equalBlocks(c.size(), each), root);
+        directGather(c, bytesOf(in), each, bytesOf(flat), Blocks::equal(c.size(), each), root);
         unpackFrom(bytesOf(flat), outs);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
@@ -490,7 +484,7 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
         }
         at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
         packInto(bytesOf(flat), ins);
-        directScatter(c, bytesOf(flat), equalBlocks(c.size(), each), bytesOf(out), each, root);
+        directScatter(c, bytesOf(flat), Blocks::equal(c.size(), each), bytesOf(out), each, root);
         if (each) std::memcpy(bytesOf(out), bytesOf(flat) + each * root, each);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
@@ -505,7 +499,7 @@ void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& outp
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
   WireOverflowCheck overflow(useWire(c, dt, spec));
   applyPreScale(work, spec);
-  smdccl::reduceScatter(c, bytesOf(work), equalBlocks(c.size(), each), dt, spec.op, tuning_);
+  smdccl::reduceScatter(c, bytesOf(work), Blocks::equal(c.size(), each), dt, spec.op, tuning_);
   if (each) std::memcpy(bytesOf(output), bytesOf(work) + each * c.rank(), each);
   applyPostDivide(output, spec);
   overflow.finish(c);

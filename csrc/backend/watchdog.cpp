@@ -139,7 +139,7 @@ void Watchdog::State::loop() {
     double waited = 0;
     // While the store fails, ask less and less often: each failed call makes
     // torch's store client log a warning with a stack trace.
-    auto interval = failures == 0 ? kPoll : std::min(kMaxBackoff, kPoll * (1 << std::min(failures, 7)));
+    auto interval = std::min(kMaxBackoff, kPoll * (1 << std::min(failures, 7)));
     {
       std::unique_lock<std::mutex> lock(mu);
       if (cv.wait_for(lock, interval, [&] { return stop; })) return;

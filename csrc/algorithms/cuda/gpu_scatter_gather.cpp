@@ -20,10 +20,6 @@ bool oneNodeIpc(const Comm& c, const GpuContext& g) {
   return ipcUsable(c, g) && c.levels->numNodes() == 1;
 }
 
-Blocks equalBlocks(int parts, size_t bytesEach) {
-  return Blocks::fromLengths(std::vector<size_t>(static_cast<size_t>(parts), bytesEach));
-}
-
 // Copies `bytes` on the context's stream and waits for it with the op's deadline.
 void copyAndWait(Comm& c, GpuContext& g, void* dst, const void* src, size_t bytes,
                  cudaMemcpyKind kind, const char* what) {
@@ -39,7 +35,7 @@ void stagedReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size
   char* host = g.staging().reserve(blockBytes * static_cast<size_t>(c.size()));
   copyAndWait(c, g, host, in, blockBytes * static_cast<size_t>(c.size()), cudaMemcpyDeviceToHost,
               "copy to pinned host memory");
-  reduceScatter(c, host, equalBlocks(c.size(), blockBytes), dt, op, t);
+  reduceScatter(c, host, Blocks::equal(c.size(), blockBytes), dt, op, t);
   copyAndWait(c, g, out, host + blockBytes * static_cast<size_t>(c.rank()), blockBytes,
               cudaMemcpyHostToDevice, "copy from pinned host memory");
 }
@@ -50,7 +46,7 @@ void stagedAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t e
   char* host = g.staging().reserve(eachBytes * static_cast<size_t>(c.size()));
   copyAndWait(c, g, host + eachBytes * static_cast<size_t>(c.rank()), in, eachBytes,
               cudaMemcpyDeviceToHost, "copy to pinned host memory");
-  allgather(c, host, equalBlocks(c.size(), eachBytes), t);
+  allgather(c, host, Blocks::equal(c.size(), eachBytes), t);
   copyAndWait(c, g, out, host, eachBytes * static_cast<size_t>(c.size()), cudaMemcpyHostToDevice,
               "copy from pinned host memory");
 }
