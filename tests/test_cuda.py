@@ -200,7 +200,8 @@ def cuda_matrix(big: bool) -> dict:
 def stream_semantics() -> dict:
     """Ordering with the caller's stream, Work.wait() without a host block,
     CUDA-aware futures, memory kept alive until the collective is done, an
-    isend that does not block its caller."""
+    isend that does not block its caller, a recv ordered after the caller's
+    stream."""
     dev = _device()
     rank, ws = dist.get_rank(), dist.get_world_size()
     chk = Checker(f"on rank {rank} (cuda streams)")
@@ -251,6 +252,17 @@ def stream_semantics() -> dict:
             got = torch.zeros(n, device=dev)
             dist.irecv(got, src=0).wait()
             assert torch.all(got == 42.0).item(), f"got {got[:4].tolist()}"
+
+    with chk.case("recv lands after what the caller's stream queued before it"):
+        if rank == 0:
+            dist.send(torch.full((n,), 7.0, device=dev), dst=1)
+        elif rank == 1:
+            got = torch.zeros(n, device=dev)
+            torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the fill
+            got.fill_(-1.0)  # queued before the recv: the received data must win
+            dist.recv(got, src=0)
+            torch.cuda.synchronize()
+            assert torch.all(got == 7.0).item(), f"got {got[:4].tolist()}"
 
     with chk.case("get_future(): CUDA-aware value and then()"):
         t = torch.full((n,), float(rank + 1), device=dev)

@@ -264,7 +264,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   ctx.wait = waitPolicy_;
   ctx.sig = call.sig;
   ctx.compareShapes = detailChecks_;
-  Comm c{*mesh_, ctx, ring_, &levels_};
+  Comm c{*mesh_, ctx, ring_, &levels_, /*members: the whole group*/ {}};
   const std::string& track = cfg_.groupName;
   if (queuedUs) {
     int64_t now = trace::nowUs();

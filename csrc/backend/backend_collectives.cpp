@@ -765,16 +765,15 @@ WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int t
     return strCat("recv from rank ", srcRank, " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
-  at::Tensor h = t;
-  if (deviceOps_->deviceOf({t}, "recv") >= 0)
-    h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
-  DeviceOps* ops = deviceOps_.get();
-  p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag,
-             Deadline::after(std::chrono::milliseconds(timeoutMs_.load())),
-             [work, t, h, ops](std::exception_ptr e) {
-               if (!e && t.is_cuda()) {
+  DeviceOps::HostLanding landing{t, nullptr};
+  if (deviceOps_->deviceOf({t}, "recv") >= 0) landing = deviceOps_->hostForRecv(t);
+  at::Tensor h = landing.host;
+  Deadline deadline = Deadline::after(std::chrono::milliseconds(timeoutMs_.load()));
+  p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag, deadline,
+             [work, h, deadline, deliver = std::move(landing.deliver)](std::exception_ptr e) {
+               if (!e && deliver) {
                  try {
-                   ops->copyReceived(t, h);
+                   deliver(deadline);
                  } catch (...) {
                    e = std::current_exception();
                  }

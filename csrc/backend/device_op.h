@@ -84,9 +84,16 @@ class DeviceOps {
     std::function<void(Deadline)> ready;
   };
   virtual HostCopy hostCopyForSend(const at::Tensor& dev) = 0;
-  // A received host tensor into `dev` (blocks the calling thread: the
-  // receive thread).
-  virtual void copyReceived(const at::Tensor& dev, const at::Tensor& host) = 0;
+  // A receive into CUDA tensor `dev` lands in pinned `host`; `deliver` (run
+  // by the receive thread once it has) copies it into `dev`, after the work
+  // that the caller had queued on its current stream when it called recv
+  // (which may still read or write `dev`), and waits for that copy up to the
+  // receive's deadline.
+  struct HostLanding {
+    at::Tensor host;
+    std::function<void(Deadline)> deliver;
+  };
+  virtual HostLanding hostForRecv(const at::Tensor& dev) = 0;
 };
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
                                          std::function<std::chrono::milliseconds()> timeout);

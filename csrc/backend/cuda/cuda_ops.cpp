@@ -229,12 +229,29 @@ class CudaDeviceOps : public DeviceOps {
             }};
   }
 
-  void copyReceived(const at::Tensor& dev, const at::Tensor& host) override {
+  HostLanding hostForRecv(const at::Tensor& dev) override {
+    int d = dev.get_device();
+    c10::cuda::CUDAGuard guard(d);
+    at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
+    // What the caller queued before the recv may still use `dev`: the copy
+    // into it waits for that (as ProcessGroupNCCL's recv does), not for
+    // what the caller queues later.
+    auto callerQueued = std::make_shared<GpuEvent>(d);
+    SMDCCL_CUDA_CHECK(cudaEventRecord(callerQueued->event, c10::cuda::getCurrentCUDAStream(d).stream()));
     // A stream of its own: on the legacy default stream the copy would wait
-    // for every other blocking stream of the device.
-    c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, dev.get_device()));
-    dev.copy_(host, /*non_blocking=*/true);
-    c10::cuda::getCurrentCUDAStream(dev.get_device()).synchronize();
+    // for every other blocking stream of the device. The allocator keeps
+    // `dev`'s block for it even if the caller drops `dev` early.
+    c10::cuda::CUDAStream copyStream = c10::cuda::getStreamFromPool(false, d);
+    c10::cuda::CUDACachingAllocator::recordStream(dev.storage().data_ptr(), copyStream);
+    return {h, [dev, h, callerQueued, copyStream](Deadline deadline) {
+              c10::cuda::CUDAStreamGuard streamGuard(copyStream);
+              SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(copyStream.stream(), callerQueued->event, 0));
+              at::Tensor target = dev;  // the lambda's captures are const
+              target.copy_(h, /*non_blocking=*/true);
+              GpuEvent copied(copyStream.device_index());
+              SMDCCL_CUDA_CHECK(cudaEventRecord(copied.event, copyStream.stream()));
+              waitForEvent(copied.event, deadline, "the copy of a CUDA recv into the tensor");
+            }};
   }
 
  private:
