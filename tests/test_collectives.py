@@ -484,6 +484,22 @@ def _p2p(ctx: Ctx) -> None:
             for i, b in enumerate(fifo):
                 assert_matches(b, torch.full((3,), float(100 + i)), f"tag 9 message {i}")
 
+    with chk.case(ctx.tag("batch_isend_irecv (pipeline parallelism's exchange), both directions")):
+        # torch runs the batch as isend/irecv inside a coalescing manager;
+        # each rank sends to both neighbours and receives from both.
+        n = 1001
+        from_left, from_right = torch.zeros(n), torch.zeros(n, dtype=torch.float64)
+        ops = [
+            dist.P2POp(dist.isend, rank_input(rank, n, torch.float32, 700 + right).clone(), right),
+            dist.P2POp(dist.isend, rank_input(rank, n, torch.float64, 800 + left).clone(), left),
+            dist.P2POp(dist.irecv, from_left, left),
+            dist.P2POp(dist.irecv, from_right, right),
+        ]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        assert_equal_bits(from_left, rank_input(left, n, torch.float32, 700 + rank), f"from left {left}")
+        assert_equal_bits(from_right, rank_input(right, n, torch.float64, 800 + rank), f"from right {right}")
+
     with chk.case(ctx.tag("large isend/irecv both directions", f"{LARGE_P2P * 4 >> 20} MiB float32")):
         mine = torch.arange(LARGE_P2P, dtype=torch.float32) + rank * 1e6
         a, b = torch.empty(LARGE_P2P), torch.empty(LARGE_P2P)
