@@ -75,6 +75,8 @@ GLOO_UNSUPPORTED: dict[str, str] = {
                              "not ValueError; the suite still asserts that it raises",
     "all_to_all_list_uneven": "ProcessGroupGloo::alltoall needs equal tensor sizes "
                               "(torch documents uneven lists, e.g. for NCCL)",
+    "all_gather_list_uneven": "ProcessGroupGloo::allgather needs equal tensor sizes ('invalid "
+                              "tensor size'; NCCL takes uneven lists)",
     "reduce_scatter_future": "reduce_scatter work has no future ('Work::getFuture not implemented.')",
     "large_all_gather_memory": "allgather copies input and output into flat buffers: ~7.6 GiB per rank "
                                "for a 2 GiB output, over the suite's 10 GiB budget",

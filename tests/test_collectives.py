@@ -235,6 +235,21 @@ def _reductions(ctx: Ctx) -> None:
                                             op=make_op(op, factor_for(kind)))
                         assert_matches(out, ref)
 
+                    desc = ctx.tag("reduce_scatter(list) uneven", dn, op, f"chunk~{c}", kind)
+                    with chk.case(desc):
+                        if feat:
+                            ctx.needs(feat)
+                        # rank j's block has sizes[j] elements (NCCL and gloo allow it)
+                        sizes = uneven_blocks(c, ws)
+                        starts = [sum(sizes[:j]) for j in range(ws)]
+                        total = sum(sizes)
+                        ref = ctx.ref(total, dtype, op, kind, seed=3).slice(starts[rank], starts[rank] + sizes[rank])
+                        inp = rank_input(rank, total, dtype, 3, kind).clone()
+                        out = filler(sizes[rank], dtype)
+                        dist.reduce_scatter(out, [inp[starts[j]:starts[j] + sizes[j]] for j in range(ws)],
+                                            op=make_op(op, factor_for(kind)))
+                        assert_matches(out, ref)
+
                     desc = ctx.tag("reduce_scatter_tensor in _coalescing_manager", dn, op, f"chunk={c}", kind)
                     with chk.case(desc):
                         if feat:
@@ -332,6 +347,12 @@ def uneven(src: int, dst: int, n: int, ws: int) -> int:
     return (n * ((src + 2 * dst + 1) % (ws + 1))) // max(ws, 1)
 
 
+def uneven_blocks(n: int, ws: int) -> list[int]:
+    """Block sizes of an uneven all_gather / reduce_scatter list: all
+    different, growing with the rank (0 where n is 0 and the rank even)."""
+    return [(n * (j + 1)) // ws + j % 2 for j in range(ws)]
+
+
 def _data_movement(ctx: Ctx) -> None:
     chk, ws, rank = ctx.chk, ctx.ws, ctx.rank
     for dtype in ctx.dtypes:
@@ -355,6 +376,15 @@ def _data_movement(ctx: Ctx) -> None:
                 dist.all_gather(outs, inp(rank, n, 12).clone())
                 for j in range(ws):
                     assert_equal_bits(outs[j], inp(j, n, 12), f"slot {j}")
+
+            desc = ctx.tag("all_gather(list) uneven", dn, f"n~{n}")
+            with chk.case(desc):
+                ctx.needs("all_gather_list_uneven")
+                sizes = uneven_blocks(n, ws)
+                outs = [filler(sizes[j], dtype) for j in range(ws)]
+                dist.all_gather(outs, inp(rank, sizes[rank], 14).clone())
+                for j in range(ws):
+                    assert_equal_bits(outs[j], inp(j, sizes[j], 14), f"slot {j}")
 
             desc = ctx.tag("all_gather_into_tensor", dn, f"n={n}")
             with chk.case(desc):

@@ -133,6 +133,14 @@ def halving_exact(compress_intra: bool) -> dict:
             dist.reduce_scatter_tensor(out, data(n * world, rank, salt), group=group)
             assert torch.equal(out.double(), full[rank * n:(rank + 1) * n]), f"reduce_scatter n={n} round {salt}"
             cases += 1
+            sizes = [n + 3 * r for r in range(world)]  # an uneven input list
+            start, total = sum(sizes[:rank]), sum(sizes)
+            full = torch.stack([data(total, r, salt + 5).double() for r in range(world)]).sum(0)
+            out = torch.empty(sizes[rank])
+            dist.reduce_scatter(out, list(data(total, rank, salt + 5).split(sizes)), group=group)
+            assert torch.equal(out.double(), full[start:start + sizes[rank]]), (
+                f"reduce_scatter(uneven list) n={n} round {salt}")
+            cases += 1
     return {"cases": cases, "halving": "as recursive halving (16-bit hops)" in log, "log": log}
 
 

@@ -160,7 +160,9 @@ class SmdcclBackend : public ::c10d::Backend {
   // range); returns the wire (F32: not compressed).
   Wire useWire(Comm& c, DType dt, ReduceSpec& spec) const;
   // The data parts of reduce-scatter shared by its three entry points.
-  void runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output, const ReduceSpec& spec);
+  // Block c.rank() of `work` (laid out as `blocks`) reduced over the group, into `output`.
+  void runReduceScatter(Comm& c, at::Tensor& work, const Blocks& blocks, at::Tensor& output,
+                        const ReduceSpec& spec);
 
   BackendConfig cfg_;
   std::shared_ptr<KVStore> store_;  // shared with the watchdog's thread

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -29,6 +30,29 @@ void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
                     " must hold one tensor per rank (", size, "), got ", list.size());
   for (size_t i = 0; i < list.size(); ++i)
     checkSameShapeAndType(list[i], ref, op, strCat(what, "[", i, "]"));
+}
+
+// all_gather's output list / reduce_scatter's input list, which may be
+// uneven (as with NCCL): one tensor per rank, of `ref`'s dtype; this rank's
+// own block has `ref`'s element count. Returns their byte blocks.
+Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int rank,
+                      int size, const char* op, const char* what, const char* refName) {
+  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == size, "smdccl: ", op, ": ", what,
+                    " must hold one tensor per rank (", size, "), got ", list.size());
+  std::vector<size_t> lengths;
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::string name = strCat(what, "[", i, "]");
+    checkTensor(list[i], op, name.c_str());
+    TORCH_CHECK_VALUE(list[i].scalar_type() == ref.scalar_type(), "smdccl: ", op, ": ", name,
+                      " has dtype ", list[i].scalar_type(), " but the ", refName, " has ",
+                      ref.scalar_type());
+    lengths.push_back(list[i].nbytes());
+  }
+  TORCH_CHECK_VALUE(list[static_cast<size_t>(rank)].numel() == ref.numel(), "smdccl: ", op, ": ",
+                    what, "[", rank, "] (this rank's block) has ",
+                    list[static_cast<size_t>(rank)].numel(), " elements but the ", refName, " has ",
+                    ref.numel());
+  return Blocks::fromLengths(lengths);
 }
 
 // Copies tensors into / out of consecutive blocks of a flat buffer. An empty
@@ -132,6 +156,20 @@ uint64_t numelOf(const std::vector<at::Tensor>& ts) {
   uint64_t n = 0;
   for (const auto& t : ts) n += static_cast<uint64_t>(t.numel());
   return n;
+}
+
+// The call of an all_gather over the output list / a reduce_scatter over the
+// input list `list` (`ref`: the input / output): an even list is described
+// by one block's count, an uneven one by the total, fingerprinted (DETAIL)
+// by every block's shape, so that ranks that disagree on any block's size
+// get a mismatch error.
+OpCall blockListCall(const std::vector<at::Tensor>& list, const at::Tensor& ref, int redop = -1) {
+  bool even = std::all_of(list.begin(), list.end(),
+                          [&](const at::Tensor& t) { return t.numel() == ref.numel(); });
+  if (even) return callOf({ref}, ref.scalar_type(), ref.numel(), redop);
+  OpCall call = callOf(list, ref.scalar_type(), numelOf(list), redop);
+  call.inputs = {ref};
+  return call;
 }
 
 int redOpCode(const ::c10d::ReduceOp& op) { return static_cast<int>(op.op_); }
@@ -329,18 +367,19 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                  const ::c10d::AllgatherOptions& opts) {
   at::Tensor in = checkSingle(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "smdccl: allgather takes one output list per rank");
-  checkOutputList(outputs[0], in, size_, "allgather", "output_tensor_list");
+  Blocks blocks =
+      checkBlockList(outputs[0], in, rank_, size_, "allgather", "output_tensor_list", "input");
   auto dev = deviceOps_->begin(allOf(outputs[0], {in}), "allgather");
   std::vector<at::Tensor> outs = hostOf(dev, outputs[0], false, true);
   at::Tensor hin = hostOf(dev, in, true, false);
   Tuning tuning = tuning_;
   return enqueue(
-      OpType::ALLGATHER, "allgather", callOf({in}, in.scalar_type(), in.numel()),
-      outputs[0], [in = hin, outs, tuning](Comm& c) mutable {
-        size_t each = in.nbytes();
-        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
-        if (each) std::memcpy(bytesOf(flat) + each * c.rank(), bytesOf(in), each);
-        smdccl::allgather(c, bytesOf(flat), Blocks::equal(c.size(), each), tuning);
+      OpType::ALLGATHER, "allgather", blockListCall(outputs[0], in), outputs[0],
+      [in = hin, outs, blocks, tuning](Comm& c) mutable {
+        at::Tensor flat = at::empty({static_cast<int64_t>(blocks.total())}, at::kByte);
+        if (in.nbytes())
+          std::memcpy(bytesOf(flat) + blocks.offset[c.rank()], bytesOf(in), in.nbytes());
+        smdccl::allgather(c, bytesOf(flat), blocks, tuning);
         unpackFrom(bytesOf(flat), outs);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
@@ -492,15 +531,15 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
 
 // ---------------------------------------------------------------- reduce-scatter
 
-void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, at::Tensor& output,
-                                     const ReduceSpec& given) {
-  size_t each = output.nbytes();
+void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, const Blocks& blocks,
+                                     at::Tensor& output, const ReduceSpec& given) {
+  size_t mine = output.nbytes();
   ReduceSpec spec = given;
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
   WireOverflowCheck overflow(useWire(c, dt, spec));
   applyPreScale(work, spec);
-  smdccl::reduceScatter(c, bytesOf(work), Blocks::equal(c.size(), each), dt, spec.op, tuning_);
-  if (each) std::memcpy(bytesOf(output), bytesOf(work) + each * c.rank(), each);
+  smdccl::reduceScatter(c, bytesOf(work), blocks, dt, spec.op, tuning_);
+  if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
   applyPostDivide(output, spec);
   overflow.finish(c);
 }
@@ -521,20 +560,20 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                       const ::c10d::ReduceScatterOptions& opts) {
   at::Tensor out = checkSingle(outputs, "reduce_scatter");
   TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: reduce_scatter takes one input list per rank");
-  checkOutputList(inputs[0], out, size_, "reduce_scatter", "input_list");
+  Blocks blocks =
+      checkBlockList(inputs[0], out, rank_, size_, "reduce_scatter", "input_list", "output");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
   auto dev = deviceOps_->begin(allOf(inputs[0], {out}), "reduce_scatter");
   std::vector<at::Tensor> ins = hostOf(dev, inputs[0], true, false);
   at::Tensor hout = hostOf(dev, out, false, true);
-  OpCall call = callOf({hout}, out.scalar_type(), out.numel(),
-                       redOpCode(opts.reduceOp));
+  OpCall call = blockListCall(inputs[0], out, redOpCode(opts.reduceOp));
   call.inputs = ins;
   return enqueue(
       OpType::REDUCE_SCATTER, "reduce_scatter", std::move(call), outputs,
-      [this, ins, out = hout, spec](Comm& c) mutable {
-        at::Tensor work = at::empty({out.numel() * c.size()}, out.options());
+      [this, ins, out = hout, blocks, spec](Comm& c) mutable {
+        at::Tensor work = at::empty({static_cast<int64_t>(numelOf(ins))}, out.options());
         packInto(bytesOf(work), ins);
-        runReduceScatter(c, work, out, spec);
+        runReduceScatter(c, work, blocks, out, spec);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
 }
@@ -578,7 +617,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
       OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {output},
       [this, input, output, spec](Comm& c) mutable {
         at::Tensor work = input.clone();  // the input is left as it was
-        runReduceScatter(c, work, output, spec);
+        runReduceScatter(c, work, Blocks::equal(c.size(), output.nbytes()), output, spec);
       },
       opts.timeout, opts.asyncOp);
 }
@@ -612,7 +651,7 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
       [this, ins, outs, specs](Comm& c) mutable {
         for (size_t i = 0; i < ins.size(); ++i) {
           at::Tensor work = ins[i].clone();
-          runReduceScatter(c, work, outs[i], specs[i]);
+          runReduceScatter(c, work, Blocks::equal(c.size(), outs[i].nbytes()), outs[i], specs[i]);
         }
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
