@@ -64,6 +64,9 @@ def mismatches() -> dict:
                                            group=g),
         "reduce op": lambda g: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.SUM if rank == 0
                                                else dist.ReduceOp.MAX, group=g),
+        # uneven lists that disagree: rank 1's block has 4 elements for rank 0, 5 for itself
+        "uneven sizes": lambda g: dist.all_gather([torch.empty(3), torch.empty(4 + rank)],
+                                                  torch.ones(3 if rank == 0 else 5), group=g),
     }
     out = {}
     for name, call in cases.items():
@@ -111,6 +114,7 @@ def test_mismatched_collectives_raise_on_every_rank_naming_both_calls():
         "size": ("allreduce(Float, 4 elements, sum)", "allreduce(Float, 5 elements, sum)"),
         "dtype": ("allreduce(Float, 4 elements, sum)", "allreduce(Double, 4 elements, sum)"),
         "reduce op": ("allreduce(Float, 4 elements, sum)", "allreduce(Float, 4 elements, max)"),
+        "uneven sizes": ("allgather(Float, 7 elements)", "allgather(Float, 8 elements)"),
     }
     for name, calls in expect.items():
         errors = [r[name] for r in results]
