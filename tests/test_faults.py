@@ -173,3 +173,52 @@ def test_dead_rank_fails_fast_two_virtual_nodes():
     node-mate over shared memory learns of that rank's failure from a flag
     in the node's shared memory, not by timing out."""
     _run("during", {"SMDCCL_TOPOLOGY": "2x2"}, world=4, victim=3)
+
+
+# ---------------------------------------------------------------------------
+# A rank fails alone inside a collective (out of memory): the others must
+# hear of it at once, not at their deadline.
+# ---------------------------------------------------------------------------
+
+OOM_BLOCK = 16 << 20  # float32 elements (64 MiB) per rank: all_gather stages ws blocks
+
+
+def fail_alone_out_of_memory(victim: int) -> dict:
+    """The victim's address space is capped below what all_gather's staging
+    buffer needs, after the user's tensors exist: only its progress thread's
+    allocation fails, while its peers are already exchanging."""
+    import datetime
+    import resource
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(backend=BACKEND, timeout=datetime.timedelta(seconds=60))
+    dist.all_reduce(torch.ones(4), group=group)  # every link exists
+    outs = [torch.empty(OOM_BLOCK) for _ in range(ws)]
+    mine = torch.full((OOM_BLOCK,), float(rank))
+    limits = resource.getrlimit(resource.RLIMIT_AS)
+    dist.barrier()
+    if rank == victim:
+        vm_kb = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                     if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (vm_kb * 1024 + (OOM_BLOCK * 4) // 2, limits[1]))
+    try:
+        took, msg = _raises(lambda: dist.all_gather(outs, mine, group=group))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, limits)
+    later, later_msg = _raises(lambda: dist.all_reduce(torch.ones(4), group=group))
+    dist.barrier()  # the world group is another group: unaffected
+    return {"took": took, "error": msg, "later": later, "later_error": later_msg}
+
+
+@pytest.mark.smdccl_only
+def test_rank_out_of_memory_fails_the_group_at_once():
+    victim = 1
+    results = run_ranks(3, fail_alone_out_of_memory, victim, timeout=180)
+    for rank, r in enumerate(results):
+        print(f"\nrank {rank}: raised after {r['took']:.2f} s: {(r['error'] or '')[:300]}")
+        assert r["error"] is not None, f"rank {rank}: all_gather returned normally"
+        # every rank names the victim's own failure (the group's first cause)
+        assert "allocate" in r["error"], f"rank {rank}: {r['error'][:1000]}"
+        assert r["took"] < 10, f"rank {rank} raised only after {r['took']:.1f} s (group timeout 60 s)"
+        assert r["later_error"] is not None and r["later"] < FAST, (
+            f"rank {rank}: the next all_reduce on the group: {r['later']:.2f} s, {r['later_error']}")

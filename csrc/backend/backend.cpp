@@ -233,6 +233,26 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
+std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kind kind,
+                                            const std::string& cause) {
+  // Exchange names the op; a failure outside it (e.g. connecting a link on
+  // first use, an allocation) does not yet.
+  std::string where = strCat("smdccl: ", ctx.describe());
+  std::string what = cause.compare(0, where.size(), where) != 0 ? where + ": " + cause : cause;
+  std::string msg = failureWithGroupCause(what);
+  SMDCCL_WARN(msg);
+  mesh_->abortLinks();  // only after the cause is in the store
+  std::exception_ptr err = toTorchError(std::make_exception_ptr(CommError(kind, msg)));
+  {
+    std::lock_guard<std::mutex> lock(fatalMu_);
+    fatal_ = err;
+  }
+  // Nothing can run on this group any more: what is queued fails fast,
+  // then the thread exits; later calls fail on the caller's thread.
+  progress_->stopWhenIdle();
+  return err;
+}
+
 void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
                             const std::function<void(Comm&)>& body, uint64_t seq,
                             const char* name, std::chrono::milliseconds timeout,
@@ -290,25 +310,20 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
     }
     body(c);
     if (device) device->finishBody(ctx);
-  } catch (const CommError& e) {
-    // Exchange names the op; a failure outside it (e.g. connecting a link
-    // on first use) does not yet.
-    std::string where = strCat("smdccl: ", ctx.describe());
-    std::string what = e.what();
-    if (what.compare(0, where.size(), where) != 0) what = where + ": " + what;
-    std::string msg = failureWithGroupCause(what);
-    SMDCCL_WARN(msg);
-    mesh_->abortLinks();  // only after the cause is in the store
-    err = toTorchError(std::make_exception_ptr(CommError(e.kind(), msg)));
-    {
-      std::lock_guard<std::mutex> lock(fatalMu_);
-      fatal_ = err;
-    }
-    // Nothing can run on this group any more: what is queued fails fast,
-    // then the thread exits; later calls fail on the caller's thread.
-    progress_->stopWhenIdle();
-  } catch (...) {
+  } catch (const InvalidArgument&) {  // the ranks agreed on it (the NaN check): the group goes on
     err = toTorchError(std::current_exception());
+  } catch (const c10::ValueError&) {  // likewise (the fp16 overflow check)
+    err = toTorchError(std::current_exception());
+  } catch (const CommError& e) {
+    err = failGroup(ctx, e.kind(), e.what());
+  } catch (const c10::Error& e) {
+    // This rank alone (out of memory, ...): its peers would wait for it
+    // until their deadline. Failing the group tells them at once.
+    err = failGroup(ctx, CommError::Kind::System, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    err = failGroup(ctx, CommError::Kind::System, e.what());
+  } catch (...) {
+    err = failGroup(ctx, CommError::Kind::System, "an exception of unknown type");
   }
   watchdog_->opFinished(seq);
   if (timing)

@@ -147,6 +147,11 @@ class SmdcclBackend : public ::c10d::Backend {
   // After a failure: the first rank to fail records its cause in the store;
   // later ones (who may only see a peer's connection close) report it too.
   std::string failureWithGroupCause(const std::string& mine);
+  // A failure that leaves the group's ranks out of step (`cause`: what
+  // happened on this rank, in op `ctx`): records it as the group's cause,
+  // aborts the links so that peers fail at once, fails what is queued.
+  // Returns the error the op's work completes with.
+  std::exception_ptr failGroup(const OpContext& ctx, CommError::Kind kind, const std::string& cause);
   // `queuedUs`: when the caller queued it (trace::nowUs(); 0 when not tracing).
   // `device`: the op's CUDA side (nullptr for CPU tensors).
   void runWork(SmdcclWork& work, const OpCall& call, const std::function<void(Comm&)>& body,

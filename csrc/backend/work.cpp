@@ -74,11 +74,12 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   if (device_) {
     // The caller's current stream waits for the collective's GPU work (see
-    // DeviceCompletion). A failure known by then is raised.
+    // DeviceCompletion). The progress thread records the event that waits
+    // on just before it marks the work done, with its error if it failed:
+    // the wait below for that mark is short, and a failure is never
+    // returned as a success.
     if (auto e = exception()) std::rethrow_exception(e);
-    device_->blockCurrentStream();
-    if (auto e = exception()) std::rethrow_exception(e);
-    return true;
+    device_->blockCurrentStream(timeout);
   }
   if (!done_.load(std::memory_order_acquire)) {
     // Most collectives finish within microseconds: poll (yielding the core
@@ -102,7 +103,7 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void SmdcclWork::synchronize() {
-  if (device_) device_->blockCurrentStream();
+  if (device_) device_->blockCurrentStream(std::chrono::milliseconds(0));
 }
 
 std::vector<at::Tensor> SmdcclWork::result() { return outputs_; }

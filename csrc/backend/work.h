@@ -19,9 +19,10 @@ class DeviceCompletion {
   virtual ~DeviceCompletion() = default;
   // The GPU has finished the op's work.
   virtual bool done() const = 0;
-  // Once the op's GPU work is queued (the host waits for that, up to the
-  // group timeout), the caller's current stream waits for it.
-  virtual void blockCurrentStream() = 0;
+  // Once the op's GPU work is queued (the host waits for that, up to
+  // `timeout` when it is positive, else up to the group timeout), the
+  // caller's current stream waits for it.
+  virtual void blockCurrentStream(std::chrono::milliseconds timeout) = 0;
   virtual c10::Device device() const = 0;
   // The stream the op's GPU work runs on: futures complete on it.
   virtual c10::Stream stream() const = 0;

@@ -73,13 +73,21 @@ class CudaCompletion : public DeviceCompletion {
   bool done() const override {
     return end_->recorded.load(std::memory_order_acquire) && cudaEventQuery(end_->event) == cudaSuccess;
   }
-  void blockCurrentStream() override {
+  void blockCurrentStream(std::chrono::milliseconds timeout) override {
     using Clock = std::chrono::steady_clock;
     auto start = Clock::now();
-    auto deadline = start + std::chrono::nanoseconds(timeoutNs_);
+    // The op has its own deadline and the progress thread records the
+    // event also when it fails: this limit only guards against that thread
+    // being gone.
+    auto limit = timeout.count() > 0 ? std::chrono::nanoseconds(timeout)
+                                     : std::chrono::nanoseconds(timeoutNs_);
+    auto deadline = start + limit;
     while (!end_->recorded.load(std::memory_order_acquire)) {
-      TORCH_CHECK(Clock::now() < deadline, "smdccl: timed out after ", timeoutNs_ / 1000000,
-                  " ms waiting for collective #", seq_, " to be queued on the GPU");
+      if (Clock::now() >= deadline)
+        C10_THROW_ERROR(DistBackendError,
+                        strCat("smdccl: collective #", seq_, " was not queued on the GPU within ",
+                               std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
+                               " ms given to wait()"));
       if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
