@@ -292,6 +292,19 @@ def stream_semantics() -> dict:
             want = float(sum(r + i for r in range(ws)))
             assert torch.all(t == want).item(), f"tensor {i}: {t[:2].tolist()} != {want}"
 
+    with chk.case("a collective inside CUDA graph capture raises ValueError, the group goes on"):
+        graph, t = torch.cuda.CUDAGraph(), torch.ones(16, device=dev)
+        try:
+            with torch.cuda.graph(graph):
+                dist.all_reduce(t)
+        except ValueError as e:
+            assert "graph" in str(e), str(e)
+        else:
+            raise AssertionError("all_reduce during graph capture did not raise")
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        assert torch.all(t == ws).item(), f"got {t[:4].tolist()}"
+
     with chk.case("mixed devices in one call raise ValueError"):
         try:
             dist.all_gather_into_tensor(torch.zeros(2 * ws, device=dev), torch.zeros(2))

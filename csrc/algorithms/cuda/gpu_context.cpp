@@ -37,8 +37,12 @@ cudaEvent_t GpuContext::event(size_t i) {
 
 CudaIpcSpace& GpuContext::ipc(int node, int localRank, int localSize, Deadline deadline) {
   if (!ipc_)
-    ipc_ = std::make_unique<CudaIpcSpace>(store_, strCat("smdccl/cuda_ipc/node", node), localRank,
-                                          localSize, device_, tuning_.ipcBytes, deadline);
+    ipc_ = std::make_unique<CudaIpcSpace>(
+        store_, strCat("smdccl/cuda_ipc/node", node), localRank, localSize, device_,
+        tuning_.ipcBytes,
+        strCat("SMDCCL_CUDA_IPC_MB=", tuning_.ipcBytes >> 20,
+               ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
+        deadline);
   return *ipc_;
 }
 

@@ -23,16 +23,49 @@ namespace smdccl {
 
 namespace {
 
+// A stream of the group's own, at the device's highest priority. Not one of
+// torch's pool streams: torch.cuda.Stream() hands those out too, and the
+// host waits on this stream would then also wait for the user's work.
+cudaStream_t createInternalStream(int dev) {
+  c10::cuda::CUDAGuard guard(dev);
+  int least = 0, greatest = 0;
+  SMDCCL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  SMDCCL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  return s;
+}
+
+// Raises a ValueError when the caller's current stream is capturing a CUDA
+// graph: the collectives are driven from the host, step by step, which a
+// graph cannot replay (and querying a capturing stream breaks the capture).
+void checkNotCapturing(int dev, const char* op) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  SMDCCL_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(dev).stream(), &status));
+  TORCH_CHECK_VALUE(status == cudaStreamCaptureStatusNone, "smdccl: ", op,
+                    ": the current CUDA stream is capturing a CUDA graph; smdccl's CUDA "
+                    "collectives are driven from the host and cannot be captured: call them "
+                    "outside the graph");
+}
+
 // One group's GPU state: created at its first CUDA collective, on the
 // device of that collective's tensors.
 struct CudaState {
   int device;
+  cudaStream_t raw;
   c10::cuda::CUDAStream stream;
   std::unique_ptr<GpuContext> gpu;
   CudaState(int dev, KVStore& store)
-      : device(dev), stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, dev)) {
-    gpu = std::make_unique<GpuContext>(dev, stream.stream(), store, GpuTuning::fromEnv());
+      : device(dev),
+        raw(createInternalStream(dev)),
+        stream(c10::cuda::getStreamFromExternal(raw, static_cast<c10::DeviceIndex>(dev))) {
+    gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv());
   }
+  ~CudaState() {
+    gpu.reset();  // waits for the stream first
+    cudaStreamDestroy(raw);
+  }
+  CudaState(const CudaState&) = delete;
+  CudaState& operator=(const CudaState&) = delete;
 };
 
 // A CUDA event (timing off) on device `dev`, destroyed with it.
@@ -184,6 +217,7 @@ class CudaDeviceOps : public DeviceOps {
   std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors, const char* op) override {
     int device = deviceOf(tensors, op);
     if (device < 0) return nullptr;
+    checkNotCapturing(device, op);
     std::shared_ptr<CudaState> s;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -225,6 +259,7 @@ class CudaDeviceOps : public DeviceOps {
   HostCopy hostCopyForSend(const at::Tensor& dev) override {
     int d = dev.get_device();
     c10::cuda::CUDAGuard guard(d);
+    checkNotCapturing(d, "send");
     at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
     // On the caller's current stream, after its queued work; the caller
     // goes on at once (as with ProcessGroupNCCL's send), the send thread
@@ -240,6 +275,7 @@ class CudaDeviceOps : public DeviceOps {
   HostLanding hostForRecv(const at::Tensor& dev) override {
     int d = dev.get_device();
     c10::cuda::CUDAGuard guard(d);
+    checkNotCapturing(d, "recv");
     at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
     // What the caller queued before the recv may still use `dev`: the copy
     // into it waits for that (as ProcessGroupNCCL's recv does), not for

@@ -24,10 +24,19 @@ std::string toHex(const void* p, size_t n) {
 }
 
 void fromHex(const std::string& s, void* p, size_t n) {
-  auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  if (s.size() != 2 * n) throw CommError(CommError::Kind::Protocol, "malformed CUDA IPC handle");
+  auto nib = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  bool ok = s.size() == 2 * n;
   auto* b = static_cast<unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(nib(s[2 * i]) << 4 | nib(s[2 * i + 1]));
+  for (size_t i = 0; ok && i < n; ++i) {
+    int hi = nib(s[2 * i]), lo = nib(s[2 * i + 1]);
+    ok = hi >= 0 && lo >= 0;
+    b[i] = static_cast<unsigned char>(hi << 4 | lo);
+  }
+  if (!ok) throw CommError(CommError::Kind::Protocol, "malformed CUDA IPC handle in the store");
 }
 
 // Sets the device for this thread and restores the previous one on exit.
@@ -43,54 +52,89 @@ struct DeviceScope {
   }
 };
 
+// A value of the store exchange: "pid:device:settings:handle", or
+// "error:<why>" from a rank that has no buffer to share.
+constexpr const char* kErrorTag = "error:";
+
 }  // namespace
 
 CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank,
-                           int localSize, int device, size_t bytes, Deadline deadline)
+                           int localSize, int device, size_t bytes, const std::string& settings,
+                           Deadline deadline)
     : localRank_(localRank), device_(device), bytes_(bytes), ptrs_(localSize, nullptr) {
   DeviceScope scope(device);
-  void* mine = nullptr;
-  SMDCCL_CUDA_CHECK(cudaMalloc(&mine, bytes));
-  ptrs_[localRank] = static_cast<char*>(mine);
+  std::string mine;
   try {
+    void* p = nullptr;
+    SMDCCL_CUDA_CHECK(cudaMalloc(&p, bytes));
+    ptrs_[localRank] = static_cast<char*>(p);
     cudaIpcMemHandle_t handle;
-    SMDCCL_CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
+    SMDCCL_CUDA_CHECK(cudaIpcGetMemHandle(&handle, p));
     // The pid makes a stale key from an earlier group of the same name
     // recognisable in logs; the handle itself is what peers open.
-    std::vector<std::string> all = allGatherStrings(
-        store, keyPrefix, localRank, localSize,
-        strCat(getpid(), ":", device, ":", toHex(&handle, sizeof handle)), deadline);
+    mine = strCat(getpid(), ":", device, ":", settings, ":", toHex(&handle, sizeof handle));
+  } catch (const std::exception& e) {
+    // Node-mates wait for this rank's handle: tell them at once why there is none.
+    store.set(strCat(keyPrefix, "/", localRank), strCat(kErrorTag, e.what()));
+    release();
+    throw;
+  }
+  try {
+    std::vector<std::string> all = allGatherStrings(store, keyPrefix, localRank, localSize, mine,
+                                                    deadline);
     for (int l = 0; l < localSize; ++l) {
       if (l == localRank) continue;
       const std::string& v = all[static_cast<size_t>(l)];
+      if (v.rfind(kErrorTag, 0) == 0)
+        throw CommError(CommError::Kind::PeerFailure,
+                        strCat("local rank ", l, " of this node has no CUDA IPC buffer to share: ",
+                               v.substr(std::char_traits<char>::length(kErrorTag))));
       size_t colon = v.rfind(':');
+      size_t settingsAt = v.find(':', v.find(':') + 1) + 1;
+      std::string theirs = v.substr(settingsAt, colon - settingsAt);
+      // Each rank indexes its peers' buffers with its own sizes: they must agree.
+      if (theirs != settings)
+        throw CommError(CommError::Kind::Mismatch,
+                        strCat("CUDA IPC settings differ on this node: local rank ", l, " has ",
+                               theirs, ", this rank ", settings,
+                               "; set SMDCCL_CUDA_* alike on every rank"));
       cudaIpcMemHandle_t peer;
       fromHex(v.substr(colon + 1), &peer, sizeof peer);
       void* p = nullptr;
       // Lazy peer access: a buffer on another GPU of the node is reached
       // over NVLink / PCIe; one on this GPU needs none.
-      SMDCCL_CUDA_CHECK(cudaIpcOpenMemHandle(&p, peer, cudaIpcMemLazyEnablePeerAccess));
+      cudaError_t e = cudaIpcOpenMemHandle(&p, peer, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess)
+        throw CommError(CommError::Kind::System,
+                        strCat("could not map local rank ", l, "'s CUDA IPC buffer: ",
+                               cudaGetErrorName(e), " (", cudaGetErrorString(e),
+                               "); without peer access between the node's GPUs, "
+                               "SMDCCL_CUDA_IPC=0 stages through host memory instead"));
       ptrs_[static_cast<size_t>(l)] = static_cast<char*>(p);
     }
   } catch (...) {
-    for (int l = 0; l < localSize; ++l) {
-      if (!ptrs_[static_cast<size_t>(l)]) continue;
-      if (l == localRank) cudaFree(ptrs_[static_cast<size_t>(l)]);
-      else cudaIpcCloseMemHandle(ptrs_[static_cast<size_t>(l)]);
-    }
+    release();
     throw;
   }
   SMDCCL_INFO("CUDA IPC: ", localSize, " buffers of ", bytes >> 10, " KiB mapped on device ",
               device);
 }
 
-CudaIpcSpace::~CudaIpcSpace() {
-  DeviceScope scope(device_);
+// Frees this rank's buffer and unmaps the peers' (errors ignored: this runs
+// in the destructor and on failure paths, also at process exit).
+void CudaIpcSpace::release() noexcept {
+  int prev = -1;
+  bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+                 cudaSetDevice(device_) == cudaSuccess;
   for (size_t l = 0; l < ptrs_.size(); ++l) {
     if (!ptrs_[l]) continue;
     if (static_cast<int>(l) == localRank_) cudaFree(ptrs_[l]);
     else cudaIpcCloseMemHandle(ptrs_[l]);
+    ptrs_[l] = nullptr;
   }
+  if (restore) cudaSetDevice(prev);
 }
+
+CudaIpcSpace::~CudaIpcSpace() { release(); }
 
 }  // namespace smdccl

@@ -18,8 +18,11 @@ class CudaIpcSpace {
   // Collective over the node's ranks (each calls it with its local index):
   // allocates `bytes` on `device`, publishes the IPC handle under
   // `keyPrefix`/<local> in the store and maps every node-mate's buffer.
+  // `settings` (no ':'): what every node-mate must have alike (the sizes
+  // each uses to index the others' buffers); a difference is an error. A
+  // rank that cannot allocate tells its node-mates, which fail at once.
   CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank, int localSize,
-               int device, size_t bytes, Deadline deadline);
+               int device, size_t bytes, const std::string& settings, Deadline deadline);
   ~CudaIpcSpace();
   CudaIpcSpace(const CudaIpcSpace&) = delete;
   CudaIpcSpace& operator=(const CudaIpcSpace&) = delete;
@@ -33,6 +36,8 @@ class CudaIpcSpace {
   int localSize() const { return static_cast<int>(ptrs_.size()); }
 
  private:
+  void release() noexcept;
+
   int localRank_ = 0;
   int device_ = 0;
   size_t bytes_ = 0;
