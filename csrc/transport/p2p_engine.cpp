@@ -137,8 +137,8 @@ bool P2PEngine::takePosted(Peer& p, int64_t tag, RecvReq* out) {
 }
 
 void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const Arrived& msg) {
-  if (msg.flags & P2PHeader::kNonFinite) {
-    failNonFinite(rank, req, msg.payload);
+  if (msg.flags & (P2PHeader::kNonFinite | P2PHeader::kSenderFailed)) {
+    failFromSender(rank, req, msg.flags, msg.payload);
     return;
   }
   if (msg.payload.size() != req.bytes) {
@@ -149,11 +149,20 @@ void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const Arrived& 
   req.done(nullptr);
 }
 
-void P2PEngine::failNonFinite(int rank, const RecvReq& req, const std::vector<char>& report) const {
-  req.done(std::make_exception_ptr(InvalidArgument(
-      strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '", group_,
-             "': SMDCCL_NAN_CHECK: rank ", rank, " did not send its tensor: ",
-             std::string(report.begin(), report.end()), ". This tensor was left as it was"))));
+void P2PEngine::failFromSender(int rank, const RecvReq& req, uint32_t flags,
+                               const std::vector<char>& report) const {
+  std::string head = strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '",
+                            group_, "': ");
+  std::string why(report.begin(), report.end());
+  if (flags & P2PHeader::kNonFinite)
+    req.done(std::make_exception_ptr(InvalidArgument(
+        strCat(head, "SMDCCL_NAN_CHECK: rank ", rank, " did not send its tensor: ", why,
+               ". This tensor was left as it was"))));
+  else  // the link is fine: only this message is lost
+    req.done(std::make_exception_ptr(CommError(
+        CommError::Kind::PeerFailure,
+        strCat(head, "rank ", rank, " could not send its tensor: ", why,
+               ". This tensor was left as it was"))));
 }
 
 InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const {
@@ -188,30 +197,36 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
       if (stop_) return;
       req = p.sends.front();
     }
+    // A local failure before the data is there (the GPU copy) fails this
+    // send only: the receiver gets why in place of the data and fails the
+    // matching receive (instead of waiting for it, or taking the next
+    // message of the tag); the link stays in step.
+    std::exception_ptr notReady;
+    std::string why;
     if (req.ready) {
-      // A local failure (the GPU copy): this send fails, the link is fine.
-      std::exception_ptr notReady;
       try {
         req.ready(req.deadline);
+      } catch (const std::exception& e) {
+        notReady = std::current_exception();
+        why = e.what();
       } catch (...) {
         notReady = std::current_exception();
+        why = "an exception of unknown type";
       }
-      if (notReady) {
-        {
-          std::lock_guard<std::mutex> lock(p.mu);
-          p.sends.pop_front();
-        }
-        req.done(notReady);
-        dropOrLeak(req);
-        continue;
-      }
+    }
+    P2PHeader head{P2PHeader::kMagic, req.flags, req.tag, req.bytes};
+    const void* payload = req.buf;
+    if (notReady) {
+      head.flags = P2PHeader::kSenderFailed;
+      head.bytes = why.size();
+      payload = why.data();
     }
     try {
       if (fd < 0) fd = mesh_.p2pSocket(rank, /*outgoing=*/true, req.deadline);
       uint8_t h[sizeof(P2PHeader)];
-      encodeP2PHeader(P2PHeader{P2PHeader::kMagic, req.flags, req.tag, req.bytes}, h);
+      encodeP2PHeader(head, h);
       sendAll(fd, h, sizeof h, req.deadline, what, mesh_.cancelFlag());
-      sendAll(fd, req.buf, req.bytes, req.deadline, what, mesh_.cancelFlag());
+      sendAll(fd, payload, head.bytes, req.deadline, what, mesh_.cancelFlag());
     } catch (const std::exception& e) {
       SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
       failAll(p, std::make_exception_ptr(CommError(
@@ -224,7 +239,7 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
       std::lock_guard<std::mutex> lock(p.mu);
       p.sends.pop_front();
     }
-    req.done(nullptr);
+    req.done(notReady);
     dropOrLeak(req);  // it may hold the last reference to Python's tensors
   }
 }
@@ -284,10 +299,10 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         std::lock_guard<std::mutex> lock(p.mu);
         matched = takePosted(p, h.tag, &target);
       }
-      if (matched && (h.flags & P2PHeader::kNonFinite)) {
+      if (matched && (h.flags & (P2PHeader::kNonFinite | P2PHeader::kSenderFailed))) {
         std::vector<char> report;
         recvPayload(fd, report, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
-        failNonFinite(rank, target, report);
+        failFromSender(rank, target, h.flags, report);
         dropOrLeak(target);
         continue;
       }

@@ -30,8 +30,11 @@ struct P2PHeader {
   // Sanity bound on a header's length field: anything above is corruption.
   static constexpr uint64_t kMaxBytes = uint64_t(1) << 40;
   // flags: kNonFinite says the payload is the sender's SMDCCL_NAN_CHECK
-  // report (text), not the data; other bits are ignored.
+  // report (text), not the data; kSenderFailed that it is why the sender
+  // could not send its data (text: e.g. the copy of a CUDA tensor failed);
+  // other bits are ignored.
   static constexpr uint32_t kNonFinite = 1;
+  static constexpr uint32_t kSenderFailed = 2;
   uint32_t magic;
   uint32_t flags;
   int64_t tag;        // any value: user tags
@@ -72,7 +75,7 @@ class P2PEngine {
 
   // `ready`, when given, runs on the send thread before anything is sent
   // (e.g. waits for a GPU copy into `buf`); what it throws fails this send
-  // only.
+  // and the receive it matches (the receiver gets why), nothing else.
   // `flags` go into the header (P2PHeader::kNonFinite: buf is a report).
   void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
             Completion done, std::function<void(Deadline)> ready = nullptr, uint32_t flags = 0);
@@ -117,8 +120,10 @@ class P2PEngine {
   // The oldest posted receive with this tag, removed from the queue (p.mu held).
   static bool takePosted(Peer& p, int64_t tag, RecvReq* out);
   void completeFromBuffer(int rank, const RecvReq& req, const Arrived& msg);
-  // A receive matched by a kNonFinite message: fails with the sender's report.
-  void failNonFinite(int rank, const RecvReq& req, const std::vector<char>& report) const;
+  // A receive matched by a kNonFinite or kSenderFailed message (`flags`):
+  // fails with the sender's report.
+  void failFromSender(int rank, const RecvReq& req, uint32_t flags,
+                      const std::vector<char>& report) const;
   InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
 
   Mesh& mesh_;
