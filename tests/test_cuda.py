@@ -159,6 +159,20 @@ def cuda_matrix(big: bool) -> dict:
                 dist.all_gather(outs, rank_input(rank, n, dtype, 11).to(dev))
                 for r in range(ws):
                     assert_equal_bits(outs[r].cpu(), rank_input(r, n, dtype, 11), f"from {r}")
+            with chk.case(f"all_gather / reduce_scatter uneven lists {dn} n~{n}"):
+                sizes = [n + 3 * r for r in range(ws)]
+                outs = [torch.zeros(m, dtype=dtype, device=dev) for m in sizes]
+                dist.all_gather(outs, rank_input(rank, sizes[rank], dtype, 15).to(dev))
+                for r in range(ws):
+                    assert_equal_bits(outs[r].cpu(), rank_input(r, sizes[r], dtype, 15), f"from {r}")
+                if dtype != torch.bool:
+                    full = sum(sizes)
+                    inp = rank_input(rank, full, dtype, 16, "int").to(dev)
+                    out = torch.zeros(sizes[rank], dtype=dtype, device=dev)
+                    dist.reduce_scatter(out, list(inp.split(sizes)), op=dist.ReduceOp.MAX)
+                    start = sum(sizes[:rank])
+                    want = torch.stack([rank_input(r, full, dtype, 16, "int") for r in range(ws)]).amax(0)
+                    assert_equal_bits(out.cpu(), want[start:start + sizes[rank]], "reduce_scatter")
             with chk.case(f"all_gather_into_tensor {dn} n={n}"):
                 out = torch.zeros(n * ws, dtype=dtype, device=dev)
                 dist.all_gather_into_tensor(out, rank_input(rank, n, dtype, 12).to(dev))

@@ -21,6 +21,10 @@ namespace smdccl {
 
 namespace {
 
+// Chunks of the staged pipeline in pinned memory at once: one being copied
+// in, one on the network, one being copied out, one spare.
+constexpr size_t kStageSlots = 4;
+
 struct IpcStep {
   Comm& c;
   Comm local;
@@ -87,24 +91,32 @@ const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes) {
 void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
                      const Tuning& t) {
   if (count == 0 || c.size() == 1) return;
-  size_t es = elementSize(dt);
-  size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
-  size_t chunks = (count + chunk - 1) / chunk;
+  const size_t es = elementSize(dt);
+  const size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
+  const size_t chunks = (count + chunk - 1) / chunk;
+  // Pinned memory for a few chunks, reused round-robin, not for the whole
+  // tensor: pinning is slow and takes host memory away for good.
+  const size_t slots = std::min(chunks, kStageSlots);
   // Nothing may still be copying out of the staging buffer from an earlier op.
   waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
-  char* host = g.staging().reserve(count * es);
+  char* host = g.staging().reserve(slots * chunk * es);
+  auto slot = [&](size_t k) { return host + (k % slots) * chunk * es; };
+  auto elements = [&](size_t k) { return std::min(chunk, count - k * chunk); };
+  auto copyIn = [&](size_t k) {
+    checkCuda(cudaMemcpyAsync(slot(k), dev + k * chunk * es, elements(k) * es,
+                              cudaMemcpyDeviceToHost, g.stream()),
+              "copy to pinned host memory");
+    checkCuda(cudaEventRecord(g.event(k % slots), g.stream()), "cudaEventRecord");
+  };
+  for (size_t k = 0; k < slots; ++k) copyIn(k);
   for (size_t k = 0; k < chunks; ++k) {
-    size_t off = k * chunk * es, n = std::min(chunk, count - k * chunk);
-    checkCuda(cudaMemcpyAsync(host + off, dev + off, n * es, cudaMemcpyDeviceToHost, g.stream()),
-          "copy to pinned host memory");
-    checkCuda(cudaEventRecord(g.event(k), g.stream()), "cudaEventRecord");
-  }
-  for (size_t k = 0; k < chunks; ++k) {
-    size_t off = k * chunk * es, n = std::min(chunk, count - k * chunk);
-    waitForEvent(g.event(k), c.ctx, "copy to pinned host memory");
-    allreduce(c, host + off, n, dt, op, t);
-    checkCuda(cudaMemcpyAsync(dev + off, host + off, n * es, cudaMemcpyHostToDevice, g.stream()),
-          "copy from pinned host memory");
+    waitForEvent(g.event(k % slots), c.ctx, "copy to pinned host memory");
+    allreduce(c, slot(k), elements(k), dt, op, t);
+    checkCuda(cudaMemcpyAsync(dev + k * chunk * es, slot(k), elements(k) * es,
+                              cudaMemcpyHostToDevice, g.stream()),
+              "copy from pinned host memory");
+    // Queued behind that copy out of the slot, on the same stream.
+    if (k + slots < chunks) copyIn(k + slots);
   }
   waitForStream(g.stream(), c.ctx, "copy from pinned host memory");
 }

@@ -22,7 +22,8 @@ namespace smdccl {
 void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
                   const Tuning& t);
 // The staged path alone: chunk k's device-to-host copy, chunk k-1's host
-// allreduce and chunk k-2's copy back overlap.
+// allreduce and chunk k-2's copy back overlap, through a few chunk-sized
+// pinned buffers reused in turn (not a pinned copy of the whole tensor).
 void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
                      const Tuning& t);
 // Which path gpuAllreduce takes, for logs and tests: "ipc one-shot",
