@@ -121,7 +121,9 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t 
                       RedOp op, const Tuning& t) {
   if (each == 0) return;
   if (c.size() == 1) {
-    copyAndWait(c, g, out, in, each * elementSize(dt), cudaMemcpyDeviceToDevice, "copy to the output");
+    if (out != in)
+      copyAndWait(c, g, out, in, each * elementSize(dt), cudaMemcpyDeviceToDevice,
+                  "copy to the output");
     return;
   }
   trace::Span span(trace::enabled() ? strCat("cuda reduce_scatter: ", gpuScatterGatherPath(c, g))
