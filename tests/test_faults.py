@@ -222,3 +222,33 @@ def test_rank_out_of_memory_fails_the_group_at_once():
         assert r["took"] < 10, f"rank {rank} raised only after {r['took']:.1f} s (group timeout 60 s)"
         assert r["later_error"] is not None and r["later"] < FAST, (
             f"rank {rank}: the next all_reduce on the group: {r['later']:.2f} s, {r['later_error']}")
+
+
+# ---------------------------------------------------------------------------
+# send/recv with a rank that died before it ever connected for send/recv:
+# the wait for its connection ends as soon as it is known gone.
+# ---------------------------------------------------------------------------
+
+
+def p2p_with_dead_peer(victim: int) -> dict:
+    rank = dist.get_rank()
+    dist.barrier()  # the collective links exist; no send/recv connection yet
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # not reached
+    recv_took, recv_msg = _raises(lambda: dist.recv(torch.zeros(4), src=victim))
+    send_took, send_msg = _raises(lambda: dist.send(torch.zeros(4), dst=victim))
+    return {"recv": (recv_took, recv_msg), "send": (send_took, send_msg)}
+
+
+@pytest.mark.smdccl_only
+@pytest.mark.parametrize("topology", ["", "1,1"], ids=["same-node", "two-nodes"])
+def test_p2p_with_a_dead_peer_fails_fast(topology):
+    victim = 1
+    results = run_ranks(2, p2p_with_dead_peer, victim, env={"SMDCCL_TOPOLOGY": topology},
+                        pg_timeout=60, expect_exit={victim: -signal.SIGKILL}, timeout=150)
+    for op, (took, msg) in results[0].items():
+        print(f"\n[{topology or 'same node'}] {op} raised after {took:.2f} s: {msg}")
+        assert msg is not None, f"{op} to a dead rank returned normally"
+        assert took < 5, f"{op} raised only after {took:.1f} s (group timeout 60 s): {msg}"
+        assert f"rank {victim}" in msg, msg

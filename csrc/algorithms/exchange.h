@@ -72,7 +72,7 @@ class Exchange {
     // 16-bit wire: packed elements in flight. A send's staging starts at
     // buffer offset stagedAt; stagedBytes of it are packed, movedBytes gone.
     // A receive's holds movedBytes received, not yet unpacked.
-    std::vector<uint16_t> staging;
+    std::vector<uint16_t> staging{};
     size_t stagedAt = 0, stagedBytes = 0, movedBytes = 0;
     // Set once done == bytes *and* its `after` has finished: a zero-length
     // transfer must not let its successors jump ahead of its predecessor.

@@ -1,5 +1,6 @@
 #include "transport/mesh.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,7 +13,8 @@ namespace smdccl {
 
 Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
     : store_(store), cfg_(cfg), links_(cfg.size), p2pOut_(cfg.size, -1), p2pIn_(cfg.size, -1),
-      addrCache_(cfg.size) {
+      addrCache_(cfg.size), collectiveFds_(new std::atomic<int>[static_cast<size_t>(cfg.size)]) {
+  for (int r = 0; r < cfg.size; ++r) collectiveFds_[r].store(-1);
   // Rank 0 draws the group's secret; every connection must present it.
   if (cfg_.rank == 0) store_.set("smdccl/token", tokenToHex(randomToken()));
   tokenHex_ = store_.get("smdccl/token", deadline);
@@ -52,12 +54,25 @@ std::string Mesh::peerAddress(int peer, Deadline deadline) {
   return addrCache_[peer];
 }
 
-int Mesh::connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline) {
+int Mesh::connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline,
+                          const PeerGoneProbe& gone) {
   std::string what = strCat("rank ", peer);
   if (weConnect)
     return connectToPeer(peerAddress(peer, deadline), token_, cfg_.rank, peer, channel, deadline,
-                         what, &closing_);
-  return listener_->take(token_, peer, channel, deadline, what, &closing_);
+                         what, &closing_, gone);
+  return listener_->take(token_, peer, channel, deadline, what, &closing_, gone);
+}
+
+std::string Mesh::peerGone(int peer) const {
+  if (shm_ && cfg_.topology.sameNode(cfg_.rank, peer)) return shm_->peerGone(peer);
+  int fd = collectiveFds_[peer].load(std::memory_order_acquire);
+  if (fd < 0) return "";
+  // Peeks at the connection's state only: nothing is read.
+  pollfd p{fd, POLLRDHUP, 0};
+  if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+    return strCat("rank ", peer, " closed its connection (its process exited, or a collective "
+                  "failed there)");
+  return "";
 }
 
 Link& Mesh::link(int peer, Deadline deadline) {
@@ -68,6 +83,7 @@ Link& Mesh::link(int peer, Deadline deadline) {
       // The lower rank dials, the higher one accepts: one socket per pair.
       int fd = connectOrAccept(peer, Channel::Collective, cfg_.rank < peer, deadline);
       links_[peer] = std::make_unique<TcpLink>(fd, peer);
+      collectiveFds_[peer].store(fd, std::memory_order_release);
       SMDCCL_INFO("TCP link to rank ", peer, " (", peerAddressOf(fd), ")");
     }
   }
@@ -84,7 +100,10 @@ int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
   // never wait for the receiver to be set up first. Only one thread asks for
   // a given (peer, direction), so connecting needs no lock; holding one here
   // would let two ranks' receivers block each other's senders.
-  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline);
+  // A peer that is gone never connects or accepts: notice that instead of
+  // waiting for the deadline.
+  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline,
+                           [this, peer] { return peerGone(peer); });
   tuneDataSocket(fd);
   std::lock_guard<std::mutex> lock(p2pMu_);
   slot[peer] = fd;

@@ -52,12 +52,17 @@ class Mesh {
   // A connected blocking socket for send/recv to/from `peer` (thread-safe);
   // `outgoing` picks which of the two per-pair sockets.
   int p2pSocket(int peer, bool outgoing, Deadline deadline);
+  // Why `peer` is known to be gone (its process exited, or its group
+  // failed: same node, from shared memory; another node, from the collective
+  // connection it closed), or "" while there is no sign of it. Thread-safe.
+  std::string peerGone(int peer) const;
   // Makes connection waits give up (on shutdown).
   void cancelWaits() { closing_ = true; }
   const std::atomic<bool>* cancelFlag() const { return &closing_; }
 
  private:
-  int connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline);
+  int connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline,
+                      const PeerGoneProbe& gone = {});
   std::string peerAddress(int peer, Deadline deadline);
 
   KVStore& store_;
@@ -71,6 +76,9 @@ class Mesh {
   std::mutex p2pMu_;
   std::vector<int> p2pOut_, p2pIn_;
   std::vector<std::string> addrCache_;
+  // The collective TCP link's socket per peer (-1: none yet), readable from
+  // any thread (links_ belongs to the progress thread).
+  std::unique_ptr<std::atomic<int>[]> collectiveFds_;
   std::atomic<bool> closing_{false};
 };
 

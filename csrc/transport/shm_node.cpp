@@ -69,17 +69,20 @@ char* ShmNode::ringData(int from, int to) const {
   return segment_.data() + dataOffset_ + (from * localRanks_.size() + to) * ringBytes_;
 }
 
+std::string ShmNode::peerGone(int groupRank) const {
+  int i = localIndex(groupRank);
+  if (ctl(i)->failed.load(std::memory_order_acquire))
+    return strCat("rank ", groupRank, " (same node) stopped: a collective failed there");
+  int32_t pid = ctl(i)->pid;
+  if (!processAlive(pid)) return strCat("rank ", groupRank, " (pid ", pid, ", same node) has exited");
+  return "";
+}
+
 void ShmNode::checkAllAlive() const {
   for (size_t i = 0; i < localRanks_.size(); ++i) {
     if (static_cast<int>(i) == me_) continue;
-    if (ctl(static_cast<int>(i))->failed.load(std::memory_order_acquire))
-      throw CommError(CommError::Kind::PeerFailure,
-                      strCat("rank ", localRanks_[i],
-                             " (same node) stopped: a collective failed there"));
-    int32_t pid = ctl(static_cast<int>(i))->pid;
-    if (!processAlive(pid))
-      throw CommError(CommError::Kind::PeerFailure,
-                      strCat("rank ", localRanks_[i], " (pid ", pid, ", same node) has exited"));
+    std::string why = peerGone(localRanks_[i]);
+    if (!why.empty()) throw CommError(CommError::Kind::PeerFailure, why);
   }
 }
 

@@ -52,6 +52,9 @@ class ShmNode {
   // that has given up after a failure (markFailed): a collective cannot
   // finish without it, whoever we are waiting on.
   void checkAllAlive() const;
+  // Why local rank `groupRank` is gone (its process exited, or it gave up
+  // after a failure), or "" while it is there.
+  std::string peerGone(int groupRank) const;
   // After a failure on this rank: tells the local peers (checkAllAlive), and
   // wakes them.
   void markFailed();

@@ -105,7 +105,7 @@ static void throwIfCancelled(const std::atomic<bool>* cancel, const std::string&
 }
 
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
-              const std::atomic<bool>* cancel) {
+              const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
@@ -126,6 +126,10 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
                       strCat("cannot connect to ", what, " at ", ip, ":", port, ": ",
                              std::strerror(err)));
     throwIfCancelled(cancel, what);
+    if (gone) {
+      std::string why = gone();
+      if (!why.empty()) throw CommError(CommError::Kind::PeerFailure, why);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
     delayMs = std::min(delayMs * 2, 100);
   }

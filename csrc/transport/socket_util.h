@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <atomic>
+#include <functional>
 #include <string>
 
 #include "common/deadline.h"
@@ -17,11 +18,17 @@ std::string pickLocalAddress(const std::string& masterAddr);
 // Binds and listens on ip:0; returns the fd and the chosen port.
 int listenOn(const std::string& ip, int* port);
 
+// Whether a peer is known to be gone: why, or "" while there is no sign of
+// it. Asked between the attempts of a connection wait, so that waiting for a
+// peer that has exited ends at once rather than at the deadline.
+using PeerGoneProbe = std::function<std::string()>;
+
 // Connects (retrying refused connections until the deadline) and returns a
 // blocking fd. `what` names the peer in errors.
-// `cancel`, when given and set, aborts the wait (shutdown).
+// `cancel`, when given and set, aborts the wait (shutdown); `gone`, when
+// given and saying why, ends it with a PeerFailure.
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
-              const std::atomic<bool>* cancel = nullptr);
+              const std::atomic<bool>* cancel = nullptr, const PeerGoneProbe& gone = {});
 
 void setNonBlocking(int fd, bool on);
 void tuneDataSocket(int fd);  // TCP_NODELAY, buffer sizes

@@ -125,7 +125,8 @@ void TcpListener::unregisterGroup(const GroupToken& token) {
 }
 
 int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
-                      const std::string& what, const std::atomic<bool>* cancel) {
+                      const std::string& what, const std::atomic<bool>* cancel,
+                      const PeerGoneProbe& gone) {
   std::unique_lock<std::mutex> lock(mu_);
   auto key = std::make_pair(srcRank, static_cast<uint16_t>(channel));
   while (true) {
@@ -142,6 +143,10 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Dea
     if (deadline.expired())
       throw CommError(CommError::Kind::Timeout, strCat("timed out waiting for ", what,
                                                        " to connect"));
+    if (gone) {
+      std::string why = gone();  // cheap (a pid check, a poll): fine under the lock
+      if (!why.empty()) throw CommError(CommError::Kind::PeerFailure, why);
+    }
     // Short slices so a cancel is noticed.
     auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
     cv_.wait_until(lock, std::min(slice, deadline.at()));
@@ -276,11 +281,11 @@ void TcpListener::acceptLoop() {
 
 int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank,
                   int peerRank, Channel channel, Deadline deadline, const std::string& what,
-                  const std::atomic<bool>* cancel) {
+                  const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
   std::string ip;
   int port = 0;
   splitHostPort(peerAddress, &ip, &port);
-  int fd = connectTo(ip, port, deadline, what, cancel);
+  int fd = connectTo(ip, port, deadline, what, cancel, gone);
   Hello h{};
   h.magic = Hello::kMagic;
   h.version = Hello::kVersion;

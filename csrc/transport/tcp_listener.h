@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "common/deadline.h"
+#include "transport/socket_util.h"
 
 namespace smdccl {
 
@@ -79,9 +80,11 @@ class TcpListener {
   std::string address() const { return address_; }
   void registerGroup(const GroupToken& token, int groupSize, int myRank);
   void unregisterGroup(const GroupToken& token);
-  // Waits for the connection `srcRank` opens to us on `channel`.
+  // Waits for the connection `srcRank` opens to us on `channel` (`gone`:
+  // see connectTo).
   int take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
-           const std::string& what, const std::atomic<bool>* cancel = nullptr);
+           const std::string& what, const std::atomic<bool>* cancel = nullptr,
+           const PeerGoneProbe& gone = {});
   // Counts connections dropped for a bad handshake (tests read it).
   uint64_t rejectedCount() const { return rejected_; }
   // A flood must not flood the log too: at most this many "dropped
@@ -119,6 +122,6 @@ class TcpListener {
 // Opens our side of a pair: connects to the peer's listener and sends Hello.
 int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank,
                   int peerRank, Channel channel, Deadline deadline, const std::string& what,
-                  const std::atomic<bool>* cancel = nullptr);
+                  const std::atomic<bool>* cancel = nullptr, const PeerGoneProbe& gone = {});
 
 }  // namespace smdccl

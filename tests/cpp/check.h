@@ -15,6 +15,16 @@ struct TestRegistrar {
 };
 extern int gFailures;
 
+// A test that needs a second process runs this binary again with
+// `--child <name> <args...>`: main() then runs the entry `name` registered
+// here and exits with what it returns (threads of one process cannot be two
+// ranks of a group: the TCP listener is per process).
+using ChildMain = std::function<int(const std::vector<std::string>&)>;
+std::vector<std::pair<std::string, ChildMain>>& childRegistry();
+struct ChildRegistrar {
+  ChildRegistrar(const char* n, ChildMain f) { childRegistry().push_back({n, std::move(f)}); }
+};
+
 #define TEST(name)                                          \
   static void test_##name();                                \
   static TestRegistrar reg_##name(#name, test_##name);      \

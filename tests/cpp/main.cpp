@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "check.h"
 
@@ -9,7 +10,18 @@ std::vector<TestCase>& testRegistry() {
   return r;
 }
 
-int main() {
+std::vector<std::pair<std::string, ChildMain>>& childRegistry() {
+  static std::vector<std::pair<std::string, ChildMain>> r;
+  return r;
+}
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "--child") {
+    for (auto& [name, fn] : childRegistry())
+      if (name == argv[2]) return fn(std::vector<std::string>(argv + 3, argv + argc));
+    std::fprintf(stderr, "no child entry named %s\n", argv[2]);
+    return 2;
+  }
   int passed = 0, failed = 0;
   for (auto& t : testRegistry()) {
     int before = gFailures;
