@@ -24,10 +24,15 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 namespace {
 
-void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int size,
-                     const char* op, const char* what) {
+void checkOnePerRank(const std::vector<at::Tensor>& list, int size, const char* op,
+                     const char* what) {
   TORCH_CHECK_VALUE(static_cast<int>(list.size()) == size, "smdccl: ", op, ": ", what,
                     " must hold one tensor per rank (", size, "), got ", list.size());
+}
+
+void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int size,
+                     const char* op, const char* what) {
+  checkOnePerRank(list, size, op, what);
   for (size_t i = 0; i < list.size(); ++i)
     checkSameShapeAndType(list[i], ref, op, strCat(what, "[", i, "]"));
 }
@@ -37,8 +42,7 @@ void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
 // own block has `ref`'s element count. Returns their byte blocks.
 Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int rank,
                       int size, const char* op, const char* what, const char* refName) {
-  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == size, "smdccl: ", op, ": ", what,
-                    " must hold one tensor per rank (", size, "), got ", list.size());
+  checkOnePerRank(list, size, op, what);
   std::vector<size_t> lengths;
   for (size_t i = 0; i < list.size(); ++i) {
     std::string name = strCat(what, "[", i, "]");

@@ -137,7 +137,7 @@ bool P2PEngine::takePosted(Peer& p, int64_t tag, RecvReq* out) {
 }
 
 void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const Arrived& msg) {
-  if (msg.flags & (P2PHeader::kNonFinite | P2PHeader::kSenderFailed)) {
+  if (P2PHeader::carriesReport(msg.flags)) {
     failFromSender(rank, req, msg.flags, msg.payload);
     return;
   }
@@ -299,7 +299,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         std::lock_guard<std::mutex> lock(p.mu);
         matched = takePosted(p, h.tag, &target);
       }
-      if (matched && (h.flags & (P2PHeader::kNonFinite | P2PHeader::kSenderFailed))) {
+      if (matched && P2PHeader::carriesReport(h.flags)) {
         std::vector<char> report;
         recvPayload(fd, report, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
         failFromSender(rank, target, h.flags, report);

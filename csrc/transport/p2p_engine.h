@@ -35,6 +35,7 @@ struct P2PHeader {
   // other bits are ignored.
   static constexpr uint32_t kNonFinite = 1;
   static constexpr uint32_t kSenderFailed = 2;
+  static bool carriesReport(uint32_t flags) { return flags & (kNonFinite | kSenderFailed); }
   uint32_t magic;
   uint32_t flags;
   int64_t tag;        // any value: user tags

@@ -104,6 +104,12 @@ static void throwIfCancelled(const std::atomic<bool>* cancel, const std::string&
     throw CommError(CommError::Kind::Protocol, "shut down while talking to " + what);
 }
 
+void throwIfGone(const PeerGoneProbe& gone) {
+  if (!gone) return;
+  std::string why = gone();
+  if (!why.empty()) throw CommError(CommError::Kind::PeerFailure, why);
+}
+
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
               const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
   sockaddr_in a{};
@@ -126,10 +132,7 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
                       strCat("cannot connect to ", what, " at ", ip, ":", port, ": ",
                              std::strerror(err)));
     throwIfCancelled(cancel, what);
-    if (gone) {
-      std::string why = gone();
-      if (!why.empty()) throw CommError(CommError::Kind::PeerFailure, why);
-    }
+    throwIfGone(gone);
     std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
     delayMs = std::min(delayMs * 2, 100);
   }

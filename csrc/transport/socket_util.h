@@ -29,6 +29,8 @@ using PeerGoneProbe = std::function<std::string()>;
 // given and saying why, ends it with a PeerFailure.
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
               const std::atomic<bool>* cancel = nullptr, const PeerGoneProbe& gone = {});
+// Throws CommError(PeerFailure) with the probe's reason when it gives one.
+void throwIfGone(const PeerGoneProbe& gone);
 
 void setNonBlocking(int fd, bool on);
 void tuneDataSocket(int fd);  // TCP_NODELAY, buffer sizes

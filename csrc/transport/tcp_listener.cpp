@@ -143,10 +143,7 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Dea
     if (deadline.expired())
       throw CommError(CommError::Kind::Timeout, strCat("timed out waiting for ", what,
                                                        " to connect"));
-    if (gone) {
-      std::string why = gone();  // cheap (a pid check, a poll): fine under the lock
-      if (!why.empty()) throw CommError(CommError::Kind::PeerFailure, why);
-    }
+    throwIfGone(gone);  // cheap (a pid check, a poll): fine under the lock
     // Short slices so a cancel is noticed.
     auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
     cv_.wait_until(lock, std::min(slice, deadline.at()));

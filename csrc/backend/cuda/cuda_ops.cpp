@@ -80,7 +80,17 @@ struct GpuEvent {
   }
   GpuEvent(const GpuEvent&) = delete;
   GpuEvent& operator=(const GpuEvent&) = delete;
+  // Marks the end of what is queued on device `dev`'s current stream (the
+  // caller's) now.
+  void recordOnCurrentStream(int dev) {
+    SMDCCL_CUDA_CHECK(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(dev).stream()));
+  }
 };
+
+// An uninitialized pinned host tensor of `dev`'s shape and dtype.
+at::Tensor pinnedHostLike(const at::Tensor& dev) {
+  return at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
+}
 
 // When an op's GPU work is all queued on the internal stream: an event
 // recorded right behind it. Shared by the op (records it) and its Work
@@ -149,13 +159,12 @@ class CudaOp : public DeviceOp {
         ready_(s_->device) {
     // Ordered after what the caller queued on its current stream.
     c10::cuda::CUDAGuard guard(s_->device);
-    SMDCCL_CUDA_CHECK(
-        cudaEventRecord(ready_.event, c10::cuda::getCurrentCUDAStream(s_->device).stream()));
+    ready_.recordOnCurrentStream(s_->device);
   }
   c10::Stream stream() const override { return s_->stream; }
 
   at::Tensor host(const at::Tensor& dev, bool in, bool out) override {
-    at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
+    at::Tensor h = pinnedHostLike(dev);
     if (in) copyIn_.push_back({dev, h});
     if (out) copyOut_.push_back({dev, h});
     return h;
@@ -260,13 +269,13 @@ class CudaDeviceOps : public DeviceOps {
     int d = dev.get_device();
     c10::cuda::CUDAGuard guard(d);
     checkNotCapturing(d, "send");
-    at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
+    at::Tensor h = pinnedHostLike(dev);
     // On the caller's current stream, after its queued work; the caller
     // goes on at once (as with ProcessGroupNCCL's send), the send thread
     // waits for the copy.
     h.copy_(dev, /*non_blocking=*/true);
     auto copied = std::make_shared<GpuEvent>(d);
-    SMDCCL_CUDA_CHECK(cudaEventRecord(copied->event, c10::cuda::getCurrentCUDAStream(d).stream()));
+    copied->recordOnCurrentStream(d);
     return {h, [copied](Deadline deadline) {
               waitForEvent(copied->event, deadline, "the copy of a CUDA send into host memory");
             }};
@@ -276,12 +285,12 @@ class CudaDeviceOps : public DeviceOps {
     int d = dev.get_device();
     c10::cuda::CUDAGuard guard(d);
     checkNotCapturing(d, "recv");
-    at::Tensor h = at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
+    at::Tensor h = pinnedHostLike(dev);
     // What the caller queued before the recv may still use `dev`: the copy
     // into it waits for that (as ProcessGroupNCCL's recv does), not for
     // what the caller queues later.
     auto callerQueued = std::make_shared<GpuEvent>(d);
-    SMDCCL_CUDA_CHECK(cudaEventRecord(callerQueued->event, c10::cuda::getCurrentCUDAStream(d).stream()));
+    callerQueued->recordOnCurrentStream(d);
     // A stream of its own: on the legacy default stream the copy would wait
     // for every other blocking stream of the device. The allocator keeps
     // `dev`'s block for it even if the caller drops `dev` early.
