@@ -82,6 +82,10 @@ GLOO_UNSUPPORTED: dict[str, str] = {
                                "for a 2 GiB output, over the suite's 10 GiB budget",
     "failed_rank_in_error": "the error after a peer dies does not name the dead rank",
     "progress_thread": "no smdccl progress thread to watch stop after a failure",
+    "sparse_avg": "all_reduce of a sparse tensor takes ReduceOp.SUM only ('allreduce of sparse "
+                  "tensors only works with ReduceOp.SUM')",
+    "sparse_float16": "all_reduce of a float16 sparse tensor raises ('\"cadd_sparse\" not "
+                      "implemented for 'Half'')",
 }
 
 

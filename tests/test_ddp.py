@@ -9,6 +9,10 @@ SGD steps their parameters must agree to 1e-5 relative, and the backend's
 replica must be bitwise identical across ranks.  A tiny ``bucket_cap_mb``
 splits the gradients into several buckets, so several all_reduces are in
 flight at once.  World size 3: averaging over a non-power-of-two rounds.
+
+A second run trains a model with ``nn.Embedding(sparse=True)`` the same way:
+its gradient is a sparse COO tensor, which DDP all_reduces as a sparse tensor
+(tests/test_sparse.py tests that all_reduce itself).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from harness import BACKEND, run_ranks
+from harness import BACKEND, IS_SMDCCL, run_ranks
 
 STEPS = 20
 
@@ -79,6 +83,78 @@ def ddp_vs_gloo() -> dict:
     if problems:
         raise AssertionError("\n".join(problems))
     return {"max_diff": max((a - b).abs().max().item() for a, b in zip(p_test, p_gloo))}
+
+
+class _SparseEmbeddingModel(nn.Module):
+    """nn.Embedding(sparse=True): its gradient is a sparse COO tensor that DDP
+    all_reduces as one (sparse) bucket of its own."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4321)
+        self.emb = nn.Embedding(64, 8, sparse=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, tokens):
+        return self.head(self.emb(tokens).mean(1))
+
+
+def _train_sparse(rank: int, group=None, hook=None, train_head: bool = True) -> list[torch.Tensor]:
+    model = _SparseEmbeddingModel()
+    model.head.requires_grad_(train_head)
+    ddp = DDP(model, process_group=group)
+    if hook:
+        from smdccl.ddp import CompressionState
+
+        ddp.register_comm_hook(CompressionState(error_feedback=True), hook)
+    opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.5)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(100 * rank + step)
+        tokens = torch.randint(0, 64, (6, 5), generator=g)  # rows overlap between ranks
+        target = torch.randn(6, 3, generator=g)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(ddp(tokens), target).backward()
+        assert model.emb.weight.grad.is_sparse
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def ddp_sparse_vs_gloo() -> dict:
+    rank = dist.get_rank()
+    gloo = dist.new_group(backend="gloo")
+    p_test = _train_sparse(rank)
+    p_gloo = _train_sparse(rank, gloo)
+    problems = []
+    for i, (a, b) in enumerate(zip(p_test, p_gloo)):
+        if not torch.allclose(a, b, rtol=1e-5, atol=1e-7):
+            problems.append(f"param {i} {tuple(a.shape)}: max |{BACKEND} - gloo| = {(a - b).abs().max().item():.3g}")
+    if IS_SMDCCL:
+        # smdccl's compression hooks pass a sparse bucket through unrounded
+        # (error feedback included): with only the embedding training, the
+        # hooked run must give the plain run's bits.
+        from smdccl.ddp import fp16_compress_hook
+
+        plain = _train_sparse(rank, train_head=False)[0]
+        hooked = _train_sparse(rank, hook=fp16_compress_hook, train_head=False)[0]
+        if not torch.equal(plain, hooked):
+            problems.append(f"fp16 hook on the sparse bucket: max |hooked - plain| = "
+                            f"{(plain - hooked).abs().max().item():.3g}")
+    flat = torch.cat([p.reshape(-1) for p in p_test])
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat, group=gloo)
+    for r, other in enumerate(gathered):
+        if not torch.equal(other.view(torch.int32), flat.view(torch.int32)):
+            problems.append(f"{BACKEND} DDP parameters differ bitwise between rank {rank} and rank {r}")
+    if torch.equal(p_test[0], _SparseEmbeddingModel().emb.weight.detach()):
+        problems.append("the embedding did not change: training did not happen")
+    if problems:
+        raise AssertionError("\n".join(problems))
+    return {"max_diff": max((a - b).abs().max().item() for a, b in zip(p_test, p_gloo))}
+
+
+def test_ddp_sparse_embedding_matches_gloo():
+    res = run_ranks(3, ddp_sparse_vs_gloo, timeout=240)
+    print(f"\n[{BACKEND}] DDP (sparse embedding) vs gloo max |diff| = {res[0]['max_diff']:.3g}")
 
 
 def test_ddp_matches_gloo():

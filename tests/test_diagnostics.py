@@ -67,6 +67,8 @@ def mismatches() -> dict:
         # uneven lists that disagree: rank 1's block has 4 elements for rank 0, 5 for itself
         "uneven sizes": lambda g: dist.all_gather([torch.empty(3), torch.empty(4 + rank)],
                                                   torch.ones(3 if rank == 0 else 5), group=g),
+        "sparse vs dense": lambda g: dist.all_reduce(torch.ones(4) if rank == 0 else torch.ones(4).to_sparse(),
+                                                     group=g),
     }
     out = {}
     for name, call in cases.items():
@@ -115,6 +117,7 @@ def test_mismatched_collectives_raise_on_every_rank_naming_both_calls():
         "dtype": ("allreduce(Float, 4 elements, sum)", "allreduce(Double, 4 elements, sum)"),
         "reduce op": ("allreduce(Float, 4 elements, sum)", "allreduce(Float, 4 elements, max)"),
         "uneven sizes": ("allgather(Float, 7 elements)", "allgather(Float, 8 elements)"),
+        "sparse vs dense": ("allreduce(Float, 4 elements, sum)", "sparse_allreduce(Float, sum)"),
     }
     for name, calls in expect.items():
         errors = [r[name] for r in results]

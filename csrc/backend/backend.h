@@ -137,6 +137,9 @@ class SmdcclBackend : public ::c10d::Backend {
   // Runs `first` and, when every rank has more fusable allreduces queued
   // right behind it, as many of those as all have, as one collective.
   void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
+  // all_reduce of a sparse COO tensor (sparse_allreduce.h): SUM or AVG, CPU.
+  c10::intrusive_ptr<::c10d::Work> allreduceSparse(at::Tensor t,
+                                                   const ::c10d::AllreduceOptions& opts);
   // One allreduce in place (on the op's device, or the host): pre-scale,
   // reduce, post-divide, fp16 overflow check.
   void allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec, const std::shared_ptr<DeviceOp>& dev,

@@ -10,6 +10,7 @@
 
 #include "algorithms/collectives.h"
 #include "backend/backend.h"
+#include "backend/sparse_allreduce.h"
 #include "backend/tensor_checks.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
@@ -190,6 +191,8 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 
 WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                                  const ::c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
+    return allreduceSparse(tensors[0], opts);
   at::Tensor t = checkSingle(tensors, "allreduce");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
   toDType(t.scalar_type(), "allreduce");  // an unsupported dtype raises here, at the call
@@ -215,6 +218,30 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
       tensors,
       [this, t, spec, tuning, dev](Comm& c) mutable { allreduceOne(c, t, spec, dev, tuning); },
       opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
+WorkPtr SmdcclBackend::allreduceSparse(at::Tensor t, const ::c10d::AllreduceOptions& opts) {
+  const char* op = "sparse allreduce";
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "smdccl: ", op, ": the tensor is on ", t.device(),
+                    "; smdccl reduces sparse tensors on the CPU: pass t.cpu() (or a dense tensor)");
+  toDType(t.scalar_type(), op);
+  // Entries a rank does not hold are zeros: only SUM and AVG are the same
+  // whether those are counted or not (gloo offers SUM alone).
+  auto kind = opts.reduceOp.op_;
+  TORCH_CHECK_VALUE(kind == ::c10d::ReduceOp::SUM || kind == ::c10d::ReduceOp::AVG, "smdccl: ", op,
+                    " supports ReduceOp.SUM and ReduceOp.AVG; for other ops pass a dense "
+                    "tensor (t.to_dense())");
+  bool average = kind == ::c10d::ReduceOp::AVG;
+  if (average) toReduceSpec(opts.reduceOp, t.scalar_type(), size_, op);  // floating point only
+  // The entry counts differ between ranks (kAnyCount); the engine checks
+  // the shapes itself. The NaN check looks at the values.
+  OpCall call = callOf({t._values()}, t.scalar_type(), OpSignature::kAnyCount,
+                       redOpCode(opts.reduceOp));
+  std::vector<at::Tensor> outputs{t};
+  return enqueue(
+      OpType::ALLREDUCE, "sparse_allreduce", std::move(call), outputs,
+      [this, t, average](Comm& c) mutable { sparseAllreduce(c, t, average, tuning_); },
+      opts.timeout, opts.asyncOp);
 }
 
 void SmdcclBackend::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,

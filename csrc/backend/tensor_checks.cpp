@@ -83,7 +83,8 @@ void checkTensor(const at::Tensor& t, const char* op, const char* what) {
                      "and a CUDA torch are found");
 #endif
   SMDCCL_VALUE_CHECK(t.layout() == at::kStrided, op, ": ", what,
-                     " must be a dense (strided) tensor; sparse tensors are not supported");
+                     " must be a dense (strided) tensor (of the collectives, only all_reduce takes a "
+                     "sparse COO tensor)");
   SMDCCL_VALUE_CHECK(t.is_contiguous(), op, ": ", what,
                      " must be contiguous; call .contiguous() on it first");
   toDType(t.scalar_type(), op);

@@ -72,6 +72,13 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     buffer = bucket.buffer()
     group = state.group_for(compression)
     world = dist.get_world_size(group)
+    if buffer.is_sparse:
+        # nn.Embedding(sparse=True)'s bucket: a sparse all_reduce gathers
+        # every rank's entries and sums them locally, so nothing is summed on
+        # the wire to compress; the entries travel as they are.
+        buffer.div_(world)
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
     if buffer.dtype != torch.float32:
         raise ValueError(
             f"smdccl.ddp.{compression}_compress_hook: the bucket is {buffer.dtype}; the hooks "
