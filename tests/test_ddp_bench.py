@@ -1,4 +1,4 @@
-"""``python -m smdccl.bench.ddp`` and ``python -m smdccl.bench.accuracy`` end to end.
+"""``python -m smdccl.bench.ddp``, ``.accuracy`` and ``.sparse`` end to end.
 
 Real processes under torchrun, every rank its own virtual node
 (``SMDCCL_TOPOLOGY=1,1``, so the fp16/bf16 hooks do compress), tiny settings:
@@ -93,3 +93,20 @@ def test_accuracy_smdccl_fp16_not_worse_than_torch_hook(tmp_path, ranks):
         assert r["smdccl_fp16_max_abs_err"] <= r["torch_fp16_hook_max_abs_err"], r
         assert r["smdccl_fp16_ranks_differ"] == 0 and r["smdccl_fp16_finite"], r
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-5000:]}"
+
+
+@pytest.mark.smdccl_only
+@pytest.mark.multiprocess
+def test_sparse_bench_checks_every_result(tmp_path):
+    """``python -m smdccl.bench.sparse``: both backends measured, no wrong element."""
+    out = tmp_path / "sparse.json"
+    proc = _torchrun(2, "smdccl.bench.sparse", "--rows", "500", "--dim", "8", "--nnz", "0,40,300",
+                     "--iters", "3", "--json", str(out))
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    print("\n" + proc.stdout)
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 2 and doc["command"].startswith("torchrun --nproc-per-node 2"), doc
+    assert [r["nnz_per_rank"] for r in doc["results"]] == [0, 40, 300], doc
+    for row in doc["results"]:
+        for backend in ("smdccl", "gloo"):
+            assert row[f"{backend}_wrong"] == 0 and row[f"{backend}_median_us"] > 0, row
