@@ -52,6 +52,24 @@ def _train(model: nn.Module, group, rank: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in ddp.module.parameters()]
 
 
+def _compare_with_gloo(p_test: list[torch.Tensor], p_gloo: list[torch.Tensor], gloo) -> list[str]:
+    """The backend's replica against gloo's (1e-5 relative), and bitwise the
+    same on every rank (compared over gloo); what differs, as lines."""
+    problems = []
+    for i, (a, b) in enumerate(zip(p_test, p_gloo)):
+        if not torch.allclose(a, b, rtol=1e-5, atol=1e-7):
+            err = (a - b).abs().max().item()
+            problems.append(f"param {i} {tuple(a.shape)}: max |{BACKEND} - gloo| = {err:.3g}")
+    flat = torch.cat([p.reshape(-1) for p in p_test])
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat, group=gloo)
+    for r, other in enumerate(gathered):
+        if not torch.equal(other.view(torch.int32), flat.view(torch.int32)):
+            problems.append(f"{BACKEND} DDP parameters differ bitwise between rank "
+                            f"{dist.get_rank()} and rank {r}")
+    return problems
+
+
 def ddp_vs_gloo() -> dict:
     rank = dist.get_rank()
     gloo = dist.new_group(backend="gloo")
@@ -65,18 +83,7 @@ def ddp_vs_gloo() -> dict:
     p_test = _train(m_test, None, rank)
     p_gloo = _train(m_gloo, gloo, rank)
 
-    problems = []
-    for i, (a, b) in enumerate(zip(p_test, p_gloo)):
-        if not torch.allclose(a, b, rtol=1e-5, atol=1e-7):
-            err = (a - b).abs().max().item()
-            problems.append(f"param {i} {tuple(a.shape)}: max |{BACKEND} - gloo| = {err:.3g}")
-    # the replicas must be bitwise identical on every rank (compared over gloo)
-    flat = torch.cat([p.reshape(-1) for p in p_test])
-    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, flat, group=gloo)
-    for r, other in enumerate(gathered):
-        if not torch.equal(other.view(torch.int32), flat.view(torch.int32)):
-            problems.append(f"{BACKEND} DDP parameters differ bitwise between rank {rank} and rank {r}")
+    problems = _compare_with_gloo(p_test, p_gloo, gloo)
     changed = max((a - b).abs().max().item() for a, b in zip(p_test, _model().parameters()))
     if changed == 0:
         problems.append("parameters did not change: training did not happen")
@@ -124,10 +131,7 @@ def ddp_sparse_vs_gloo() -> dict:
     gloo = dist.new_group(backend="gloo")
     p_test = _train_sparse(rank)
     p_gloo = _train_sparse(rank, gloo)
-    problems = []
-    for i, (a, b) in enumerate(zip(p_test, p_gloo)):
-        if not torch.allclose(a, b, rtol=1e-5, atol=1e-7):
-            problems.append(f"param {i} {tuple(a.shape)}: max |{BACKEND} - gloo| = {(a - b).abs().max().item():.3g}")
+    problems = _compare_with_gloo(p_test, p_gloo, gloo)
     if IS_SMDCCL:
         # smdccl's compression hooks pass a sparse bucket through unrounded
         # (error feedback included): with only the embedding training, the
@@ -139,12 +143,6 @@ def ddp_sparse_vs_gloo() -> dict:
         if not torch.equal(plain, hooked):
             problems.append(f"fp16 hook on the sparse bucket: max |hooked - plain| = "
                             f"{(plain - hooked).abs().max().item():.3g}")
-    flat = torch.cat([p.reshape(-1) for p in p_test])
-    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, flat, group=gloo)
-    for r, other in enumerate(gathered):
-        if not torch.equal(other.view(torch.int32), flat.view(torch.int32)):
-            problems.append(f"{BACKEND} DDP parameters differ bitwise between rank {rank} and rank {r}")
     if torch.equal(p_test[0], _SparseEmbeddingModel().emb.weight.detach()):
         problems.append("the embedding did not change: training did not happen")
     if problems:

@@ -46,15 +46,21 @@ def _torchrun(nproc: int, module: str, *args: str, timeout: float = 120):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _bench_json(nproc: int, module: str, out: Path, *args: str, timeout: float = 120) -> tuple[dict, str]:
+    """Runs the benchmark with ``--json out`` under torchrun; once it exited 0,
+    its JSON and what it printed."""
+    proc = _torchrun(nproc, module, *args, "--json", str(out), timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    print("\n" + proc.stdout)
+    return json.loads(out.read_text()), proc.stdout
+
+
 @pytest.mark.smdccl_only
 @pytest.mark.multiprocess
 def test_ddp_bench_two_virtual_nodes(tmp_path):
     out = tmp_path / "ddp.json"
-    proc = _torchrun(2, "smdccl.bench.ddp", "--model", "tiny", "--steps", "4", "--warmup", "2",
-                     "--comm-iters", "3", "--json", str(out))
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-5000:]}"
-    print("\n" + proc.stdout)
-    doc = json.loads(out.read_text())
+    doc, stdout = _bench_json(2, "smdccl.bench.ddp", out, "--model", "tiny", "--steps", "4", "--warmup", "2",
+                              "--comm-iters", "3")
     head, rows = doc["header"], doc["rows"]
     assert head["world_size"] == 2 and head["nodes"] == 2, head
     assert head["command_line"].startswith("torchrun --nproc-per-node 2 -m smdccl.bench.ddp")
@@ -72,8 +78,8 @@ def test_ddp_bench_two_virtual_nodes(tmp_path):
     assert by["smdccl+bf16"]["group_compression"] == "bf16"
     assert head["losses_similar"] and head["loss_spread_rel"] < 1e-2
     for name in by:
-        assert f"\n   {name} " in proc.stdout
-    assert "hidden = clamp((compute + comm - step) / comm, 0, 1)" in proc.stdout
+        assert f"\n   {name} " in stdout
+    assert "hidden = clamp((compute + comm - step) / comm, 0, 1)" in stdout
 
 
 @pytest.mark.smdccl_only
@@ -100,11 +106,8 @@ def test_accuracy_smdccl_fp16_not_worse_than_torch_hook(tmp_path, ranks):
 def test_sparse_bench_checks_every_result(tmp_path):
     """``python -m smdccl.bench.sparse``: both backends measured, no wrong element."""
     out = tmp_path / "sparse.json"
-    proc = _torchrun(2, "smdccl.bench.sparse", "--rows", "500", "--dim", "8", "--nnz", "0,40,300",
-                     "--iters", "3", "--json", str(out))
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-5000:]}"
-    print("\n" + proc.stdout)
-    doc = json.loads(out.read_text())
+    doc, _ = _bench_json(2, "smdccl.bench.sparse", out, "--rows", "500", "--dim", "8", "--nnz", "0,40,300",
+                            "--iters", "3")
     assert doc["world_size"] == 2 and doc["command"].startswith("torchrun --nproc-per-node 2"), doc
     assert [r["nnz_per_rank"] for r in doc["results"]] == [0, 40, 300], doc
     for row in doc["results"]:

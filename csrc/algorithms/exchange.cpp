@@ -296,6 +296,9 @@ void Exchange::sleepForProgress() {
 }
 
 void Exchange::checkHealth() {
+  if (ctx_.cancel && ctx_.cancel->load(std::memory_order_relaxed))
+    throw CommError(CommError::Kind::System,
+                    strCat("smdccl: ", ctx_.describe(), ": the group was aborted on this rank"));
   try {
     if (node_) node_->checkAllAlive();
   } catch (const CommError& e) {

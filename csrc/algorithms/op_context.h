@@ -2,6 +2,7 @@
 // What a running collective knows about itself: for error messages, the
 // deadline every wait honours, how to wait, and what every rank of the group
 // must agree on (its signature).
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -39,6 +40,9 @@ struct OpContext {
   WaitPolicy wait;
   OpSignature sig;
   bool compareShapes = false;   // full fingerprint (SMDCCL_DEBUG=DETAIL)
+  // Set when the group is aborted (ProcessGroup.abort()): every wait of the
+  // op gives up at its next check. nullptr: never.
+  const std::atomic<bool>* cancel = nullptr;
 
   std::string describe() const;  // "allreduce #7 on group 'g' (rank 0)"
 };

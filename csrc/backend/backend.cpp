@@ -233,8 +233,36 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
+void SmdcclBackend::abort() {
+  std::string cause = strCat("smdccl: group '", cfg_.groupName, "' was aborted on rank ", rank_,
+                             " (ProcessGroup.abort())");
+  auto err = toTorchError(std::make_exception_ptr(CommError(CommError::Kind::System, cause)));
+  {
+    std::lock_guard<std::mutex> lock(fatalMu_);
+    if (!abortCause_.empty()) return;
+    abortCause_ = cause;
+    if (!fatal_) fatal_ = err;  // an earlier failure stays the group's cause
+  }
+  SMDCCL_WARN(cause);
+  p2p_->abort(err);      // first: a transfer that sees the cancel below reports this cause
+  mesh_->cancelWaits();  // the op in flight (Exchange, connection waits) and send/recv transfers
+  mesh_->abortLinks();   // peers: the links close, shared-memory peers see this rank failed
+  progress_->stopWhenIdle();  // what is queued fails at once
+}
+
 std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kind kind,
                                             const std::string& cause) {
+  std::string aborted;
+  {
+    std::lock_guard<std::mutex> lock(fatalMu_);
+    aborted = abortCause_;
+  }
+  if (!aborted.empty()) {
+    // Interrupted by abort(): that is the cause, whatever the wait saw.
+    std::string msg = strCat(aborted, " while in ", ctx.describe());
+    failureWithGroupCause(msg);  // peers name it
+    return toTorchError(std::make_exception_ptr(CommError(kind, msg)));
+  }
   // Exchange names the op; a failure outside it (e.g. connecting a link on
   // first use, an allocation) does not yet.
   std::string where = strCat("smdccl: ", ctx.describe());
@@ -284,6 +312,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   ctx.wait = waitPolicy_;
   ctx.sig = call.sig;
   ctx.compareShapes = detailChecks_;
+  ctx.cancel = mesh_->cancelFlag();
   Comm c{*mesh_, ctx, ring_, &levels_, /*members: the whole group*/ {}};
   const std::string& track = cfg_.groupName;
   if (queuedUs) {

@@ -112,6 +112,11 @@ class SmdcclBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                  int tag) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+  // ProcessGroup.abort() (torch's _abort_process_group), from any thread:
+  // the op in flight stops at its next wait, what is queued and every later
+  // call fails naming the abort, and peers see the links close and fail at
+  // once. The group cannot be used again.
+  void abort() override;
 
   // Introspection for tests and `python -m smdccl.info`.
   std::string describeTopology() const { return mesh_->topology().describe(); }
@@ -189,6 +194,7 @@ class SmdcclBackend : public ::c10d::Backend {
   std::atomic<uint64_t> fusedOps_{0}, fusedCollectives_{0};
   std::mutex fatalMu_;
   std::exception_ptr fatal_;  // a failed collective leaves the group unusable
+  std::string abortCause_;    // under fatalMu_: set by abort()
   // Works of the queued allreduces the running one took in (fusion): runWork
   // completes them with its own error if the fused collective fails. Touched
   // only by the task running (runMu_ of the progress thread serializes).

@@ -85,8 +85,21 @@ P2PEngine::~P2PEngine() {
 P2PEngine::Peer& P2PEngine::peer(int rank) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& p = peers_[rank];
-  if (!p) p = std::make_unique<Peer>();
+  if (!p) {
+    p = std::make_unique<Peer>();
+    p->failed = aborted_;
+  }
   return *p;
+}
+
+void P2PEngine::abort(std::exception_ptr why) {
+  std::vector<Peer*> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = why;
+    for (auto& [rank, p] : peers_) all.push_back(p.get());
+  }
+  for (Peer* p : all) failAll(*p, why);
 }
 
 void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
@@ -97,7 +110,8 @@ void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadl
     done(p.failed);
     return;
   }
-  p.sends.push_back({buf, bytes, tag, deadline, std::move(done), std::move(ready), flags});
+  p.sends.push_back({nextSendId_++, buf, bytes, tag, deadline, std::move(done), std::move(ready),
+                     flags});
   if (!p.sender.joinable()) p.sender = std::thread([this, rank, &p] { senderLoop(rank, p); });
   p.cv.notify_all();
 }
@@ -176,7 +190,8 @@ void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
   std::deque<RecvReq> recvs;
   {
     std::lock_guard<std::mutex> lock(p.mu);
-    p.failed = e;
+    if (!p.failed) p.failed = e;  // the first cause (e.g. abort()) names it for good
+    e = p.failed;
     sends.swap(p.sends);
     recvs.swap(p.recvs);
   }
@@ -235,11 +250,15 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
                             group_, "' failed: ", e.what()))));
       return;
     }
+    // failAll (the receiver failing, abort()) may have completed this
+    // request and emptied the queue while it was being sent.
+    bool stillQueued;
     {
       std::lock_guard<std::mutex> lock(p.mu);
-      p.sends.pop_front();
+      stillQueued = !p.sends.empty() && p.sends.front().id == req.id;
+      if (stillQueued) p.sends.pop_front();
     }
-    req.done(notReady);
+    if (stillQueued) req.done(notReady);
     dropOrLeak(req);  // it may hold the last reference to Python's tensors
   }
 }
@@ -285,6 +304,10 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       dropOrLeak(late);  // it may hold the last reference to Python's tensors
     }
     if (stop_) return;
+    // A receive taken off the queue is this thread's to complete, also when
+    // its payload never arrives (failAll only sees the queue).
+    RecvReq target{};
+    bool matched = false;
     try {
       uint8_t wire[sizeof(P2PHeader)];
       recvAll(fd, wire, sizeof wire, Deadline::after(timeout_()), what, mesh_.cancelFlag());
@@ -293,8 +316,6 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         throw CommError(CommError::Kind::Protocol,
                         strCat("corrupt message header (", parsed.why, ")"));
       const P2PHeader& h = parsed.header;
-      RecvReq target{};
-      bool matched;
       {
         std::lock_guard<std::mutex> lock(p.mu);
         matched = takePosted(p, h.tag, &target);
@@ -302,12 +323,14 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       if (matched && P2PHeader::carriesReport(h.flags)) {
         std::vector<char> report;
         recvPayload(fd, report, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+        matched = false;
         failFromSender(rank, target, h.flags, report);
         dropOrLeak(target);
         continue;
       }
       if (matched && target.bytes == h.bytes) {
         recvAll(fd, target.buf, h.bytes, target.deadline, what, mesh_.cancelFlag());
+        matched = false;
         target.done(nullptr);
         dropOrLeak(target);  // it may hold the last reference to Python's tensors
         continue;
@@ -315,6 +338,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       if (matched) {
         // Drained through a small buffer: only the size goes into the error.
         discardPayload(fd, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+        matched = false;
         target.done(std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
         dropOrLeak(target);
         continue;
@@ -335,6 +359,15 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       }
     } catch (const std::exception& e) {
       failWith(e.what());
+      if (matched) {
+        std::exception_ptr why;
+        {
+          std::lock_guard<std::mutex> lock(p.mu);
+          why = p.failed;
+        }
+        target.done(why);
+        dropOrLeak(target);
+      }
       return;
     }
   }

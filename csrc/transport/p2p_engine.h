@@ -81,9 +81,14 @@ class P2PEngine {
   void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
             Completion done, std::function<void(Deadline)> ready = nullptr, uint32_t flags = 0);
   void recv(int peer, void* buf, size_t bytes, int64_t tag, Deadline deadline, Completion done);
+  // ProcessGroup.abort(): every pending and later send and receive fails
+  // with `why`. Transfers in flight stop at their next wait (they watch the
+  // mesh's cancel flag, which the caller sets).
+  void abort(std::exception_ptr why);
 
  private:
   struct SendReq {
+    uint64_t id;  // which request the sender thread holds, once failAll may have taken it
     const void* buf;
     size_t bytes;
     int64_t tag;
@@ -132,6 +137,8 @@ class P2PEngine {
   std::function<std::chrono::milliseconds()> timeout_;
   std::mutex mu_;
   std::map<int, std::unique_ptr<Peer>> peers_;
+  std::exception_ptr aborted_;  // under mu_: peers made after abort() start failed
+  std::atomic<uint64_t> nextSendId_{1};
   std::atomic<bool> stop_{false};
 };
 

@@ -1,0 +1,123 @@
+"""ProcessGroup.abort(): a hung group can be abandoned from another thread.
+
+Why: fault-tolerant trainers (and torch's ``_abort_process_group``) abort a
+group whose collective waits for a peer that is alive but will not come
+(stuck in a data loader, being replaced). Without abort the collective
+waits for the whole group timeout; a demanding NCCL user expects abort to
+unblock it at once.
+
+How: on a subgroup of 2 ranks, rank 1 stays away (it waits on the store).
+Rank 0 starts, on a helper thread, a blocking all_reduce; queues async
+all_reduces; posts an irecv from rank 1. Then its main thread calls
+``g.abort()``. Every one of them must raise within a second,
+naming the abort; rank 1 then calls all_reduce on its side of the group and
+must fail fast too, naming rank 0's abort. The world group (another
+backend instance) keeps working. ``_abort_process_group`` reaches the
+backend as well (a queued all_reduce on a second group fails naming it). Shared memory (one node) and TCP (every
+rank its own virtual node). smdccl only: gloo's abort is a no-op.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import harness_store, run_ranks
+
+pytestmark = pytest.mark.smdccl_only
+
+GROUP_TIMEOUT_S = 60  # what a wait without abort would take
+
+
+def abort_hung_group() -> dict:
+    import datetime
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    rank = dist.get_rank()
+    store = harness_store()
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    g2 = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x, group=g)  # links up, group works
+    out = {}
+    if rank == 0:
+        blocked = {}
+
+        def blocking():
+            t0 = time.monotonic()
+            try:
+                dist.all_reduce(torch.ones(1 << 16), group=g)
+                blocked["error"] = "no error"
+            except Exception as exc:  # noqa: BLE001 - checked by the test
+                blocked["error"] = f"{type(exc).__name__}: {exc}"
+            blocked["after_abort_s"] = time.monotonic() - blocked.get("aborted_at", t0)
+
+        thread = threading.Thread(target=blocking)
+        thread.start()
+        time.sleep(0.5)  # the all_reduce is waiting for rank 1
+        queued = [dist.all_reduce(torch.ones(8), group=g, async_op=True) for _ in range(3)]
+        recv = dist.irecv(torch.empty(4), src=1, group=g)
+        blocked["aborted_at"] = time.monotonic()
+        g.abort()  # ProcessGroup.abort(): the group stays registered with torch
+        thread.join(timeout=GROUP_TIMEOUT_S)
+        out["blocking"] = blocked
+        out["blocking_alive"] = thread.is_alive()
+        for name, works in (("queued", queued), ("recv", [recv])):
+            errors = []
+            for w in works:
+                t0 = time.monotonic()
+                try:
+                    w.wait()
+                    errors.append(("no error", 0.0))
+                except Exception as exc:  # noqa: BLE001
+                    errors.append((f"{type(exc).__name__}: {exc}", time.monotonic() - t0))
+            out[name] = errors
+        # torch's _abort_process_group reaches the backend too (it also
+        # unregisters the group, so only works already returned can be waited on)
+        w = dist.all_reduce(torch.ones(8), group=g2, async_op=True)
+        _abort_process_group(g2)
+        try:
+            w.wait()
+            out["torch abort"] = "no error"
+        except Exception as exc:  # noqa: BLE001
+            out["torch abort"] = f"{type(exc).__name__}: {exc}"
+        store.set("abort_test/aborted", "1")
+    else:
+        store.wait(["abort_test/aborted"], datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1 << 16), group=g)
+            out["peer"] = "no error"
+        except Exception as exc:  # noqa: BLE001
+            out["peer"] = f"{type(exc).__name__}: {exc}"
+        out["peer_s"] = time.monotonic() - t0
+    y = torch.full((3,), float(rank + 1))
+    dist.all_reduce(y)  # the world group is another instance: unaffected
+    out["world"] = y.tolist()
+    return out
+
+
+@pytest.mark.parametrize("topology", [None, "1,1"], ids=["shared memory", "tcp"])
+def test_abort_unblocks_the_op_in_flight_and_fails_the_rest(topology):
+    env = {"SMDCCL_TOPOLOGY": topology} if topology else None
+    r0, r1 = run_ranks(2, abort_hung_group, env=env, timeout=3 * GROUP_TIMEOUT_S)
+    aborted = "was aborted on rank 0"
+    blocking = r0["blocking"]
+    assert not r0["blocking_alive"], "the blocking all_reduce never returned"
+    assert blocking["error"].startswith("DistBackendError") and aborted in blocking["error"], blocking
+    assert "allreduce" in blocking["error"], blocking  # names the op it stopped
+    assert blocking["after_abort_s"] < 1.0, blocking
+    for name in ("queued", "recv"):
+        for err, seconds in r0[name]:
+            assert aborted in err and seconds < 1.0, (name, err, seconds)
+    assert r0["torch abort"].startswith("DistBackendError") and aborted in r0["torch abort"], r0
+    assert r1["peer"].startswith("DistBackendError") and aborted in r1["peer"], r1
+    assert r1["peer_s"] < 5.0, r1
+    assert r0["world"] == r1["world"] == [3.0, 3.0, 3.0]
+    print(f"\n[{topology or 'shm'}] abort -> blocking all_reduce raised after {blocking['after_abort_s'] * 1e3:.1f} ms; "
+          f"queued/recv waits {max(s for _, s in r0['queued'] + r0['recv']) * 1e3:.1f} ms; "
+          f"peer's next all_reduce failed in {r1['peer_s'] * 1e3:.1f} ms")
