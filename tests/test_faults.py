@@ -252,3 +252,48 @@ def test_p2p_with_a_dead_peer_fails_fast(topology):
         assert msg is not None, f"{op} to a dead rank returned normally"
         assert took < 5, f"{op} raised only after {took:.1f} s (group timeout 60 s): {msg}"
         assert f"rank {victim}" in msg, msg
+
+
+# ---------------------------------------------------------------------------
+# send/recv whose sender dies while the message is on its way: the receive
+# that was matched (its header read) must fail, not wait for ever.
+# ---------------------------------------------------------------------------
+
+MID_MESSAGE_ELEMENTS = 256 << 20  # 1 GiB of float32: seconds on a loopback socket
+
+
+def p2p_sender_dies_mid_message(victim: int) -> dict:
+    import threading
+
+    from harness import harness_store
+
+    store = harness_store()
+    rank = dist.get_rank()
+    dist.barrier()
+    if rank == victim:
+        data = torch.ones(MID_MESSAGE_ELEMENTS)
+        store.wait(["mid_message/posted"])
+        # die once the header and some of the payload have gone out
+        threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        dist.send(data, dst=1 - victim)
+        time.sleep(60)  # not reached
+    buf = torch.zeros(MID_MESSAGE_ELEMENTS)
+    work = dist.irecv(buf, src=victim)  # posted first: the header matches it
+    store.set("mid_message/posted", "1")
+    took, msg = _raises(work.wait)
+    received = int(buf.count_nonzero())
+    return {"took": took, "error": msg, "received": received}
+
+
+@pytest.mark.smdccl_only
+def test_p2p_sender_killed_mid_message_fails_the_recv():
+    victim = 1
+    results = run_ranks(2, p2p_sender_dies_mid_message, victim, pg_timeout=60,
+                        expect_exit={victim: -signal.SIGKILL}, timeout=150)
+    r = results[0]
+    print(f"\nrecv raised after {r['took']:.2f} s with {r['received']} of {MID_MESSAGE_ELEMENTS} "
+          f"elements in: {r['error']}")
+    assert r["error"] is not None, "the recv returned normally"
+    assert 0 < r["received"] < MID_MESSAGE_ELEMENTS, "the sender did not die mid-message"
+    assert f"rank {victim}" in r["error"], r["error"]
+    assert r["took"] < 10, f"the recv raised only after {r['took']:.1f} s (group timeout 60 s)"
