@@ -142,6 +142,8 @@ class SmdcclBackend : public ::c10d::Backend {
   // Runs `first` and, when every rank has more fusable allreduces queued
   // right behind it, as many of those as all have, as one collective.
   void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
+  // recv and recvAnysource (srcRank -1): posts the receive, CUDA landing included.
+  c10::intrusive_ptr<::c10d::Work> postRecv(const at::Tensor& t, int srcRank, int tag);
   // all_reduce of a sparse COO tensor (sparse_allreduce.h): SUM or AVG, CPU.
   c10::intrusive_ptr<::c10d::Work> allreduceSparse(at::Tensor t,
                                                    const ::c10d::AllreduceOptions& opts);

@@ -831,32 +831,44 @@ WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int t
   at::Tensor t = checkSingle(tensors, "recv");
   checkRank(srcRank, size_, "recv", "source rank");
   TORCH_CHECK_VALUE(srcRank != rank_, "smdccl: recv: a rank cannot receive from itself");
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::RECV, tensors, [srcRank, tag, group = cfg_.groupName] {
-    return strCat("recv from rank ", srcRank, " tag ", tag, " on group '", group, "'");
+  return postRecv(t, srcRank, tag);
+}
+
+WorkPtr SmdcclBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  at::Tensor t = checkSingle(tensors, "recv");
+  TORCH_CHECK_VALUE(size_ > 1, "smdccl: recv from any source on a group of one rank: there is "
+                    "no other rank to receive from");
+  return postRecv(t, -1, tag);
+}
+
+WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
+  std::vector<at::Tensor> tensors{t};
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, srcRank < 0 ? OpType::RECVANYSOURCE : OpType::RECV,
+                                              tensors, [srcRank, tag, group = cfg_.groupName] {
+    return strCat("recv from ", srcRank < 0 ? std::string("any source") : strCat("rank ", srcRank),
+                  " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
   DeviceOps::HostLanding landing{t, nullptr};
   if (deviceOps_->deviceOf({t}, "recv") >= 0) landing = deviceOps_->hostForRecv(t);
   at::Tensor h = landing.host;
   Deadline deadline = Deadline::after(std::chrono::milliseconds(timeoutMs_.load()));
-  p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag, deadline,
-             [work, h, deadline, deliver = std::move(landing.deliver)](std::exception_ptr e) {
-               if (!e && deliver) {
-                 try {
-                   deliver(deadline);
-                 } catch (...) {
-                   e = std::current_exception();
-                 }
-               }
-               work->complete(e ? toTorchError(e) : nullptr);
-             });
+  Completion done = [work, h, deadline, deliver = std::move(landing.deliver)](std::exception_ptr e) {
+    if (!e && deliver) {
+      try {
+        deliver(deadline);
+      } catch (...) {
+        e = std::current_exception();
+      }
+    }
+    work->complete(e ? toTorchError(e) : nullptr);
+  };
+  if (srcRank >= 0)
+    p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag, deadline, std::move(done));
+  else
+    p2p_->recvAny(h.data_ptr(), h.nbytes(), tag, deadline,
+                  [work](int from) { work->setSourceRank(from); }, std::move(done));
   return work;
-}
-
-WorkPtr SmdcclBackend::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK_VALUE(false,
-                    "smdccl: recv without a source rank (recv from any source) is not supported; "
-                    "pass src=");
 }
 
 }  // namespace smdccl

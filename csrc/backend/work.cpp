@@ -70,6 +70,13 @@ void SmdcclWork::complete(std::exception_ptr error) {
 
 
 
+int SmdcclWork::sourceRank() const {
+  int r = sourceRank_.load(std::memory_order_acquire);
+  TORCH_CHECK(r >= 0, "smdccl: this work has no source rank (only a recv from any source has one, "
+              "once it has completed)");
+  return r;
+}
+
 bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   if (device_) {

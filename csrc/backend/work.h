@@ -44,6 +44,9 @@ class SmdcclWork : public ::c10d::Work {
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   float getDuration() const override;
+  // recv from any source: the rank that sent (torch's work._source_rank()).
+  int sourceRank() const override;
+  void setSourceRank(int rank) { sourceRank_.store(rank, std::memory_order_release); }
 
   // Called once, from the thread that ran the work.
   void markStarted();
@@ -59,6 +62,7 @@ class SmdcclWork : public ::c10d::Work {
   std::atomic<bool> done_{false};
   std::shared_ptr<DeviceCompletion> device_;
   std::chrono::steady_clock::time_point started_, finished_;
+  std::atomic<int> sourceRank_{-1};
 };
 
 }  // namespace smdccl

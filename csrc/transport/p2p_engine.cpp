@@ -75,6 +75,7 @@ P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
 P2PEngine::~P2PEngine() {
   stop_ = true;
   mesh_.cancelWaits();
+  matchCv_.notify_all();
   for (auto& [rank, p] : peers_) {
     p->cv.notify_all();
     if (p->sender.joinable()) p->sender.join();
@@ -99,6 +100,15 @@ void P2PEngine::abort(std::exception_ptr why) {
     aborted_ = why;
     for (auto& [rank, p] : peers_) all.push_back(p.get());
   }
+  std::deque<RecvReq> anys;
+  {
+    // Also with no peer yet: an any-source receive must not wait for one.
+    std::lock_guard<std::mutex> match(matchMu_);
+    if (!anyFailed_) anyFailed_ = why;
+    anys.swap(anyRecvs_);
+  }
+  for (auto& r : anys) finish(r, -1, why);
+  dropOrLeak(anys);
   for (Peer* p : all) failAll(*p, why);
 }
 
@@ -119,61 +129,167 @@ void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadl
 void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline deadline,
                      Completion done) {
   Peer& p = peer(rank);
-  std::unique_lock<std::mutex> lock(p.mu);
-  if (p.failed) {
-    lock.unlock();
-    done(p.failed);
+  RecvReq req{buf, bytes, tag, deadline, std::move(done), nextPost_++, nullptr};
+  std::unique_lock<std::mutex> match(matchMu_);
+  std::exception_ptr failed;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    failed = p.failed;
+  }
+  if (failed) {
+    match.unlock();
+    finish(req, rank, failed);
     return;
   }
+  // No any-source receive of this tag is pending when a message of it waits
+  // here: that receive would have taken it on arrival.
   auto early = p.early.find(tag);
   if (early != p.early.end() && !early->second.empty()) {
     Arrived msg = std::move(early->second.front());
     early->second.pop_front();
-    lock.unlock();
-    completeFromBuffer(rank, RecvReq{buf, bytes, tag, deadline, std::move(done)}, msg);
+    match.unlock();
+    completeFromBuffer(rank, req, msg);
     return;
   }
-  p.recvs.push_back({buf, bytes, tag, deadline, std::move(done)});
-  if (!p.receiver.joinable())
-    p.receiver = std::thread([this, rank, &p] { receiverLoop(rank, p); });
-  p.cv.notify_all();
+  p.recvs.push_back(std::move(req));
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    ensureReceiver(rank, p);
+  }
+  matchCv_.notify_all();
 }
 
-bool P2PEngine::takePosted(Peer& p, int64_t tag, RecvReq* out) {
-  for (auto it = p.recvs.begin(); it != p.recvs.end(); ++it) {
-    if (it->tag == tag) {
-      *out = std::move(*it);
-      p.recvs.erase(it);
-      return true;
+void P2PEngine::recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
+                        std::function<void(int)> source, Completion done) {
+  RecvReq req{buf, bytes, tag, deadline, std::move(done), nextPost_++, std::move(source)};
+  std::unique_lock<std::mutex> match(matchMu_);
+  if (anyFailed_) {
+    std::exception_ptr failed = anyFailed_;
+    match.unlock();
+    finish(req, -1, failed);
+    return;
+  }
+  // The oldest message of the tag that has already arrived, from any peer.
+  int from = -1;
+  std::deque<Arrived>* queue = nullptr;
+  for (int r = 0; r < mesh_.size(); ++r) {
+    if (r == mesh_.rank()) continue;
+    Peer& p = peer(r);
+    auto it = p.early.find(tag);
+    if (it == p.early.end() || it->second.empty()) continue;
+    if (!queue || it->second.front().arrived < queue->front().arrived) {
+      queue = &it->second;
+      from = r;
     }
   }
-  return false;
+  if (queue) {
+    Arrived msg = std::move(queue->front());
+    queue->pop_front();
+    match.unlock();
+    completeFromBuffer(from, req, msg);
+    return;
+  }
+  anyRecvs_.push_back(std::move(req));
+  for (int r = 0; r < mesh_.size(); ++r) {
+    if (r == mesh_.rank()) continue;
+    Peer& p = peer(r);
+    std::lock_guard<std::mutex> lock(p.mu);
+    ensureReceiver(r, p);
+  }
+  matchCv_.notify_all();
 }
 
-void P2PEngine::completeFromBuffer(int rank, const RecvReq& req, const Arrived& msg) {
+void P2PEngine::ensureReceiver(int rank, Peer& p) {
+  if (!p.receiver.joinable() && !p.failed && !stop_)
+    p.receiver = std::thread([this, rank, &p] { receiverLoop(rank, p); });
+}
+
+bool P2PEngine::takeMatch(Peer& p, int64_t tag, RecvReq* out) {
+  auto hasTag = [tag](const RecvReq& r) { return r.tag == tag; };
+  auto own = std::find_if(p.recvs.begin(), p.recvs.end(), hasTag);
+  auto any = std::find_if(anyRecvs_.begin(), anyRecvs_.end(), hasTag);
+  bool useOwn = own != p.recvs.end();
+  bool useAny = any != anyRecvs_.end();
+  if (useOwn && useAny) (own->posted < any->posted ? useAny : useOwn) = false;
+  if (useOwn) {
+    *out = std::move(*own);
+    p.recvs.erase(own);
+  } else if (useAny) {
+    *out = std::move(*any);
+    anyRecvs_.erase(any);
+  }
+  return useOwn || useAny;
+}
+
+bool P2PEngine::earliestDeadline(Peer& p, Deadline* out) {
+  bool found = false;
+  auto consider = [&](const RecvReq& r) {
+    if (!found || r.deadline.remaining() < out->remaining()) *out = r.deadline;
+    found = true;
+  };
+  for (const RecvReq& r : p.recvs) consider(r);
+  for (const RecvReq& r : anyRecvs_) consider(r);
+  return found;
+}
+
+void P2PEngine::expireLate(int rank, Peer& p) {
+  std::vector<RecvReq> late;
+  {
+    std::lock_guard<std::mutex> match(matchMu_);
+    auto take = [&](std::deque<RecvReq>& q) {
+      for (auto it = q.begin(); it != q.end();) {
+        if (it->deadline.expired()) {
+          late.push_back(std::move(*it));
+          it = q.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    };
+    take(p.recvs);
+    take(anyRecvs_);  // whichever receiver thread looks first
+  }
+  for (RecvReq& r : late) {
+    std::string from = r.source ? std::string("any source") : strCat("rank ", rank);
+    std::string who = r.source ? std::string("no rank") : strCat("rank ", rank);
+    finish(r, -1, std::make_exception_ptr(CommError(
+                      CommError::Kind::Timeout,
+                      strCat("smdccl: recv from ", from, " (tag ", r.tag, ", ", r.bytes,
+                             " bytes) on group '", group_, "' timed out: ", who,
+                             " sent a message with this tag. Did it call send with the same tag?"))));
+    dropOrLeak(r);  // it may hold the last reference to Python's tensors
+  }
+}
+
+void P2PEngine::finish(RecvReq& req, int rank, std::exception_ptr err) {
+  if (req.source && rank >= 0) req.source(rank);
+  req.done(err);
+}
+
+void P2PEngine::completeFromBuffer(int rank, RecvReq& req, const Arrived& msg) {
   if (P2PHeader::carriesReport(msg.flags)) {
     failFromSender(rank, req, msg.flags, msg.payload);
     return;
   }
   if (msg.payload.size() != req.bytes) {
-    req.done(std::make_exception_ptr(sizeMismatch(rank, req, msg.payload.size())));
+    finish(req, rank, std::make_exception_ptr(sizeMismatch(rank, req, msg.payload.size())));
     return;
   }
   if (req.bytes) std::memcpy(req.buf, msg.payload.data(), req.bytes);
-  req.done(nullptr);
+  finish(req, rank, nullptr);
 }
 
-void P2PEngine::failFromSender(int rank, const RecvReq& req, uint32_t flags,
+void P2PEngine::failFromSender(int rank, RecvReq& req, uint32_t flags,
                                const std::vector<char>& report) const {
   std::string head = strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '",
                             group_, "': ");
   std::string why(report.begin(), report.end());
   if (flags & P2PHeader::kNonFinite)
-    req.done(std::make_exception_ptr(InvalidArgument(
+    finish(req, rank, std::make_exception_ptr(InvalidArgument(
         strCat(head, "SMDCCL_NAN_CHECK: rank ", rank, " did not send its tensor: ", why,
                ". This tensor was left as it was"))));
   else  // the link is fine: only this message is lost
-    req.done(std::make_exception_ptr(CommError(
+    finish(req, rank, std::make_exception_ptr(CommError(
         CommError::Kind::PeerFailure,
         strCat(head, "rank ", rank, " could not send its tensor: ", why,
                ". This tensor was left as it was"))));
@@ -187,18 +303,23 @@ InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t s
 
 void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
   std::deque<SendReq> sends;
-  std::deque<RecvReq> recvs;
+  std::deque<RecvReq> recvs, anys;
   {
+    std::lock_guard<std::mutex> match(matchMu_);
     std::lock_guard<std::mutex> lock(p.mu);
     if (!p.failed) p.failed = e;  // the first cause (e.g. abort()) names it for good
     e = p.failed;
+    if (!anyFailed_) anyFailed_ = e;  // that peer may have been an any-source sender
     sends.swap(p.sends);
     recvs.swap(p.recvs);
+    anys.swap(anyRecvs_);
   }
   for (auto& s : sends) s.done(e);
-  for (auto& r : recvs) r.done(e);
+  for (auto& r : recvs) finish(r, -1, e);
+  for (auto& r : anys) finish(r, -1, e);
   dropOrLeak(sends);  // they may hold the last reference to Python's tensors
   dropOrLeak(recvs);
+  dropOrLeak(anys);
 }
 
 void P2PEngine::senderLoop(int rank, Peer& p) {
@@ -263,6 +384,27 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
   }
 }
 
+int P2PEngine::acceptSender(int rank, Peer& p) {
+  while (!stop_) {
+    Deadline until = Deadline::never();
+    {
+      std::unique_lock<std::mutex> match(matchMu_);
+      if (!earliestDeadline(p, &until)) {
+        // Nothing this peer could complete: wait for a receive to be posted.
+        matchCv_.wait_for(match, std::chrono::milliseconds(100));
+        continue;
+      }
+    }
+    try {
+      return mesh_.p2pSocket(rank, /*outgoing=*/false, until);
+    } catch (const CommError& e) {
+      if (e.kind() != CommError::Kind::Timeout || stop_) throw;
+      expireLate(rank, p);  // the peer may still send later: only these receives fail
+    }
+  }
+  return -1;
+}
+
 void P2PEngine::receiverLoop(int rank, Peer& p) {
   std::string what = strCat("rank ", rank);
   int fd = -1;
@@ -272,12 +414,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
                    strCat("smdccl: recv from rank ", rank, " on group '", group_, "': ", msg))));
   };
   try {
-    Deadline first = Deadline::never();
-    {
-      std::lock_guard<std::mutex> lock(p.mu);
-      if (!p.recvs.empty()) first = p.recvs.front().deadline;
-    }
-    fd = mesh_.p2pSocket(rank, /*outgoing=*/false, first);
+    fd = acceptSender(rank, p);
   } catch (const std::exception& e) {
     failWith(e.what());
     return;
@@ -288,24 +425,11 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
     while (!stop_ && !ready) {
       pollfd pf{fd, POLLIN, 0};
       ready = poll(&pf, 1, 100) > 0;
-      if (ready) break;
-      RecvReq late{};
-      {
-        std::lock_guard<std::mutex> lock(p.mu);
-        if (p.recvs.empty() || !p.recvs.front().deadline.expired()) continue;
-        late = std::move(p.recvs.front());
-        p.recvs.pop_front();
-      }
-      late.done(std::make_exception_ptr(CommError(
-          CommError::Kind::Timeout,
-          strCat("smdccl: recv from rank ", rank, " (tag ", late.tag, ", ", late.bytes,
-                 " bytes) on group '", group_, "' timed out: rank ", rank,
-                 " sent nothing. Did it call send with the same tag?"))));
-      dropOrLeak(late);  // it may hold the last reference to Python's tensors
+      if (!ready) expireLate(rank, p);
     }
     if (stop_) return;
     // A receive taken off the queue is this thread's to complete, also when
-    // its payload never arrives (failAll only sees the queue).
+    // its payload never arrives (failAll only sees the queues).
     RecvReq target{};
     bool matched = false;
     try {
@@ -317,8 +441,8 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
                         strCat("corrupt message header (", parsed.why, ")"));
       const P2PHeader& h = parsed.header;
       {
-        std::lock_guard<std::mutex> lock(p.mu);
-        matched = takePosted(p, h.tag, &target);
+        std::lock_guard<std::mutex> match(matchMu_);
+        matched = takeMatch(p, h.tag, &target);
       }
       if (matched && P2PHeader::carriesReport(h.flags)) {
         std::vector<char> report;
@@ -331,7 +455,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       if (matched && target.bytes == h.bytes) {
         recvAll(fd, target.buf, h.bytes, target.deadline, what, mesh_.cancelFlag());
         matched = false;
-        target.done(nullptr);
+        finish(target, rank, nullptr);
         dropOrLeak(target);  // it may hold the last reference to Python's tensors
         continue;
       }
@@ -339,22 +463,25 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         // Drained through a small buffer: only the size goes into the error.
         discardPayload(fd, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
         matched = false;
-        target.done(std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
+        finish(target, rank, std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
         dropOrLeak(target);
         continue;
       }
-      std::vector<char> msg;
-      recvPayload(fd, msg, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+      Arrived msg{{}, h.flags, 0};
+      recvPayload(fd, msg.payload, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
       // A receive may have been posted while the payload was arriving.
       RecvReq late{};
       bool lateMatch;
       {
-        std::lock_guard<std::mutex> lock(p.mu);
-        lateMatch = takePosted(p, h.tag, &late);
-        if (!lateMatch) p.early[h.tag].push_back({std::move(msg), h.flags});
+        std::lock_guard<std::mutex> match(matchMu_);
+        lateMatch = takeMatch(p, h.tag, &late);
+        if (!lateMatch) {
+          msg.arrived = nextArrival_++;
+          p.early[h.tag].push_back(std::move(msg));
+        }
       }
       if (lateMatch) {
-        completeFromBuffer(rank, late, {std::move(msg), h.flags});
+        completeFromBuffer(rank, late, msg);
         dropOrLeak(late);
       }
     } catch (const std::exception& e) {
@@ -365,7 +492,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
           std::lock_guard<std::mutex> lock(p.mu);
           why = p.failed;
         }
-        target.done(why);
+        finish(target, rank, why);
         dropOrLeak(target);
       }
       return;

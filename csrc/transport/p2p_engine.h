@@ -2,8 +2,9 @@
 // User-level send/recv with tags. Each (peer, direction) gets its own socket
 // and thread, so a send never waits behind a collective or behind a receive
 // (two ranks may both send first). A message is a header {tag, bytes} and the
-// payload; receives match the oldest pending receive of the same tag, and
-// messages that arrive before their receive is posted are buffered.
+// payload; receives match the oldest pending receive of the same tag (from
+// that peer, or from any source), and messages that arrive before their
+// receive is posted are buffered.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -81,6 +82,13 @@ class P2PEngine {
   void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
             Completion done, std::function<void(Deadline)> ready = nullptr, uint32_t flags = 0);
   void recv(int peer, void* buf, size_t bytes, int64_t tag, Deadline deadline, Completion done);
+  // A receive from whichever peer's message of `tag` comes first (gloo's
+  // recvAnysource). It matches in post order with the peer-specific
+  // receives of the tag: a message goes to the earliest posted receive that
+  // can take it. `source` learns the sender before `done` runs. It fails
+  // when any peer has failed (that peer may have been the sender).
+  void recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
+               std::function<void(int)> source, Completion done);
   // ProcessGroup.abort(): every pending and later send and receive fails
   // with `why`. Transfers in flight stop at their next wait (they watch the
   // mesh's cancel flag, which the caller sets).
@@ -98,23 +106,26 @@ class P2PEngine {
     uint32_t flags;
   };
   struct RecvReq {
-    void* buf;
-    size_t bytes;
-    int64_t tag;
-    Deadline deadline;
+    void* buf = nullptr;
+    size_t bytes = 0;
+    int64_t tag = 0;
+    Deadline deadline = Deadline::never();
     Completion done;
+    uint64_t posted = 0;               // post order over all receives
+    std::function<void(int)> source;   // recvAny: told the sender's rank
   };
-  // A message read before its receive was posted.
+  // A message read before a receive for it was posted.
   struct Arrived {
     std::vector<char> payload;
     uint32_t flags;
+    uint64_t arrived;  // arrival order over all peers (recvAny takes the oldest)
   };
   struct Peer {
-    std::mutex mu;
+    std::mutex mu;  // sends, failed, the threads; taken after matchMu_
     std::condition_variable cv;
     std::deque<SendReq> sends;
-    std::deque<RecvReq> recvs;
-    std::map<int64_t, std::deque<Arrived>> early;  // arrived before a recv
+    std::deque<RecvReq> recvs;                     // under matchMu_
+    std::map<int64_t, std::deque<Arrived>> early;  // under matchMu_: arrived before a recv
     std::thread sender, receiver;
     std::exception_ptr failed;  // sticky: the peer is gone
   };
@@ -122,13 +133,27 @@ class P2PEngine {
   Peer& peer(int rank);
   void senderLoop(int rank, Peer& p);
   void receiverLoop(int rank, Peer& p);
+  // Waits for `rank`'s send connection while receives that it could complete
+  // are pending; a deadline passing fails those receives only. -1: stopped
+  // or failed (then everything pending is failed).
+  int acceptSender(int rank, Peer& p);
+  // Starts `rank`'s receiver thread if it is not running (p.mu held).
+  void ensureReceiver(int rank, Peer& p);
   void failAll(Peer& p, std::exception_ptr e);
-  // The oldest posted receive with this tag, removed from the queue (p.mu held).
-  static bool takePosted(Peer& p, int64_t tag, RecvReq* out);
-  void completeFromBuffer(int rank, const RecvReq& req, const Arrived& msg);
+  // Fails the receives `rank`'s thread serves (its own and the any-source
+  // ones) whose deadline has passed.
+  void expireLate(int rank, Peer& p);
+  // The receive a message of `tag` from `p` completes: the earliest posted
+  // of p's receives of the tag and the any-source ones, removed from its
+  // queue (matchMu_ held).
+  bool takeMatch(Peer& p, int64_t tag, RecvReq* out);
+  // The earliest deadline of the receives `p`'s thread serves; false: none.
+  bool earliestDeadline(Peer& p, Deadline* out);
+  void completeFromBuffer(int rank, RecvReq& req, const Arrived& msg);
+  static void finish(RecvReq& req, int rank, std::exception_ptr err);
   // A receive matched by a kNonFinite or kSenderFailed message (`flags`):
   // fails with the sender's report.
-  void failFromSender(int rank, const RecvReq& req, uint32_t flags,
+  void failFromSender(int rank, RecvReq& req, uint32_t flags,
                       const std::vector<char>& report) const;
   InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
 
@@ -138,6 +163,13 @@ class P2PEngine {
   std::mutex mu_;
   std::map<int, std::unique_ptr<Peer>> peers_;
   std::exception_ptr aborted_;  // under mu_: peers made after abort() start failed
+  // Receive matching: every peer's recvs and early messages, and the
+  // any-source receives; taken before any Peer::mu.
+  std::mutex matchMu_;
+  std::condition_variable matchCv_;  // a receive was posted (receivers waiting to connect)
+  std::deque<RecvReq> anyRecvs_;
+  std::exception_ptr anyFailed_;  // the first peer failure: any-source receives fail
+  std::atomic<uint64_t> nextPost_{1}, nextArrival_{1};
   std::atomic<uint64_t> nextSendId_{1};
   std::atomic<bool> stop_{false};
 };
