@@ -49,9 +49,16 @@ void Mesh::abortLinks() {
 }
 
 std::string Mesh::peerAddress(int peer, Deadline deadline) {
-  if (addrCache_[peer].empty())
-    addrCache_[peer] = store_.get(strCat("smdccl/addr/", peer), deadline);
-  return addrCache_[peer];
+  {
+    std::lock_guard<std::mutex> lock(addrMu_);
+    if (!addrCache_[peer].empty()) return addrCache_[peer];
+  }
+  // The progress thread (collective links) and send threads (p2p) may ask
+  // at once: both read the same value; the store wait is outside the lock.
+  std::string addr = store_.get(strCat("smdccl/addr/", peer), deadline);
+  std::lock_guard<std::mutex> lock(addrMu_);
+  addrCache_[peer] = addr;
+  return addr;
 }
 
 int Mesh::connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline,

@@ -75,6 +75,7 @@ class Mesh {
   std::vector<std::unique_ptr<Link>> links_;
   std::mutex p2pMu_;
   std::vector<int> p2pOut_, p2pIn_;
+  std::mutex addrMu_;  // addrCache_: the progress thread and send threads both connect
   std::vector<std::string> addrCache_;
   // The collective TCP link's socket per peer (-1: none yet), readable from
   // any thread (links_ belongs to the progress thread).
