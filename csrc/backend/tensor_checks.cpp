@@ -2,11 +2,38 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include "common/error.h"
 
 namespace smdccl {
 
 #define SMDCCL_VALUE_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "smdccl: ", __VA_ARGS__)
+
+std::string torchDtypeName(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kChar: return "int8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    case at::kComplexHalf: return "complex32";
+    case at::kComplexFloat: return "complex64";
+    case at::kComplexDouble: return "complex128";
+    default: {  // UInt16, Float8_e4m3fn, ...: torch's name in lower case
+      std::string name = c10::toString(t);
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+      return name;
+    }
+  }
+}
 
 DType toDType(at::ScalarType t, const char* op) {
   switch (t) {
@@ -20,14 +47,15 @@ DType toDType(at::ScalarType t, const char* op) {
     case at::kByte: return DType::U8;
     case at::kBool: return DType::Bool;
     default:
-      SMDCCL_VALUE_CHECK(false, op, " does not support dtype ", t,
-                         "; supported: float32, float64, float16, bfloat16, int8, int32, int64, "
-                         "uint8, bool");
+      SMDCCL_VALUE_CHECK(false, op, " does not support dtype ", torchDtypeName(t),
+                         " (it reduces float32, float64, float16, bfloat16, int8, int32, int64, "
+                         "uint8, bool; collectives that only move data take any dtype)");
   }
 }
 
 ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
                         const char* op) {
+  toDType(t, op);  // reductions need a kernel for the dtype; moving data does not
   ReduceSpec s;
   bool floating = at::isFloatingType(t);
   switch (rop.op_) {
@@ -87,7 +115,9 @@ void checkTensor(const at::Tensor& t, const char* op, const char* what) {
                      "sparse COO tensor)");
   SMDCCL_VALUE_CHECK(t.is_contiguous(), op, ": ", what,
                      " must be contiguous; call .contiguous() on it first");
-  toDType(t.scalar_type(), op);
+  // Any dtype: collectives that only move data (broadcast, all_gather,
+  // all_to_all, gather, scatter, send/recv) copy bytes, e.g. float8 weights
+  // for an FSDP all-gather. Reductions check their dtype (toReduceSpec).
 }
 
 const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* op) {
@@ -111,7 +141,11 @@ void checkRank(int64_t r, int size, const char* op, const char* what) {
 }
 
 std::string nonFiniteReport(const at::Tensor& t) {
-  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return "";
+  // The reduction dtypes only: isfinite has no kernel for float8 and the like.
+  auto type = t.scalar_type();
+  bool checked = type == at::kFloat || type == at::kDouble || type == at::kHalf ||
+                 type == at::kBFloat16;
+  if (!checked || t.numel() == 0) return "";
   at::Tensor bad = at::isfinite(t.reshape({-1})).logical_not_().nonzero();
   if (bad.numel() == 0) return "";
   int64_t at0 = bad[0].item<int64_t>();

@@ -24,10 +24,13 @@ struct ReduceSpec {
 };
 
 DType toDType(at::ScalarType t, const char* op);
+// torch's Python name of a dtype ("int16", "float8_e4m3fn"), for messages.
+std::string torchDtypeName(at::ScalarType t);
+// Also raises for a dtype the reductions do not support.
 ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
                         const char* op);
 
-// Single CPU, strided, contiguous tensor of a supported dtype.
+// A defined CPU (or CUDA) strided, contiguous tensor, of any dtype.
 void checkTensor(const at::Tensor& t, const char* op, const char* what);
 const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* op);
 // SMDCCL_NAN_CHECK: "" when every value of t is finite (or t is not
