@@ -13,7 +13,8 @@ error or the log names it:
 - SMDCCL_NAN_CHECK=1: NaN/Inf in an input makes every rank raise ValueError
   naming the ranks and the op before any data moves; the group keeps working.
 - SMDCCL_WARN_AFTER: a collective that waits too long logs which ranks are in
-  it and which have not arrived (and what they did last).
+  it and which have not arrived (and what they did last); a recv logs what
+  it is missing (messages of another tag that nobody takes, no connection).
 
 Each mismatch runs on its own fresh subgroup, since a mismatch leaves that
 group's streams out of step and the group unusable (by design). smdccl only.
@@ -327,6 +328,59 @@ def test_warn_after_names_who_has_not_arrived():
         assert "allreduce #2 on group" in line and "waiting in it: rank(s) 0, 1" in line, line
         assert "not arrived: 2 (last: #1 allreduce, finished)" in line, line
     assert "has waited" not in logs[2]
+
+
+def late_recvs() -> dict:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=2.5))
+    g_quiet = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=2.5))
+    out = {}
+
+    def attempt(name, fn):
+        try:
+            fn()
+            out[name] = "no error"
+        except Exception as exc:  # noqa: BLE001 - checked by the test
+            out[name] = f"{type(exc).__name__}: {exc}"
+
+    def receives():
+        # rank 1 sent tag 5; this receive asks for tag 6
+        attempt("tag mismatch", lambda: dist.recv(torch.zeros(4), src=1, tag=6, group=g))
+        attempt("any source", lambda: dist.recv(torch.zeros(4), tag=7, group=g))
+        # rank 1 never sends on g_quiet
+        attempt("not connected", lambda: dist.recv(torch.zeros(4), src=1, tag=1, group=g_quiet))
+        t = torch.zeros(4)
+        dist.recv(t, src=1, tag=5, group=g)  # the message was there all along
+        out["tag 5"] = t.tolist()
+
+    if rank == 1:
+        dist.send(torch.full((4,), 5.0), dst=0, tag=5, group=g)
+        out["log"] = ""
+    else:
+        _, out["log"] = _capture_stderr(receives)
+    dist.barrier()
+    return out
+
+
+def test_warn_after_says_what_a_late_recv_is_missing():
+    r0 = run_ranks(2, late_recvs, env={"SMDCCL_WARN_AFTER": "1"}, timeout=120)[0]
+    lines = [l for l in r0["log"].splitlines() if "has waited" in l]
+    expect = [
+        "recv from rank 1 (tag 6, 16 bytes)", "rank 1 sent tag(s) 5 (1) that no receive took, not tag 6",
+        "recv from any source (tag 7, 16 bytes)", "no rank has sent tag 7; rank 1 sent tag(s) 5 (1)",
+        "recv from rank 1 (tag 1, 16 bytes)", "rank 1 has not connected for send/recv yet",
+    ]
+    assert len(lines) == 3, r0["log"]
+    for line, (who, why) in zip(lines, zip(expect[::2], expect[1::2])):
+        assert who in line and why in line and "SMDCCL_WARN_AFTER=1" in line, (line, who, why)
+    for name in ("tag mismatch", "any source", "not connected"):
+        assert r0[name].startswith("DistBackendError") and "timed out" in r0[name], (name, r0[name])
+    assert r0["tag 5"] == [5.0] * 4
 
 
 def traced_job(path: str) -> str:

@@ -115,7 +115,8 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   ring_ = mc.topology.ringOrder();
   levels_ = hierarchyOf(mc.topology, cfg_.rank);
   p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName,
-                                     [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
+                                     [this] { return std::chrono::milliseconds(timeoutMs_.load()); },
+                                     envDouble(env::kWarnAfter));
   int machineRanks = ranksOnThisMachine(hostKeys, cfg_.rank);
   waitPolicy_ = pickWaitPolicy(machineRanks);
   deviceOps_ = makeDeviceOps(*store_, [this] { return std::chrono::milliseconds(timeoutMs_.load()); });

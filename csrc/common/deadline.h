@@ -10,6 +10,7 @@ class Deadline {
   using Clock = std::chrono::steady_clock;
   static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
   static Deadline never() { return Deadline(Clock::time_point::max()); }
+  static Deadline until(Clock::time_point t) { return Deadline(t); }
   Deadline() : at_(Clock::time_point::max()) {}  // never
   bool expired() const { return Clock::now() >= at_; }
   std::chrono::milliseconds remaining() const {

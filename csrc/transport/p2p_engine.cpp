@@ -69,8 +69,9 @@ void discardPayload(int fd, uint64_t bytes, Deadline deadline, const std::string
 }
 
 P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
-                     std::function<std::chrono::milliseconds()> timeout)
-    : mesh_(mesh), group_(std::move(groupName)), timeout_(std::move(timeout)) {}
+                     std::function<std::chrono::milliseconds()> timeout, double warnAfterS)
+    : mesh_(mesh), group_(std::move(groupName)), timeout_(std::move(timeout)),
+      warnAfterS_(warnAfterS) {}
 
 P2PEngine::~P2PEngine() {
   stop_ = true;
@@ -261,6 +262,69 @@ void P2PEngine::expireLate(int rank, Peer& p) {
   }
 }
 
+Deadline P2PEngine::nextWarning(Peer& p) const {
+  Deadline next = Deadline::never();
+  if (warnAfterS_ <= 0) return next;
+  auto after = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(warnAfterS_));
+  auto consider = [&](const RecvReq& r) {
+    if (r.warned) return;
+    Deadline due = Deadline::until(r.postedAt + after);
+    if (due.at() < next.at()) next = due;
+  };
+  for (const RecvReq& r : p.recvs) consider(r);
+  for (const RecvReq& r : anyRecvs_) consider(r);
+  return next;
+}
+
+void P2PEngine::warnLate(int rank, Peer& p, bool connected) {
+  if (warnAfterS_ <= 0) return;
+  std::vector<std::string> lines;
+  {
+    std::lock_guard<std::mutex> match(matchMu_);
+    auto now = std::chrono::steady_clock::now();
+    // What is buffered and unclaimed, per peer: tags nobody receives.
+    auto buffered = [&](int r, Peer& q) {
+      std::string tags;
+      for (const auto& [tag, msgs] : q.early)
+        if (!msgs.empty()) tags += strCat(tags.empty() ? "" : ", ", tag, " (", msgs.size(), ")");
+      return tags.empty() ? std::string() : strCat("rank ", r, " sent tag(s) ", tags);
+    };
+    auto check = [&](RecvReq& r, bool any) {
+      double waited = std::chrono::duration<double>(now - r.postedAt).count();
+      if (r.warned || waited < warnAfterS_) return;
+      r.warned = true;
+      std::string from = any ? std::string("any source") : strCat("rank ", rank);
+      std::string state;
+      if (any) {
+        std::string other;
+        for (int q = 0; q < mesh_.size(); ++q) {
+          if (q == mesh_.rank()) continue;
+          std::string theirs = buffered(q, peer(q));
+          if (!theirs.empty()) other += strCat(other.empty() ? "" : "; ", theirs);
+        }
+        state = other.empty() ? strCat("no rank has sent tag ", r.tag)
+                              : strCat("no rank has sent tag ", r.tag, "; ", other,
+                                       " that no receive took (a tag mismatch?)");
+      } else if (!connected) {
+        state = strCat("rank ", rank, " has not connected for send/recv yet (no send to this rank)");
+      } else {
+        std::string other = buffered(rank, p);
+        state = other.empty() ? strCat("rank ", rank, " has sent nothing with tag ", r.tag)
+                              : strCat(other, " that no receive took, not tag ", r.tag,
+                                       " (a tag mismatch?)");
+      }
+      lines.push_back(strCat("smdccl: recv from ", from, " (tag ", r.tag, ", ", r.bytes,
+                             " bytes) on group '", group_, "' has waited ",
+                             static_cast<int64_t>(waited), " s (SMDCCL_WARN_AFTER=", warnAfterS_,
+                             "): ", state));
+    };
+    for (RecvReq& r : p.recvs) check(r, false);
+    for (RecvReq& r : anyRecvs_) check(r, true);
+  }
+  for (const std::string& line : lines) SMDCCL_WARN(line);
+}
+
 void P2PEngine::finish(RecvReq& req, int rank, std::exception_ptr err) {
   if (req.source && rank >= 0) req.source(rank);
   req.done(err);
@@ -387,6 +451,7 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
 int P2PEngine::acceptSender(int rank, Peer& p) {
   while (!stop_) {
     Deadline until = Deadline::never();
+    Deadline warnAt = Deadline::never();
     {
       std::unique_lock<std::mutex> match(matchMu_);
       if (!earliestDeadline(p, &until)) {
@@ -394,11 +459,14 @@ int P2PEngine::acceptSender(int rank, Peer& p) {
         matchCv_.wait_for(match, std::chrono::milliseconds(100));
         continue;
       }
+      warnAt = nextWarning(p);
     }
+    bool warning = warnAt.at() < until.at();
     try {
-      return mesh_.p2pSocket(rank, /*outgoing=*/false, until);
+      return mesh_.p2pSocket(rank, /*outgoing=*/false, warning ? warnAt : until);
     } catch (const CommError& e) {
       if (e.kind() != CommError::Kind::Timeout || stop_) throw;
+      warnLate(rank, p, /*connected=*/false);
       expireLate(rank, p);  // the peer may still send later: only these receives fail
     }
   }
@@ -425,7 +493,10 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
     while (!stop_ && !ready) {
       pollfd pf{fd, POLLIN, 0};
       ready = poll(&pf, 1, 100) > 0;
-      if (!ready) expireLate(rank, p);
+      if (!ready) {
+        warnLate(rank, p, /*connected=*/true);
+        expireLate(rank, p);
+      }
     }
     if (stop_) return;
     // A receive taken off the queue is this thread's to complete, also when

@@ -72,7 +72,11 @@ class P2PEngine {
  public:
   // `timeout` gives the group's current timeout: the bound on reading a
   // message nobody has asked for yet.
-  P2PEngine(Mesh& mesh, std::string groupName, std::function<std::chrono::milliseconds()> timeout);
+  // `warnAfterS` (SMDCCL_WARN_AFTER; <= 0: never): a receive still waiting
+  // after that long logs a warning saying what has (not) arrived from the
+  // peer -- e.g. messages of another tag, or no connection at all.
+  P2PEngine(Mesh& mesh, std::string groupName, std::function<std::chrono::milliseconds()> timeout,
+            double warnAfterS = 0);
   ~P2PEngine();
 
   // `ready`, when given, runs on the send thread before anything is sent
@@ -113,6 +117,8 @@ class P2PEngine {
     Completion done;
     uint64_t posted = 0;               // post order over all receives
     std::function<void(int)> source;   // recvAny: told the sender's rank
+    std::chrono::steady_clock::time_point postedAt = std::chrono::steady_clock::now();
+    bool warned = false;               // SMDCCL_WARN_AFTER: said once
   };
   // A message read before a receive for it was posted.
   struct Arrived {
@@ -143,6 +149,12 @@ class P2PEngine {
   // Fails the receives `rank`'s thread serves (its own and the any-source
   // ones) whose deadline has passed.
   void expireLate(int rank, Peer& p);
+  // SMDCCL_WARN_AFTER: logs, once each, the receives `rank`'s thread serves
+  // that have waited that long. `connected`: whether the peer has connected
+  // for send/recv at all.
+  void warnLate(int rank, Peer& p, bool connected);
+  // When the next of those warnings is due (never when off or none pending; matchMu_ held).
+  Deadline nextWarning(Peer& p) const;
   // The receive a message of `tag` from `p` completes: the earliest posted
   // of p's receives of the tag and the any-source ones, removed from its
   // queue (matchMu_ held).
@@ -170,6 +182,7 @@ class P2PEngine {
   std::deque<RecvReq> anyRecvs_;
   std::exception_ptr anyFailed_;  // the first peer failure: any-source receives fail
   std::atomic<uint64_t> nextPost_{1}, nextArrival_{1};
+  double warnAfterS_;
   std::atomic<uint64_t> nextSendId_{1};
   std::atomic<bool> stop_{false};
 };
