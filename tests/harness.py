@@ -86,6 +86,8 @@ GLOO_UNSUPPORTED: dict[str, str] = {
                   "tensors only works with ReduceOp.SUM')",
     "anysource_post_order": "a rank-specific receive posted after an any-source receive of the "
                             "same tag takes the first message (MPI and smdccl match in post order)",
+    "gather_single": "torch 2.14's dist.gather_single / gather_into_tensor raise 'Backend gloo does "
+                     "not support gather_single'",
     "sparse_float16": "all_reduce of a float16 sparse tensor raises ('\"cadd_sparse\" not "
                       "implemented for 'Half'')",
 }

@@ -411,6 +411,20 @@ def _data_movement(ctx: Ctx) -> None:
                         for j in range(ws):
                             assert_equal_bits(glist[j], inp(j, n, 17), f"slot {j}")
 
+                desc = ctx.tag("gather_single", dn, f"n={n}", f"root={root}")
+                with chk.case(desc):
+                    ctx.needs("gather_single")
+                    if not hasattr(dist, "gather_single"):
+                        raise Skip("torch has no dist.gather_single (added in torch 2.14)")
+                    flat = filler(ws * n, dtype) if rank == root else None
+                    mine = inp(rank, n, 18).clone()
+                    if rank == root and root % 2:  # in place: the input is the root's own block
+                        flat[root * n:(root + 1) * n] = mine
+                        mine = flat[root * n:(root + 1) * n]
+                    dist.gather_single(mine, flat, dst=root)
+                    if rank == root:
+                        assert_equal_bits(flat, torch.cat([inp(j, n, 18) for j in range(ws)]))
+
                 desc = ctx.tag("scatter", dn, f"n={n}", f"root={root}")
                 with chk.case(desc):
                     slist = [inp(root, n, 300 + j).clone() for j in range(ws)] if rank == root else None

@@ -87,6 +87,12 @@ class SmdcclBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const ::c10d::GatherOptions& opts) override;
+  // torch >= 2.14's dist.gather_single / gather_into_tensor: the root's
+  // output is one flat tensor of world_size blocks. No `override`: older
+  // torch (2.11 on the GPU machine) has no such virtual, and then this is
+  // simply unused.
+  c10::intrusive_ptr<::c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                      const ::c10d::GatherOptions& opts);
   c10::intrusive_ptr<::c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                            std::vector<std::vector<at::Tensor>>& inputs,
                                            const ::c10d::ScatterOptions& opts) override;

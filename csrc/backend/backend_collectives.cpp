@@ -531,6 +531,44 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
       opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
+WorkPtr SmdcclBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                          const ::c10d::GatherOptions& opts) {
+  const char* op = "gather_into_tensor";
+  checkTensor(input, op, "input");
+  checkRank(opts.rootRank, size_, op, "root rank");
+  int root = static_cast<int>(opts.rootRank);
+  std::vector<at::Tensor> devOuts;
+  if (rank_ == root) {
+    // torch passes an empty placeholder elsewhere; the root's is checked.
+    checkTensor(output, op, "output");
+    TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "smdccl: ", op,
+                      ": the output has dtype ", output.scalar_type(), " but the input has ",
+                      input.scalar_type());
+    TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "smdccl: ", op, ": the output has ",
+                      output.numel(), " elements; it needs world_size (", size_, ") x the input's ",
+                      input.numel());
+    TORCH_CHECK_VALUE(!overlaps(output, input) || bytesOf(input) == bytesOf(output) + input.nbytes() * root,
+                      "smdccl: ", op, ": the input overlaps the output other than as the root's own block");
+    devOuts.push_back(output);
+  }
+  auto dev = deviceOps_->begin(allOf(devOuts, {input}), op);
+  std::vector<at::Tensor> outs = hostOf(dev, devOuts, false, true);
+  at::Tensor hin = hostOf(dev, input, true, false);
+  return enqueue(
+      OpType::GATHER, op, callOf({hin}, input.scalar_type(), input.numel(), -1, root), devOuts,
+      [in = hin, outs, root](Comm& c) mutable {
+        size_t each = in.nbytes();
+        if (c.rank() != root) {
+          directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
+          return;
+        }
+        char* out = bytesOf(outs[0]);
+        if (each && out + each * root != bytesOf(in)) std::memcpy(out + each * root, bytesOf(in), each);
+        directGather(c, bytesOf(in), each, out, Blocks::equal(c.size(), each), root);
+      },
+      opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
 WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
                                std::vector<std::vector<at::Tensor>>& inputs,
                                const ::c10d::ScatterOptions& opts) {
