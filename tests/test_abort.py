@@ -13,7 +13,9 @@ all_reduces; posts an irecv from rank 1. Then its main thread calls
 naming the abort; rank 1 then calls all_reduce on its side of the group and
 must fail fast too, naming rank 0's abort. The world group (another
 backend instance) keeps working. ``_abort_process_group`` reaches the
-backend as well (a queued all_reduce on a second group fails naming it). Shared memory (one node) and TCP (every
+backend as well (a queued all_reduce on a second group fails naming it).
+``backend.get_error()`` says SUCCESS before, COMM_ERROR on the aborting
+rank and REMOTE_ERROR on its peer after. Shared memory (one node) and TCP (every
 rank its own virtual node). smdccl only: gloo's abort is a no-op.
 """
 
@@ -43,7 +45,8 @@ def abort_hung_group() -> dict:
     g2 = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     x = torch.ones(1 << 16)
     dist.all_reduce(x, group=g)  # links up, group works
-    out = {}
+    backend = g._get_backend(torch.device("cpu"))
+    out = {"error before": str(backend.get_error())}
     if rank == 0:
         blocked = {}
 
@@ -63,6 +66,7 @@ def abort_hung_group() -> dict:
         recv = dist.irecv(torch.empty(4), src=1, group=g)
         blocked["aborted_at"] = time.monotonic()
         g.abort()  # ProcessGroup.abort(): the group stays registered with torch
+        out["error after"] = str(backend.get_error())
         thread.join(timeout=GROUP_TIMEOUT_S)
         out["blocking"] = blocked
         out["blocking_alive"] = thread.is_alive()
@@ -95,6 +99,7 @@ def abort_hung_group() -> dict:
         except Exception as exc:  # noqa: BLE001
             out["peer"] = f"{type(exc).__name__}: {exc}"
         out["peer_s"] = time.monotonic() - t0
+        out["error after"] = str(backend.get_error())
     y = torch.full((3,), float(rank + 1))
     dist.all_reduce(y)  # the world group is another instance: unaffected
     out["world"] = y.tolist()
@@ -118,6 +123,10 @@ def test_abort_unblocks_the_op_in_flight_and_fails_the_rest(topology):
     assert r1["peer"].startswith("DistBackendError") and aborted in r1["peer"], r1
     assert r1["peer_s"] < 5.0, r1
     assert r0["world"] == r1["world"] == [3.0, 3.0, 3.0]
+    # backend.get_error(): what fault-tolerant trainers poll
+    assert r0["error before"] == r1["error before"] == "ErrorType.SUCCESS", (r0, r1)
+    assert r0["error after"] == "ErrorType.COMM_ERROR", r0  # this rank aborted
+    assert r1["error after"] == "ErrorType.REMOTE_ERROR", r1  # its peer went away
     print(f"\n[{topology or 'shm'}] abort -> blocking all_reduce raised after {blocking['after_abort_s'] * 1e3:.1f} ms; "
           f"queued/recv waits {max(s for _, s in r0['queued'] + r0['recv']) * 1e3:.1f} ms; "
           f"peer's next all_reduce failed in {r1['peer_s'] * 1e3:.1f} ms")

@@ -234,6 +234,11 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
+::c10d::ErrorType SmdcclBackend::getError() {
+  std::lock_guard<std::mutex> lock(fatalMu_);
+  return errorType_;
+}
+
 void SmdcclBackend::abort() {
   std::string cause = strCat("smdccl: group '", cfg_.groupName, "' was aborted on rank ", rank_,
                              " (ProcessGroup.abort())");
@@ -242,7 +247,10 @@ void SmdcclBackend::abort() {
     std::lock_guard<std::mutex> lock(fatalMu_);
     if (!abortCause_.empty()) return;
     abortCause_ = cause;
-    if (!fatal_) fatal_ = err;  // an earlier failure stays the group's cause
+    if (!fatal_) {  // an earlier failure stays the group's cause
+      fatal_ = err;
+      errorType_ = ::c10d::ErrorType::COMM_ERROR;
+    }
   }
   SMDCCL_WARN(cause);
   p2p_->abort(err);      // first: a transfer that sees the cancel below reports this cause
@@ -275,6 +283,9 @@ std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kin
   {
     std::lock_guard<std::mutex> lock(fatalMu_);
     fatal_ = err;
+    errorType_ = kind == CommError::Kind::Timeout       ? ::c10d::ErrorType::TIMEOUT
+                 : kind == CommError::Kind::PeerFailure ? ::c10d::ErrorType::REMOTE_ERROR
+                                                        : ::c10d::ErrorType::COMM_ERROR;
   }
   // Nothing can run on this group any more: what is queued fails fast,
   // then the thread exits; later calls fail on the caller's thread.

@@ -123,6 +123,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // call fails naming the abort, and peers see the links close and fail at
   // once. The group cannot be used again.
   void abort() override;
+  // backend.get_error() (fault-tolerant trainers poll it): SUCCESS until a
+  // collective failed the group, then TIMEOUT, REMOTE_ERROR (a peer died or
+  // failed first) or COMM_ERROR (this rank: a link, an allocation, abort()).
+  ::c10d::ErrorType getError() override;
 
   // Introspection for tests and `python -m smdccl.info`.
   std::string describeTopology() const { return mesh_->topology().describe(); }
@@ -203,6 +207,7 @@ class SmdcclBackend : public ::c10d::Backend {
   std::mutex fatalMu_;
   std::exception_ptr fatal_;  // a failed collective leaves the group unusable
   std::string abortCause_;    // under fatalMu_: set by abort()
+  ::c10d::ErrorType errorType_ = ::c10d::ErrorType::SUCCESS;  // under fatalMu_: getError()
   // Works of the queued allreduces the running one took in (fusion): runWork
   // completes them with its own error if the fused collective fails. Touched
   // only by the task running (runMu_ of the progress thread serializes).
