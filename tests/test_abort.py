@@ -43,6 +43,8 @@ def abort_hung_group() -> dict:
     store = harness_store()
     g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     g2 = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    idle = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    dist.all_reduce(torch.ones(4), group=idle)
     x = torch.ones(1 << 16)
     dist.all_reduce(x, group=g)  # links up, group works
     backend = g._get_backend(torch.device("cpu"))
@@ -89,6 +91,7 @@ def abort_hung_group() -> dict:
             out["torch abort"] = "no error"
         except Exception as exc:  # noqa: BLE001
             out["torch abort"] = f"{type(exc).__name__}: {exc}"
+        idle.abort()  # nothing in flight on it
         store.set("abort_test/aborted", "1")
     else:
         store.wait(["abort_test/aborted"], datetime.timedelta(seconds=GROUP_TIMEOUT_S))
@@ -99,6 +102,11 @@ def abort_hung_group() -> dict:
         except Exception as exc:  # noqa: BLE001
             out["peer"] = f"{type(exc).__name__}: {exc}"
         out["peer_s"] = time.monotonic() - t0
+        try:
+            dist.all_reduce(torch.ones(4), group=idle)
+            out["idle peer"] = "no error"
+        except Exception as exc:  # noqa: BLE001
+            out["idle peer"] = f"{type(exc).__name__}: {exc}"
         out["error after"] = str(backend.get_error())
     y = torch.full((3,), float(rank + 1))
     dist.all_reduce(y)  # the world group is another instance: unaffected
@@ -123,6 +131,8 @@ def test_abort_unblocks_the_op_in_flight_and_fails_the_rest(topology):
     assert r1["peer"].startswith("DistBackendError") and aborted in r1["peer"], r1
     assert r1["peer_s"] < 5.0, r1
     assert r0["world"] == r1["world"] == [3.0, 3.0, 3.0]
+    # a group aborted with nothing in flight: the peer's error names the abort too
+    assert r1["idle peer"].startswith("DistBackendError") and aborted in r1["idle peer"], r1
     # backend.get_error(): what fault-tolerant trainers poll
     assert r0["error before"] == r1["error before"] == "ErrorType.SUCCESS", (r0, r1)
     assert r0["error after"] == "ErrorType.COMM_ERROR", r0  # this rank aborted

@@ -256,6 +256,12 @@ void SmdcclBackend::abort() {
   p2p_->abort(err);      // first: a transfer that sees the cancel below reports this cause
   mesh_->cancelWaits();  // the op in flight (Exchange, connection waits) and send/recv transfers
   mesh_->abortLinks();   // peers: the links close, shared-memory peers see this rank failed
+  // The store is no place for this thread to block (abort() must return at
+  // once, also with the store gone): the progress thread records the cause
+  // for the peers' errors, after the op in flight, which may record it
+  // first (the first record wins). A stopped thread: the group had failed
+  // before, and that failure is the recorded cause.
+  progress_->post([this, cause] { failureWithGroupCause(cause); });
   progress_->stopWhenIdle();  // what is queued fails at once
 }
 
