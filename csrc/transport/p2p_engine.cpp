@@ -71,7 +71,9 @@ void discardPayload(int fd, uint64_t bytes, Deadline deadline, const std::string
 P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
                      std::function<std::chrono::milliseconds()> timeout, double warnAfterS)
     : mesh_(mesh), group_(std::move(groupName)), timeout_(std::move(timeout)),
-      warnAfterS_(warnAfterS) {}
+      // Off unless a sane positive number of seconds (NaN, inf, 1e10 would
+      // overflow the clock arithmetic below).
+      warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0) {}
 
 P2PEngine::~P2PEngine() {
   stop_ = true;
@@ -82,6 +84,19 @@ P2PEngine::~P2PEngine() {
     if (p->sender.joinable()) p->sender.join();
     if (p->receiver.joinable()) p->receiver.join();
   }
+  // What the threads left queued must not wait for ever (a wait() without
+  // a timeout on a work of a destroyed group).
+  auto gone = std::make_exception_ptr(CommError(
+      CommError::Kind::System,
+      strCat("smdccl: group '", group_, "' was destroyed before this send/recv completed")));
+  for (auto& [rank, p] : peers_) {
+    for (auto& snd : p->sends) snd.done(gone);
+    for (auto& r : p->recvs) finish(r, -1, gone);
+    dropOrLeak(p->sends);
+    dropOrLeak(p->recvs);
+  }
+  for (auto& r : anyRecvs_) finish(r, -1, gone);
+  dropOrLeak(anyRecvs_);
 }
 
 P2PEngine::Peer& P2PEngine::peer(int rank) {
@@ -145,9 +160,10 @@ void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline de
   // No any-source receive of this tag is pending when a message of it waits
   // here: that receive would have taken it on arrival.
   auto early = p.early.find(tag);
-  if (early != p.early.end() && !early->second.empty()) {
+  if (early != p.early.end()) {
     Arrived msg = std::move(early->second.front());
     early->second.pop_front();
+    if (early->second.empty()) p.early.erase(early);  // tags come and go: keep the map small
     match.unlock();
     completeFromBuffer(rank, req, msg);
     return;
@@ -172,20 +188,23 @@ void P2PEngine::recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
   }
   // The oldest message of the tag that has already arrived, from any peer.
   int from = -1;
-  std::deque<Arrived>* queue = nullptr;
+  Peer* fromPeer = nullptr;
+  std::map<int64_t, std::deque<Arrived>>::iterator queue;
   for (int r = 0; r < mesh_.size(); ++r) {
     if (r == mesh_.rank()) continue;
     Peer& p = peer(r);
     auto it = p.early.find(tag);
-    if (it == p.early.end() || it->second.empty()) continue;
-    if (!queue || it->second.front().arrived < queue->front().arrived) {
-      queue = &it->second;
+    if (it == p.early.end()) continue;
+    if (!fromPeer || it->second.front().arrived < queue->second.front().arrived) {
+      queue = it;
+      fromPeer = &p;
       from = r;
     }
   }
-  if (queue) {
-    Arrived msg = std::move(queue->front());
-    queue->pop_front();
+  if (fromPeer) {
+    Arrived msg = std::move(queue->second.front());
+    queue->second.pop_front();
+    if (queue->second.empty()) fromPeer->early.erase(queue);
     match.unlock();
     completeFromBuffer(from, req, msg);
     return;
@@ -252,12 +271,13 @@ void P2PEngine::expireLate(int rank, Peer& p) {
   }
   for (RecvReq& r : late) {
     std::string from = r.source ? std::string("any source") : strCat("rank ", rank);
-    std::string who = r.source ? std::string("no rank") : strCat("rank ", rank);
+    std::string what = r.source ? std::string("no rank sent a message with this tag")
+                                : strCat("rank ", rank, " sent no message with this tag");
     finish(r, -1, std::make_exception_ptr(CommError(
                       CommError::Kind::Timeout,
                       strCat("smdccl: recv from ", from, " (tag ", r.tag, ", ", r.bytes,
-                             " bytes) on group '", group_, "' timed out: ", who,
-                             " sent a message with this tag. Did it call send with the same tag?"))));
+                             " bytes) on group '", group_, "' timed out: ", what,
+                             ". Did it call send with the same tag?"))));
     dropOrLeak(r);  // it may hold the last reference to Python's tensors
   }
 }
@@ -371,12 +391,19 @@ void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
   {
     std::lock_guard<std::mutex> match(matchMu_);
     std::lock_guard<std::mutex> lock(p.mu);
-    if (!p.failed) p.failed = e;  // the first cause (e.g. abort()) names it for good
+    if (!p.failed) {
+      p.failed = e;  // the first cause (e.g. abort()) names it for good
+      ++failedPeers_;
+    }
     e = p.failed;
-    if (!anyFailed_) anyFailed_ = e;  // that peer may have been an any-source sender
     sends.swap(p.sends);
     recvs.swap(p.recvs);
-    anys.swap(anyRecvs_);
+    // Any-source receives wait on while some rank could still send (one
+    // that finished and exited must not fail them); with none left, fail.
+    if (failedPeers_ >= mesh_.size() - 1) {
+      if (!anyFailed_) anyFailed_ = e;
+      anys.swap(anyRecvs_);
+    }
   }
   for (auto& s : sends) s.done(e);
   for (auto& r : recvs) finish(r, -1, e);
@@ -461,9 +488,13 @@ int P2PEngine::acceptSender(int rank, Peer& p) {
       }
       warnAt = nextWarning(p);
     }
-    bool warning = warnAt.at() < until.at();
+    // Short slices: a receive posted meanwhile may be due earlier (a
+    // shorter timeout, its warning).
+    Deadline slice = Deadline::after(std::chrono::milliseconds(100));
+    for (const Deadline& d : {until, warnAt})
+      if (d.at() < slice.at()) slice = d;
     try {
-      return mesh_.p2pSocket(rank, /*outgoing=*/false, warning ? warnAt : until);
+      return mesh_.p2pSocket(rank, /*outgoing=*/false, slice);
     } catch (const CommError& e) {
       if (e.kind() != CommError::Kind::Timeout || stop_) throw;
       warnLate(rank, p, /*connected=*/false);
@@ -499,6 +530,15 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       }
     }
     if (stop_) return;
+    {
+      // Failed by the send side: nothing can take this peer's messages now.
+      std::lock_guard<std::mutex> lock(p.mu);
+      if (p.failed) return;
+    }
+    // Also while the peer keeps sending other tags: a due receive fails at
+    // its deadline, not when the line goes quiet.
+    warnLate(rank, p, /*connected=*/true);
+    expireLate(rank, p);
     // A receive taken off the queue is this thread's to complete, also when
     // its payload never arrives (failAll only sees the queues).
     RecvReq target{};
@@ -524,7 +564,9 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
         continue;
       }
       if (matched && target.bytes == h.bytes) {
-        recvAll(fd, target.buf, h.bytes, target.deadline, what, mesh_.cancelFlag());
+        // The message is arriving: a receive due meanwhile still gets it
+        // (a partial read would leave the stream unusable).
+        recvAll(fd, target.buf, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
         matched = false;
         finish(target, rank, nullptr);
         dropOrLeak(target);  // it may hold the last reference to Python's tensors

@@ -90,7 +90,7 @@ class P2PEngine {
   // recvAnysource). It matches in post order with the peer-specific
   // receives of the tag: a message goes to the earliest posted receive that
   // can take it. `source` learns the sender before `done` runs. It fails
-  // when any peer has failed (that peer may have been the sender).
+  // at its deadline, or once every peer has failed (or abort()).
   void recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
                std::function<void(int)> source, Completion done);
   // ProcessGroup.abort(): every pending and later send and receive fails
@@ -180,7 +180,8 @@ class P2PEngine {
   std::mutex matchMu_;
   std::condition_variable matchCv_;  // a receive was posted (receivers waiting to connect)
   std::deque<RecvReq> anyRecvs_;
-  std::exception_ptr anyFailed_;  // the first peer failure: any-source receives fail
+  std::exception_ptr anyFailed_;  // every peer failed (or abort()): any-source receives fail
+  int failedPeers_ = 0;           // under matchMu_
   std::atomic<uint64_t> nextPost_{1}, nextArrival_{1};
   double warnAfterS_;
   std::atomic<uint64_t> nextSendId_{1};

@@ -1,0 +1,127 @@
+"""send/recv: every receive ends by its deadline, and only what failed fails.
+
+Why: a receive must raise at its deadline whatever else the peer does, a
+work must never wait for ever (also when its group is destroyed first), and
+one rank that finishes and exits must not break receives between the ranks
+that go on. Found by a review of the p2p engine; each case failed before
+its fix.
+
+- A peer that keeps sending other tags: the receive still times out at its
+  deadline (it used to wait for the line to go quiet, then take the late
+  message), and the group's send/recv keep working after it.
+- A receive pending when its group is destroyed: its wait() raises at once,
+  naming the destroyed group (it used to wait for ever).
+- An any-source receive posted while a third rank exits normally: it is
+  served by the rank that does send (it used to fail with the exit).
+smdccl only: the messages are smdccl's, and gloo has no deadline on recv.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import harness_store, run_ranks
+
+pytestmark = pytest.mark.smdccl_only
+
+
+def _raises(fn) -> tuple[float, str]:
+    t0 = time.monotonic()
+    try:
+        fn()
+        return time.monotonic() - t0, "no error"
+    except Exception as exc:  # noqa: BLE001 - checked by the test
+        return time.monotonic() - t0, f"{type(exc).__name__}: {exc}"
+
+
+def busy_peer() -> dict:
+    rank = dist.get_rank()
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=1.5))
+    out = {}
+    if rank == 1:
+        took, err = _raises(dist.irecv(torch.zeros(4), src=0, tag=1, group=g).wait)
+        out["late"] = (took, err)
+        t = torch.zeros(4)
+        dist.recv(t, src=0, tag=1, group=g)  # the message that came after the deadline
+        out["after"] = t.tolist()
+    else:
+        works = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.0:  # other tags, every 40 ms
+            works.append(dist.isend(torch.ones(2), dst=1, tag=2, group=g))
+            time.sleep(0.04)
+        dist.send(torch.full((4,), 7.0), dst=1, tag=1, group=g)
+        for w in works:
+            w.wait()
+    dist.barrier()
+    return out
+
+
+def test_recv_times_out_while_the_peer_sends_other_tags():
+    r1 = run_ranks(2, busy_peer, timeout=120)[1]
+    took, err = r1["late"]
+    assert err.startswith("DistBackendError") and "timed out" in err, err
+    assert "rank 0 sent no message with this tag" in err, err
+    assert 1.4 < took < 2.5, f"the receive (timeout 1.5 s) raised after {took:.2f} s"
+    assert r1["after"] == [7.0] * 4
+
+
+def destroyed_with_a_pending_recv() -> dict:
+    rank = dist.get_rank()
+    store = harness_store()
+    out = {}
+    if rank == 1:
+        dist.recv(torch.zeros(4), src=0, tag=5)  # connected: the receiver thread runs
+        work = dist.irecv(torch.zeros(4), src=0, tag=6)  # never sent
+        time.sleep(0.2)
+        dist.destroy_process_group()
+        gc.collect()
+        out["wait"] = _raises(lambda: work.wait(datetime.timedelta(seconds=20)))
+        store.set("destroyed/done", "1")
+    else:
+        dist.send(torch.ones(4), dst=1, tag=5)
+        store.wait(["destroyed/done"], datetime.timedelta(seconds=60))
+        dist.destroy_process_group()
+    return out
+
+
+def test_destroying_the_group_fails_its_pending_recv():
+    r1 = run_ranks(2, destroyed_with_a_pending_recv, pg_timeout=60, timeout=120)[1]
+    took, err = r1["wait"]
+    assert "was destroyed before this send/recv completed" in err, err
+    assert took < 5, f"wait() raised after {took:.1f} s"
+
+
+def one_rank_leaves() -> dict:
+    rank = dist.get_rank()
+    store = harness_store()
+    out = {}
+    if rank == 2:
+        dist.barrier()
+        return out  # finishes: destroys its group and exits
+    if rank == 0:
+        work = dist.irecv(torch.zeros(3), tag=3)  # receivers for ranks 1 and 2 start
+        dist.barrier()
+        store.set("leaves/posted", "1")
+        out["recv"] = _raises(work.wait)
+        out["source"] = work._source_rank() if out["recv"][1] == "no error" else None
+    else:
+        dist.barrier()
+        store.wait(["leaves/posted"], datetime.timedelta(seconds=60))
+        time.sleep(1.5)  # rank 2 has exited by now
+        dist.send(torch.ones(3), dst=0, tag=3)
+    store.set(f"leaves/done/{rank}", "1")
+    store.wait([f"leaves/done/{r}" for r in (0, 1)], datetime.timedelta(seconds=60))
+    return out
+
+
+def test_any_source_recv_survives_a_rank_that_exits():
+    r0 = run_ranks(3, one_rank_leaves, timeout=120)[0]
+    assert r0["recv"][1] == "no error", r0
+    assert r0["source"] == 1, r0
