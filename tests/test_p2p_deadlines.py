@@ -13,6 +13,9 @@ its fix.
   naming the destroyed group (it used to wait for ever).
 - An any-source receive posted while a third rank exits normally: it is
   served by the rank that does send (it used to fail with the exit).
+- A receive posted after ``dist.set_timeout`` shortened the group's timeout,
+  behind one posted with the long timeout, before the peer ever connected:
+  it raises at its own, shorter deadline (it waited for the older one).
 smdccl only: the messages are smdccl's, and gloo has no deadline on recv.
 """
 
@@ -125,3 +128,30 @@ def test_any_source_recv_survives_a_rank_that_exits():
     r0 = run_ranks(3, one_rank_leaves, timeout=120)[0]
     assert r0["recv"][1] == "no error", r0
     assert r0["source"] == 1, r0
+
+
+def shortened_timeout() -> dict:
+    rank = dist.get_rank()
+    store = harness_store()
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=30))
+    out = {}
+    if rank == 1:
+        first = dist.irecv(torch.zeros(4), src=0, tag=1, group=g)  # waits for a connection until +30 s
+        time.sleep(0.3)
+        dist.set_timeout(datetime.timedelta(seconds=1.5), group=g)
+        out["short"] = _raises(dist.irecv(torch.zeros(4), src=0, tag=2, group=g).wait)
+        store.set("shortened/done", "1")
+        out["first"] = _raises(first.wait)  # rank 0 sends it now
+    else:
+        store.wait(["shortened/done"], datetime.timedelta(seconds=60))
+        dist.send(torch.ones(4), dst=1, tag=1, group=g)
+    dist.barrier()
+    return out
+
+
+def test_a_shorter_timeout_set_later_is_kept():
+    r1 = run_ranks(2, shortened_timeout, timeout=120)[1]
+    took, err = r1["short"]
+    assert "timed out" in err and "tag 2" in err, err
+    assert took < 3, f"the receive with a 1.5 s timeout raised after {took:.1f} s"
+    assert r1["first"][1] == "no error", r1
