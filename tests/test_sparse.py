@@ -173,6 +173,20 @@ def sparse_bad_input() -> dict:
     t = torch.sparse_coo_tensor(torch.tensor([[rank]]), torch.tensor([1.0]), (4,))
     dist.all_reduce(t)
     out["ok"] = t.to_dense().tolist()
+    # a leaf that requires grad (an embedding weight's own tensor): legal, as for dense
+    leaf = torch.sparse_coo_tensor(torch.tensor([[rank]]), torch.tensor([1.0]), (4,)).requires_grad_()
+    attempt("requires grad", lambda: dist.all_reduce(leaf))
+    out["requires grad value"] = leaf.detach().to_dense().tolist()
+    # fp16 AVG scales before the sum, as the dense path does: 40000 + 40000 fits once halved
+    big = torch.sparse_coo_tensor(torch.tensor([[2]]), torch.tensor([40000.0], dtype=torch.float16), (4,))
+    attempt("fp16 avg", lambda: dist.all_reduce(big, op=dist.ReduceOp.AVG))
+    out["fp16 avg value"] = big.to_dense().tolist()
+    # the NaN check sees the values when the op runs: the second async op's
+    # input is the first one's inf result
+    x = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([60000.0], dtype=torch.float16), (4,))
+    first, second = dist.all_reduce(x, async_op=True), dist.all_reduce(x, async_op=True)
+    first.wait()
+    attempt("nan async", second.wait)
     return out
 
 
@@ -191,9 +205,14 @@ def test_sparse_bad_input_raises_and_the_group_goes_on():
         "split": ("ValueError", "rank 0: [4, 3] (sparse_dim 1, dense_dim 1)",
                   "rank 1: [4, 3] (sparse_dim 2, dense_dim 0)"),
         "nan": ("ValueError", "SMDCCL_NAN_CHECK", "rank(s) 1"),
+        "requires grad": ("no error",),
+        "fp16 avg": ("no error",),
+        "nan async": ("ValueError", "SMDCCL_NAN_CHECK", "rank(s) 0, 1"),
     }
     for rank, got in enumerate(res):
         for name, says in expect.items():
             assert all(s in got[name] for s in says), (rank, name, got[name])
             assert got[name + " after"] == [3.0] * 3, (rank, name, got[name + " after"])
         assert got["ok"] == [1.0, 1.0, 0.0, 0.0], (rank, got["ok"])
+        assert got["requires grad value"] == [1.0, 1.0, 0.0, 0.0], (rank, got)
+        assert got["fp16 avg value"] == [0.0, 0.0, 40000.0, 0.0], (rank, got)

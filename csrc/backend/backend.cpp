@@ -254,14 +254,20 @@ void SmdcclBackend::abort() {
   }
   SMDCCL_WARN(cause);
   p2p_->abort(err);      // first: a transfer that sees the cancel below reports this cause
-  mesh_->cancelWaits();  // the op in flight (Exchange, connection waits) and send/recv transfers
-  mesh_->abortLinks();   // peers: the links close, shared-memory peers see this rank failed
-  // The store is no place for this thread to block (abort() must return at
-  // once, also with the store gone): the progress thread records the cause
-  // for the peers' errors, after the op in flight, which may record it
-  // first (the first record wins). A stopped thread: the group had failed
-  // before, and that failure is the recorded cause.
-  progress_->post([this, cause] { failureWithGroupCause(cause); });
+  mesh_->cancelWaits();  // the op in flight stops at its next wait (Exchange, connection waits)
+  // The rest belongs to the progress thread, once the op in flight has
+  // stopped: this thread must not block on the store (abort() returns at
+  // once, also with the store gone) nor touch the links the progress thread
+  // may be connecting. It records the cause for the peers' errors first
+  // (the op in flight may record it before, in failGroup: the first record
+  // wins), then closes the links so that peers fail naming it.
+  bool posted = progress_->post([this, cause] {
+    failureWithGroupCause(cause);
+    mesh_->abortLinks();
+  });
+  // A stopped thread: the group had failed before, its links are closed and
+  // that failure is the recorded cause.
+  if (!posted) mesh_->abortLinks();
   progress_->stopWhenIdle();  // what is queued fails at once
 }
 
@@ -275,7 +281,8 @@ std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kin
   if (!aborted.empty()) {
     // Interrupted by abort(): that is the cause, whatever the wait saw.
     std::string msg = strCat(aborted, " while in ", ctx.describe());
-    failureWithGroupCause(msg);  // peers name it
+    failureWithGroupCause(msg);  // peers name it...
+    mesh_->abortLinks();         // ...once they see the links close
     return toTorchError(std::make_exception_ptr(CommError(kind, msg)));
   }
   // Exchange names the op; a failure outside it (e.g. connecting a link on

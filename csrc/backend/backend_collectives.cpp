@@ -234,13 +234,16 @@ WorkPtr SmdcclBackend::allreduceSparse(at::Tensor t, const ::c10d::AllreduceOpti
   bool average = kind == ::c10d::ReduceOp::AVG;
   if (average) toReduceSpec(opts.reduceOp, t.scalar_type(), size_, op);  // floating point only
   // The entry counts differ between ranks (kAnyCount); the engine checks
-  // the shapes itself. The NaN check looks at the values.
-  OpCall call = callOf({t._values()}, t.scalar_type(), OpSignature::kAnyCount,
-                       redOpCode(opts.reduceOp));
+  // the shapes itself. The NaN check looks at the values when the op runs
+  // (an op queued before this one may replace them), in the body.
+  OpCall call = callOf({}, t.scalar_type(), OpSignature::kAnyCount, redOpCode(opts.reduceOp));
   std::vector<at::Tensor> outputs{t};
   return enqueue(
       OpType::ALLREDUCE, "sparse_allreduce", std::move(call), outputs,
-      [this, t, average](Comm& c) mutable { sparseAllreduce(c, t, average, tuning_); },
+      [this, t, average](Comm& c) mutable {
+        if (nanCheck_) checkFinite(c, {t._values()});
+        sparseAllreduce(c, t, average, tuning_);
+      },
       opts.timeout, opts.asyncOp);
 }
 

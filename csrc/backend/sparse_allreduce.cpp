@@ -1,5 +1,7 @@
 #include "backend/sparse_allreduce.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
+
 #include <cstring>
 #include <limits>
 #include <string>
@@ -139,10 +141,18 @@ void sparseAllreduce(Comm& c, at::Tensor& t, bool average, const Tuning& tuning)
     allValues.push_back(at::from_blob(block + static_cast<size_t>(nnz) * sparseDim * sizeof(int64_t),
                                       valueShape, values.options()));
   }
-  at::Tensor sum = at::sparse_coo_tensor(at::cat(allIndices, 1), at::cat(allValues, 0),
-                                         in.sizes(), in.options())
-                       .coalesce();
-  if (average) sum._values().div_(c.size());
+  at::Tensor summands = at::cat(allValues, 0);
+  // AVG: 16-bit values are scaled before the sum (as the dense path does),
+  // so the sum cannot overflow where the average would not.
+  bool narrow = summands.scalar_type() == at::kHalf || summands.scalar_type() == at::kBFloat16;
+  if (average && narrow) summands.div_(c.size());
+  at::Tensor sum =
+      at::sparse_coo_tensor(at::cat(allIndices, 1), summands, in.sizes(), in.options()).coalesce();
+  if (average && !narrow) sum._values().div_(c.size());
+  // The result replaces the tensor's contents, as gloo does: below autograd
+  // and the inference-mode checks, like the dense path's byte copies (a
+  // leaf that requires grad is legal here).
+  at::AutoDispatchBelowADInplaceOrView belowAutograd;
   t.copy_(sum);
 }
 
