@@ -393,6 +393,17 @@ def store_barrier(key: str, count: int, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def timed_raise(fn) -> tuple[float, str | None]:
+    """Inside a rank: (seconds, 'Type: message') of what ``fn()`` raised; the
+    message is None if it returned."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - any error type, but it must come
+        return time.monotonic() - t0, f"{type(exc).__name__}: {exc}"
+    return time.monotonic() - t0, None
+
+
 class Skip(Exception):
     """Raised inside a sub-case to skip it (gloo-only limitations)."""
 

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from harness import BACKEND, backend_supports, run_ranks, store_barrier
+from harness import timed_raise as _raises
 
 PG_TIMEOUT = 10.0
 VICTIM = 2
@@ -60,16 +61,6 @@ def progress_threads() -> int:
         except OSError:  # the thread exited meanwhile
             pass
     return n
-
-
-def _raises(fn) -> tuple[float, str | None]:
-    """(seconds, 'Type: message') of what ``fn()`` raised; message None if it returned."""
-    t0 = time.monotonic()
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - any error type, but it must come
-        return time.monotonic() - t0, f"{type(exc).__name__}: {exc}"
-    return time.monotonic() - t0, None
 
 
 def after_failure_checks(victim: int, first: str) -> list[str]:

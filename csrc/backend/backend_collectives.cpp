@@ -179,6 +179,20 @@ OpCall blockListCall(const std::vector<at::Tensor>& list, const at::Tensor& ref,
 
 int redOpCode(const ::c10d::ReduceOp& op) { return static_cast<int>(op.op_); }
 
+// gather's data movement: every rank's `in` into world_size consecutive
+// blocks of `out` on the root (nullptr elsewhere). The root's own block is
+// copied here unless `in` already is that block (in place).
+void gatherInto(Comm& c, const at::Tensor& in, char* out, int root) {
+  size_t each = in.nbytes();
+  if (c.rank() != root) {
+    directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
+    return;
+  }
+  char* mine = out + each * static_cast<size_t>(root);
+  if (each && mine != bytesOf(in)) std::memcpy(mine, bytesOf(in), each);
+  directGather(c, bytesOf(in), each, out, Blocks::equal(c.size(), each), root);
+}
+
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   auto* a0 = bytesOf(a);
   auto* b0 = bytesOf(b);
@@ -521,14 +535,9 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   return enqueue(
       OpType::GATHER, "gather", callOf({hin}, in.scalar_type(), in.numel(), -1, root),
       devOuts, [in = hin, outs, root](Comm& c) mutable {
-        size_t each = in.nbytes();
-        if (c.rank() != root) {
-          directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
-          return;
-        }
-        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
-        if (each) std::memcpy(bytesOf(flat) + each * root, bytesOf(in), each);
-        directGather(c, bytesOf(in), each, bytesOf(flat), Blocks::equal(c.size(), each), root);
+        if (c.rank() != root) return gatherInto(c, in, nullptr, root);
+        at::Tensor flat = at::empty({static_cast<int64_t>(in.nbytes() * c.size())}, at::kByte);
+        gatherInto(c, in, bytesOf(flat), root);
         unpackFrom(bytesOf(flat), outs);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
@@ -560,14 +569,7 @@ WorkPtr SmdcclBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
   return enqueue(
       OpType::GATHER, op, callOf({hin}, input.scalar_type(), input.numel(), -1, root), devOuts,
       [in = hin, outs, root](Comm& c) mutable {
-        size_t each = in.nbytes();
-        if (c.rank() != root) {
-          directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
-          return;
-        }
-        char* out = bytesOf(outs[0]);
-        if (each && out + each * root != bytesOf(in)) std::memcpy(out + each * root, bytesOf(in), each);
-        directGather(c, bytesOf(in), each, out, Blocks::equal(c.size(), each), root);
+        gatherInto(c, in, c.rank() == root ? bytesOf(outs[0]) : nullptr, root);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
 }

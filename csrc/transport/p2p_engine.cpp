@@ -91,12 +91,10 @@ P2PEngine::~P2PEngine() {
       strCat("smdccl: group '", group_, "' was destroyed before this send/recv completed")));
   for (auto& [rank, p] : peers_) {
     for (auto& snd : p->sends) snd.done(gone);
-    for (auto& r : p->recvs) finish(r, -1, gone);
     dropOrLeak(p->sends);
-    dropOrLeak(p->recvs);
+    failRecvs(p->recvs, gone);
   }
-  for (auto& r : anyRecvs_) finish(r, -1, gone);
-  dropOrLeak(anyRecvs_);
+  failRecvs(anyRecvs_, gone);
 }
 
 P2PEngine::Peer& P2PEngine::peer(int rank) {
@@ -123,8 +121,7 @@ void P2PEngine::abort(std::exception_ptr why) {
     if (!anyFailed_) anyFailed_ = why;
     anys.swap(anyRecvs_);
   }
-  for (auto& r : anys) finish(r, -1, why);
-  dropOrLeak(anys);
+  failRecvs(anys, why);
   for (Peer* p : all) failAll(*p, why);
 }
 
@@ -161,9 +158,7 @@ void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline de
   // here: that receive would have taken it on arrival.
   auto early = p.early.find(tag);
   if (early != p.early.end()) {
-    Arrived msg = std::move(early->second.front());
-    early->second.pop_front();
-    if (early->second.empty()) p.early.erase(early);  // tags come and go: keep the map small
+    Arrived msg = takeEarly(p, early);
     match.unlock();
     completeFromBuffer(rank, req, msg);
     return;
@@ -189,7 +184,7 @@ void P2PEngine::recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
   // The oldest message of the tag that has already arrived, from any peer.
   int from = -1;
   Peer* fromPeer = nullptr;
-  std::map<int64_t, std::deque<Arrived>>::iterator queue;
+  EarlyMap::iterator queue;
   for (int r = 0; r < mesh_.size(); ++r) {
     if (r == mesh_.rank()) continue;
     Peer& p = peer(r);
@@ -202,9 +197,7 @@ void P2PEngine::recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
     }
   }
   if (fromPeer) {
-    Arrived msg = std::move(queue->second.front());
-    queue->second.pop_front();
-    if (queue->second.empty()) fromPeer->early.erase(queue);
+    Arrived msg = takeEarly(*fromPeer, queue);
     match.unlock();
     completeFromBuffer(from, req, msg);
     return;
@@ -217,6 +210,18 @@ void P2PEngine::recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
     ensureReceiver(r, p);
   }
   matchCv_.notify_all();
+}
+
+P2PEngine::Arrived P2PEngine::takeEarly(Peer& p, EarlyMap::iterator it) {
+  Arrived msg = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) p.early.erase(it);  // tags come and go: keep the map small
+  return msg;
+}
+
+void P2PEngine::failRecvs(std::deque<RecvReq>& q, std::exception_ptr e) {
+  for (auto& r : q) finish(r, -1, e);
+  dropOrLeak(q);  // they may hold the last reference to Python's tensors
 }
 
 void P2PEngine::ensureReceiver(int rank, Peer& p) {
@@ -244,7 +249,7 @@ bool P2PEngine::takeMatch(Peer& p, int64_t tag, RecvReq* out) {
 bool P2PEngine::earliestDeadline(Peer& p, Deadline* out) {
   bool found = false;
   auto consider = [&](const RecvReq& r) {
-    if (!found || r.deadline.remaining() < out->remaining()) *out = r.deadline;
+    if (!found || r.deadline.at() < out->at()) *out = r.deadline;
     found = true;
   };
   for (const RecvReq& r : p.recvs) consider(r);
@@ -405,12 +410,10 @@ void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
       anys.swap(anyRecvs_);
     }
   }
-  for (auto& s : sends) s.done(e);
-  for (auto& r : recvs) finish(r, -1, e);
-  for (auto& r : anys) finish(r, -1, e);
+  for (auto& snd : sends) snd.done(e);
   dropOrLeak(sends);  // they may hold the last reference to Python's tensors
-  dropOrLeak(recvs);
-  dropOrLeak(anys);
+  failRecvs(recvs, e);
+  failRecvs(anys, e);
 }
 
 void P2PEngine::senderLoop(int rank, Peer& p) {

@@ -126,12 +126,13 @@ class P2PEngine {
     uint32_t flags;
     uint64_t arrived;  // arrival order over all peers (recvAny takes the oldest)
   };
+  using EarlyMap = std::map<int64_t, std::deque<Arrived>>;
   struct Peer {
     std::mutex mu;  // sends, failed, the threads; taken after matchMu_
     std::condition_variable cv;
     std::deque<SendReq> sends;
     std::deque<RecvReq> recvs;                     // under matchMu_
-    std::map<int64_t, std::deque<Arrived>> early;  // under matchMu_: arrived before a recv
+    EarlyMap early;  // under matchMu_: arrived before a recv, by tag
     std::thread sender, receiver;
     std::exception_ptr failed;  // sticky: the peer is gone
   };
@@ -161,6 +162,10 @@ class P2PEngine {
   bool takeMatch(Peer& p, int64_t tag, RecvReq* out);
   // The earliest deadline of the receives `p`'s thread serves; false: none.
   bool earliestDeadline(Peer& p, Deadline* out);
+  // The oldest buffered message of `it`'s tag, removed (matchMu_ held).
+  static Arrived takeEarly(Peer& p, EarlyMap::iterator it);
+  // Completes every request of `q` with `e` and empties it (no lock held).
+  static void failRecvs(std::deque<RecvReq>& q, std::exception_ptr e);
   void completeFromBuffer(int rank, RecvReq& req, const Arrived& msg);
   static void finish(RecvReq& req, int rank, std::exception_ptr err);
   // A receive matched by a kNonFinite or kSenderFailed message (`flags`):
