@@ -662,99 +662,135 @@ def subgroup_specs(ws: int) -> list[tuple[list[int], bool]]:
     }[ws]
 
 
+def split_specs(ws: int) -> list[tuple[int | None, list[list[int]]]]:
+    """(index of the parent among the groups made before, or None for the
+    world; split_ranks in the parent's ranks) for each dist.split_group call."""
+    return {
+        1: [(None, [[0]])],
+        2: [(None, [[1, 0]]), (None, [[1]]), (0, [[1]])],
+        3: [(None, [[0, 2], [1]]), (None, [[2, 1, 0]]), (1, [[2, 0]])],
+        # [[0,2],[1,3]]: two children of one call, run concurrently
+        4: [(None, [[0, 2], [1, 3]]), (None, [[3, 2, 1, 0]]), (None, [[3, 1]]), (1, [[1, 0], [3, 2]])],
+    }[ws]
+
+
 def _subgroups(ctx: Ctx) -> None:
-    chk, ws, rank = ctx.chk, ctx.ws, ctx.rank
     groups = []
-    for ranks, sort in subgroup_specs(ws):
+    for ranks, sort in subgroup_specs(ctx.ws):
         groups.append((ranks, dist.new_group(ranks=ranks, sort_ranks=sort)))
     # [0,2] and [1,3] (ws=4) run concurrently: each rank walks its own groups
     for ranks, g in groups:
-        label = f"group {ranks}"
-        if rank not in ranks:
-            with chk.case(ctx.tag(label, "non-member sees rank -1")):
-                assert dist.get_rank(g) == -1, f"get_rank(group) = {dist.get_rank(g)}"
-            continue
-        gsize, grank = len(ranks), ranks.index(rank)
-        with chk.case(ctx.tag(label, "group rank / size")):
-            assert dist.get_rank(g) == grank, f"get_rank = {dist.get_rank(g)}, expected {grank}"
-            assert dist.get_world_size(g) == gsize
-            assert sorted(dist.get_process_group_ranks(g)) == sorted(ranks)
-            for i, r in enumerate(ranks):
-                assert dist.get_global_rank(g, i) == r, f"group rank {i} is global {dist.get_global_rank(g, i)}"
-
-        for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
-            dn = dtype_name(dtype)
-            for n in (0, 7, 1001, MEDIUM):
-                for op in ("SUM", "MAX") if dtype != torch.bool else ("MIN",):
-                    desc = ctx.tag(label, "all_reduce", dn, op, f"n={n}")
-                    with chk.case(desc):
-                        t = rank_input(rank, n, dtype).clone()
-                        dist.all_reduce(t, op=make_op(op), group=g)
-                        assert_matches(t, ctx.ref(n, dtype, op, "int", ranks=ranks))
-                for src in sorted({0, gsize - 1}):
-                    desc = ctx.tag(label, "broadcast", dn, f"n={n}", f"group_src={src}")
-                    with chk.case(desc):
-                        owner = ranks[src]
-                        t = rank_input(owner, n, dtype, 40).clone() if rank == owner else filler(n, dtype)
-                        dist.broadcast(t, group=g, group_src=src)
-                        assert_equal_bits(t, rank_input(owner, n, dtype, 40))
-                desc = ctx.tag(label, "all_gather_into_tensor", dn, f"n={n}")
-                with chk.case(desc):
-                    out = filler(gsize * n, dtype)
-                    dist.all_gather_into_tensor(out, rank_input(rank, n, dtype, 41).clone(), group=g)
-                    assert_equal_bits(out, torch.cat([rank_input(r, n, dtype, 41) for r in ranks]),
-                                      "chunks must be in group-rank order")
-            c = 333
-            desc = ctx.tag(label, "reduce_scatter_tensor float32 SUM", f"chunk={c}")
-            with chk.case(desc):
-                out = filler(c, torch.float32)
-                dist.reduce_scatter_tensor(out, rank_input(rank, gsize * c, torch.float32, 42).clone(), group=g)
-                ref = ctx.ref(gsize * c, torch.float32, "SUM", "int", seed=42, ranks=ranks)
-                assert_matches(out, ref.slice(grank * c, (grank + 1) * c))
-        desc = ctx.tag(label, "reduce float32 SUM to group_dst=0")
-        with chk.case(desc):
-            t = rank_input(rank, 1001, torch.float32, 43).clone()
-            dist.reduce(t, group=g, group_dst=0)
-            if grank == 0:
-                assert_matches(t, ctx.ref(1001, torch.float32, "SUM", "int", seed=43, ranks=ranks))
-        desc = ctx.tag(label, "gather to last group rank / scatter from it")
-        with chk.case(desc):
-            last = gsize - 1
-            glist = [filler(9, torch.int32) for _ in ranks] if grank == last else None
-            dist.gather(rank_input(rank, 9, torch.int32, 44).clone(), glist, group=g, group_dst=last)
-            if grank == last:
-                for i, r in enumerate(ranks):
-                    assert_equal_bits(glist[i], rank_input(r, 9, torch.int32, 44), f"slot {i} (rank {r})")
-            slist = [rank_input(rank, 9, torch.int32, 45 + i).clone() for i in range(gsize)] if grank == last else None
-            out = filler(9, torch.int32)
-            dist.scatter(out, slist, group=g, group_src=last)
-            assert_equal_bits(out, rank_input(ranks[last], 9, torch.int32, 45 + grank))
-        desc = ctx.tag(label, "all_to_all_single float64")
-        with chk.case(desc):
-            out = filler(gsize * 4, torch.float64)
-            dist.all_to_all_single(out, torch.cat([rank_input(rank, 4, torch.float64, 46 + j) for j in range(gsize)]),
-                                   group=g)
-            assert_equal_bits(out, torch.cat([rank_input(r, 4, torch.float64, 46 + grank) for r in ranks]))
-        if gsize >= 2:
-            desc = ctx.tag(label, "send/recv group rank 0 -> last (group_dst/group_src)")
-            with chk.case(desc):
-                payload = rank_input(ranks[0], 1001, torch.float32, 47)
-                if grank == 0:
-                    dist.send(payload.clone(), group=g, group_dst=gsize - 1)
-                elif grank == gsize - 1:
-                    got = filler(1001, torch.float32)
-                    dist.recv(got, group=g, group_src=0)
-                    assert_equal_bits(got, payload)
-        with chk.case(ctx.tag(label, "barrier")):
-            dist.barrier(group=g)
-        with chk.case(ctx.tag(label, "broadcast_object_list / all_gather_object")):
-            objs = [{"from": ranks[0], "blob": b"x" * 5000}, "s", None] if grank == 0 else [None] * 3
-            dist.broadcast_object_list(objs, group=g, group_src=0)
-            assert objs == [{"from": ranks[0], "blob": b"x" * 5000}, "s", None], f"got {objs!r:.200}"
-            got = [None] * gsize
-            dist.all_gather_object(got, {"rank": rank}, group=g)
-            assert got == [{"rank": r} for r in ranks], f"got {got}"
+        _check_subgroup(ctx, ranks, g, f"group {ranks}")
     ctx.clear()
+
+
+def _split_groups(ctx: Ctx) -> None:
+    """dist.split_group (what DeviceMesh uses once the default group is bound
+    to a device): every child runs the subgroup checks."""
+    made = []  # (global ranks in child-rank order, or None where not a member; group)
+    for parent_index, split_ranks in split_specs(ctx.ws):
+        parent_ranks, parent = (list(range(ctx.ws)), None) if parent_index is None else made[parent_index]
+        g = dist.split_group(parent_pg=parent, split_ranks=split_ranks)
+        mine = [[parent_ranks[r] for r in part] for part in split_ranks if ctx.rank in
+                [parent_ranks[r] for r in part]]
+        made.append((mine[0] if mine else None, g))
+        label = f"split_group {split_ranks} of {'world' if parent is None else parent_ranks}"
+        if not mine:
+            with ctx.chk.case(ctx.tag(label, "non-member gets NON_GROUP_MEMBER")):
+                assert g is dist.GroupMember.NON_GROUP_MEMBER, f"got {g}"
+            continue
+        _check_subgroup(ctx, mine[0], g, f"{label} -> {mine[0]}")
+    ctx.clear()
+
+
+def _check_subgroup(ctx: Ctx, ranks: list[int], g, label: str) -> None:
+    """Every collective on group `g` of global `ranks` (in group-rank order)
+    against the reference; a non-member only checks that it is one."""
+    chk, rank = ctx.chk, ctx.rank
+    if rank not in ranks:
+        with chk.case(ctx.tag(label, "non-member sees rank -1")):
+            assert dist.get_rank(g) == -1, f"get_rank(group) = {dist.get_rank(g)}"
+        return
+    gsize, grank = len(ranks), ranks.index(rank)
+    with chk.case(ctx.tag(label, "group rank / size")):
+        assert dist.get_rank(g) == grank, f"get_rank = {dist.get_rank(g)}, expected {grank}"
+        assert dist.get_world_size(g) == gsize
+        assert sorted(dist.get_process_group_ranks(g)) == sorted(ranks)
+        for i, r in enumerate(ranks):
+            assert dist.get_global_rank(g, i) == r, f"group rank {i} is global {dist.get_global_rank(g, i)}"
+
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
+        dn = dtype_name(dtype)
+        for n in (0, 7, 1001, MEDIUM):
+            for op in ("SUM", "MAX") if dtype != torch.bool else ("MIN",):
+                desc = ctx.tag(label, "all_reduce", dn, op, f"n={n}")
+                with chk.case(desc):
+                    t = rank_input(rank, n, dtype).clone()
+                    dist.all_reduce(t, op=make_op(op), group=g)
+                    assert_matches(t, ctx.ref(n, dtype, op, "int", ranks=ranks))
+            for src in sorted({0, gsize - 1}):
+                desc = ctx.tag(label, "broadcast", dn, f"n={n}", f"group_src={src}")
+                with chk.case(desc):
+                    owner = ranks[src]
+                    t = rank_input(owner, n, dtype, 40).clone() if rank == owner else filler(n, dtype)
+                    dist.broadcast(t, group=g, group_src=src)
+                    assert_equal_bits(t, rank_input(owner, n, dtype, 40))
+            desc = ctx.tag(label, "all_gather_into_tensor", dn, f"n={n}")
+            with chk.case(desc):
+                out = filler(gsize * n, dtype)
+                dist.all_gather_into_tensor(out, rank_input(rank, n, dtype, 41).clone(), group=g)
+                assert_equal_bits(out, torch.cat([rank_input(r, n, dtype, 41) for r in ranks]),
+                                  "chunks must be in group-rank order")
+        c = 333
+        desc = ctx.tag(label, "reduce_scatter_tensor float32 SUM", f"chunk={c}")
+        with chk.case(desc):
+            out = filler(c, torch.float32)
+            dist.reduce_scatter_tensor(out, rank_input(rank, gsize * c, torch.float32, 42).clone(), group=g)
+            ref = ctx.ref(gsize * c, torch.float32, "SUM", "int", seed=42, ranks=ranks)
+            assert_matches(out, ref.slice(grank * c, (grank + 1) * c))
+    desc = ctx.tag(label, "reduce float32 SUM to group_dst=0")
+    with chk.case(desc):
+        t = rank_input(rank, 1001, torch.float32, 43).clone()
+        dist.reduce(t, group=g, group_dst=0)
+        if grank == 0:
+            assert_matches(t, ctx.ref(1001, torch.float32, "SUM", "int", seed=43, ranks=ranks))
+    desc = ctx.tag(label, "gather to last group rank / scatter from it")
+    with chk.case(desc):
+        last = gsize - 1
+        glist = [filler(9, torch.int32) for _ in ranks] if grank == last else None
+        dist.gather(rank_input(rank, 9, torch.int32, 44).clone(), glist, group=g, group_dst=last)
+        if grank == last:
+            for i, r in enumerate(ranks):
+                assert_equal_bits(glist[i], rank_input(r, 9, torch.int32, 44), f"slot {i} (rank {r})")
+        slist = [rank_input(rank, 9, torch.int32, 45 + i).clone() for i in range(gsize)] if grank == last else None
+        out = filler(9, torch.int32)
+        dist.scatter(out, slist, group=g, group_src=last)
+        assert_equal_bits(out, rank_input(ranks[last], 9, torch.int32, 45 + grank))
+    desc = ctx.tag(label, "all_to_all_single float64")
+    with chk.case(desc):
+        out = filler(gsize * 4, torch.float64)
+        dist.all_to_all_single(out, torch.cat([rank_input(rank, 4, torch.float64, 46 + j) for j in range(gsize)]),
+                               group=g)
+        assert_equal_bits(out, torch.cat([rank_input(r, 4, torch.float64, 46 + grank) for r in ranks]))
+    if gsize >= 2:
+        desc = ctx.tag(label, "send/recv group rank 0 -> last (group_dst/group_src)")
+        with chk.case(desc):
+            payload = rank_input(ranks[0], 1001, torch.float32, 47)
+            if grank == 0:
+                dist.send(payload.clone(), group=g, group_dst=gsize - 1)
+            elif grank == gsize - 1:
+                got = filler(1001, torch.float32)
+                dist.recv(got, group=g, group_src=0)
+                assert_equal_bits(got, payload)
+    with chk.case(ctx.tag(label, "barrier")):
+        dist.barrier(group=g)
+    with chk.case(ctx.tag(label, "broadcast_object_list / all_gather_object")):
+        objs = [{"from": ranks[0], "blob": b"x" * 5000}, "s", None] if grank == 0 else [None] * 3
+        dist.broadcast_object_list(objs, group=g, group_src=0)
+        assert objs == [{"from": ranks[0], "blob": b"x" * 5000}, "s", None], f"got {objs!r:.200}"
+        got = [None] * gsize
+        dist.all_gather_object(got, {"rank": rank}, group=g)
+        assert got == [{"rank": r} for r in ranks], f"got {got}"
 
 
 def _objects(ctx: Ctx) -> None:
@@ -788,6 +824,7 @@ SECTIONS = {
     "async": _async,
     "barrier": _barrier,
     "subgroups": _subgroups,
+    "split_groups": _split_groups,
     "objects": _objects,
 }
 

@@ -234,6 +234,53 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
+c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
+    const c10::intrusive_ptr<::c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  std::vector<int> seen;
+  for (int r : ranks) {
+    SMDCCL_CHECK_ARG(r >= 0 && r < size_, "split_group: rank ", r, " is not a rank of group '",
+                     cfg_.groupName, "' (its ranks are 0..", size_ - 1, ")");
+    SMDCCL_CHECK_ARG(std::find(seen.begin(), seen.end(), r) == seen.end(),
+                     "split_group: rank ", r, " is listed twice");
+    seen.push_back(r);
+  }
+  auto mine = std::find(ranks.begin(), ranks.end(), rank_);
+  if (mine == ranks.end()) return {};  // not a member: torch returns NON_GROUP_MEMBER
+  {
+    std::lock_guard<std::mutex> lock(splitMu_);
+    // The same child for each device type of one split (same store object);
+    // a child that is gone no longer holds its store, whose address may be reused.
+    for (auto& [s, weak] : splitChildren_)
+      if (s == store.get())
+        if (auto child = weak.lock()) return child;
+    splitChildren_.erase(std::remove_if(splitChildren_.begin(), splitChildren_.end(),
+                                        [](const auto& e) { return e.second.expired(); }),
+                         splitChildren_.end());
+  }
+  BackendConfig child;
+  child.rank = static_cast<int>(mine - ranks.begin());
+  child.size = static_cast<int>(ranks.size());
+  child.groupName = opts && !opts->group_name.empty()
+                        ? opts->group_name
+                        : strCat(cfg_.groupName, ":split:", child.size, "@", ranks.front());
+  for (int r : ranks) child.globalRanks.push_back(cfg_.globalRanks[r]);
+  child.timeout = opts && opts->timeout.count() > 0 ? opts->timeout
+                                                    : std::chrono::milliseconds(timeoutMs_.load());
+  child.masterAddr = cfg_.masterAddr;
+  child.worldSize = cfg_.worldSize;
+  child.wire = cfg_.wire;
+  child.wireIntra = cfg_.wireIntra;
+  c10::intrusive_ptr<SmdcclBackend> backend;
+  {
+    GilReleasedIfHeld released;  // construction rendezvouses through the store
+    backend = c10::make_intrusive<SmdcclBackend>(store, std::move(child));
+  }
+  std::lock_guard<std::mutex> lock(splitMu_);
+  splitChildren_.emplace_back(store.get(), c10::weak_intrusive_ptr<SmdcclBackend>(backend));
+  return backend;
+}
+
 ::c10d::ErrorType SmdcclBackend::getError() {
   std::lock_guard<std::mutex> lock(fatalMu_);
   return errorType_;

@@ -128,6 +128,20 @@ class SmdcclBackend : public ::c10d::Backend {
   // failed first) or COMM_ERROR (this rank: a link, an allocation, abort()).
   ::c10d::ErrorType getError() override;
 
+  // dist.split_group(), and DeviceMesh / new_group() once the default group
+  // is bound to a device (init_process_group(device_id=...)): a child group
+  // of `ranks` (this group's ranks; this rank's place in the list is its
+  // rank in the child), built over the child's store as new_group() builds
+  // one, with this group's compression and `opts`' timeout and name. Returns
+  // nullptr where this rank is not in `ranks`. torch calls split() once per
+  // device type the group serves (cpu, cuda) with the same store: both get
+  // the one child. No `override`: the virtual's signature is torch's newer
+  // API; where it differs this is simply unused.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<::c10d::Backend> split(const c10::intrusive_ptr<::c10d::Store>& store,
+                                            const std::vector<int>& ranks,
+                                            const c10::intrusive_ptr<Options>& opts);
+
   // Introspection for tests and `python -m smdccl.info`.
   std::string describeTopology() const { return mesh_->topology().describe(); }
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
@@ -190,6 +204,9 @@ class SmdcclBackend : public ::c10d::Backend {
                         const ReduceSpec& spec);
 
   BackendConfig cfg_;
+  // split()'s children, by the store torch handed them (see split()).
+  std::mutex splitMu_;
+  std::vector<std::pair<const ::c10d::Store*, c10::weak_intrusive_ptr<SmdcclBackend>>> splitChildren_;
   std::shared_ptr<KVStore> store_;  // shared with the watchdog's thread
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Mesh> mesh_;

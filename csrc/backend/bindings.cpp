@@ -79,7 +79,13 @@ PYBIND11_MODULE(_C, m) {
                              "ip:port of this process's TCP listener")
       .def_property_readonly("rejected_connections",
                              &smdccl::SmdcclBackend::rejectedConnections,
-                             "Connections this process's listener dropped for a bad handshake");
+                             "Connections this process's listener dropped for a bad handshake")
+      // new_group() on a default group bound to a device splits it where the
+      // backend supportsSplitting, and has the ranks left out call this (NCCL
+      // needs every parent rank in ncclCommSplit). smdccl's child groups
+      // rendezvous among their members only: nothing to do.
+      .def("perform_nocolor_split", [](smdccl::SmdcclBackend&, const py::object& /*device*/) {},
+           py::arg("device"), "A no-op: smdccl's split children need only their members");
 
   m.def("_create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_seconds"),
