@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
@@ -22,6 +23,19 @@
 #include "transport/p2p_engine.h"
 
 namespace smdccl {
+
+// Whether this torch's c10d::Backend has the split() virtual that
+// SmdcclBackend::split overrides (torch >= 2.8 or so): only then may the
+// backend say it supports splitting, else torch would call the base's,
+// which raises.
+template <typename B, typename = void>
+struct TorchHasBackendSplit : std::false_type {};
+template <typename B>
+struct TorchHasBackendSplit<
+    B, std::void_t<decltype(static_cast<c10::intrusive_ptr<B> (B::*)(
+                                const c10::intrusive_ptr<::c10d::Store>&, const std::vector<int>&,
+                                const c10::intrusive_ptr<typename B::Options>&)>(&B::split))>>
+    : std::true_type {};
 
 struct BackendConfig {
   int rank = 0;
@@ -137,7 +151,7 @@ class SmdcclBackend : public ::c10d::Backend {
   // device type the group serves (cpu, cuda) with the same store: both get
   // the one child. No `override`: the virtual's signature is torch's newer
   // API; where it differs this is simply unused.
-  bool supportsSplitting() const override { return true; }
+  bool supportsSplitting() const override { return TorchHasBackendSplit<::c10d::Backend>::value; }
   c10::intrusive_ptr<::c10d::Backend> split(const c10::intrusive_ptr<::c10d::Store>& store,
                                             const std::vector<int>& ranks,
                                             const c10::intrusive_ptr<Options>& opts);
