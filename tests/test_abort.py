@@ -11,7 +11,9 @@ Rank 0 starts, on a helper thread, a blocking all_reduce; queues async
 all_reduces; posts an irecv from rank 1. Then its main thread calls
 ``g.abort()``. Every one of them must raise within a second,
 naming the abort; rank 1 then calls all_reduce on its side of the group and
-must fail fast too, naming rank 0's abort. The world group (another
+must fail fast too, naming rank 0's abort; so must its first call on a
+group aborted before any link existed (rank 0 then dials, or is dialled by,
+a rank that will never answer). The world group (another
 backend instance) keeps working. ``_abort_process_group`` reaches the
 backend as well (a queued all_reduce on a second group fails naming it).
 ``backend.get_error()`` says SUCCESS before, COMM_ERROR on the aborting
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import harness_store, run_ranks
+from harness import harness_store, run_ranks, timed_raise
 
 pytestmark = pytest.mark.smdccl_only
 
@@ -44,6 +46,10 @@ def abort_hung_group() -> dict:
     g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     g2 = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     idle = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    # never used before the abort: no link between the ranks yet (over TCP,
+    # rank 1 would wait for rank 0 to dial it, and rank 0 dials rank 1)
+    fresh_0 = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    fresh_1 = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     dist.all_reduce(torch.ones(4), group=idle)
     x = torch.ones(1 << 16)
     dist.all_reduce(x, group=g)  # links up, group works
@@ -92,8 +98,13 @@ def abort_hung_group() -> dict:
         except Exception as exc:  # noqa: BLE001
             out["torch abort"] = f"{type(exc).__name__}: {exc}"
         idle.abort()  # nothing in flight on it
+        fresh_0.abort()  # no links either
         store.set("abort_test/aborted", "1")
+        store.wait(["abort_test/aborted_1"], datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        out["fresh dial"] = timed_raise(lambda: dist.all_reduce(torch.ones(4), group=fresh_1))
     else:
+        fresh_1.abort()  # rank 0 dials a rank that aborted before any link existed
+        store.set("abort_test/aborted_1", "1")
         store.wait(["abort_test/aborted"], datetime.timedelta(seconds=GROUP_TIMEOUT_S))
         t0 = time.monotonic()
         try:
@@ -107,6 +118,7 @@ def abort_hung_group() -> dict:
             out["idle peer"] = "no error"
         except Exception as exc:  # noqa: BLE001
             out["idle peer"] = f"{type(exc).__name__}: {exc}"
+        out["fresh accept"] = timed_raise(lambda: dist.all_reduce(torch.ones(4), group=fresh_0))
         out["error after"] = str(backend.get_error())
     y = torch.full((3,), float(rank + 1))
     dist.all_reduce(y)  # the world group is another instance: unaffected
@@ -133,10 +145,17 @@ def test_abort_unblocks_the_op_in_flight_and_fails_the_rest(topology):
     assert r0["world"] == r1["world"] == [3.0, 3.0, 3.0]
     # a group aborted with nothing in flight: the peer's error names the abort too
     assert r1["idle peer"].startswith("DistBackendError") and aborted in r1["idle peer"], r1
+    # a group aborted before it had links: the peer does not wait for the
+    # aborted rank to connect (or to answer its dial) until the timeout
+    for r, key, who in ((r1, "fresh accept", "rank 0"), (r0, "fresh dial", "rank 1")):
+        seconds, err = r[key]
+        assert err is not None and f"was aborted on {who}" in err, (key, err)
+        assert seconds < 5.0, f"{key}: the peer of the aborted rank raised after {seconds:.1f} s: {err}"
     # backend.get_error(): what fault-tolerant trainers poll
     assert r0["error before"] == r1["error before"] == "ErrorType.SUCCESS", (r0, r1)
     assert r0["error after"] == "ErrorType.COMM_ERROR", r0  # this rank aborted
     assert r1["error after"] == "ErrorType.REMOTE_ERROR", r1  # its peer went away
     print(f"\n[{topology or 'shm'}] abort -> blocking all_reduce raised after {blocking['after_abort_s'] * 1e3:.1f} ms; "
           f"queued/recv waits {max(s for _, s in r0['queued'] + r0['recv']) * 1e3:.1f} ms; "
-          f"peer's next all_reduce failed in {r1['peer_s'] * 1e3:.1f} ms")
+          f"peer's next all_reduce failed in {r1['peer_s'] * 1e3:.1f} ms; on a group without links: "
+          f"{r1['fresh accept'][0] * 1e3:.1f} ms (accepting), {r0['fresh dial'][0] * 1e3:.1f} ms (dialling)")

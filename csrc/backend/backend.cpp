@@ -85,6 +85,39 @@ int ranksOnThisMachine(const std::vector<std::string>& hostKeys, int myRank) {
   return std::max(n, 1);
 }
 
+// Where the first rank whose collective failed the group (or that aborted
+// it) records why; later ones name it in their errors.
+const char* const kFirstFailureKey = "smdccl/first_failure";
+
+// MeshConfig::groupFailed: the recorded first failure, read from the store
+// at most twice a second (it is asked on every slice of a connection wait).
+class GroupFailureProbe {
+ public:
+  explicit GroupFailureProbe(std::shared_ptr<KVStore> store) : store_(std::move(store)) {}
+
+  std::string operator()() {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (!found_.empty() || now < next_) return found_;
+    next_ = now + std::chrono::milliseconds(500);
+    try {
+      if (store_->check(kFirstFailureKey))
+        found_ = "the group failed before this link was connected: " +
+                 store_->get(kFirstFailureKey, Deadline::after(std::chrono::seconds(5)));
+    } catch (const std::exception& e) {
+      // The store is unreachable: the connection wait goes on to its deadline.
+      SMDCCL_INFO("could not read the group's failure from the store: ", e.what());
+    }
+    return found_;
+  }
+
+ private:
+  std::shared_ptr<KVStore> store_;
+  std::mutex mu_;
+  std::chrono::steady_clock::time_point next_{};
+  std::string found_;
+};
+
 }  // namespace
 
 SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg)
@@ -111,6 +144,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   mc.topology = buildTopology(hostKeys, cfg_);
   mc.masterAddr = cfg_.masterAddr;
   mc.shmRingBytes = static_cast<size_t>(envInt(env::kShmRingKB)) << 10;
+  mc.groupFailed = [probe = std::make_shared<GroupFailureProbe>(store_)] { return (*probe)(); };
   mesh_ = std::make_unique<Mesh>(*store_, mc, deadline);
   ring_ = mc.topology.ringOrder();
   levels_ = hierarchyOf(mc.topology, cfg_.rank);
@@ -191,7 +225,7 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
 namespace smdccl {
 
 std::string SmdcclBackend::failureWithGroupCause(const std::string& mine) {
-  const std::string key = "smdccl/first_failure";
+  const std::string key = kFirstFailureKey;
   try {
     if (store_->check(key)) {
       std::string first = store_->get(key, Deadline::after(std::chrono::seconds(5)));

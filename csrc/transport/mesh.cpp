@@ -39,13 +39,17 @@ Mesh::~Mesh() {
     if (fd >= 0) close(fd);
   for (int fd : p2pIn_)
     if (fd >= 0) close(fd);
-  if (listener_) listener_->unregisterGroup(token_);
+  if (listener_) listener_->closeGroup(token_);
 }
 
 void Mesh::abortLinks() {
   for (auto& l : links_)
     if (l && l->pollFd() >= 0) shutdown(l->pollFd(), SHUT_RDWR);
   if (shm_) shm_->markFailed();
+  // A peer that dials this rank from now on (its first collective or send
+  // to this rank) is refused instead of being left waiting for data that
+  // will never come; connections not yet taken are closed.
+  if (listener_) listener_->unregisterGroup(token_);
 }
 
 std::string Mesh::peerAddress(int peer, Deadline deadline) {
@@ -88,7 +92,8 @@ Link& Mesh::link(int peer, Deadline deadline) {
       links_[peer] = std::make_unique<ShmLink>(shm_, cfg_.rank, peer);
     } else {
       // The lower rank dials, the higher one accepts: one socket per pair.
-      int fd = connectOrAccept(peer, Channel::Collective, cfg_.rank < peer, deadline);
+      int fd = connectOrAccept(peer, Channel::Collective, cfg_.rank < peer, deadline,
+                               [this] { return cfg_.groupFailed ? cfg_.groupFailed() : ""; });
       links_[peer] = std::make_unique<TcpLink>(fd, peer);
       collectiveFds_[peer].store(fd, std::memory_order_release);
       SMDCCL_INFO("TCP link to rank ", peer, " (", peerAddressOf(fd), ")");
@@ -107,10 +112,12 @@ int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
   // never wait for the receiver to be set up first. Only one thread asks for
   // a given (peer, direction), so connecting needs no lock; holding one here
   // would let two ranks' receivers block each other's senders.
-  // A peer that is gone never connects or accepts: notice that instead of
-  // waiting for the deadline.
-  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline,
-                           [this, peer] { return peerGone(peer); });
+  // A peer that is gone, or whose group failed, never connects or accepts:
+  // notice that instead of waiting for the deadline.
+  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline, [this, peer] {
+    std::string why = peerGone(peer);
+    return why.empty() && cfg_.groupFailed ? cfg_.groupFailed() : why;
+  });
   tuneDataSocket(fd);
   std::lock_guard<std::mutex> lock(p2pMu_);
   slot[peer] = fd;

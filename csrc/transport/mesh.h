@@ -2,6 +2,7 @@
 // Everything one rank of a group needs to reach its peers: shared memory for
 // ranks on its node, TCP for the rest (connected on first use), and the
 // point-to-point sockets used by send/recv.
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +23,11 @@ struct MeshConfig {
   Topology topology;
   std::string masterAddr;  // hint for picking the interface
   size_t shmRingBytes = 1 << 20;
+  // Why the group already failed or was aborted on some rank (its first
+  // failure, as recorded in the store), or "". Asked while waiting for a
+  // peer to connect: a peer that failed before it ever connected never will.
+  // Called from the progress and send/recv threads; throttles itself.
+  std::function<std::string()> groupFailed;
 };
 
 class Mesh {
@@ -42,9 +48,10 @@ class Mesh {
   // "ip:port" of this process's listener ("" for a one-rank group).
   std::string listenAddress() const { return listener_ ? listener_->address() : ""; }
   uint64_t rejectedConnections() const { return listener_ ? listener_->rejectedCount() : 0; }
-  // After a failure: shuts down every TCP link and flags this rank as failed
-  // in the node's shared memory, so that peers waiting on this rank (remote
-  // or local) fail at once instead of at their deadline.
+  // After a failure: shuts down every TCP link, flags this rank as failed
+  // in the node's shared memory and stops accepting the group's
+  // connections, so that peers waiting on this rank (remote or local, linked
+  // or not yet) fail at once instead of at their deadline.
   void abortLinks();
 
   // Collective-channel link to `peer` (not thread-safe: progress thread only).

@@ -124,6 +124,18 @@ void TcpListener::unregisterGroup(const GroupToken& token) {
   groups_.erase(it);
 }
 
+void TcpListener::closeGroup(const GroupToken& token) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = groups_.find(token);
+    if (it == groups_.end()) return;
+    it->second.closed = true;
+    for (auto& [key, fd] : it->second.inbox) close(fd);
+    it->second.inbox.clear();
+  }
+  cv_.notify_all();
+}
+
 int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
                       const std::string& what, const std::atomic<bool>* cancel,
                       const PeerGoneProbe& gone) {
@@ -131,7 +143,8 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Dea
   auto key = std::make_pair(srcRank, static_cast<uint16_t>(channel));
   while (true) {
     auto g = groups_.find(token);
-    if (g == groups_.end()) throw CommError(CommError::Kind::Protocol, "group is shut down");
+    if (g == groups_.end() || g->second.closed)
+      throw CommError(CommError::Kind::Protocol, "group is shut down");
     auto it = g->second.inbox.find(key);
     if (it != g->second.inbox.end()) {
       int fd = it->second;
@@ -143,7 +156,13 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Dea
     if (deadline.expired())
       throw CommError(CommError::Kind::Timeout, strCat("timed out waiting for ", what,
                                                        " to connect"));
-    throwIfGone(gone);  // cheap (a pid check, a poll): fine under the lock
+    if (gone) {  // may ask the store: not under the lock every group's accepts share
+      lock.unlock();
+      throwIfGone(gone);
+      lock.lock();
+      g = groups_.find(token);
+      if (g == groups_.end() || g->second.closed || g->second.inbox.count(key)) continue;
+    }
     // Short slices so a cancel is noticed.
     auto slice = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
     cv_.wait_until(lock, std::min(slice, deadline.at()));
@@ -158,6 +177,14 @@ void TcpListener::onHello(int fd, const std::string& from, const uint8_t* data, 
     std::lock_guard<std::mutex> lock(mu_);
     auto g = why ? groups_.end() : groups_.find(h.token);
     if (!why) why = checkHello(h, g == groups_.end() ? nullptr : &g->second.shape);
+    if (!why && g->second.closed) {
+      // A member dialling a group that failed here: it learns from the
+      // closed connection, and from the store, why.
+      SMDCCL_INFO("closed connection from ", from, " (rank ", h.srcRank,
+                  "): the group failed or was aborted on this rank");
+      close(fd);
+      return;
+    }
     if (!why && g->second.inbox.count({h.srcRank, h.channel})) why = "duplicate connection";
     if (!why) {
       uint32_t ack = kAck;

@@ -80,6 +80,11 @@ class TcpListener {
   std::string address() const { return address_; }
   void registerGroup(const GroupToken& token, int groupSize, int myRank);
   void unregisterGroup(const GroupToken& token);
+  // The group failed or was aborted on this rank: its connections not yet
+  // taken are closed, later ones are closed at once (not counted as
+  // rejected: the peer is a member), and take() raises. unregisterGroup()
+  // still ends it.
+  void closeGroup(const GroupToken& token);
   // Waits for the connection `srcRank` opens to us on `channel` (`gone`:
   // see connectTo).
   int take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
@@ -104,6 +109,7 @@ class TcpListener {
   struct Group {
     HelloGroup shape;
     std::map<std::pair<int, uint16_t>, int> inbox;
+    bool closed = false;  // closeGroup()
   };
   int listenFd_;
   std::string address_;
