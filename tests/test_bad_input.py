@@ -424,9 +424,6 @@ CASES: list[Case] = [
     Case("rank: irecv from itself", lambda e: dist.irecv(_t(4), src=e.rank), says=("cannot receive from itself",)),
     Case("rank: recv without src (any source) on a group of one rank",
          lambda e: dist.recv(_t(4), group=e.solo), says=("no other rank to receive from",)),
-    # ---------------------------------------------------------------- unsupported APIs
-    Case("api: monitored_barrier (gloo only)", lambda e: dist.monitored_barrier(), raises=(RuntimeError,),
-         says=("only gloo supports monitored barrier",), source="torch"),
 ]
 
 

@@ -14,6 +14,7 @@
 #include "backend/store_adapter.h"
 #include "common/env.h"
 #include "common/exit_fence.h"
+#include "common/monitored_barrier.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "topology/topology.h"
@@ -313,6 +314,30 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
   std::lock_guard<std::mutex> lock(splitMu_);
   splitChildren_.emplace_back(store.get(), c10::weak_intrusive_ptr<SmdcclBackend>(backend));
   return backend;
+}
+
+void SmdcclBackend::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) {
+  {
+    std::lock_guard<std::mutex> lock(fatalMu_);
+    if (fatal_) std::rethrow_exception(fatal_);
+  }
+  MonitoredBarrierCall call;
+  call.rank = rank_;
+  call.size = size_;
+  call.seq = ++monitoredBarriers_;
+  call.timeout = effectiveTimeout(opts.timeout);
+  call.waitAllRanks = waitAllRanks;
+  call.group = cfg_.groupName;
+  GilReleasedIfHeld released;  // it waits for other processes
+  try {
+    // 2 s for the late ranks' watchdogs to answer (they look every 0.5 s),
+    // well within verdictGrace.
+    smdccl::monitoredBarrier(*store_, call, [this](const std::vector<int>& late) {
+      return watchdog_->describeRanks(late, std::chrono::seconds(2));
+    });
+  } catch (...) {
+    std::rethrow_exception(toTorchError(std::current_exception()));
+  }
 }
 
 ::c10d::ErrorType SmdcclBackend::getError() {

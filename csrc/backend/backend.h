@@ -132,6 +132,13 @@ class SmdcclBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                  int tag) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+  // dist.monitored_barrier (gloo's debugging barrier; torch >= 2.14 offers it
+  // on any CPU backend): blocks the caller; rank 0 raises naming the ranks
+  // that did not come within opts.timeout (every one with waitAllRanks) and
+  // what each last ran, and the ranks that came raise with the same
+  // message. Through the store (common/monitored_barrier.h): it works
+  // whatever state the links are in.
+  void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) override;
   // ProcessGroup.abort() (torch's _abort_process_group), from any thread:
   // the op in flight stops at its next wait, what is queued and every later
   // call fails naming the abort, and peers see the links close and fail at
@@ -218,6 +225,7 @@ class SmdcclBackend : public ::c10d::Backend {
                         const ReduceSpec& spec);
 
   BackendConfig cfg_;
+  std::atomic<uint64_t> monitoredBarriers_{0};
   // split()'s children, by the store torch handed them (see split()).
   std::mutex splitMu_;
   std::vector<std::pair<const ::c10d::Store*, c10::weak_intrusive_ptr<SmdcclBackend>>> splitChildren_;

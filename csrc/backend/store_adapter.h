@@ -30,6 +30,8 @@ class C10dStoreAdapter : public KVStore {
 
   bool check(const std::string& key) override { return store_->check({key}); }
 
+  void remove(const std::string& key) override { store_->deleteKey(key); }
+
  private:
   c10::intrusive_ptr<::c10d::Store> store_;
 };

@@ -45,6 +45,10 @@ struct Watchdog::State {
   }
   void loop();
   void answer(int64_t request);
+  // Posts a question, answers it, and collects the ranks' answers, waiting
+  // up to `answerWait` for those of `needed` (all ranks if empty); a rank
+  // without an answer has request -1.
+  std::vector<Status> ask(std::chrono::milliseconds answerWait, const std::vector<int>& needed = {});
   void warn(uint64_t seq, const std::string& name, double waitedS);
 };
 
@@ -93,14 +97,19 @@ void Watchdog::State::answer(int64_t request) {
   store->set(statusKey(rank), value);
 }
 
-void Watchdog::State::warn(uint64_t seq, const std::string& name, double waitedS) {
+std::vector<Watchdog::State::Status> Watchdog::State::ask(std::chrono::milliseconds answerWait,
+                                                          const std::vector<int>& needed) {
   int64_t request = store->add(kRequestKey, 1);
   answer(request);
   std::vector<Status> got(static_cast<size_t>(size));
-  auto until = std::chrono::steady_clock::now() + kAnswerWait;
+  std::vector<int> ranks = needed;
+  if (ranks.empty())
+    for (int r = 0; r < size; ++r) ranks.push_back(r);
+  auto until = std::chrono::steady_clock::now() + answerWait;
   while (true) {
     bool all = true;
-    for (int r = 0; r < size; ++r) {
+    for (int r : ranks) {
+      if (r < 0 || r >= size) continue;
       Status& s = got[static_cast<size_t>(r)];
       if (s.request >= request) continue;
       if (store->check(statusKey(r))) s = parse(store->get(statusKey(r), Deadline::after(kPoll)));
@@ -108,7 +117,34 @@ void Watchdog::State::warn(uint64_t seq, const std::string& name, double waitedS
     }
     if (all || std::chrono::steady_clock::now() >= until) break;
     std::unique_lock<std::mutex> lock(mu);
-    if (cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; })) return;
+    if (cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; })) break;
+  }
+  for (auto& s : got)
+    if (s.request < request) s.request = -1;  // an answer to an older question
+  return got;
+}
+
+std::string Watchdog::describeRanks(const std::vector<int>& ranks,
+                                    std::chrono::milliseconds answerWait) {
+  std::vector<State::Status> got = st_->ask(answerWait, ranks);
+  std::string out;
+  for (int r : ranks) {
+    if (r < 0 || r >= st_->size) continue;
+    const State::Status& s = got[static_cast<size_t>(r)];
+    out += strCat(out.empty() ? "" : "; ", "rank ", r, ": ");
+    if (s.request < 0) out += "no answer (dead, or its process is stuck)";
+    else if (s.started == 0) out += "has run no collective on this group";
+    else out += strCat("last ran ", s.name, " #", s.started,
+                       s.finished >= s.started ? ", finished" : ", still running");
+  }
+  return out;
+}
+
+void Watchdog::State::warn(uint64_t seq, const std::string& name, double waitedS) {
+  std::vector<Status> got = ask(kAnswerWait);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stop) return;
   }
   std::string in, done, missing, silent;
   auto add = [](std::string& list, const std::string& item) {
@@ -116,7 +152,7 @@ void Watchdog::State::warn(uint64_t seq, const std::string& name, double waitedS
   };
   for (int r = 0; r < size; ++r) {
     const Status& s = got[static_cast<size_t>(r)];
-    if (s.request < request) add(silent, strCat(r));
+    if (s.request < 0) add(silent, strCat(r));
     else if (s.finished >= seq) add(done, strCat(r));
     else if (s.started >= seq) add(in, strCat(r));
     else add(missing, strCat(r, " (last: #", s.started, " ", s.name,

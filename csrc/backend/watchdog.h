@@ -12,6 +12,7 @@
 #include <string>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "common/store.h"
 
@@ -28,6 +29,12 @@ class Watchdog {
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
+
+  // Asks the group's ranks (through the store, waiting up to `answerWait`
+  // for their answers; they look every 0.5 s) what each of `ranks` last ran,
+  // e.g. "rank 2: last ran allreduce #4, still running; rank 3: no answer
+  // (...)". Any thread.
+  std::string describeRanks(const std::vector<int>& ranks, std::chrono::milliseconds answerWait);
 
   void opStarted(uint64_t seq, const char* name);
   void opFinished(uint64_t seq);

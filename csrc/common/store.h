@@ -18,6 +18,8 @@ class KVStore {
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // Whether the key exists, without waiting.
   virtual bool check(const std::string& key) = 0;
+  // Deletes the key if it exists (cleanup of keys nobody reads any more).
+  virtual void remove(const std::string& key) = 0;
 };
 
 // Every rank publishes `value` under prefix/rank and reads everyone's.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -33,6 +34,7 @@ class FileStore : public smdccl::KVStore {
     return ss.str();
   }
   bool check(const std::string& k) override { return access(path(k).c_str(), F_OK) == 0; }
+  void remove(const std::string& k) override { std::remove(path(k).c_str()); }
   int64_t add(const std::string& k, int64_t delta) override {
     int lock = open((dir_ + "/.lock").c_str(), O_CREAT | O_RDWR, 0600);
     flock(lock, LOCK_EX);

@@ -25,6 +25,14 @@ class MemoryStore : public smdccl::KVStore {
     std::lock_guard<std::mutex> l(mu_);
     return kv_.count(k) > 0;
   }
+  void remove(const std::string& k) override {
+    std::lock_guard<std::mutex> l(mu_);
+    kv_.erase(k);
+  }
+  size_t keyCount() {
+    std::lock_guard<std::mutex> l(mu_);
+    return kv_.size();
+  }
   int64_t add(const std::string& k, int64_t delta) override {
     std::lock_guard<std::mutex> l(mu_);
     int64_t v = (kv_.count(k) ? std::stoll(kv_[k]) : 0) + delta;
