@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <c10/core/StreamGuard.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
 #include <optional>
@@ -124,6 +125,7 @@ class GroupFailureProbe {
 SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg)
     : ::c10d::Backend(cfg.rank, cfg.size),
       cfg_(std::move(cfg)),
+      c10dStore_(store),
       store_(std::make_shared<C10dStoreAdapter>(std::move(store))),
       timeoutMs_(cfg_.timeout.count()) {
   if (cfg_.globalRanks.empty())
@@ -269,6 +271,22 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
+BackendConfig SmdcclBackend::childConfig(const std::vector<int>& ranks, std::string name,
+                                         const c10::intrusive_ptr<Options>& opts) const {
+  BackendConfig child;
+  child.rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
+  child.size = static_cast<int>(ranks.size());
+  child.groupName = std::move(name);
+  for (int r : ranks) child.globalRanks.push_back(cfg_.globalRanks[r]);
+  child.timeout = opts && opts->timeout.count() > 0 ? opts->timeout
+                                                    : std::chrono::milliseconds(timeoutMs_.load());
+  child.masterAddr = cfg_.masterAddr;
+  child.worldSize = cfg_.worldSize;
+  child.wire = cfg_.wire;
+  child.wireIntra = cfg_.wireIntra;
+  return child;
+}
+
 c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
     const c10::intrusive_ptr<::c10d::Store>& store, const std::vector<int>& ranks,
     const c10::intrusive_ptr<Options>& opts) {
@@ -293,19 +311,12 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
                                         [](const auto& e) { return e.second.expired(); }),
                          splitChildren_.end());
   }
-  BackendConfig child;
-  child.rank = static_cast<int>(mine - ranks.begin());
-  child.size = static_cast<int>(ranks.size());
-  child.groupName = opts && !opts->group_name.empty()
-                        ? opts->group_name
-                        : strCat(cfg_.groupName, ":split:", child.size, "@", ranks.front());
-  for (int r : ranks) child.globalRanks.push_back(cfg_.globalRanks[r]);
-  child.timeout = opts && opts->timeout.count() > 0 ? opts->timeout
-                                                    : std::chrono::milliseconds(timeoutMs_.load());
-  child.masterAddr = cfg_.masterAddr;
-  child.worldSize = cfg_.worldSize;
-  child.wire = cfg_.wire;
-  child.wireIntra = cfg_.wireIntra;
+  BackendConfig child = childConfig(
+      ranks,
+      opts && !opts->group_name.empty()
+          ? opts->group_name
+          : strCat(cfg_.groupName, ":split:", ranks.size(), "@", ranks.front()),
+      opts);
   c10::intrusive_ptr<SmdcclBackend> backend;
   {
     GilReleasedIfHeld released;  // construction rendezvouses through the store
@@ -314,6 +325,32 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
   std::lock_guard<std::mutex> lock(splitMu_);
   splitChildren_.emplace_back(store.get(), c10::weak_intrusive_ptr<SmdcclBackend>(backend));
   return backend;
+}
+
+c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::shrink(
+    const std::vector<int64_t>& ranksToExclude, int shrinkFlags,
+    const c10::intrusive_ptr<Options>& opts) {
+  constexpr int kShrinkAbort = 1;  // torch.distributed.SHRINK_ABORT
+  SMDCCL_CHECK_ARG(shrinkFlags == 0 || shrinkFlags == kShrinkAbort, "shrink_group: shrink_flags ",
+                   shrinkFlags, " is neither SHRINK_DEFAULT (0) nor SHRINK_ABORT (1)");
+  std::vector<bool> excluded(static_cast<size_t>(size_), false);
+  for (int64_t r : ranksToExclude) {
+    SMDCCL_CHECK_ARG(r >= 0 && r < size_, "shrink_group: rank ", r, " is not a rank of group '",
+                     cfg_.groupName, "' (its ranks are 0..", size_ - 1, ")");
+    excluded[static_cast<size_t>(r)] = true;
+  }
+  SMDCCL_CHECK_ARG(!excluded[static_cast<size_t>(rank_)], "shrink_group: rank ", rank_,
+                   " is one of the ranks to exclude; only the remaining ranks call shrink_group");
+  std::vector<int> remaining;
+  for (int r = 0; r < size_; ++r)
+    if (!excluded[static_cast<size_t>(r)]) remaining.push_back(r);
+  uint64_t n = ++shrinks_;
+  BackendConfig child =
+      childConfig(remaining, strCat(cfg_.groupName, ":shrunk", n > 1 ? strCat(n) : ""), opts);
+  if (shrinkFlags == kShrinkAbort) abort();
+  auto store = c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/shrink/", n), c10dStore_);
+  GilReleasedIfHeld released;  // construction rendezvouses through the store
+  return c10::make_intrusive<SmdcclBackend>(store, std::move(child));
 }
 
 void SmdcclBackend::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) {

@@ -37,6 +37,16 @@ struct TorchHasBackendSplit<
                                 const c10::intrusive_ptr<typename B::Options>&)>(&B::split))>>
     : std::true_type {};
 
+// Likewise for shrink() (torch >= 2.10 or so: dist.shrink_group).
+template <typename B, typename = void>
+struct TorchHasBackendShrink : std::false_type {};
+template <typename B>
+struct TorchHasBackendShrink<
+    B, std::void_t<decltype(static_cast<c10::intrusive_ptr<B> (B::*)(
+                                const std::vector<int64_t>&, int,
+                                const c10::intrusive_ptr<typename B::Options>&)>(&B::shrink))>>
+    : std::true_type {};
+
 struct BackendConfig {
   int rank = 0;
   int size = 1;
@@ -149,6 +159,18 @@ class SmdcclBackend : public ::c10d::Backend {
   // failed first) or COMM_ERROR (this rank: a link, an allocation, abort()).
   ::c10d::ErrorType getError() override;
 
+  // dist.shrink_group(ranks_to_exclude): the group without those ranks,
+  // built by the remaining ranks only (the excluded ones may be dead), over
+  // a namespace of this group's store that they agree on (their count of
+  // shrinks). shrinkFlags SHRINK_ABORT (1) aborts this group first, so that
+  // an op stuck waiting for an excluded rank does not hold it. The child
+  // keeps this group's compression and timeout (or `opts`' timeout). No
+  // `override` on either: older torch has no such virtuals.
+  bool supportsShrinking() const { return TorchHasBackendShrink<::c10d::Backend>::value; }
+  c10::intrusive_ptr<::c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude,
+                                             int shrinkFlags,
+                                             const c10::intrusive_ptr<Options>& opts);
+
   // dist.split_group(), and DeviceMesh / new_group() once the default group
   // is bound to a device (init_process_group(device_id=...)): a child group
   // of `ranks` (this group's ranks; this rank's place in the list is its
@@ -175,6 +197,11 @@ class SmdcclBackend : public ::c10d::Backend {
   uint64_t fusedCollectives() const { return fusedCollectives_.load(); }
 
  private:
+  // split() and shrink(): the config of a child group of this group's
+  // `ranks` (in child-rank order; this rank is one of them) named `name`,
+  // with this group's compression and `opts`' timeout, if any.
+  BackendConfig childConfig(const std::vector<int>& ranks, std::string name,
+                            const c10::intrusive_ptr<Options>& opts) const;
   // Runs `body` on the progress thread with a fresh deadline; the Work
   // completes with `outputs` or the error.
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, OpCall call,
@@ -226,6 +253,10 @@ class SmdcclBackend : public ::c10d::Backend {
 
   BackendConfig cfg_;
   std::atomic<uint64_t> monitoredBarriers_{0};
+  std::atomic<uint64_t> shrinks_{0};
+  // The store torch gave this group (store_ wraps it): shrink() makes its
+  // child's store from it.
+  c10::intrusive_ptr<::c10d::Store> c10dStore_;
   // split()'s children, by the store torch handed them (see split()).
   std::mutex splitMu_;
   std::vector<std::pair<const ::c10d::Store*, c10::weak_intrusive_ptr<SmdcclBackend>>> splitChildren_;
