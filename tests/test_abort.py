@@ -120,6 +120,8 @@ def abort_hung_group() -> dict:
             out["idle peer"] = f"{type(exc).__name__}: {exc}"
         out["fresh accept"] = timed_raise(lambda: dist.all_reduce(torch.ones(4), group=fresh_0))
         out["error after"] = str(backend.get_error())
+        # rank 0 dialled this rank's aborted fresh_1: closed quietly, not a rejected stranger
+        out["rejected"] = backend.rejected_connections
     y = torch.full((3,), float(rank + 1))
     dist.all_reduce(y)  # the world group is another instance: unaffected
     out["world"] = y.tolist()
@@ -151,6 +153,7 @@ def test_abort_unblocks_the_op_in_flight_and_fails_the_rest(topology):
         seconds, err = r[key]
         assert err is not None and f"was aborted on {who}" in err, (key, err)
         assert seconds < 5.0, f"{key}: the peer of the aborted rank raised after {seconds:.1f} s: {err}"
+    assert r1["rejected"] == 0, r1
     # backend.get_error(): what fault-tolerant trainers poll
     assert r0["error before"] == r1["error before"] == "ErrorType.SUCCESS", (r0, r1)
     assert r0["error after"] == "ErrorType.COMM_ERROR", r0  # this rank aborted

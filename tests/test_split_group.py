@@ -26,7 +26,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from harness import run_ranks, timed_raise
+from harness import harness_store, run_ranks, timed_raise
 
 
 def split_properties() -> dict:
@@ -37,7 +37,7 @@ def split_properties() -> dict:
     pair = dist.split_group(split_ranks=[[0, 1], [2, 3]], timeout=datetime.timedelta(seconds=2))
     backend = pair._get_backend(torch.device("cpu"))
     cuda_backend = pair._get_backend(torch.device("cuda"))
-    out["one backend for cpu and cuda"] = backend.listen_address == cuda_backend.listen_address
+    out["one backend for cpu and cuda"] = backend is cuda_backend  # one C++ object, one wrapper
     if dist.get_rank(pair) == 0:
         out["timeout"] = timed_raise(lambda: dist.recv(torch.zeros(4), group=pair, group_src=1, tag=9))
     out["group name"] = pair.group_name
@@ -130,3 +130,23 @@ def test_new_group_with_bound_device():
         if rank > 0:
             assert r["split sum"] == 6.0, r
         assert r["world"] == 4.0, r
+
+
+def split_twice_with_one_store() -> dict:
+    parent = dist.group.WORLD._get_backend(torch.device("cpu"))
+    store = harness_store()
+    one = dist.PrefixStore("split_test/one/", store)
+    first = parent.split(one, [1, 0], parent.options)
+    again = parent.split(one, [1, 0], parent.options)  # what torch does per device type
+    other = parent.split(dist.PrefixStore("split_test/other/", store), [1, 0], parent.options)
+    return {"same child": first is again, "new store, new child": other is not first,
+            "child rank": first.rank(), "child size": first.size()}
+
+
+def test_split_once_per_store():
+    """Older torch calls split() once per device type (cpu, cuda) with one
+    store: each call must get the same child, or the second would rendezvous
+    over the first one's keys."""
+    for rank, r in enumerate(run_ranks(2, split_twice_with_one_store, backend="smdccl", timeout=120)):
+        assert r["same child"] and r["new store, new child"], r
+        assert (r["child rank"], r["child size"]) == (1 - rank, 2), r

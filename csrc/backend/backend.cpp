@@ -345,8 +345,11 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::shrink(
   for (int r = 0; r < size_; ++r)
     if (!excluded[static_cast<size_t>(r)]) remaining.push_back(r);
   uint64_t n = ++shrinks_;
-  BackendConfig child =
-      childConfig(remaining, strCat(cfg_.groupName, ":shrunk", n > 1 ? strCat(n) : ""), opts);
+  BackendConfig child = childConfig(
+      remaining,
+      opts && !opts->group_name.empty() ? opts->group_name
+                                        : strCat(cfg_.groupName, ":shrunk", n > 1 ? strCat(n) : ""),
+      opts);
   if (shrinkFlags == kShrinkAbort) abort();
   auto store = c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/shrink/", n), c10dStore_);
   GilReleasedIfHeld released;  // construction rendezvouses through the store
@@ -354,10 +357,8 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::shrink(
 }
 
 void SmdcclBackend::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) {
-  {
-    std::lock_guard<std::mutex> lock(fatalMu_);
-    if (fatal_) std::rethrow_exception(fatal_);
-  }
+  // Also after the group failed or was aborted (when one most wants to know
+  // who is where): it needs only the store.
   MonitoredBarrierCall call;
   call.rank = rank_;
   call.size = size_;

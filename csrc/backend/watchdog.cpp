@@ -23,6 +23,7 @@ struct Watchdog::State {
   std::string group;
   double warnAfterS = 0;
 
+  std::mutex answerMu;  // answer(): one writer of this rank's status at a time
   std::mutex mu;  // guards the fields below and wakes the thread
   std::condition_variable cv;
   bool stop = false, exited = false;
@@ -88,9 +89,14 @@ void Watchdog::opFinished(uint64_t seq) {
 }
 
 void Watchdog::State::answer(int64_t request) {
+  // The watchdog thread and a caller's describeRanks() may answer at once:
+  // one at a time, and never an older question after a newer one (that
+  // would make this rank look silent to whoever asked the newer).
+  std::lock_guard<std::mutex> one(answerMu);
   std::string value;
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (request <= answered) return;
     value = strCat(request, " ", started, " ", finished, " ", runningName);
     answered = request;
   }
@@ -132,7 +138,9 @@ std::string Watchdog::describeRanks(const std::vector<int>& ranks,
     if (r < 0 || r >= st_->size) continue;
     const State::Status& s = got[static_cast<size_t>(r)];
     out += strCat(out.empty() ? "" : "; ", "rank ", r, ": ");
-    if (s.request < 0) out += "no answer (dead, or its process is stuck)";
+    if (s.request < 0)
+      out += strCat("no answer within ", answerWait.count(),
+                    " ms (dead, its process stuck, or its watchdog busy)");
     else if (s.started == 0) out += "has run no collective on this group";
     else out += strCat("last ran ", s.name, " #", s.started,
                        s.finished >= s.started ? ", finished" : ", still running");

@@ -77,14 +77,23 @@ void monitoredBarrier(KVStore& store, const MonitoredBarrierCall& call,
     verdict = strCat(rankList(late), " failed to pass monitoredBarrier in ", ms,
                      " ms (smdccl: monitored_barrier #", call.seq, " on group '", call.group, "'",
                      call.waitAllRanks ? "" : "; wait_all_ranks=True names every late rank", ")");
-    std::string doing = describe ? describe(late) : "";
+    std::string doing;
+    try {
+      if (describe) doing = describe(late);
+    } catch (const std::exception&) {
+      // Only the description is lost: the verdict must still go out.
+    }
     if (!doing.empty()) verdict += "; " + doing;
   }
   store.set(verdictKey(call.seq), verdict);
   raiseIfFailed(verdict);
   // Everyone passed call seq, so everyone has read the verdict of seq-1.
-  for (int r = 1; r < call.size; ++r) store.remove(arrivedKey(call.seq, r));
-  if (call.seq > 1) store.remove(verdictKey(call.seq - 1));
+  // Best effort: the barrier passed whatever happens here.
+  try {
+    for (int r = 1; r < call.size; ++r) store.remove(arrivedKey(call.seq, r));
+    if (call.seq > 1) store.remove(verdictKey(call.seq - 1));
+  } catch (const std::exception&) {
+  }
 }
 
 }  // namespace smdccl

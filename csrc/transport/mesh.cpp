@@ -39,7 +39,7 @@ Mesh::~Mesh() {
     if (fd >= 0) close(fd);
   for (int fd : p2pIn_)
     if (fd >= 0) close(fd);
-  if (listener_) listener_->closeGroup(token_);
+  if (listener_) listener_->unregisterGroup(token_);
 }
 
 void Mesh::abortLinks() {
@@ -49,7 +49,7 @@ void Mesh::abortLinks() {
   // A peer that dials this rank from now on (its first collective or send
   // to this rank) is refused instead of being left waiting for data that
   // will never come; connections not yet taken are closed.
-  if (listener_) listener_->unregisterGroup(token_);
+  if (listener_) listener_->closeGroup(token_);
 }
 
 std::string Mesh::peerAddress(int peer, Deadline deadline) {
