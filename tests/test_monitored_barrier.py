@@ -13,7 +13,8 @@ ms", saying what rank 2 last ran; ranks 1 and 3 raise the same message at
 rank 0's deadline (gloo leaves them to their own timeout); rank 2, coming
 late, raises it too. With ranks 1 and 3 away and wait_all_ranks=True, the
 message names both. Afterwards the world group's collectives and the next
-monitored barrier work.
+monitored barrier work, and a monitored barrier on a group that rank 0
+aborted passes (it needs only the store).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def late_ranks() -> dict:
     dist.all_reduce(t)
     out["after"] = t.tolist()
     out["next barrier"] = timed_raise(lambda: dist.monitored_barrier(timeout=TIMEOUT))
+    # on a group rank 0 aborted: it still says who is there
+    g = dist.new_group(backend="smdccl")
+    if rank == 0:
+        g.abort()
+    out["after abort"] = timed_raise(lambda: dist.monitored_barrier(group=g, timeout=TIMEOUT))
     return out
 
 
@@ -87,5 +93,6 @@ def test_monitored_barrier_names_late_ranks():
     for rank, r in enumerate(results):
         assert r["after"] == [6.0] * 3, (rank, r)
         assert r["next barrier"][1] is None, (rank, r)
+        assert r["after abort"][1] is None, (rank, r)
     print(f"\n[smdccl] monitored_barrier: late rank named after {r0['one late'][0]:.2f} s; "
           f"test {time.monotonic() - t0:.1f} s")
