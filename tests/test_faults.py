@@ -246,6 +246,38 @@ def test_p2p_with_a_dead_peer_fails_fast(topology):
 
 
 # ---------------------------------------------------------------------------
+# A collective on a group whose links do not exist yet, with a rank that
+# died before any: its listener refuses the survivors' dials, which must end
+# (after a couple of seconds of refusals) rather than wait for the timeout.
+# ---------------------------------------------------------------------------
+
+
+def collective_with_peer_dead_before_links(victim: int) -> dict:
+    rank = dist.get_rank()
+    fresh = dist.new_group(backend="smdccl")  # built through the store: no links yet
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # not reached
+    time.sleep(1.0)  # it is gone by now: its listener refuses (not resets) connections
+    took, msg = _raises(lambda: dist.all_reduce(torch.ones(1000), group=fresh))
+    return {"took": took, "error": msg}
+
+
+@pytest.mark.smdccl_only
+def test_collective_with_a_rank_dead_before_any_link_fails_fast():
+    victim = 2  # the highest rank: the others dial it
+    results = run_ranks(3, collective_with_peer_dead_before_links, victim,
+                        env={"SMDCCL_TOPOLOGY": "1,1,1"}, pg_timeout=60,
+                        expect_exit={victim: -signal.SIGKILL}, timeout=150)
+    for rank in (0, 1):
+        r = results[rank]
+        print(f"\nrank {rank}: all_reduce raised after {r['took']:.2f} s: {r['error']}")
+        assert r["error"] is not None, "the all_reduce returned normally"
+        assert r["took"] < 15, f"raised only after {r['took']:.1f} s (group timeout 60 s): {r['error']}"
+        assert f"rank {victim}" in r["error"], r["error"]
+
+
+# ---------------------------------------------------------------------------
 # send/recv whose sender dies while the message is on its way: the receive
 # that was matched (its header read) must fail, not wait for ever.
 # ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "common/env.h"
@@ -118,12 +119,27 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
   if (inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1)
     throw CommError(CommError::Kind::Protocol, "bad address published by " + what + ": " + ip);
   int delayMs = 1;
+  // The address comes from the peer's listener, which was listening before
+  // it published it and lives as long as its process: a host that refuses
+  // it for a while has no such process any more. (Refusals are not retried
+  // for ever, nor failed at the first, in case a firewall or NAT rule is
+  // being set up.)
+  std::optional<std::chrono::steady_clock::time_point> refusedSince;
   while (true) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throwSystemError("socket", errno);
     if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
     int err = errno;
     close(fd);
+    auto now = std::chrono::steady_clock::now();
+    if (err != ECONNREFUSED) refusedSince.reset();
+    else if (!refusedSince) refusedSince = now;
+    else if (now - *refusedSince >= kRefusedMeansGone)
+      throw CommError(CommError::Kind::PeerFailure,
+                      strCat("cannot connect to ", what, " at ", ip, ":", port,
+                             ": connection refused for ",
+                             std::chrono::duration_cast<std::chrono::milliseconds>(kRefusedMeansGone).count(),
+                             " ms (its process has exited)"));
     bool retry = err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == EAGAIN ||
                  err == ENETUNREACH || err == EHOSTUNREACH;
     if (!retry || deadline.expired())

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -23,8 +24,13 @@ int listenOn(const std::string& ip, int* port);
 // peer that has exited ends at once rather than at the deadline.
 using PeerGoneProbe = std::function<std::string()>;
 
-// Connects (retrying refused connections until the deadline) and returns a
-// blocking fd. `what` names the peer in errors.
+// How long a peer's listener may refuse connections before connectTo
+// concludes that its process is gone.
+constexpr std::chrono::milliseconds kRefusedMeansGone{2000};
+
+// Connects (retrying failed attempts until the deadline; refusals for
+// kRefusedMeansGone end it with a PeerFailure) and returns a blocking fd.
+// `what` names the peer in errors.
 // `cancel`, when given and set, aborts the wait (shutdown); `gone`, when
 // given and saying why, ends it with a PeerFailure.
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
