@@ -691,15 +691,15 @@ def _split_groups(ctx: Ctx) -> None:
     for parent_index, split_ranks in split_specs(ctx.ws):
         parent_ranks, parent = (list(range(ctx.ws)), None) if parent_index is None else made[parent_index]
         g = dist.split_group(parent_pg=parent, split_ranks=split_ranks)
-        mine = [[parent_ranks[r] for r in part] for part in split_ranks if ctx.rank in
-                [parent_ranks[r] for r in part]]
-        made.append((mine[0] if mine else None, g))
+        parts = [[parent_ranks[r] for r in part] for part in split_ranks]  # in global ranks
+        mine = next((part for part in parts if ctx.rank in part), None)
+        made.append((mine, g))
         label = f"split_group {split_ranks} of {'world' if parent is None else parent_ranks}"
-        if not mine:
+        if mine is None:
             with ctx.chk.case(ctx.tag(label, "non-member gets NON_GROUP_MEMBER")):
                 assert g is dist.GroupMember.NON_GROUP_MEMBER, f"got {g}"
             continue
-        _check_subgroup(ctx, mine[0], g, f"{label} -> {mine[0]}")
+        _check_subgroup(ctx, mine, g, f"{label} -> {mine}")
     ctx.clear()
 
 

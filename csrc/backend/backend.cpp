@@ -91,6 +91,12 @@ int ranksOnThisMachine(const std::vector<std::string>& hostKeys, int myRank) {
 // it) records why; later ones name it in their errors.
 const char* const kFirstFailureKey = "smdccl/first_failure";
 
+// The recorded first failure, or "" while the group has none.
+std::string recordedFirstFailure(KVStore& store) {
+  if (!store.check(kFirstFailureKey)) return "";
+  return store.get(kFirstFailureKey, Deadline::after(std::chrono::seconds(5)));
+}
+
 // MeshConfig::groupFailed: the recorded first failure, read from the store
 // at most twice a second (it is asked on every slice of a connection wait).
 class GroupFailureProbe {
@@ -103,9 +109,8 @@ class GroupFailureProbe {
     if (!found_.empty() || now < next_) return found_;
     next_ = now + std::chrono::milliseconds(500);
     try {
-      if (store_->check(kFirstFailureKey))
-        found_ = "the group failed before this link was connected: " +
-                 store_->get(kFirstFailureKey, Deadline::after(std::chrono::seconds(5)));
+      std::string first = recordedFirstFailure(*store_);
+      if (!first.empty()) found_ = "the group failed before this link was connected: " + first;
     } catch (const std::exception& e) {
       // The store is unreachable: the connection wait goes on to its deadline.
       SMDCCL_INFO("could not read the group's failure from the store: ", e.what());
@@ -230,11 +235,9 @@ namespace smdccl {
 std::string SmdcclBackend::failureWithGroupCause(const std::string& mine) {
   const std::string key = kFirstFailureKey;
   try {
-    if (store_->check(key)) {
-      std::string first = store_->get(key, Deadline::after(std::chrono::seconds(5)));
-      if (first != mine) return mine + " [first failure in the group: " + first + "]";
-      return mine;
-    }
+    std::string recorded = recordedFirstFailure(*store_);
+    if (!recorded.empty())
+      return recorded == mine ? mine : mine + " [first failure in the group: " + recorded + "]";
     if (store_->add(key + "/claim", 1) == 1) {
       store_->set(key, mine);
     } else {
@@ -271,6 +274,11 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
+void SmdcclBackend::checkRankOfGroup(const char* api, int64_t r) const {
+  SMDCCL_CHECK_ARG(r >= 0 && r < size_, api, ": rank ", r, " is not a rank of group '",
+                   cfg_.groupName, "' (its ranks are 0..", size_ - 1, ")");
+}
+
 BackendConfig SmdcclBackend::childConfig(const std::vector<int>& ranks, std::string name,
                                          const c10::intrusive_ptr<Options>& opts) const {
   BackendConfig child;
@@ -292,8 +300,7 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
     const c10::intrusive_ptr<Options>& opts) {
   std::vector<int> seen;
   for (int r : ranks) {
-    SMDCCL_CHECK_ARG(r >= 0 && r < size_, "split_group: rank ", r, " is not a rank of group '",
-                     cfg_.groupName, "' (its ranks are 0..", size_ - 1, ")");
+    checkRankOfGroup("split_group", r);
     SMDCCL_CHECK_ARG(std::find(seen.begin(), seen.end(), r) == seen.end(),
                      "split_group: rank ", r, " is listed twice");
     seen.push_back(r);
@@ -335,8 +342,7 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::shrink(
                    shrinkFlags, " is neither SHRINK_DEFAULT (0) nor SHRINK_ABORT (1)");
   std::vector<bool> excluded(static_cast<size_t>(size_), false);
   for (int64_t r : ranksToExclude) {
-    SMDCCL_CHECK_ARG(r >= 0 && r < size_, "shrink_group: rank ", r, " is not a rank of group '",
-                     cfg_.groupName, "' (its ranks are 0..", size_ - 1, ")");
+    checkRankOfGroup("shrink_group", r);
     excluded[static_cast<size_t>(r)] = true;
   }
   SMDCCL_CHECK_ARG(!excluded[static_cast<size_t>(rank_)], "shrink_group: rank ", rank_,

@@ -197,6 +197,8 @@ class SmdcclBackend : public ::c10d::Backend {
   uint64_t fusedCollectives() const { return fusedCollectives_.load(); }
 
  private:
+  // split() and shrink(): ValueError unless `r` is a rank of this group.
+  void checkRankOfGroup(const char* api, int64_t r) const;
   // split() and shrink(): the config of a child group of this group's
   // `ranks` (in child-rank order; this rank is one of them) named `name`,
   // with this group's compression and `opts`' timeout, if any.

@@ -74,6 +74,8 @@ int Mesh::connectOrAccept(int peer, Channel channel, bool weConnect, Deadline de
   return listener_->take(token_, peer, channel, deadline, what, &closing_, gone);
 }
 
+std::string Mesh::groupFailed() const { return cfg_.groupFailed ? cfg_.groupFailed() : ""; }
+
 std::string Mesh::peerGone(int peer) const {
   if (shm_ && cfg_.topology.sameNode(cfg_.rank, peer)) return shm_->peerGone(peer);
   int fd = collectiveFds_[peer].load(std::memory_order_acquire);
@@ -93,7 +95,7 @@ Link& Mesh::link(int peer, Deadline deadline) {
     } else {
       // The lower rank dials, the higher one accepts: one socket per pair.
       int fd = connectOrAccept(peer, Channel::Collective, cfg_.rank < peer, deadline,
-                               [this] { return cfg_.groupFailed ? cfg_.groupFailed() : ""; });
+                               [this] { return groupFailed(); });
       links_[peer] = std::make_unique<TcpLink>(fd, peer);
       collectiveFds_[peer].store(fd, std::memory_order_release);
       SMDCCL_INFO("TCP link to rank ", peer, " (", peerAddressOf(fd), ")");
@@ -116,7 +118,7 @@ int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
   // notice that instead of waiting for the deadline.
   int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline, [this, peer] {
     std::string why = peerGone(peer);
-    return why.empty() && cfg_.groupFailed ? cfg_.groupFailed() : why;
+    return why.empty() ? groupFailed() : why;
   });
   tuneDataSocket(fd);
   std::lock_guard<std::mutex> lock(p2pMu_);

@@ -71,6 +71,8 @@ class Mesh {
   int connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline,
                       const PeerGoneProbe& gone = {});
   std::string peerAddress(int peer, Deadline deadline);
+  // MeshConfig::groupFailed's answer ("" without one).
+  std::string groupFailed() const;
 
   KVStore& store_;
   MeshConfig cfg_;
