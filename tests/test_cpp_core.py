@@ -1,5 +1,5 @@
 """Builds and runs the torch-free C++ unit tests (topology, CPU reductions,
-shared-memory transport, exchange deadlines, fuzzing of the handshake and
+shared-memory transport, exchange and connect deadlines, fuzzing of the handshake and
 send/recv frame parsers and of the TCP listener) with CMake, without torch:
 this is also the proof that those layers do not depend on it."""
 

@@ -31,6 +31,8 @@ Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
     listener_ = &TcpListener::instance(pickLocalAddress(cfg_.masterAddr));
     listener_->registerGroup(token_, cfg_.size, cfg_.rank);
     store_.set(strCat("smdccl/addr/", cfg_.rank), listener_->address());
+    for (int r = 0; r < cfg_.size; ++r)
+      listenerProbes_.push_back(std::make_unique<ListenerProbe>(token_, cfg_.rank, r));
   }
 }
 
@@ -76,6 +78,26 @@ int Mesh::connectOrAccept(int peer, Channel channel, bool weConnect, Deadline de
 
 std::string Mesh::groupFailed() const { return cfg_.groupFailed ? cfg_.groupFailed() : ""; }
 
+std::string Mesh::listenerGone(int peer) {
+  if (!listener_ || cfg_.topology.sameNode(cfg_.rank, peer)) return "";
+  return listenerProbes_[peer]->check([this, peer]() -> std::string {
+    {
+      std::lock_guard<std::mutex> lock(addrMu_);
+      if (!addrCache_[peer].empty()) return addrCache_[peer];
+    }
+    // Not published yet: nothing to ask (and no waiting on the store here).
+    if (!store_.check(strCat("smdccl/addr/", peer))) return "";
+    return peerAddress(peer, Deadline::after(std::chrono::seconds(5)));
+  });
+}
+
+std::string Mesh::connectionWaitGone(int peer, bool accepting) {
+  std::string why = peerGone(peer);
+  if (why.empty()) why = groupFailed();
+  if (why.empty() && accepting) why = listenerGone(peer);
+  return why;
+}
+
 std::string Mesh::peerGone(int peer) const {
   if (shm_ && cfg_.topology.sameNode(cfg_.rank, peer)) return shm_->peerGone(peer);
   int fd = collectiveFds_[peer].load(std::memory_order_acquire);
@@ -94,8 +116,11 @@ Link& Mesh::link(int peer, Deadline deadline) {
       links_[peer] = std::make_unique<ShmLink>(shm_, cfg_.rank, peer);
     } else {
       // The lower rank dials, the higher one accepts: one socket per pair.
-      int fd = connectOrAccept(peer, Channel::Collective, cfg_.rank < peer, deadline,
-                               [this] { return groupFailed(); });
+      bool weConnect = cfg_.rank < peer;
+      int fd = connectOrAccept(peer, Channel::Collective, weConnect, deadline,
+                               [this, peer, weConnect] {
+                                 return connectionWaitGone(peer, !weConnect);
+                               });
       links_[peer] = std::make_unique<TcpLink>(fd, peer);
       collectiveFds_[peer].store(fd, std::memory_order_release);
       SMDCCL_INFO("TCP link to rank ", peer, " (", peerAddressOf(fd), ")");
@@ -116,10 +141,10 @@ int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
   // would let two ranks' receivers block each other's senders.
   // A peer that is gone, or whose group failed, never connects or accepts:
   // notice that instead of waiting for the deadline.
-  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline, [this, peer] {
-    std::string why = peerGone(peer);
-    return why.empty() ? groupFailed() : why;
-  });
+  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline,
+                           [this, peer, outgoing] {
+                             return connectionWaitGone(peer, !outgoing);
+                           });
   tuneDataSocket(fd);
   std::lock_guard<std::mutex> lock(p2pMu_);
   slot[peer] = fd;

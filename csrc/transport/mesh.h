@@ -12,6 +12,7 @@
 #include "common/store.h"
 #include "topology/topology.h"
 #include "transport/link.h"
+#include "transport/listener_probe.h"
 #include "transport/shm_node.h"
 #include "transport/tcp_listener.h"
 
@@ -73,6 +74,14 @@ class Mesh {
   std::string peerAddress(int peer, Deadline deadline);
   // MeshConfig::groupFailed's answer ("" without one).
   std::string groupFailed() const;
+  // Why a peer on another node that has not connected to us is gone (its
+  // listener refuses connections), or "". For accepting waits only: a
+  // dialling wait sees the refusals itself.
+  std::string listenerGone(int peer);
+  // What a wait for `peer`'s connection asks between its attempts: whether
+  // it is gone (peerGone), the group failed, or (accepting) its listener
+  // refuses connections.
+  std::string connectionWaitGone(int peer, bool accepting);
 
   KVStore& store_;
   MeshConfig cfg_;
@@ -90,6 +99,7 @@ class Mesh {
   // any thread (links_ belongs to the progress thread).
   std::unique_ptr<std::atomic<int>[]> collectiveFds_;
   std::atomic<bool> closing_{false};
+  std::vector<std::unique_ptr<ListenerProbe>> listenerProbes_;  // per peer
 };
 
 }  // namespace smdccl

@@ -111,13 +111,70 @@ void throwIfGone(const PeerGoneProbe& gone) {
   if (!why.empty()) throw CommError(CommError::Kind::PeerFailure, why);
 }
 
-int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
-              const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
+// Waits for a non-blocking connect() in progress on `fd`: returns 0 once
+// connected, the attempt's errno once it failed, or ETIMEDOUT at the
+// deadline. Waiting in poll() slices rather than in a blocking connect()
+// keeps a host that drops our SYNs (firewall, blackholed route, a listener
+// whose queue is full) from holding us for the kernel's SYN timeout (about
+// 2 min), and lets shutdown and the peer-gone probe end the wait.
+static int awaitConnect(int fd, Deadline deadline, const std::string& what,
+                        const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
+  while (true) {
+    pollfd p{fd, POLLOUT, 0};
+    int ms = static_cast<int>(std::min<int64_t>(deadline.remaining().count(), 100));
+    int r = poll(&p, 1, ms);
+    if (r < 0 && errno != EINTR) return errno;
+    if (r > 0) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+      return err;
+    }
+    if (deadline.expired()) return ETIMEDOUT;
+    throwIfCancelled(cancel, what);
+    throwIfGone(gone);
+  }
+}
+
+static sockaddr_in ipv4Address(const std::string& ip, int port, const std::string& what) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   if (inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1)
     throw CommError(CommError::Kind::Protocol, "bad address published by " + what + ": " + ip);
+  return a;
+}
+
+static int attemptConnect(const sockaddr_in& a, Deadline deadline, int* fdOut,
+                          const std::string& what, const std::atomic<bool>* cancel,
+                          const PeerGoneProbe& gone) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) throwSystemError("socket", errno);
+  int err = connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    try {
+      err = awaitConnect(fd, deadline, what, cancel, gone);
+    } catch (...) {
+      close(fd);
+      throw;
+    }
+  }
+  if (err != 0) {
+    close(fd);
+    return err;
+  }
+  setNonBlocking(fd, false);
+  *fdOut = fd;
+  return 0;
+}
+
+int tryConnectOnce(const std::string& ip, int port, Deadline deadline, int* fd) {
+  return attemptConnect(ipv4Address(ip, port, ip), deadline, fd, ip, nullptr, {});
+}
+
+int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
+              const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
+  sockaddr_in a = ipv4Address(ip, port, what);
   int delayMs = 1;
   // The address comes from the peer's listener, which was listening before
   // it published it and lives as long as its process: a host that refuses
@@ -125,12 +182,11 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
   // for ever, nor failed at the first, in case a firewall or NAT rule is
   // being set up.)
   std::optional<std::chrono::steady_clock::time_point> refusedSince;
+  auto started = std::chrono::steady_clock::now();
   while (true) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throwSystemError("socket", errno);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-    int err = errno;
-    close(fd);
+    int fd = -1;
+    int err = attemptConnect(a, deadline, &fd, what, cancel, gone);
+    if (err == 0) return fd;
     auto now = std::chrono::steady_clock::now();
     if (err != ECONNREFUSED) refusedSince.reset();
     else if (!refusedSince) refusedSince = now;
@@ -142,11 +198,17 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
                              " ms (its process has exited)"));
     bool retry = err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == EAGAIN ||
                  err == ENETUNREACH || err == EHOSTUNREACH;
-    if (!retry || deadline.expired())
+    if (!retry || deadline.expired()) {
+      auto waitedMs =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count();
+      std::string why = err == ETIMEDOUT
+                            ? strCat("no answer in ", waitedMs,
+                                     " ms (is a firewall dropping the packets, or the host down?)")
+                            : std::string(std::strerror(err));
       throw CommError(err == ETIMEDOUT || deadline.expired() ? CommError::Kind::Timeout
                                                              : CommError::Kind::System,
-                      strCat("cannot connect to ", what, " at ", ip, ":", port, ": ",
-                             std::strerror(err)));
+                      strCat("cannot connect to ", what, " at ", ip, ":", port, ": ", why));
+    }
     throwIfCancelled(cancel, what);
     throwIfGone(gone);
     std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));

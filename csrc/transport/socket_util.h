@@ -30,11 +30,18 @@ constexpr std::chrono::milliseconds kRefusedMeansGone{2000};
 
 // Connects (retrying failed attempts until the deadline; refusals for
 // kRefusedMeansGone end it with a PeerFailure) and returns a blocking fd.
+// Each attempt is a non-blocking connect() waited for in poll() slices, so a
+// host that never answers (dropped SYNs) ends the wait at the deadline, not
+// at the kernel's SYN timeout.
 // `what` names the peer in errors.
 // `cancel`, when given and set, aborts the wait (shutdown); `gone`, when
 // given and saying why, ends it with a PeerFailure.
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
               const std::atomic<bool>* cancel = nullptr, const PeerGoneProbe& gone = {});
+// One connection attempt, waited for until `deadline`: 0 with *fd set (a
+// blocking socket) once connected, else the attempt's errno (ETIMEDOUT when
+// the deadline came first: no answer).
+int tryConnectOnce(const std::string& ip, int port, Deadline deadline, int* fd);
 // Throws CommError(PeerFailure) with the probe's reason when it gives one.
 void throwIfGone(const PeerGoneProbe& gone);
 

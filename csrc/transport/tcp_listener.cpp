@@ -67,7 +67,8 @@ const char* checkHello(const Hello& h, const HelloGroup* group) {
   if (h.srcRank < 0 || h.srcRank >= group->size || h.dstRank != group->myRank)
     return "ranks out of range";
   if (h.channel != static_cast<uint16_t>(Channel::Collective) &&
-      h.channel != static_cast<uint16_t>(Channel::PointToPoint))
+      h.channel != static_cast<uint16_t>(Channel::PointToPoint) &&
+      h.channel != static_cast<uint16_t>(Channel::Probe))
     return "unknown channel";
   return nullptr;
 }
@@ -177,6 +178,12 @@ void TcpListener::onHello(int fd, const std::string& from, const uint8_t* data, 
     std::lock_guard<std::mutex> lock(mu_);
     auto g = why ? groups_.end() : groups_.find(h.token);
     if (!why) why = checkHello(h, g == groups_.end() ? nullptr : &g->second.shape);
+    if (!why && h.channel == static_cast<uint16_t>(Channel::Probe)) {
+      // A member that waits for this rank asks whether its process is
+      // alive: the accepted connection was the answer.
+      close(fd);
+      return;
+    }
     if (!why && g->second.closed) {
       // A member dialling a group that failed here: it learns from the
       // closed connection, and from the store, why.

@@ -38,7 +38,9 @@ struct Hello {
 };
 static_assert(sizeof(Hello) == 32, "Hello is a wire format");
 
-enum class Channel : uint16_t { Collective = 1, PointToPoint = 2 };
+// Probe: a member asking whether this rank's process is still there (see
+// listener_probe.h); the listener closes it once the Hello is read.
+enum class Channel : uint16_t { Collective = 1, PointToPoint = 2, Probe = 3 };
 
 // Handshake parsing, pure (no sockets, no state) so that the listener and the
 // fuzz test (tests/cpp/test_frame_fuzz.cpp) run the same code.

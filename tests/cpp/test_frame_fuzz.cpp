@@ -151,7 +151,7 @@ bool helloOracle(const Bytes& b, const Registry& reg) {
   auto g = reg.find(h.token);
   if (g == reg.end()) return false;
   if (h.srcRank < 0 || h.srcRank >= g->second.size || h.dstRank != g->second.myRank) return false;
-  return h.channel == 1 || h.channel == 2;
+  return h.channel == 1 || h.channel == 2 || h.channel == 3;  // collective, p2p, probe
 }
 
 struct Stats {
@@ -230,11 +230,11 @@ Bytes garbageHello(std::mt19937_64& rng, const Registry& reg, const std::vector<
     }
     case 4: {  // right token, ranks anywhere (mostly out of range)
       static const int32_t kRanks[] = {INT32_MIN, -2, -1, 0, 1, 2, 3, 7, 8, 9, 1 << 20, INT32_MAX};
-      return helloBytes(Hello::kMagic, Hello::kVersion, static_cast<uint16_t>(1 + rng() % 2),
+      return helloBytes(Hello::kMagic, Hello::kVersion, static_cast<uint16_t>(1 + rng() % 3),
                         kRanks[rng() % 12], kRanks[rng() % 12], tokOf());
     }
     case 5: {  // right token and ranks, unknown channel
-      static const uint16_t kCh[] = {0, 3, 4, 0x100, 0x7fff, 0xffff};
+      static const uint16_t kCh[] = {0, 4, 5, 0x100, 0x7fff, 0xffff};
       Bytes b = base;
       uint16_t ch = kCh[rng() % 6];
       std::memcpy(b.data() + 6, &ch, 2);

@@ -1,0 +1,70 @@
+#include "transport/listener_probe.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/error.h"
+#include "transport/socket_util.h"
+
+namespace smdccl {
+
+int ListenerProbe::attempt(const std::string& address) {
+  std::string ip;
+  int port = 0;
+  splitHostPort(address, &ip, &port);
+  int fd = -1;
+  int err = tryConnectOnce(ip, port, Deadline::after(kAttemptWait), &fd);
+  if (err != 0) return err;
+  Hello h{};
+  h.magic = Hello::kMagic;
+  h.version = Hello::kVersion;
+  h.channel = static_cast<uint16_t>(Channel::Probe);
+  h.srcRank = myRank_;
+  h.dstRank = peerRank_;
+  h.token = token_;
+  uint8_t wire[sizeof(Hello)];
+  encodeHello(h, wire);
+  try {
+    // So that the listener knows a member asked; the answer was the accept.
+    sendAll(fd, wire, sizeof wire, Deadline::after(kAttemptWait), address);
+  } catch (const CommError&) {
+  }
+  close(fd);
+  return 0;
+}
+
+std::string ListenerProbe::check(const std::function<std::string()>& address) {
+  using Clock = std::chrono::steady_clock;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!verdict_.empty() || inFlight_ || Clock::now() < nextAttempt_) return verdict_;
+    inFlight_ = true;
+  }
+  // The attempt (up to kAttemptWait) runs outside the lock: the progress
+  // thread and a send/recv thread may both be waiting for this peer.
+  std::string at;
+  int err = EAGAIN;
+  try {
+    at = address();
+    if (!at.empty()) err = attempt(at);
+  } catch (const std::exception&) {
+    // No answer is no sign: the wait's own deadline still applies.
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  inFlight_ = false;
+  auto now = Clock::now();
+  nextAttempt_ = now + kEvery;
+  if (err != ECONNREFUSED) {
+    refusedSince_.reset();
+  } else if (!refusedSince_) {
+    refusedSince_ = now;
+  } else if (now - *refusedSince_ >= kRefusedMeansGone) {
+    verdict_ = strCat("rank ", peerRank_, "'s listener at ", at, " refused connections for ",
+                      std::chrono::duration_cast<std::chrono::milliseconds>(kRefusedMeansGone).count(),
+                      " ms (its process has exited)");
+  }
+  return verdict_;
+}
+
+}  // namespace smdccl

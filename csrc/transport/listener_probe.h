@@ -1,0 +1,54 @@
+#pragma once
+// Whether a peer's process still exists, asked of its TCP listener.
+//
+// A rank that waits for a peer to connect to it (the higher rank of a TCP
+// collective link, the receiver of a send/recv socket) cannot otherwise tell
+// a peer that is slow to get there from one that died before it dialled: no
+// connection existed to drop, and if the dead rank was the only one that
+// would have dialled, nobody was refused and recorded a failure. The
+// listener was listening before its address was published and lives as long
+// as its process, so its refusing connections for kRefusedMeansGone means the
+// process has exited. An accepted probe says Hello on Channel::Probe and is
+// closed by the listener without being counted as a rejected stranger.
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "transport/tcp_listener.h"
+
+namespace smdccl {
+
+class ListenerProbe {
+ public:
+  // One connection attempt at most this often...
+  static constexpr std::chrono::milliseconds kEvery{500};
+  // ...each waiting at most this long for an answer (a host that drops
+  // packets is "no sign", not "gone").
+  static constexpr std::chrono::milliseconds kAttemptWait{250};
+
+  ListenerProbe(const GroupToken& token, int myRank, int peerRank)
+      : token_(token), myRank_(myRank), peerRank_(peerRank) {}
+
+  // Why the peer is gone, or "" while there is no sign of it. `address`
+  // gives the peer's listener ("ip:port", or "" while unpublished); it is
+  // asked only when an attempt is due. Thread-safe; a caller that finds an
+  // attempt in flight does not wait for it.
+  std::string check(const std::function<std::string()>& address);
+
+ private:
+  // ECONNREFUSED, 0 (accepted: alive) or another errno (no sign either way).
+  int attempt(const std::string& address);
+
+  const GroupToken token_;
+  const int myRank_;
+  const int peerRank_;
+  std::mutex mu_;
+  bool inFlight_ = false;
+  std::chrono::steady_clock::time_point nextAttempt_{};
+  std::optional<std::chrono::steady_clock::time_point> refusedSince_;
+  std::string verdict_;
+};
+
+}  // namespace smdccl

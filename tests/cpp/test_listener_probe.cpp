@@ -1,0 +1,119 @@
+// ListenerProbe: how a rank waiting for a peer to connect tells a peer that
+// is slow from one whose process has exited. Against the real process-wide
+// listener (alive) and a port nobody listens on any more (exited).
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "check.h"
+#include "common/error.h"
+#include "transport/listener_probe.h"
+#include "transport/socket_util.h"
+#include "transport/tcp_listener.h"
+
+using namespace smdccl;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+GroupToken probeToken() {
+  GroupToken t;
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint8_t>(0xa0 + i);
+  return t;
+}
+
+// "ip:port" where a listener was and is no more: connections are refused,
+// as they are once a rank's process has exited.
+std::string exitedListenerAddress() {
+  int port = 0;
+  int fd = listenOn("127.0.0.1", &port);
+  ::close(fd);
+  return joinHostPort("127.0.0.1", port);
+}
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Asks the probe every 50 ms until it has a verdict or `limit` seconds pass;
+// returns when the verdict came (seconds), or -1.
+double secondsToVerdict(ListenerProbe& probe, const std::function<std::string()>& address,
+                        double limit, std::string* verdict) {
+  auto start = Clock::now();
+  while (secondsSince(start) < limit) {
+    *verdict = probe.check(address);
+    if (!verdict->empty()) return secondsSince(start);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST(listener_probe_of_a_live_rank_is_no_sign_and_not_a_rejection) {
+  TcpListener& listener = TcpListener::instance("127.0.0.1");
+  GroupToken token = probeToken();
+  listener.registerGroup(token, 2, /*myRank=*/1);
+  uint64_t rejectedBefore = listener.rejectedCount();
+  ListenerProbe probe(token, /*myRank=*/0, /*peerRank=*/1);
+  std::string verdict;
+  double at = secondsToVerdict(probe, [&] { return listener.address(); }, 3.0, &verdict);
+  CHECK(at < 0);  // 6 attempts, all accepted
+  CHECK(verdict.empty());
+  // The probes were closed quietly: not counted as strangers, not handed to
+  // the group as a connection.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(listener.rejectedCount() == rejectedBefore);
+  CHECK_THROWS(listener.take(token, 0, Channel::Probe, Deadline::after(std::chrono::milliseconds(200)),
+                             "rank 0"),
+               CommError);
+  CHECK_THROWS(listener.take(token, 0, Channel::Collective,
+                             Deadline::after(std::chrono::milliseconds(200)), "rank 0"),
+               CommError);
+  listener.unregisterGroup(token);
+}
+
+TEST(listener_probe_of_an_exited_rank_says_gone_after_two_seconds_of_refusals) {
+  std::string dead = exitedListenerAddress();
+  ListenerProbe probe(probeToken(), 0, 1);
+  std::string verdict;
+  double at = secondsToVerdict(probe, [&] { return dead; }, 6.0, &verdict);
+  CHECK(at >= 2.0 && at < 4.0);
+  CHECK(verdict.find("rank 1's listener at " + dead) != std::string::npos);
+  CHECK(verdict.find("refused connections for 2000 ms (its process has exited)") !=
+        std::string::npos);
+  // The verdict stays.
+  CHECK(probe.check([&] { return dead; }) == verdict);
+}
+
+TEST(listener_probe_needs_the_refusals_to_last) {
+  // Refused, then accepted (a listener that was briefly unreachable), then
+  // refused again: the two seconds count from the last acceptance on.
+  TcpListener& listener = TcpListener::instance("127.0.0.1");
+  GroupToken token = probeToken();
+  listener.registerGroup(token, 2, 1);
+  std::string dead = exitedListenerAddress();
+  auto start = Clock::now();
+  auto address = [&]() -> std::string {
+    double t = secondsSince(start);
+    return t >= 1.2 && t < 1.8 ? listener.address() : dead;
+  };
+  ListenerProbe probe(token, 0, 1);
+  std::string verdict;
+  secondsToVerdict(probe, address, 6.0, &verdict);
+  double at = secondsSince(start);
+  CHECK(!verdict.empty());
+  CHECK(at >= 3.8);
+  listener.unregisterGroup(token);
+}
+
+TEST(listener_probe_without_a_published_address_is_no_sign) {
+  ListenerProbe probe(probeToken(), 0, 1);
+  std::string verdict;
+  CHECK(secondsToVerdict(probe, [] { return std::string(); }, 2.5, &verdict) < 0);
+  CHECK(verdict.empty());
+}
