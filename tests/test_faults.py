@@ -278,6 +278,42 @@ def test_collective_with_a_rank_dead_before_any_link_fails_fast():
 
 
 # ---------------------------------------------------------------------------
+# The same, where the dead rank is the only one that would have dialled: the
+# survivor accepts (the higher rank of a TCP collective link; the receiver of
+# a send/recv socket), so nobody is refused and nobody records a failure. The
+# survivor asks the dead rank's listener instead: refusals for 2 s mean its
+# process has exited.
+# ---------------------------------------------------------------------------
+
+
+def accepting_waits_with_dialler_dead_before_links(victim: int) -> dict:
+    rank = dist.get_rank()
+    for_collective = dist.new_group(backend="smdccl")  # built through the store: no links yet
+    for_p2p = dist.new_group(backend="smdccl")
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # not reached
+    time.sleep(1.0)  # it is gone by now
+    collective = _raises(lambda: dist.all_reduce(torch.ones(1000), group=for_collective))
+    recv = _raises(lambda: dist.recv(torch.zeros(4), src=victim, group=for_p2p))
+    return {"all_reduce": collective, "recv": recv}
+
+
+@pytest.mark.smdccl_only
+def test_accepting_waits_for_a_dialler_dead_before_any_link_fail_fast():
+    victim = 0  # the lower rank: it would have dialled rank 1, for both
+    results = run_ranks(2, accepting_waits_with_dialler_dead_before_links, victim,
+                        env={"SMDCCL_TOPOLOGY": "1,1"}, pg_timeout=60,
+                        expect_exit={victim: -signal.SIGKILL}, timeout=150)
+    for op, (took, msg) in results[1].items():
+        print(f"\n{op} on rank 1 raised after {took:.2f} s: {msg}")
+        assert msg is not None, f"{op} returned normally"
+        assert took < 15, f"{op} raised only after {took:.1f} s (group timeout 60 s): {msg}"
+        assert f"rank {victim}" in msg, msg
+        assert "refused connections" in msg, msg
+
+
+# ---------------------------------------------------------------------------
 # send/recv whose sender dies while the message is on its way: the receive
 # that was matched (its header read) must fail, not wait for ever.
 # ---------------------------------------------------------------------------

@@ -206,7 +206,7 @@ def _open_fds() -> int:
 
 def _garbage(rng, kind: str, token: bytes) -> bytes:
     """One seeded malformed handshake of the given kind (never an acceptable one:
-    rank 1 is rank 1 of a 2-rank group, channels are 1 and 2)."""
+    rank 1 is rank 1 of a 2-rank group; channels are 1, 2 and 3, the probe)."""
     if kind == "random bytes":
         return rng.randbytes(rng.randrange(0, 80))
     if kind == "valid magic, random rest":
@@ -223,7 +223,7 @@ def _garbage(rng, kind: str, token: bytes) -> bytes:
                                (0, -1), (7, 7)])
         return struct.pack("<IHHii16s", MAGIC, VERSION, rng.choice((1, 2)), src, dst, token)
     if kind == "right token, bad channel":
-        return struct.pack("<IHHii16s", MAGIC, VERSION, rng.choice((0, 3, 255, 0xFFFF)), 0, 1, token)
+        return struct.pack("<IHHii16s", MAGIC, VERSION, rng.choice((0, 4, 255, 0xFFFF)), 0, 1, token)
     if kind == "right token, bad version":
         return struct.pack("<IHHii16s", MAGIC, rng.choice((0, 2, 0xFFFF)), 1, 0, 1, token)
     raise ValueError(kind)
