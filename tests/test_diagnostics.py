@@ -339,6 +339,7 @@ def late_recvs() -> dict:
     rank = dist.get_rank()
     g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=2.5))
     g_quiet = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=2.5))
+    g_unread = dist.new_group(backend="smdccl", timeout=datetime.timedelta(seconds=2.5))
     out = {}
 
     def attempt(name, fn):
@@ -358,17 +359,29 @@ def late_recvs() -> dict:
         dist.recv(t, src=1, tag=5, group=g)  # the message was there all along
         out["tag 5"] = t.tolist()
 
-    if rank == 1:
+    def sends():
         dist.send(torch.full((4,), 5.0), dst=0, tag=5, group=g)
-        out["log"] = ""
+        # rank 0 posts no receive on g_unread: once the socket's buffers are
+        # full, nothing reads the rest of these 64 MiB
+        attempt("unread send", lambda: dist.send(torch.ones(16 << 20), dst=0, tag=3,
+                                                 group=g_unread))
+
+    if rank == 1:
+        _, out["log"] = _capture_stderr(sends)
     else:
         _, out["log"] = _capture_stderr(receives)
     dist.barrier()
     return out
 
 
-def test_warn_after_says_what_a_late_recv_is_missing():
-    r0 = run_ranks(2, late_recvs, env={"SMDCCL_WARN_AFTER": "1"}, timeout=120)[0]
+@pytest.fixture(scope="module")
+def late_p2p() -> list:
+    """One run of late_recvs: rank 0's late receives, rank 1's unread send."""
+    return run_ranks(2, late_recvs, env={"SMDCCL_WARN_AFTER": "1"}, timeout=120)
+
+
+def test_warn_after_says_what_a_late_recv_is_missing(late_p2p):
+    r0 = late_p2p[0]
     lines = [l for l in r0["log"].splitlines() if "has waited" in l]
     expect = [
         "recv from rank 1 (tag 6, 16 bytes)", "rank 1 sent tag(s) 5 (1) that no receive took, not tag 6",
@@ -381,6 +394,22 @@ def test_warn_after_says_what_a_late_recv_is_missing():
     for name in ("tag mismatch", "any source", "not connected"):
         assert r0[name].startswith("DistBackendError") and "timed out" in r0[name], (name, r0[name])
     assert r0["tag 5"] == [5.0] * 4
+
+
+def test_warn_after_says_what_a_late_send_is_stuck_on(late_p2p):
+    r1 = late_p2p[1]
+    lines = [l for l in r1["log"].splitlines() if "has waited" in l]
+    assert len(lines) == 1, r1["log"]
+    line = lines[0]
+    print(f"\n{line}")
+    for part in (f"send to rank 0 (tag 3, {64 << 20} bytes) on group", "has waited 1 s",
+                 "SMDCCL_WARN_AFTER=1", f"bytes (with the header) are out and rank 0 is not "
+                 "reading them (has it posted a recv from this rank?)"):
+        assert part in line, (part, line)
+    sent = int(line.split("): ")[1].split(" of ")[0])
+    assert 0 < sent < (64 << 20), line
+    assert r1["unread send"].startswith("DistBackendError"), r1["unread send"]
+    assert "timed out" in r1["unread send"], r1["unread send"]
 
 
 def traced_job(path: str) -> str:

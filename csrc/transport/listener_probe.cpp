@@ -38,7 +38,11 @@ std::string ListenerProbe::check(const std::function<std::string()>& address) {
   using Clock = std::chrono::steady_clock;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!verdict_.empty() || inFlight_ || Clock::now() < nextAttempt_) return verdict_;
+    auto now = Clock::now();
+    bool newWait = now - lastAsked_ > 2 * kEvery;
+    lastAsked_ = now;
+    if (newWait && !inFlight_) nextAttempt_ = now + kEvery;
+    if (!verdict_.empty() || inFlight_ || now < nextAttempt_) return verdict_;
     inFlight_ = true;
   }
   // The attempt (up to kAttemptWait) runs outside the lock: the progress

@@ -22,7 +22,9 @@ namespace smdccl {
 
 class ListenerProbe {
  public:
-  // One connection attempt at most this often...
+  // One connection attempt at most this often, the first once a wait has
+  // lasted this long (most waits for a connection end in milliseconds: they
+  // cost the peer no probe)...
   static constexpr std::chrono::milliseconds kEvery{500};
   // ...each waiting at most this long for an answer (a host that drops
   // packets is "no sign", not "gone").
@@ -31,7 +33,9 @@ class ListenerProbe {
   ListenerProbe(const GroupToken& token, int myRank, int peerRank)
       : token_(token), myRank_(myRank), peerRank_(peerRank) {}
 
-  // Why the peer is gone, or "" while there is no sign of it. `address`
+  // Why the peer is gone, or "" while there is no sign of it. Waits ask
+  // between their attempts (at least every kEvery; a longer pause starts a
+  // new wait). `address`
   // gives the peer's listener ("ip:port", or "" while unpublished); it is
   // asked only when an attempt is due. Thread-safe; a caller that finds an
   // attempt in flight does not wait for it.
@@ -47,6 +51,7 @@ class ListenerProbe {
   std::mutex mu_;
   bool inFlight_ = false;
   std::chrono::steady_clock::time_point nextAttempt_{};
+  std::chrono::steady_clock::time_point lastAsked_{};  // a new wait after a pause
   std::optional<std::chrono::steady_clock::time_point> refusedSince_;
   std::string verdict_;
 };

@@ -455,8 +455,10 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
       if (fd < 0) fd = mesh_.p2pSocket(rank, /*outgoing=*/true, req.deadline);
       uint8_t h[sizeof(P2PHeader)];
       encodeP2PHeader(head, h);
-      sendAll(fd, h, sizeof h, req.deadline, what, mesh_.cancelFlag());
-      sendAll(fd, payload, head.bytes, req.deadline, what, mesh_.cancelFlag());
+      SendProgress progress;
+      progress.total = sizeof h + head.bytes;
+      sendWatched(rank, fd, req, h, sizeof h, &progress);
+      sendWatched(rank, fd, req, payload, head.bytes, &progress);
     } catch (const std::exception& e) {
       SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
       failAll(p, std::make_exception_ptr(CommError(
@@ -475,6 +477,40 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
     }
     if (stillQueued) req.done(notReady);
     dropOrLeak(req);  // it may hold the last reference to Python's tensors
+  }
+}
+
+void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, const void* buf, size_t n,
+                            SendProgress* progress) const {
+  std::string what = strCat("rank ", rank);
+  const char* at = static_cast<const char*>(buf);
+  size_t left = n;
+  while (true) {
+    Deadline until = req.deadline;
+    if (warnAfterS_ > 0 && !progress->warned) {
+      auto due = req.queuedAt + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(warnAfterS_));
+      if (due < until.at()) until = Deadline::until(due);
+    }
+    size_t sent = 0;
+    try {
+      sendAll(fd, at, left, until, what, mesh_.cancelFlag(), &sent);
+      progress->sent += sent;
+      return;
+    } catch (const CommError& e) {
+      progress->sent += sent;
+      if (e.kind() != CommError::Kind::Timeout || until.at() == req.deadline.at()) throw;
+      at += sent;
+      left -= sent;
+    }
+    progress->warned = true;
+    double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - req.queuedAt).count();
+    SMDCCL_WARN("smdccl: send to rank ", rank, " (tag ", req.tag, ", ", req.bytes,
+                " bytes) on group '", group_, "' has waited ", static_cast<int64_t>(waited),
+                " s (SMDCCL_WARN_AFTER=", warnAfterS_, "): ", progress->sent, " of ",
+                progress->total, " bytes (with the header) are out and rank ", rank,
+                " is not reading them (has it posted a recv from this rank?)");
   }
 }
 

@@ -108,6 +108,7 @@ class P2PEngine {
     Completion done;
     std::function<void(Deadline)> ready;
     uint32_t flags;
+    std::chrono::steady_clock::time_point queuedAt = std::chrono::steady_clock::now();
   };
   struct RecvReq {
     void* buf = nullptr;
@@ -154,6 +155,18 @@ class P2PEngine {
   // that have waited that long. `connected`: whether the peer has connected
   // for send/recv at all.
   void warnLate(int rank, Peer& p, bool connected);
+  // Sends `n` bytes of `req`'s message to `rank` on `fd` by its deadline;
+  // once it has been waiting SMDCCL_WARN_AFTER since the user's send (e.g.
+  // the peer posts no receive from this rank, so nothing reads the socket
+  // once its buffers are full), logs once what is stuck. `progress` carries
+  // the message's bytes out and "said once" across the header and payload.
+  struct SendProgress {
+    uint64_t sent = 0;
+    uint64_t total = 0;  // header and payload
+    bool warned = false;
+  };
+  void sendWatched(int rank, int fd, const SendReq& req, const void* buf, size_t n,
+                   SendProgress* progress) const;
   // When the next of those warnings is due (never when off or none pending; matchMu_ held).
   Deadline nextWarning(Peer& p) const;
   // The receive a message of `tag` from `p` completes: the earliest posted

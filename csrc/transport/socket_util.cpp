@@ -243,13 +243,15 @@ static void waitReady(int fd, short events, Deadline deadline, const std::string
 }
 
 void sendAll(int fd, const void* buf, size_t n, Deadline deadline, const std::string& what,
-             const std::atomic<bool>* cancel) {
+             const std::atomic<bool>* cancel, size_t* sent) {
   const char* p = static_cast<const char*>(buf);
+  if (sent) *sent = 0;
   while (n > 0) {
     ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k > 0) {
       p += k;
       n -= static_cast<size_t>(k);
+      if (sent) *sent += static_cast<size_t>(k);
     } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
       throwIfCancelled(cancel, what);
       waitReady(fd, POLLOUT, deadline, what, "sending to");

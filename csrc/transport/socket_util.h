@@ -49,9 +49,10 @@ void setNonBlocking(int fd, bool on);
 void tuneDataSocket(int fd);  // TCP_NODELAY, buffer sizes
 
 // Moves exactly n bytes on a socket (blocking or not), waiting with poll()
-// until the deadline; throws CommError naming `what`.
+// until the deadline; throws CommError naming `what`. `sent`, when given,
+// counts the bytes that went out (also when it throws).
 void sendAll(int fd, const void* buf, size_t n, Deadline deadline, const std::string& what,
-             const std::atomic<bool>* cancel = nullptr);
+             const std::atomic<bool>* cancel = nullptr, size_t* sent = nullptr);
 void recvAll(int fd, void* buf, size_t n, Deadline deadline, const std::string& what,
              const std::atomic<bool>* cancel = nullptr);
 

@@ -62,7 +62,7 @@ TEST(listener_probe_of_a_live_rank_is_no_sign_and_not_a_rejection) {
   ListenerProbe probe(token, /*myRank=*/0, /*peerRank=*/1);
   std::string verdict;
   double at = secondsToVerdict(probe, [&] { return listener.address(); }, 3.0, &verdict);
-  CHECK(at < 0);  // 6 attempts, all accepted
+  CHECK(at < 0);  // 5 attempts, all accepted
   CHECK(verdict.empty());
   // The probes were closed quietly: not counted as strangers, not handed to
   // the group as a connection.
@@ -82,12 +82,35 @@ TEST(listener_probe_of_an_exited_rank_says_gone_after_two_seconds_of_refusals) {
   ListenerProbe probe(probeToken(), 0, 1);
   std::string verdict;
   double at = secondsToVerdict(probe, [&] { return dead; }, 6.0, &verdict);
-  CHECK(at >= 2.0 && at < 4.0);
+  // The first attempt after kEvery (0.5 s) of waiting, then 2 s of refusals.
+  CHECK(at >= 2.5 && at < 4.5);
   CHECK(verdict.find("rank 1's listener at " + dead) != std::string::npos);
   CHECK(verdict.find("refused connections for 2000 ms (its process has exited)") !=
         std::string::npos);
   // The verdict stays.
   CHECK(probe.check([&] { return dead; }) == verdict);
+}
+
+TEST(listener_probe_waits_before_its_first_attempt) {
+  // A wait that ends within kEvery costs the peer nothing: no attempt, so
+  // not even an unanswerable address is asked for.
+  ListenerProbe probe(probeToken(), 0, 1);
+  int asked = 0;
+  auto start = Clock::now();
+  while (secondsSince(start) < 0.4) {
+    CHECK(probe.check([&] { ++asked; return std::string(); }).empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(asked == 0);
+  while (secondsSince(start) < 0.8) {
+    probe.check([&] { ++asked; return std::string(); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(asked == 1);
+  // After a pause, a new wait: again no attempt for kEvery.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  probe.check([&] { ++asked; return std::string(); });
+  CHECK(asked == 1);
 }
 
 TEST(listener_probe_needs_the_refusals_to_last) {
