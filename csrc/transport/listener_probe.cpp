@@ -16,18 +16,10 @@ int ListenerProbe::attempt(const std::string& address) {
   int fd = -1;
   int err = tryConnectOnce(ip, port, Deadline::after(kAttemptWait), &fd);
   if (err != 0) return err;
-  Hello h{};
-  h.magic = Hello::kMagic;
-  h.version = Hello::kVersion;
-  h.channel = static_cast<uint16_t>(Channel::Probe);
-  h.srcRank = myRank_;
-  h.dstRank = peerRank_;
-  h.token = token_;
-  uint8_t wire[sizeof(Hello)];
-  encodeHello(h, wire);
+  auto wire = memberHello(token_, myRank_, peerRank_, Channel::Probe);
   try {
     // So that the listener knows a member asked; the answer was the accept.
-    sendAll(fd, wire, sizeof wire, Deadline::after(kAttemptWait), address);
+    sendAll(fd, wire.data(), wire.size(), Deadline::after(kAttemptWait), address);
   } catch (const CommError&) {
   }
   close(fd);

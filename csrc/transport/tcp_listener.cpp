@@ -62,6 +62,20 @@ void encodeHello(const Hello& h, uint8_t out[sizeof(Hello)]) {
   std::memcpy(out + 16, h.token.data(), h.token.size());
 }
 
+std::array<uint8_t, sizeof(Hello)> memberHello(const GroupToken& token, int srcRank, int dstRank,
+                                               Channel channel) {
+  Hello h{};
+  h.magic = Hello::kMagic;
+  h.version = Hello::kVersion;
+  h.channel = static_cast<uint16_t>(channel);
+  h.srcRank = srcRank;
+  h.dstRank = dstRank;
+  h.token = token;
+  std::array<uint8_t, sizeof(Hello)> wire;
+  encodeHello(h, wire.data());
+  return wire;
+}
+
 const char* checkHello(const Hello& h, const HelloGroup* group) {
   if (group == nullptr) return "unknown group token";
   if (h.srcRank < 0 || h.srcRank >= group->size || h.dstRank != group->myRank)
@@ -317,17 +331,9 @@ int connectToPeer(const std::string& peerAddress, const GroupToken& token, int m
   int port = 0;
   splitHostPort(peerAddress, &ip, &port);
   int fd = connectTo(ip, port, deadline, what, cancel, gone);
-  Hello h{};
-  h.magic = Hello::kMagic;
-  h.version = Hello::kVersion;
-  h.channel = static_cast<uint16_t>(channel);
-  h.srcRank = myRank;
-  h.dstRank = peerRank;
-  h.token = token;
-  uint8_t wire[sizeof(Hello)];
-  encodeHello(h, wire);
+  auto wire = memberHello(token, myRank, peerRank, channel);
   try {
-    sendAll(fd, wire, sizeof wire, deadline, what);
+    sendAll(fd, wire.data(), wire.size(), deadline, what);
     uint32_t ack = 0;
     recvAll(fd, &ack, sizeof ack, deadline, what);
     if (ack != kAck) throw CommError(CommError::Kind::Protocol, what + " refused the handshake");

@@ -58,6 +58,10 @@ HelloParse parseHello(const uint8_t* data, size_t len);
 // The wire bytes of `h` (what connectToPeer sends).
 void encodeHello(const Hello& h, uint8_t out[sizeof(Hello)]);
 
+// The wire bytes of the Hello a group member sends.
+std::array<uint8_t, sizeof(Hello)> memberHello(const GroupToken& token, int srcRank, int dstRank,
+                                               Channel channel);
+
 // What the listener knows of a registered group.
 struct HelloGroup {
   int size;
