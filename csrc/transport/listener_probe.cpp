@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/error.h"
@@ -33,7 +34,12 @@ std::string ListenerProbe::check(const std::function<std::string()>& address) {
     auto now = Clock::now();
     bool newWait = now - lastAsked_ > 2 * kEvery;
     lastAsked_ = now;
-    if (newWait && !inFlight_) nextAttempt_ = now + kEvery;
+    if (newWait && !inFlight_) {
+      // Refusals seen in an earlier wait do not count towards this one.
+      nextAttempt_ = now + kEvery;
+      interval_ = kEvery;
+      refusedSince_.reset();
+    }
     if (!verdict_.empty() || inFlight_ || now < nextAttempt_) return verdict_;
     inFlight_ = true;
   }
@@ -50,7 +56,11 @@ std::string ListenerProbe::check(const std::function<std::string()>& address) {
   std::lock_guard<std::mutex> lock(mu_);
   inFlight_ = false;
   auto now = Clock::now();
-  nextAttempt_ = now + kEvery;
+  // While refusals are being confirmed, ask every kEvery; a peer that
+  // answers (or does not answer at all) is asked less and less often, so
+  // many ranks waiting long for one slow peer do not flood its listener.
+  interval_ = err == ECONNREFUSED ? kEvery : std::min(interval_ * 2, kMaxEvery);
+  nextAttempt_ = now + interval_;
   if (err != ECONNREFUSED) {
     refusedSince_.reset();
   } else if (!refusedSince_) {

@@ -26,6 +26,8 @@ class ListenerProbe {
   // lasted this long (most waits for a connection end in milliseconds: they
   // cost the peer no probe)...
   static constexpr std::chrono::milliseconds kEvery{500};
+  // ...backing off to this while the peer answers (alive, or not answering).
+  static constexpr std::chrono::milliseconds kMaxEvery{8000};
   // ...each waiting at most this long for an answer (a host that drops
   // packets is "no sign", not "gone").
   static constexpr std::chrono::milliseconds kAttemptWait{250};
@@ -35,7 +37,7 @@ class ListenerProbe {
 
   // Why the peer is gone, or "" while there is no sign of it. Waits ask
   // between their attempts (at least every kEvery; a longer pause starts a
-  // new wait). `address`
+  // new wait, and refusals count within one wait only). `address`
   // gives the peer's listener ("ip:port", or "" while unpublished); it is
   // asked only when an attempt is due. Thread-safe; a caller that finds an
   // attempt in flight does not wait for it.
@@ -51,6 +53,7 @@ class ListenerProbe {
   std::mutex mu_;
   bool inFlight_ = false;
   std::chrono::steady_clock::time_point nextAttempt_{};
+  std::chrono::milliseconds interval_{kEvery};
   std::chrono::steady_clock::time_point lastAsked_{};  // a new wait after a pause
   std::optional<std::chrono::steady_clock::time_point> refusedSince_;
   std::string verdict_;

@@ -87,7 +87,7 @@ std::string Mesh::listenerGone(int peer) {
     }
     // Not published yet: nothing to ask (and no waiting on the store here).
     if (!store_.check(strCat("smdccl/addr/", peer))) return "";
-    return peerAddress(peer, Deadline::after(std::chrono::seconds(5)));
+    return peerAddress(peer, Deadline::after(std::chrono::seconds(1)));
   });
 }
 

@@ -482,15 +482,18 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
 
 void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, const void* buf, size_t n,
                             SendProgress* progress) const {
+  using Clock = std::chrono::steady_clock;
   std::string what = strCat("rank ", rank);
   const char* at = static_cast<const char*>(buf);
   size_t left = n;
+  auto window = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(warnAfterS_));
   while (true) {
+    // Watched in quarter-window slices: a slice that moved bytes is
+    // progress (a large message to a slow link is not stuck).
     Deadline until = req.deadline;
     if (warnAfterS_ > 0 && !progress->warned) {
-      auto due = req.queuedAt + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(warnAfterS_));
-      if (due < until.at()) until = Deadline::until(due);
+      auto sliceEnd = Clock::now() + window / 4;
+      if (sliceEnd < until.at()) until = Deadline::until(sliceEnd);
     }
     size_t sent = 0;
     try {
@@ -503,11 +506,13 @@ void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, const void* bu
       at += sent;
       left -= sent;
     }
+    auto now = Clock::now();
+    if (sent > 0) progress->lastMoved = now;
+    if (now - progress->lastMoved < window) continue;
     progress->warned = true;
-    double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - req.queuedAt).count();
     SMDCCL_WARN("smdccl: send to rank ", rank, " (tag ", req.tag, ", ", req.bytes,
-                " bytes) on group '", group_, "' has waited ", static_cast<int64_t>(waited),
+                " bytes) on group '", group_, "' has sent nothing for ",
+                static_cast<int64_t>(std::chrono::duration<double>(now - progress->lastMoved).count()),
                 " s (SMDCCL_WARN_AFTER=", warnAfterS_, "): ", progress->sent, " of ",
                 progress->total, " bytes (with the header) are out and rank ", rank,
                 " is not reading them (has it posted a recv from this rank?)");

@@ -108,7 +108,6 @@ class P2PEngine {
     Completion done;
     std::function<void(Deadline)> ready;
     uint32_t flags;
-    std::chrono::steady_clock::time_point queuedAt = std::chrono::steady_clock::now();
   };
   struct RecvReq {
     void* buf = nullptr;
@@ -156,13 +155,15 @@ class P2PEngine {
   // for send/recv at all.
   void warnLate(int rank, Peer& p, bool connected);
   // Sends `n` bytes of `req`'s message to `rank` on `fd` by its deadline;
-  // once it has been waiting SMDCCL_WARN_AFTER since the user's send (e.g.
-  // the peer posts no receive from this rank, so nothing reads the socket
-  // once its buffers are full), logs once what is stuck. `progress` carries
-  // the message's bytes out and "said once" across the header and payload.
+  // once no byte of it has gone out for SMDCCL_WARN_AFTER (e.g. the peer
+  // posts no receive from this rank, so nothing reads the socket once its
+  // buffers are full), logs once what is stuck. `progress` carries the
+  // message's bytes out, when one last moved and "said once" across the
+  // header and the payload.
   struct SendProgress {
     uint64_t sent = 0;
     uint64_t total = 0;  // header and payload
+    std::chrono::steady_clock::time_point lastMoved = std::chrono::steady_clock::now();
     bool warned = false;
   };
   void sendWatched(int rank, int fd, const SendReq& req, const void* buf, size_t n,

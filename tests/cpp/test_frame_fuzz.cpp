@@ -196,7 +196,7 @@ std::vector<Bytes> validHellos(const Registry& reg) {
   std::vector<Bytes> out;
   for (auto& [tok, g] : reg)
     for (int src = 0; src < g.size; ++src)
-      for (uint16_t ch : {uint16_t(1), uint16_t(2)})
+      for (uint16_t ch : {uint16_t(1), uint16_t(2), uint16_t(3)})
         out.push_back(helloBytes(Hello::kMagic, Hello::kVersion, ch, src, g.myRank, tok));
   return out;
 }

@@ -96,42 +96,66 @@ TEST(listener_probe_waits_before_its_first_attempt) {
   // not even an unanswerable address is asked for.
   ListenerProbe probe(probeToken(), 0, 1);
   int asked = 0;
+  auto ask = [&] { return probe.check([&] { ++asked; return std::string(); }); };
   auto start = Clock::now();
   while (secondsSince(start) < 0.4) {
-    CHECK(probe.check([&] { ++asked; return std::string(); }).empty());
+    CHECK(ask().empty());
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   CHECK(asked == 0);
-  while (secondsSince(start) < 0.8) {
-    probe.check([&] { ++asked; return std::string(); });
+  while (asked == 0 && secondsSince(start) < 5) {
+    ask();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   CHECK(asked == 1);
-  // After a pause, a new wait: again no attempt for kEvery.
+  CHECK(secondsSince(start) >= 0.5);
+  // After a pause, a new wait: again no attempt at once.
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  probe.check([&] { ++asked; return std::string(); });
+  ask();
   CHECK(asked == 1);
 }
 
 TEST(listener_probe_needs_the_refusals_to_last) {
-  // Refused, then accepted (a listener that was briefly unreachable), then
-  // refused again: the two seconds count from the last acceptance on.
+  // Refused, refused, accepted (a listener that was briefly unreachable),
+  // then refused again: the two seconds count from the first refusal after
+  // the acceptance. Keyed to the attempts, not the clock, so a loaded
+  // machine cannot move an attempt out of the "accepted" window.
   TcpListener& listener = TcpListener::instance("127.0.0.1");
   GroupToken token = probeToken();
   listener.registerGroup(token, 2, 1);
   std::string dead = exitedListenerAddress();
-  auto start = Clock::now();
+  int attempts = 0;
+  Clock::time_point refusedAgainAt{};
   auto address = [&]() -> std::string {
-    double t = secondsSince(start);
-    return t >= 1.2 && t < 1.8 ? listener.address() : dead;
+    ++attempts;
+    if (attempts == 3) return listener.address();
+    if (attempts == 4) refusedAgainAt = Clock::now();
+    return dead;
   };
   ListenerProbe probe(token, 0, 1);
   std::string verdict;
-  secondsToVerdict(probe, address, 6.0, &verdict);
-  double at = secondsSince(start);
+  secondsToVerdict(probe, address, 15.0, &verdict);
   CHECK(!verdict.empty());
-  CHECK(at >= 3.8);
+  CHECK(attempts >= 5);
+  CHECK(secondsSince(refusedAgainAt) >= 2.0);
   listener.unregisterGroup(token);
+}
+
+TEST(listener_probe_refusals_of_an_earlier_wait_do_not_count) {
+  // A refusal in one wait, a pause, then a new wait: its first refusal
+  // starts the two seconds afresh (it used to give the verdict at once).
+  std::string dead = exitedListenerAddress();
+  ListenerProbe probe(probeToken(), 0, 1);
+  std::string verdict;
+  auto address = [&] { return dead; };
+  auto start = Clock::now();
+  while (secondsSince(start) < 1.2) {  // one or two refusals
+    CHECK(probe.check(address).empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the wait ended
+  double at = secondsToVerdict(probe, address, 6.0, &verdict);
+  CHECK(at >= 2.5);  // kEvery before the first attempt, then 2 s of refusals
 }
 
 TEST(listener_probe_without_a_published_address_is_no_sign) {
