@@ -38,7 +38,7 @@ std::string ListenerProbe::check(const std::function<std::string()>& address) {
       // Refusals seen in an earlier wait do not count towards this one.
       nextAttempt_ = now + kEvery;
       interval_ = kEvery;
-      refusedSince_.reset();
+      refused_.reset();
     }
     if (!verdict_.empty() || inFlight_ || now < nextAttempt_) return verdict_;
     inFlight_ = true;
@@ -61,15 +61,9 @@ std::string ListenerProbe::check(const std::function<std::string()>& address) {
   // many ranks waiting long for one slow peer do not flood its listener.
   interval_ = err == ECONNREFUSED ? kEvery : std::min(interval_ * 2, kMaxEvery);
   nextAttempt_ = now + interval_;
-  if (err != ECONNREFUSED) {
-    refusedSince_.reset();
-  } else if (!refusedSince_) {
-    refusedSince_ = now;
-  } else if (now - *refusedSince_ >= kRefusedMeansGone) {
-    verdict_ = strCat("rank ", peerRank_, "'s listener at ", at, " refused connections for ",
-                      std::chrono::duration_cast<std::chrono::milliseconds>(kRefusedMeansGone).count(),
-                      " ms (its process has exited)");
-  }
+  if (refused_.refusedLongEnough(err, now))
+    verdict_ = strCat("rank ", peerRank_, "'s listener at ", at, " refused connections",
+                      RefusalSpan::meaning());
   return verdict_;
 }
 

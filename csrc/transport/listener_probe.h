@@ -13,9 +13,9 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <string>
 
+#include "transport/socket_util.h"
 #include "transport/tcp_listener.h"
 
 namespace smdccl {
@@ -55,7 +55,7 @@ class ListenerProbe {
   std::chrono::steady_clock::time_point nextAttempt_{};
   std::chrono::milliseconds interval_{kEvery};
   std::chrono::steady_clock::time_point lastAsked_{};  // a new wait after a pause
-  std::optional<std::chrono::steady_clock::time_point> refusedSince_;
+  RefusalSpan refused_;  // within the current wait
   std::string verdict_;
 };
 

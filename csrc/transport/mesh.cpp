@@ -54,14 +54,16 @@ void Mesh::abortLinks() {
   if (listener_) listener_->closeGroup(token_);
 }
 
-std::string Mesh::peerAddress(int peer, Deadline deadline) {
+std::string Mesh::peerAddress(int peer, Deadline deadline, bool waitForIt) {
   {
     std::lock_guard<std::mutex> lock(addrMu_);
     if (!addrCache_[peer].empty()) return addrCache_[peer];
   }
+  std::string key = strCat("smdccl/addr/", peer);
+  if (!waitForIt && !store_.check(key)) return "";
   // The progress thread (collective links) and send threads (p2p) may ask
   // at once: both read the same value; the store wait is outside the lock.
-  std::string addr = store_.get(strCat("smdccl/addr/", peer), deadline);
+  std::string addr = store_.get(key, deadline);
   std::lock_guard<std::mutex> lock(addrMu_);
   addrCache_[peer] = addr;
   return addr;
@@ -80,14 +82,9 @@ std::string Mesh::groupFailed() const { return cfg_.groupFailed ? cfg_.groupFail
 
 std::string Mesh::listenerGone(int peer) {
   if (!listener_ || cfg_.topology.sameNode(cfg_.rank, peer)) return "";
-  return listenerProbes_[peer]->check([this, peer]() -> std::string {
-    {
-      std::lock_guard<std::mutex> lock(addrMu_);
-      if (!addrCache_[peer].empty()) return addrCache_[peer];
-    }
-    // Not published yet: nothing to ask (and no waiting on the store here).
-    if (!store_.check(strCat("smdccl/addr/", peer))) return "";
-    return peerAddress(peer, Deadline::after(std::chrono::seconds(1)));
+  // Not published yet: nothing to ask (and no waiting on the store here).
+  return listenerProbes_[peer]->check([this, peer] {
+    return peerAddress(peer, Deadline::after(std::chrono::seconds(1)), /*waitForIt=*/false);
   });
 }
 

@@ -71,7 +71,9 @@ class Mesh {
  private:
   int connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline,
                       const PeerGoneProbe& gone = {});
-  std::string peerAddress(int peer, Deadline deadline);
+  // `peer`'s listener address, waiting for it to be published, or (not
+  // `waitForIt`) "" while it is not.
+  std::string peerAddress(int peer, Deadline deadline, bool waitForIt = true);
   // MeshConfig::groupFailed's answer ("" without one).
   std::string groupFailed() const;
   // Why a peer on another node that has not connected to us is gone (its

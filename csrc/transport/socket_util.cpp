@@ -13,7 +13,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <optional>
 #include <thread>
 
 #include "common/env.h"
@@ -172,6 +171,19 @@ int tryConnectOnce(const std::string& ip, int port, Deadline deadline, int* fd) 
   return attemptConnect(ipv4Address(ip, port, ip), deadline, fd, ip, nullptr, {});
 }
 
+bool RefusalSpan::refusedLongEnough(int err, Clock::time_point now) {
+  if (err != ECONNREFUSED) {
+    reset();
+    return false;
+  }
+  if (since_ == Clock::time_point{}) since_ = now;
+  return now - since_ >= kRefusedMeansGone;
+}
+
+std::string RefusalSpan::meaning() {
+  return strCat(" for ", kRefusedMeansGone.count(), " ms (its process has exited)");
+}
+
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
               const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
   sockaddr_in a = ipv4Address(ip, port, what);
@@ -181,21 +193,17 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
   // it for a while has no such process any more. (Refusals are not retried
   // for ever, nor failed at the first, in case a firewall or NAT rule is
   // being set up.)
-  std::optional<std::chrono::steady_clock::time_point> refusedSince;
+  RefusalSpan refused;
   auto started = std::chrono::steady_clock::now();
   while (true) {
     int fd = -1;
     int err = attemptConnect(a, deadline, &fd, what, cancel, gone);
     if (err == 0) return fd;
     auto now = std::chrono::steady_clock::now();
-    if (err != ECONNREFUSED) refusedSince.reset();
-    else if (!refusedSince) refusedSince = now;
-    else if (now - *refusedSince >= kRefusedMeansGone)
+    if (refused.refusedLongEnough(err, now))
       throw CommError(CommError::Kind::PeerFailure,
                       strCat("cannot connect to ", what, " at ", ip, ":", port,
-                             ": connection refused for ",
-                             std::chrono::duration_cast<std::chrono::milliseconds>(kRefusedMeansGone).count(),
-                             " ms (its process has exited)"));
+                             ": connection refused", RefusalSpan::meaning()));
     bool retry = err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == EAGAIN ||
                  err == ENETUNREACH || err == EHOSTUNREACH;
     if (!retry || deadline.expired()) {

@@ -24,9 +24,25 @@ int listenOn(const std::string& ip, int* port);
 // peer that has exited ends at once rather than at the deadline.
 using PeerGoneProbe = std::function<std::string()>;
 
-// How long a peer's listener may refuse connections before connectTo
-// concludes that its process is gone.
+// How long a peer's listener may refuse connections before connectTo (and
+// ListenerProbe) conclude that its process is gone.
 constexpr std::chrono::milliseconds kRefusedMeansGone{2000};
+
+// The kRefusedMeansGone rule over a series of connection attempts: how long
+// they have been refused without a break.
+class RefusalSpan {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Records an attempt's errno (0: connected); true once refusals have
+  // lasted kRefusedMeansGone.
+  bool refusedLongEnough(int err, Clock::time_point now);
+  void reset() { since_ = Clock::time_point{}; }
+  // " for 2000 ms (its process has exited)": the end of the messages.
+  static std::string meaning();
+
+ private:
+  Clock::time_point since_{};  // epoch: not being refused
+};
 
 // Connects (retrying failed attempts until the deadline; refusals for
 // kRefusedMeansGone end it with a PeerFailure) and returns a blocking fd.
