@@ -201,26 +201,44 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
                                                         bool asyncOp,
                                                         std::shared_ptr<QueuedAllreduce> fusable,
                                                         std::shared_ptr<DeviceOp> device) {
-  uint64_t seq = ++seq_;
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), [name, seq, group = cfg_.groupName] {
-    return strCat(name, " #", seq, " on group '", group, "'");
-  });
-  if (fusable) fusable->work = work;
-  if (device) work->setDeviceCompletion(device->completion(seq));
+  ++seq_;
+  auto number = std::make_shared<std::atomic<uint64_t>>(0);
+  auto what = [name, number, group = cfg_.groupName] {
+    uint64_t n = number->load();
+    return n ? strCat(name, " #", n, " on group '", group, "'")
+             : strCat(name, " (queued, not started) on group '", group, "'");
+  };
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), what);
+  work->setRunner(progress_->id());
+  if (fusable) {
+    fusable->work = work;
+    fusable->number = number;
+  }
+  if (device) work->setDeviceCompletion(device->completion(what));
   call.sig.name = name;
   // CPU and CUDA tensors may take different paths (allreduce): under the
   // full fingerprint a CPU rank and a CUDA rank of one call do not match.
   if (device && call.sig.shapeHash) call.sig.shapeHash = (call.sig.shapeHash ^ 1) * 1099511628211ull;
   auto timeout = effectiveTimeout(opTimeout);
   int64_t queued = trace::enabled() ? trace::nowUs() : 0;
+  // Issued by a completion callback, on the progress thread itself: DDP's
+  // PowerSGD hook all_reduces in its future callbacks and waits for the
+  // result there. Queued, the op would wait behind the very task that waits
+  // for it, for ever. It runs here, at once, ahead of what is queued: on
+  // every rank at the same point of the run order (right after the op whose
+  // completion issued it), whatever the caller threads queued meanwhile.
+  if (progress_->isCurrentThread()) {
+    runWork(*work, call, body, *number, name, timeout, queued, device.get());
+    return work;
+  }
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
   if (!asyncOp &&
       progress_->tryRunInline(
-          [&] { runWork(*work, call, body, seq, name, timeout, queued, device.get()); }))
+          [&] { runWork(*work, call, body, *number, name, timeout, queued, device.get()); }))
     return work;
-  auto task = [this, work, call = std::move(call), body = std::move(body), seq, name, timeout,
+  auto task = [this, work, call = std::move(call), body = std::move(body), number, name, timeout,
                queued, device] {
-    runWork(*work, call, body, seq, name, timeout, queued, device.get());
+    runWork(*work, call, body, *number, name, timeout, queued, device.get());
   };
   // The thread has stopped after a failure: runWork fails the work at once
   // with the group's cause, here.
@@ -457,9 +475,12 @@ std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kin
 }
 
 void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
-                            const std::function<void(Comm&)>& body, uint64_t seq,
-                            const char* name, std::chrono::milliseconds timeout,
-                            int64_t queuedUs, DeviceOp* device) {
+                            const std::function<void(Comm&)>& body,
+                            std::atomic<uint64_t>& number, const char* name,
+                            std::chrono::milliseconds timeout, int64_t queuedUs,
+                            DeviceOp* device) {
+  const uint64_t seq = ++runSeq_;
+  number.store(seq);
   // CUDA: tensor ops of the body (scaling, copies) run on the internal
   // stream, and the work's future completes there.
   std::optional<c10::StreamGuard> onStream;
@@ -536,9 +557,12 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
                      std::chrono::steady_clock::now() - started).count(),
                  " us", riders_.empty() ? "" : strCat(" (", riders_.size(), " fused in)"),
                  err ? " (failed)" : "");
-  // Allreduces fused into this one fail with the same error.
-  for (auto& w : riders_) w->complete(err);
-  dropOrLeak(riders_);
+  // Allreduces fused into this one complete with its outcome. Moved out
+  // first: their callbacks may run ops of this group right here (enqueue).
+  std::vector<c10::intrusive_ptr<SmdcclWork>> riders;
+  riders.swap(riders_);
+  for (auto& w : riders) w->complete(err);
+  dropOrLeak(riders);
   if (device) device->signal(seq);
   work.complete(err);
 }

@@ -63,10 +63,14 @@ struct BackendConfig {
 
 // An async allreduce waiting in the queue that the one running before it may
 // take into its collective (tensor fusion).
+// An op's number in the group's run order, set when it starts (0 before).
+using OpNumber = std::shared_ptr<std::atomic<uint64_t>>;
+
 struct QueuedAllreduce : Fusable {
   at::Tensor tensor;
   ReduceSpec spec;
   c10::intrusive_ptr<SmdcclWork> work;
+  OpNumber number;
 };
 
 // A collective as this rank calls it: what every rank must agree on, and the
@@ -237,10 +241,11 @@ class SmdcclBackend : public ::c10d::Backend {
   // Returns the error the op's work completes with.
   std::exception_ptr failGroup(const OpContext& ctx, CommError::Kind kind, const std::string& cause);
   // `queuedUs`: when the caller queued it (trace::nowUs(); 0 when not tracing).
-  // `device`: the op's CUDA side (nullptr for CPU tensors).
+  // `device`: the op's CUDA side (nullptr for CPU tensors). `number` gets
+  // the op's place in the run order.
   void runWork(SmdcclWork& work, const OpCall& call, const std::function<void(Comm&)>& body,
-               uint64_t seq, const char* name, std::chrono::milliseconds timeout,
-               int64_t queuedUs, DeviceOp* device);
+               std::atomic<uint64_t>& number, const char* name,
+               std::chrono::milliseconds timeout, int64_t queuedUs, DeviceOp* device);
   // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);
@@ -271,7 +276,12 @@ class SmdcclBackend : public ::c10d::Backend {
   Tuning tuning_;
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
-  uint64_t seq_ = 0;  // issue order, caller threads
+  uint64_t seq_ = 0;  // ops issued (getSequenceNumberForGroup), caller threads
+  // Ops started, in run order: the number the ranks compare (op headers,
+  // watchdog). Not issue order: an op that a completion callback issues runs
+  // before those already queued (see enqueue). Touched only by the running
+  // task (runMu_ of the progress thread serializes).
+  uint64_t runSeq_ = 0;
   size_t fusionBytes_ = 0;  // SMDCCL_FUSION_MB; 0: no fusion
   bool nanCheck_ = false;   // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL

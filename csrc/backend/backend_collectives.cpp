@@ -323,14 +323,14 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   std::vector<ReduceSpec> specs{first.spec};
   for (auto& f : taken) {
     auto& q = static_cast<QueuedAllreduce&>(*f);
+    q.number->store(++runSeq_);  // the same on every rank: they agreed on `count`
     q.work->markStarted();
     riders_.push_back(q.work);  // on failure runWork completes them with its error
     ts.push_back(q.tensor);
     specs.push_back(q.spec);
   }
   allreduceFlat(c, ts, specs);
-  for (auto& w : riders_) w->complete(nullptr);
-  dropOrLeak(riders_);  // they may hold the last reference to Python's tensors
+  // runWork completes the riders, after this op's end.
   fusedOps_ += taken.size() + 1;
   ++fusedCollectives_;
 }
@@ -892,16 +892,17 @@ WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
                   " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
-  DeviceOps::HostLanding landing{t, nullptr};
+  DeviceOps::HostLanding landing{t, nullptr, nullptr};
   if (deviceOps_->deviceOf({t}, "recv") >= 0) landing = deviceOps_->hostForRecv(t);
+  if (landing.completion) work->setDeviceCompletion(landing.completion);
   at::Tensor h = landing.host;
   Deadline deadline = Deadline::after(std::chrono::milliseconds(timeoutMs_.load()));
-  Completion done = [work, h, deadline, deliver = std::move(landing.deliver)](std::exception_ptr e) {
-    if (!e && deliver) {
+  Completion done = [work, h, land = std::move(landing.land)](std::exception_ptr e) {
+    if (land) {
       try {
-        deliver(deadline);
+        land(/*arrived=*/!e);
       } catch (...) {
-        e = std::current_exception();
+        if (!e) e = std::current_exception();
       }
     }
     work->complete(e ? toTorchError(e) : nullptr);

@@ -59,7 +59,8 @@ class DeviceOp {
   virtual void allgather(Comm& c, const char* in, char* out, size_t eachBytes,
                          const Tuning& t) = 0;
   // What the op's Work waits on (op number `seq`, the one signal() gets).
-  virtual std::shared_ptr<DeviceCompletion> completion(uint64_t seq) = 0;
+  // `what` names the op in errors ("allreduce #7 on group '0'").
+  virtual std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what) = 0;
 };
 
 // Per group: makes the DeviceOp of each call on CUDA tensors. The CPU build's
@@ -84,14 +85,18 @@ class DeviceOps {
     std::function<void(Deadline)> ready;
   };
   virtual HostCopy hostCopyForSend(const at::Tensor& dev) = 0;
-  // A receive into CUDA tensor `dev` lands in pinned `host`; `deliver` (run
-  // by the receive thread once it has) copies it into `dev`, after the work
-  // that the caller had queued on its current stream when it called recv
-  // (which may still read or write `dev`), and waits for that copy up to the
-  // receive's deadline.
+  // A receive into CUDA tensor `dev` lands in pinned `host`. `land` runs
+  // once, where the receive completes (the receive thread, or the caller's
+  // thread when the message was there first): with `arrived`, it queues the
+  // copy into `dev` after the work that the caller had queued on its current
+  // stream when it called recv (which may still read or write `dev`), and
+  // marks the copy's end; either way it releases `completion`'s waits. The
+  // work's `completion`: wait() makes the caller's stream wait for the copy
+  // (the host waits only for the message, as with ProcessGroupNCCL).
   struct HostLanding {
     at::Tensor host;
-    std::function<void(Deadline)> deliver;
+    std::function<void(bool arrived)> land;
+    std::shared_ptr<DeviceCompletion> completion;
   };
   virtual HostLanding hostForRecv(const at::Tensor& dev) = 0;
 };

@@ -21,7 +21,7 @@ class CpuOnlyDeviceOps : public DeviceOps {
     return -1;
   }
   HostCopy hostCopyForSend(const at::Tensor& t) override { return {t, nullptr}; }
-  HostLanding hostForRecv(const at::Tensor& t) override { return {t, nullptr}; }
+  HostLanding hostForRecv(const at::Tensor& t) override { return {t, nullptr, nullptr}; }
 };
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/exit_fence.h"
+#include "common/own_thread.h"
 
 namespace smdccl {
 
@@ -79,6 +80,7 @@ std::vector<std::shared_ptr<Fusable>> ProgressThread::takeFusable(size_t k) {
 void ProgressThread::loop() {
   using Clock = std::chrono::steady_clock;
   pthread_setname_np(pthread_self(), "smdccl-progress");  // 15 characters: the limit
+  markOwnThread();
   while (true) {
     std::function<void()> task;
     // Poll briefly first: the next collective usually follows at once.

@@ -43,6 +43,10 @@ class ProgressThread {
   // caller is about to block on it anyway: this saves two thread hand-offs
   // and keeps issue order). Returns false, without running it, otherwise.
   bool tryRunInline(const std::function<void()>& task);
+  // The caller is this thread: a callback that a task's completion runs
+  // (DDP's comm hooks chain them on futures).
+  bool isCurrentThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  std::thread::id id() const { return thread_.get_id(); }
   size_t pending() const { return pending_.load(); }
 
  private:

@@ -79,6 +79,14 @@ int SmdcclWork::sourceRank() const {
 
 bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
+  const auto waitStart = Clock::now();
+  if (!done_.load(std::memory_order_acquire) && runner_ == std::this_thread::get_id())
+    C10_THROW_ERROR(DistBackendError,
+                    "smdccl: wait() for " + what_() +
+                        " from a callback on the thread that runs the group's ops, before "
+                        "that op ran: it is queued behind the callback and would never run. "
+                        "Wait for it outside the callback, or chain it with "
+                        "get_future().then()");
   if (device_) {
     // The caller's current stream waits for the collective's GPU work (see
     // DeviceCompletion). The progress thread records the event that waits
@@ -99,7 +107,7 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
     auto ready = [&] { return done_.load(std::memory_order_acquire); };
     if (timeout <= std::chrono::milliseconds(0)) {  // torch's kNoTimeout
       cv_.wait(lock, ready);
-    } else if (!cv_.wait_for(lock, timeout, ready)) {
+    } else if (!cv_.wait_until(lock, waitStart + timeout, ready)) {  // one budget for both waits
       C10_THROW_ERROR(DistBackendError,
                       "smdccl " + what_() + " did not complete within " +
                           std::to_string(timeout.count()) + " ms given to wait()");

@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/exit_fence.h"
 #include "common/log.h"
+#include "common/own_thread.h"
 #include "transport/byte_order.h"
 #include "transport/mesh.h"
 #include "transport/socket_util.h"
@@ -417,6 +418,7 @@ void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
 }
 
 void P2PEngine::senderLoop(int rank, Peer& p) {
+  markOwnThread();
   std::string what = strCat("rank ", rank);
   int fd = -1;
   while (true) {
@@ -549,6 +551,7 @@ int P2PEngine::acceptSender(int rank, Peer& p) {
 }
 
 void P2PEngine::receiverLoop(int rank, Peer& p) {
+  markOwnThread();
   std::string what = strCat("rank ", rank);
   int fd = -1;
   auto failWith = [&](const std::string& msg) {

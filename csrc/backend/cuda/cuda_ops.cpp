@@ -10,12 +10,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "backend/device_op.h"
 #include "backend/tensor_checks.h"
+#include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
 
@@ -23,22 +26,56 @@ namespace smdccl {
 
 namespace {
 
-// A stream of the group's own, at the device's highest priority. Not one of
-// torch's pool streams: torch.cuda.Stream() hands those out too, and the
-// host waits on this stream would then also wait for the user's work.
-cudaStream_t createInternalStream(int dev) {
-  c10::cuda::CUDAGuard guard(dev);
-  int least = 0, greatest = 0;
-  SMDCCL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  cudaStream_t s = nullptr;
-  SMDCCL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
-  return s;
-}
+// Internal streams are never destroyed: a tensor of a collective is
+// recordStream()ed on one, and when such a tensor is freed - maybe after its
+// group was destroyed (DDP's gradients at exit) - the caching allocator
+// records an event on that stream, which on a destroyed stream aborts the
+// process. A destroyed group's stream (idle by then) goes back here and the
+// next group on that device takes it, as torch's own pool streams are reused.
+class InternalStreams {
+ public:
+  // A stream of the group's own, at the device's highest priority. Not one
+  // of torch's pool streams: torch.cuda.Stream() hands those out too, and
+  // the host waits on this stream would then also wait for the user's work.
+  static cudaStream_t take(int dev) {
+    {
+      std::lock_guard<std::mutex> lock(mu());
+      auto& idle = pool()[dev];
+      if (!idle.empty()) {
+        cudaStream_t s = idle.back();
+        idle.pop_back();
+        return s;
+      }
+    }
+    c10::cuda::CUDAGuard guard(dev);
+    int least = 0, greatest = 0;
+    SMDCCL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    SMDCCL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    return s;
+  }
+  static void giveBack(int dev, cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mu());
+    pool()[dev].push_back(s);
+  }
+
+ private:
+  // Leaked on purpose: tensors may be freed during static destruction.
+  static std::mutex& mu() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::map<int, std::vector<cudaStream_t>>& pool() {
+    static auto* p = new std::map<int, std::vector<cudaStream_t>>;
+    return *p;
+  }
+};
 
 // Raises a ValueError when the caller's current stream is capturing a CUDA
 // graph: the collectives are driven from the host, step by step, which a
 // graph cannot replay (and querying a capturing stream breaks the capture).
 void checkNotCapturing(int dev, const char* op) {
+  CaptureSafeScope captureSafe;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   SMDCCL_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(dev).stream(), &status));
   TORCH_CHECK_VALUE(status == cudaStreamCaptureStatusNone, "smdccl: ", op,
@@ -56,27 +93,36 @@ struct CudaState {
   std::unique_ptr<GpuContext> gpu;
   CudaState(int dev, KVStore& store)
       : device(dev),
-        raw(createInternalStream(dev)),
+        raw(InternalStreams::take(dev)),
         stream(c10::cuda::getStreamFromExternal(raw, static_cast<c10::DeviceIndex>(dev))) {
     gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv());
   }
   ~CudaState() {
+    CaptureSafeScope captureSafe;
+    c10::cuda::CUDAGuard guard(device);
     gpu.reset();  // waits for the stream first
-    cudaStreamDestroy(raw);
+    cudaStreamSynchronize(raw);
+    InternalStreams::giveBack(device, raw);
   }
   CudaState(const CudaState&) = delete;
   CudaState& operator=(const CudaState&) = delete;
 };
 
-// A CUDA event (timing off) on device `dev`, destroyed with it.
+// A CUDA event (timing off) on device `dev`, destroyed with it. The guards:
+// it may die on a send or receive thread, which has no current device (a
+// CUDA call there would create a context on GPU 0 for every rank).
 struct GpuEvent {
   cudaEvent_t event = nullptr;
-  explicit GpuEvent(int dev) {
+  int device;
+  explicit GpuEvent(int dev) : device(dev) {
     c10::cuda::CUDAGuard guard(dev);
     SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
   ~GpuEvent() {
-    if (event) cudaEventDestroy(event);
+    if (!event) return;
+    CaptureSafeScope captureSafe;
+    c10::cuda::CUDAGuard guard(device);
+    cudaEventDestroy(event);
   }
   GpuEvent(const GpuEvent&) = delete;
   GpuEvent& operator=(const GpuEvent&) = delete;
@@ -97,8 +143,17 @@ at::Tensor pinnedHostLike(const at::Tensor& dev) {
 // (waits for it).
 struct OpEnd : GpuEvent {
   std::atomic<bool> recorded{false};
+  cudaError_t recordError = cudaSuccess;  // written before `recorded`
+  // When the op started to run (steady clock, ns; 0 while it is queued).
+  std::atomic<int64_t> startedNs{0};
   explicit OpEnd(int dev) : GpuEvent(dev) {}
 };
+
+int64_t steadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Work.wait() on CUDA tensors. The caller's stream must not wait for GPU
 // work that is not queued yet: a stream blocked on a future submission can
@@ -110,43 +165,63 @@ struct OpEnd : GpuEvent {
 // that host wait lasts about as long as the collective.
 class CudaCompletion : public DeviceCompletion {
  public:
-  CudaCompletion(std::shared_ptr<CudaState> s, std::shared_ptr<OpEnd> end, uint64_t seq,
-                 uint64_t timeoutNs)
-      : s_(std::move(s)), end_(std::move(end)), seq_(seq), timeoutNs_(timeoutNs) {}
+  // `what` names the op in errors ("collective #7"); `stream`: where the
+  // event behind its GPU work is recorded.
+  CudaCompletion(int device, c10::cuda::CUDAStream stream, std::shared_ptr<OpEnd> end,
+                 std::function<std::string()> what, uint64_t timeoutNs)
+      : device_(device),
+        stream_(stream),
+        end_(std::move(end)),
+        what_(std::move(what)),
+        timeoutNs_(timeoutNs) {}
   bool done() const override {
-    return end_->recorded.load(std::memory_order_acquire) && cudaEventQuery(end_->event) == cudaSuccess;
+    if (!end_->recorded.load(std::memory_order_acquire)) return false;
+    if (end_->recordError != cudaSuccess) return true;  // wait() raises it
+    CaptureSafeScope captureSafe;
+    c10::cuda::CUDAGuard guard(device_);
+    // An error other than "not ready" is as done as it gets: wait() raises it.
+    return cudaEventQuery(end_->event) != cudaErrorNotReady;
   }
   void blockCurrentStream(std::chrono::milliseconds timeout) override {
     using Clock = std::chrono::steady_clock;
     auto start = Clock::now();
-    // The op has its own deadline and the progress thread records the
-    // event also when it fails: this limit only guards against that thread
-    // being gone.
-    auto limit = timeout.count() > 0 ? std::chrono::nanoseconds(timeout)
-                                     : std::chrono::nanoseconds(timeoutNs_);
-    auto deadline = start + limit;
+    // With a timeout given, it bounds this wait. Without one, the op's own
+    // deadline (the group timeout from when it started) bounds it, and the
+    // progress thread records the event also when the op fails: the limit
+    // below, counted from the op's start, only guards against that thread
+    // being gone. Time spent queued behind earlier ops does not count (each
+    // of those has its deadline too).
+    const bool given = timeout.count() > 0;
+    const int64_t limitNs = given ? std::chrono::nanoseconds(timeout).count()
+                                  : static_cast<int64_t>(timeoutNs_) + 1'000'000'000;
+    const int64_t waitStartNs = steadyNowNs();
     while (!end_->recorded.load(std::memory_order_acquire)) {
-      if (Clock::now() >= deadline)
+      int64_t since = given ? waitStartNs : end_->startedNs.load(std::memory_order_acquire);
+      if (since > 0 && steadyNowNs() - since >= limitNs)
         C10_THROW_ERROR(DistBackendError,
-                        strCat("smdccl: collective #", seq_, " was not queued on the GPU within ",
-                               std::chrono::duration_cast<std::chrono::milliseconds>(limit).count(),
-                               " ms given to wait()"));
+                        strCat("smdccl: ", what_(), " was not queued on the GPU within ",
+                               limitNs / 1000000, given ? " ms given to wait()"
+                                                        : " ms of its start (the group timeout)"));
       if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    c10::cuda::CUDAGuard guard(s_->device);
-    cudaStream_t cur = c10::cuda::getCurrentCUDAStream(s_->device).stream();
+    TORCH_CHECK(end_->recordError == cudaSuccess, "smdccl: could not mark the end of ", what_(),
+                " on the GPU: ", cudaGetErrorString(end_->recordError));
+    CaptureSafeScope captureSafe;
+    c10::cuda::CUDAGuard guard(device_);
+    cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device_).stream();
     cudaError_t e = cudaStreamWaitEvent(cur, end_->event, 0);
-    TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after collective #",
-                seq_, ": ", cudaGetErrorString(e));
+    TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after ", what_(), ": ",
+                cudaGetErrorString(e));
   }
-  c10::Device device() const override { return c10::Device(c10::kCUDA, s_->device); }
-  c10::Stream stream() const override { return s_->stream; }
+  c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
+  c10::Stream stream() const override { return stream_; }
 
  private:
-  std::shared_ptr<CudaState> s_;
+  int device_;
+  c10::cuda::CUDAStream stream_;
   std::shared_ptr<OpEnd> end_;
-  uint64_t seq_;
+  std::function<std::string()> what_;
   uint64_t timeoutNs_;
 };
 
@@ -158,8 +233,15 @@ class CudaOp : public DeviceOp {
         timeoutNs_(timeoutNs),
         ready_(s_->device) {
     // Ordered after what the caller queued on its current stream.
+    CaptureSafeScope captureSafe;
     c10::cuda::CUDAGuard guard(s_->device);
     ready_.recordOnCurrentStream(s_->device);
+  }
+  ~CudaOp() override {
+    // The pinned copies go back to torch's host allocator (event queries).
+    CaptureSafeScope captureSafe;
+    copyIn_.clear();
+    copyOut_.clear();
   }
   c10::Stream stream() const override { return s_->stream; }
 
@@ -171,6 +253,8 @@ class CudaOp : public DeviceOp {
   }
 
   void prepare(const OpContext& ctx) override {
+    end_->startedNs.store(steadyNowNs(), std::memory_order_release);
+    CaptureSafeScope captureSafe;
     SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_.event, 0));
     if (copyIn_.empty()) return;
     c10::cuda::CUDAStreamGuard guard(s_->stream);
@@ -180,6 +264,7 @@ class CudaOp : public DeviceOp {
 
   void finishBody(const OpContext& ctx) override {
     if (copyOut_.empty()) return;
+    CaptureSafeScope captureSafe;
     c10::cuda::CUDAStreamGuard guard(s_->stream);
     for (auto& [dev, h] : copyOut_) dev.copy_(h, /*non_blocking=*/true);
     // The pinned copies are freed with this op: the copies must be done.
@@ -188,26 +273,32 @@ class CudaOp : public DeviceOp {
 
   void signal(uint64_t) noexcept override {
     // Also after a failure: nothing may wait for it forever (the event then
-    // marks whatever reached the stream).
-    cudaEventRecord(end_->event, s_->stream.stream());
+    // marks whatever reached the stream). On the progress thread this
+    // also switches the capture mode for the future's completion after it.
+    CaptureSafeScope captureSafe;
+    end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
     end_->recorded.store(true, std::memory_order_release);
   }
 
   void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op, const Tuning& t) override {
+    CaptureSafeScope captureSafe;
     gpuAllreduce(c, *s_->gpu, dev, count, dt, op, t);
   }
 
   void reduceScatter(Comm& c, const char* in, char* out, size_t each, DType dt, RedOp op,
                      const Tuning& t) override {
+    CaptureSafeScope captureSafe;
     gpuReduceScatter(c, *s_->gpu, in, out, each, dt, op, t);
   }
 
   void allgather(Comm& c, const char* in, char* out, size_t eachBytes, const Tuning& t) override {
+    CaptureSafeScope captureSafe;
     gpuAllgather(c, *s_->gpu, in, out, eachBytes, t);
   }
 
-  std::shared_ptr<DeviceCompletion> completion(uint64_t seq) override {
-    return std::make_shared<CudaCompletion>(s_, end_, seq, timeoutNs_);
+  std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what) override {
+    return std::make_shared<CudaCompletion>(s_->device, s_->stream, end_, std::move(what),
+                                            timeoutNs_);
   }
 
  private:
@@ -227,6 +318,7 @@ class CudaDeviceOps : public DeviceOps {
     int device = deviceOf(tensors, op);
     if (device < 0) return nullptr;
     checkNotCapturing(device, op);
+    CaptureSafeScope captureSafe;
     std::shared_ptr<CudaState> s;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -269,6 +361,7 @@ class CudaDeviceOps : public DeviceOps {
     int d = dev.get_device();
     c10::cuda::CUDAGuard guard(d);
     checkNotCapturing(d, "send");
+    CaptureSafeScope captureSafe;
     at::Tensor h = pinnedHostLike(dev);
     // On the caller's current stream, after its queued work; the caller
     // goes on at once (as with ProcessGroupNCCL's send), the send thread
@@ -276,7 +369,10 @@ class CudaDeviceOps : public DeviceOps {
     h.copy_(dev, /*non_blocking=*/true);
     auto copied = std::make_shared<GpuEvent>(d);
     copied->recordOnCurrentStream(d);
+    // The send thread runs this: it has no current device of its own.
     return {h, [copied](Deadline deadline) {
+              CaptureSafeScope captureSafe;
+              c10::cuda::CUDAGuard guard(copied->device);
               waitForEvent(copied->event, deadline, "the copy of a CUDA send into host memory");
             }};
   }
@@ -285,26 +381,46 @@ class CudaDeviceOps : public DeviceOps {
     int d = dev.get_device();
     c10::cuda::CUDAGuard guard(d);
     checkNotCapturing(d, "recv");
+    CaptureSafeScope captureSafe;
     at::Tensor h = pinnedHostLike(dev);
     // What the caller queued before the recv may still use `dev`: the copy
     // into it waits for that (as ProcessGroupNCCL's recv does), not for
     // what the caller queues later.
     auto callerQueued = std::make_shared<GpuEvent>(d);
     callerQueued->recordOnCurrentStream(d);
-    // A stream of its own: on the legacy default stream the copy would wait
-    // for every other blocking stream of the device. The allocator keeps
-    // `dev`'s block for it even if the caller drops `dev` early.
-    c10::cuda::CUDAStream copyStream = c10::cuda::getStreamFromPool(false, d);
+    // The device's receive stream: not the legacy default stream (the copy
+    // would wait for every other blocking stream of the device) nor one of
+    // torch's pool streams (the copy would queue behind user work that
+    // torch.cuda.Stream() put there). The allocator keeps `dev`'s block for
+    // the copy even if the caller drops `dev` early.
+    c10::cuda::CUDAStream copyStream = receiveStream(d);
     c10::cuda::CUDACachingAllocator::recordStream(dev.storage().data_ptr(), copyStream);
-    return {h, [dev, h, callerQueued, copyStream](Deadline deadline) {
-              c10::cuda::CUDAStreamGuard streamGuard(copyStream);
-              SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(copyStream.stream(), callerQueued->event, 0));
-              at::Tensor target = dev;  // the lambda's captures are const
-              target.copy_(h, /*non_blocking=*/true);
-              GpuEvent copied(copyStream.device_index());
-              SMDCCL_CUDA_CHECK(cudaEventRecord(copied.event, copyStream.stream()));
-              waitForEvent(copied.event, deadline, "the copy of a CUDA recv into the tensor");
-            }};
+    auto end = std::make_shared<OpEnd>(d);
+    end->startedNs.store(steadyNowNs(), std::memory_order_release);
+    uint64_t ns = static_cast<uint64_t>(timeout_().count()) * 1000000ull;
+    auto completion = std::make_shared<CudaCompletion>(
+        d, copyStream, end, [] { return std::string("recv"); }, ns);
+    // Queues the copy and marks its end; the host never waits for the GPU
+    // here (the caller may be the one that landed it: an early message).
+    auto land = [dev, h, callerQueued, copyStream, end](bool arrived) {
+      // Whatever happens, a wait() on the recv must not wait for ever.
+      struct MarkRecorded {
+        OpEnd& e;
+        ~MarkRecorded() { e.recorded.store(true, std::memory_order_release); }
+      } mark{*end};
+      if (!arrived) return;
+      CaptureSafeScope captureSafe;
+      c10::cuda::CUDAStreamGuard streamGuard(copyStream);
+      cudaError_t e = cudaStreamWaitEvent(copyStream.stream(), callerQueued->event, 0);
+      if (e == cudaSuccess) {
+        at::Tensor target = dev;  // the lambda's captures are const
+        target.copy_(h, /*non_blocking=*/true);
+        e = cudaEventRecord(end->event, copyStream.stream());
+      }
+      end->recordError = e;
+      if (e != cudaSuccess) throwCudaError(e, "queueing the copy of a CUDA recv into its tensor");
+    };
+    return {h, std::move(land), std::move(completion)};
   }
 
  private:
@@ -314,6 +430,17 @@ class CudaDeviceOps : public DeviceOps {
                       ": this group runs on cuda:", state_ ? state_->device : -1,
                       " (its first CUDA collective was there), got a tensor on cuda:", device,
                       "; use one GPU per rank and group, like NCCL");
+  }
+
+  // One per device for the process, never destroyed (tensors are
+  // recordStream()ed on it, as on the internal streams).
+  static c10::cuda::CUDAStream receiveStream(int dev) {
+    static auto* mu = new std::mutex;
+    static auto* streams = new std::map<int, cudaStream_t>;
+    std::lock_guard<std::mutex> lock(*mu);
+    auto it = streams->find(dev);
+    if (it == streams->end()) it = streams->emplace(dev, InternalStreams::take(dev)).first;
+    return c10::cuda::getStreamFromExternal(it->second, static_cast<c10::DeviceIndex>(dev));
   }
 
   KVStore& store_;

@@ -2,25 +2,35 @@
 
 #include <sched.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
+#include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
 
 namespace {
 
-// `timedOut` builds the message of the Timeout thrown past `deadline`.
+// `timedOut` builds the message of the Timeout thrown past `deadline`;
+// `aborted` (may be null) names the op when `cancel` is raised (abort()).
 template <typename Query, typename Message>
-void pollUntilDone(Query query, Deadline deadline, Message timedOut, const char* what) {
+void pollUntilDone(Query query, Deadline deadline, Message timedOut, const char* what,
+                   const std::atomic<bool>* cancel = nullptr, const OpContext* ctx = nullptr) {
   using Clock = std::chrono::steady_clock;
+  CaptureSafeScope captureSafe;
   auto start = Clock::now();
   for (uint64_t i = 0;; ++i) {
     cudaError_t e = query();
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) throwCudaError(e, what);
     if ((i & 63) == 0 && deadline.expired()) throw CommError(CommError::Kind::Timeout, timedOut());
+    if ((i & 63) == 0 && cancel && cancel->load(std::memory_order_relaxed))
+      throw CommError(CommError::Kind::System,
+                      strCat("smdccl: ", ctx ? ctx->describe() : std::string("an op"),
+                             ": the group was aborted on this rank (while waiting for the GPU: ",
+                             what, ")"));
     auto waited = Clock::now() - start;
     if (waited < std::chrono::microseconds(50)) continue;
     if (waited < std::chrono::milliseconds(2)) sched_yield();
@@ -36,12 +46,12 @@ std::string inOp(const OpContext& ctx, const char* what) {
 
 void waitForEvent(cudaEvent_t ev, const OpContext& ctx, const char* what) {
   pollUntilDone([ev] { return cudaEventQuery(ev); }, ctx.deadline, [&] { return inOp(ctx, what); },
-                what);
+                what, ctx.cancel, &ctx);
 }
 
 void waitForStream(cudaStream_t s, const OpContext& ctx, const char* what) {
   pollUntilDone([s] { return cudaStreamQuery(s); }, ctx.deadline, [&] { return inOp(ctx, what); },
-                what);
+                what, ctx.cancel, &ctx);
 }
 
 void waitForEvent(cudaEvent_t ev, Deadline deadline, const std::string& what) {

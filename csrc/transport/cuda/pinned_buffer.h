@@ -4,6 +4,7 @@
 // asynchronously. Grows on demand; its user orders reuse with the stream
 // that copies (every copy into it is on that one stream).
 #include <cstddef>
+#include <vector>
 
 namespace smdccl {
 
@@ -21,6 +22,11 @@ class PinnedBuffer {
  private:
   char* data_ = nullptr;
   size_t capacity_ = 0;
+  // Outgrown buffers, freed with this one: cudaFreeHost synchronizes the
+  // whole device, which would make a collective wait for work the user
+  // queued after it. Each is at most 2/3 of the next, so together they
+  // hold at most twice the current size.
+  std::vector<char*> retired_;
 };
 
 }  // namespace smdccl
