@@ -319,6 +319,56 @@ def stream_semantics() -> dict:
         torch.cuda.synchronize()
         assert torch.all(t == ws).item(), f"got {t[:4].tolist()}"
 
+    with chk.case("irecv of a message already there returns at once, its copy ordered on the stream"):
+        if rank == 0:
+            dist.send(torch.full((n,), 5.0, device=dev), dst=1)
+        dist.barrier()  # rank 0's send is done: the message waits on rank 1
+        if rank == 1:
+            got = torch.zeros(n, device=dev)
+            torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time ahead of the recv
+            t0 = time.perf_counter()
+            w = dist.irecv(got, src=0)
+            w.wait()  # orders the current stream after the copy; no host wait for the sleep
+            host = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            assert torch.all(got == 5.0).item(), f"got {got[:4].tolist()}"
+            assert host < 0.25, f"irecv + wait() blocked the host {host:.3f} s"
+
+    with chk.case("a CUDA graph captured while an async collective runs is intact"):
+        # The progress thread queries and launches on the GPU while the user
+        # captures (in torch's default global mode): its calls must not
+        # invalidate the capture (thread-local capture mode).
+        big = torch.full((1 << 24,), float(rank + 1), device=dev)  # 64 MiB: many IPC rounds
+        if rank == 1:
+            time.sleep(0.3)  # rank 0's op waits for this one mid-flight, during its capture
+        w = dist.all_reduce(big, async_op=True)
+        graph, x = torch.cuda.CUDAGraph(), torch.ones(1 << 16, device=dev)
+        with torch.cuda.graph(graph):
+            y = x * 3
+            time.sleep(0.5)  # keep capturing while the collective's steps run
+        graph.replay()
+        w.wait()
+        torch.cuda.synchronize()
+        assert torch.all(y == 3).item(), f"graph replay gave {y[:4].tolist()}"
+        assert torch.all(big == expect).item(), f"all_reduce gave {big[:4].tolist()}"
+
+    with chk.case("tensors of a destroyed group are freed without error"):
+        # They are recordStream()ed on the group's internal stream: freeing
+        # them makes the allocator record an event there (a destroyed stream
+        # would abort the process).
+        sub = dist.new_group(backend="smdccl")
+        kept = torch.full((1 << 20,), float(rank + 1), device=dev)
+        dist.all_reduce(kept, group=sub)
+        torch.cuda.synchronize()
+        dist.destroy_process_group(sub)
+        del kept
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        again = torch.full((1 << 20,), 1.0, device=dev)  # the freed block, reused
+        dist.all_reduce(again)
+        torch.cuda.synchronize()
+        assert torch.all(again == ws).item(), f"got {again[:4].tolist()}"
+
     with chk.case("mixed devices in one call raise ValueError"):
         try:
             dist.all_gather_into_tensor(torch.zeros(2 * ws, device=dev), torch.zeros(2))
