@@ -136,6 +136,17 @@ def cuda_matrix(big: bool) -> dict:
                             for m, t in zip((n, 5), ts):
                                 assert_matches(t.cpu(), ref(m, dtype, op, kind, seed=3 + m), f"tensor of {m}")
 
+        if dtype in (torch.float32, torch.float16, torch.int8):
+            # A view at an odd offset: misaligned against the 16-byte IPC
+            # buffers (the two-shot gather copies instead of its vector kernel).
+            n = 300_007
+            with chk.case(f"all_reduce {dn} SUM of x[1:], n={n}"):
+                x = torch.zeros(n + 1, dtype=dtype, device=dev)
+                x[1:] = rank_input(rank, n, dtype, 6, "int").to(dev)
+                dist.all_reduce(x[1:])
+                assert_matches(x[1:].cpu(), ref(n, dtype, "SUM", "int", seed=6))
+                assert x[0].item() == 0, "the element before the view was written"
+
         # data movement: bit-exact
         if big:  # several IPC pieces of 1 MiB
             with chk.case(f"all_gather_into_tensor {dn} n={BIG}, in place and not"):
@@ -437,6 +448,35 @@ def test_cuda_two_level_fp16_wire():
 @pytest.mark.parametrize("world_size", [2])
 def test_cuda_stream_semantics(world_size):
     _check(run_ranks(world_size, stream_semantics, timeout=120, pg_timeout=PG_TIMEOUT))
+
+
+def tuning_mismatch() -> dict:
+    """Ranks whose SMDCCL_CUDA_* differ would take different GPU paths (a rank
+    without IPC leaves its node-mates waiting for its buffer): the first GPU
+    collective of the group raises on every rank, naming both settings."""
+    dev = _device()
+    rank = dist.get_rank()
+    if rank == 1:
+        os.environ["SMDCCL_CUDA_IPC"] = "0"  # read at the group's first CUDA collective
+    group = dist.new_group(backend="smdccl")
+    t = torch.ones(1 << 16, device=dev)
+    t0 = time.perf_counter()
+    try:
+        dist.all_reduce(t, group=group)
+        torch.cuda.synchronize()
+        error = None
+    except Exception as e:  # noqa: BLE001 - the test reports what it got
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "seconds": time.perf_counter() - t0}
+
+
+@needs_gpu
+def test_cuda_settings_must_agree():
+    res = run_ranks(2, tuning_mismatch, timeout=90, pg_timeout=PG_TIMEOUT)
+    for r, got in enumerate(res):
+        assert got["error"] and "CUDA settings differ" in got["error"], f"rank {r}: {got}"
+        assert "SMDCCL_CUDA_IPC=0" in got["error"] and "SMDCCL_CUDA_IPC=1" in got["error"], got
+        assert got["seconds"] < PG_TIMEOUT / 2, f"rank {r} learnt it only after {got['seconds']:.1f} s"
 
 
 def ddp_against_gloo(steps: int) -> dict:

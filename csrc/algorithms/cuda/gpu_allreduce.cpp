@@ -9,6 +9,7 @@
 // would be faster for tiny messages but can deadlock ranks that share one
 // GPU (their contexts are time-sliced, not concurrent).
 #include <algorithm>
+#include <cstdint>
 
 #include "algorithms/collectives.h"
 #include "algorithms/slices.h"
@@ -74,8 +75,23 @@ struct IpcStep {
       e.push_back(s.end[q] * es);
     }
     std::vector<const void*> in(space.buffers().begin(), space.buffers().end());
-    checkCuda(cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
-          "two-shot allgather");
+    // A tensor aligned unlike the IPC buffers (a view at an odd offset,
+    // x[1:]) would send the kernel down its byte-by-byte path: the copy
+    // engines take any alignment at full speed, one copy per slice.
+    bool misaligned = false;
+    for (size_t q = 0; q < b.size(); ++q)
+      misaligned |= ((reinterpret_cast<uintptr_t>(dev + b[q]) ^
+                      reinterpret_cast<uintptr_t>(static_cast<const char*>(in[q]) + b[q])) & 15u) != 0;
+    if (misaligned) {
+      for (size_t q = 0; q < b.size(); ++q)
+        if (e[q] > b[q])
+          checkCuda(cudaMemcpyAsync(dev + b[q], static_cast<const char*>(in[q]) + b[q], e[q] - b[q],
+                                    cudaMemcpyDeviceToDevice, g.stream()),
+                    "two-shot allgather (copies)");
+    } else {
+      checkCuda(cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
+                "two-shot allgather");
+    }
     sync("two-shot allgather");
   }
 };
@@ -124,6 +140,7 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
 void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
                   const Tuning& t) {
   if (count == 0 || c.size() == 1) return;
+  g.agreeOnTuning(c, t);
   size_t es = elementSize(dt);
   const char* path = gpuAllreducePath(c, g, count * es);
   trace::Span span(trace::enabled() ? strCat("cuda allreduce: ", path) : std::string(),

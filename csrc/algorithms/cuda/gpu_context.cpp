@@ -1,8 +1,13 @@
 #include "algorithms/cuda/gpu_context.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 
+#include "algorithms/collectives.h"
+#include "algorithms/comm.h"
 #include "common/env.h"
+#include "common/error.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
@@ -15,6 +20,41 @@ GpuTuning GpuTuning::fromEnv() {
   t.stageChunkBytes =
       static_cast<size_t>(std::max<int64_t>(64, envInt(env::kCudaStageChunkKB))) << 10;
   return t;
+}
+
+std::string GpuTuning::describe() const {
+  return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
+                ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
+                ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10);
+}
+
+void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
+  if (tuningAgreed_ || c.size() == 1) return;
+  constexpr size_t kFields = 4;
+  auto fields = [](const GpuTuning& g) {
+    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u, g.ipcBytes, g.oneShotBytes,
+                                         g.stageChunkBytes};
+  };
+  // A tiny allgather over the group: it carries this op's header, so a rank
+  // that called another op (or passed CPU tensors) is named as such first.
+  std::vector<uint64_t> all(static_cast<size_t>(c.size()) * kFields);
+  auto mine = fields(tuning_);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<size_t>(c.rank()) * kFields);
+  allgather(c, reinterpret_cast<char*>(all.data()), Blocks::equal(c.size(), kFields * 8), t);
+  for (int r = 0; r < c.size(); ++r) {
+    const uint64_t* f = all.data() + static_cast<size_t>(r) * kFields;
+    if (std::equal(mine.begin(), mine.end(), f)) continue;
+    GpuTuning theirs;
+    theirs.ipc = f[0] != 0;
+    theirs.ipcBytes = f[1];
+    theirs.oneShotBytes = f[2];
+    theirs.stageChunkBytes = f[3];
+    throw CommError(CommError::Kind::Mismatch,
+                    strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ",
+                           r, " has ", theirs.describe(), ", rank ", c.rank(), " has ",
+                           tuning_.describe(), "; set SMDCCL_CUDA_* alike on every rank"));
+  }
+  tuningAgreed_ = true;
 }
 
 GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning)

@@ -20,7 +20,12 @@ struct GpuTuning {
   size_t oneShotBytes = 256u << 10;    // SMDCCL_CUDA_ONESHOT_KB: one-shot up to this
   size_t stageChunkBytes = 4u << 20;   // SMDCCL_CUDA_STAGE_CHUNK_KB: host staging pipeline
   static GpuTuning fromEnv();
+  // "SMDCCL_CUDA_IPC=1, SMDCCL_CUDA_IPC_MB=64, ..."
+  std::string describe() const;
 };
+
+struct Comm;
+struct Tuning;
 
 class GpuContext {
  public:
@@ -35,6 +40,12 @@ class GpuContext {
   // The node's IPC buffers, mapped on first use: a collective over the node
   // (every node-mate asks at the same collective, in issue order).
   CudaIpcSpace& ipc(int node, int localRank, int localSize, Deadline deadline);
+  // Once per group, at its first GPU collective (every rank calls it there):
+  // the ranks' SMDCCL_CUDA_* must agree, or they take different paths (a
+  // rank with SMDCCL_CUDA_IPC=0 among IPC ranks would leave its node-mates
+  // waiting for its buffer until the timeout). Raises a Mismatch naming
+  // both ranks' settings.
+  void agreeOnTuning(Comm& c, const Tuning& t);
 
  private:
   int device_;
@@ -44,6 +55,7 @@ class GpuContext {
   PinnedBuffer staging_;
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
+  bool tuningAgreed_ = false;
 };
 
 }  // namespace smdccl

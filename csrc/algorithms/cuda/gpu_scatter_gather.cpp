@@ -126,6 +126,7 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t 
                   "copy to the output");
     return;
   }
+  g.agreeOnTuning(c, t);
   trace::Span span(trace::enabled() ? strCat("cuda reduce_scatter: ", gpuScatterGatherPath(c, g))
                                     : std::string(),
                    "algorithm", *c.ctx.group);
@@ -140,6 +141,7 @@ void gpuAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t each
     if (out != in) copyAndWait(c, g, out, in, eachBytes, cudaMemcpyDeviceToDevice, "copy to the output");
     return;
   }
+  g.agreeOnTuning(c, t);
   trace::Span span(trace::enabled() ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g))
                                     : std::string(),
                    "algorithm", *c.ctx.group);
