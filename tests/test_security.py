@@ -181,11 +181,13 @@ FLOOD_REASONS = [
 
 def _group_token(group) -> bytes:
     """The 16-byte secret of ``group``'s smdccl backend, read where rank 0 put it
-    (torch hands the backend the group's store prefixed with "cpu/")."""
+    (torch hands the backend the group's store prefixed with "cpu/"; smdccl
+    prefixes it with the group's incarnation)."""
     from torch.distributed import PrefixStore
     from torch.distributed.distributed_c10d import _get_process_group_store
 
-    store = PrefixStore("cpu/", _get_process_group_store(group))
+    # smdccl/0: the group's first incarnation on this store (see incarnationStore)
+    store = PrefixStore("smdccl/0", PrefixStore("cpu/", _get_process_group_store(group)))
     assert store.check(["smdccl/token"]), "the group's token is not where the backend put it"
     token = bytes.fromhex(store.get("smdccl/token").decode())
     assert len(token) == 16

@@ -125,13 +125,27 @@ class GroupFailureProbe {
   std::string found_;
 };
 
+// The keys of this incarnation of the group. A group re-created under the
+// same name on a store that outlived the first one (destroy_process_group()
+// then init_process_group() on torchrun's agent store, or on a store the
+// caller passes again) would otherwise read the earlier one's keys: its
+// token, addresses, shared-memory names, recorded failure. Every rank counts
+// itself in; the count gives each incarnation its own prefix, the same on
+// its ranks (each of them joins each incarnation once).
+c10::intrusive_ptr<::c10d::Store> incarnationStore(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                   int groupSize) {
+  int64_t joined = store->add("smdccl/joined", 1);
+  int64_t incarnation = (joined - 1) / std::max(1, groupSize);
+  return c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/", incarnation), store);
+}
+
 }  // namespace
 
 SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg)
     : ::c10d::Backend(cfg.rank, cfg.size),
       cfg_(std::move(cfg)),
-      c10dStore_(store),
-      store_(std::make_shared<C10dStoreAdapter>(std::move(store))),
+      c10dStore_(incarnationStore(store, cfg_.size)),
+      store_(std::make_shared<C10dStoreAdapter>(c10dStore_)),
       timeoutMs_(cfg_.timeout.count()) {
   if (cfg_.globalRanks.empty())
     for (int r = 0; r < cfg_.size; ++r) cfg_.globalRanks.push_back(r);

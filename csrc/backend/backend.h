@@ -261,8 +261,8 @@ class SmdcclBackend : public ::c10d::Backend {
   BackendConfig cfg_;
   std::atomic<uint64_t> monitoredBarriers_{0};
   std::atomic<uint64_t> shrinks_{0};
-  // The store torch gave this group (store_ wraps it): shrink() makes its
-  // child's store from it.
+  // The store torch gave this group, under this incarnation's prefix (store_
+  // wraps it): shrink() makes its child's store from it.
   c10::intrusive_ptr<::c10d::Store> c10dStore_;
   // split()'s children, by the store torch handed them (see split()).
   std::mutex splitMu_;
