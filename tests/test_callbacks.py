@@ -112,7 +112,9 @@ def wait_from_callback_raises() -> dict:
 
 
 def test_wait_in_a_callback_for_an_op_queued_behind_it_raises():
-    res = run_ranks(2, wait_from_callback_raises, timeout=60, pg_timeout=30)
+    # No fusion: w2 fused into w1 would complete with it, before the callback.
+    res = run_ranks(2, wait_from_callback_raises, env={"SMDCCL_FUSION_MB": "0"}, timeout=60,
+                    pg_timeout=30)
     seen = res[1]
     assert seen["thread"] != "MainThread", f"the callback ran on the caller's thread: {seen}"
     assert seen["error"] and "would never run" in seen["error"] and "allreduce" in seen["error"], seen

@@ -19,6 +19,7 @@ scripts/gpu_check.sh runs this file on a GPU machine.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import time
@@ -372,6 +373,8 @@ def stream_semantics() -> dict:
         dist.all_reduce(kept, group=sub)
         torch.cuda.synchronize()
         dist.destroy_process_group(sub)
+        del sub  # the last reference: the backend, and its CUDA state, go now
+        gc.collect()
         del kept
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

@@ -6,9 +6,10 @@ agent store (which outlives the workers' groups) -- hands the new group the
 same store under the same group names. smdccl's keys there (the group's
 token, listener addresses, shared-memory segment names, the recorded first
 failure) must be the new group's, never the old one's. Rank 0 joins late in
-later rounds, so rank 1 reads the keys before rank 0 has rewritten them; one
-round fails on purpose (mismatched collectives) and the next must not
-inherit that failure. (gloo, the same way, fails to connect or reads stale
+later rounds, so rank 1 reads the keys before rank 0 has rewritten them; a
+subgroup's reused name comes with another size in one round; one round fails
+on purpose (mismatched collectives) and the next must not inherit that
+failure. (gloo, the same way, fails to connect or reads stale
 addresses.)
 """
 
@@ -42,7 +43,13 @@ def reinit_rounds() -> dict:
         t = torch.full((1000,), float(rank + it))
         dist.all_reduce(t)
         assert torch.all(t == sum(r + it for r in range(ws))).item(), f"round {it}: {t[:3].tolist()}"
-        sub = dist.new_group([0, 1])
+        # Torch reuses the subgroup's name every round; round 1 gives it another size.
+        members = [0, 1, 2] if it == 1 else [0, 1]
+        sub = dist.new_group(members)
+        if rank in members:
+            v = torch.ones(5)
+            dist.all_reduce(v, group=sub)
+            assert torch.all(v == len(members)).item(), f"round {it}: subgroup gave {v.tolist()}"
         if rank in (0, 1):
             u = torch.full((7,), float(it))
             if rank == 0:

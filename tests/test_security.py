@@ -179,15 +179,26 @@ FLOOD_REASONS = [
 ]
 
 
+def _incarnation_store(group):
+    """Where smdccl keeps ``group``'s keys: torch's store for the group (prefixed
+    "cpu/"), under "smdccl/<members>/0" for its first incarnation (see
+    incarnationStore in csrc/backend/backend.cpp: FNV-1a of the size and the
+    members' global ranks)."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.distributed_c10d import _get_process_group_store
+
+    ranks = dist.get_process_group_ranks(group)
+    h = 1469598103934665603
+    for v in [len(ranks), *ranks]:
+        h = ((h ^ v) * 1099511628211) % (1 << 64)
+    return PrefixStore(f"smdccl/{h:016x}/0", PrefixStore("cpu/", _get_process_group_store(group)))
+
+
 def _group_token(group) -> bytes:
     """The 16-byte secret of ``group``'s smdccl backend, read where rank 0 put it
     (torch hands the backend the group's store prefixed with "cpu/"; smdccl
     prefixes it with the group's incarnation)."""
-    from torch.distributed import PrefixStore
-    from torch.distributed.distributed_c10d import _get_process_group_store
-
-    # smdccl/0: the group's first incarnation on this store (see incarnationStore)
-    store = PrefixStore("smdccl/0", PrefixStore("cpu/", _get_process_group_store(group)))
+    store = _incarnation_store(group)
     assert store.check(["smdccl/token"]), "the group's token is not where the backend put it"
     token = bytes.fromhex(store.get("smdccl/token").decode())
     assert len(token) == 16

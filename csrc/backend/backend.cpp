@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <fstream>
 #include <thread>
@@ -129,14 +130,21 @@ class GroupFailureProbe {
 // same name on a store that outlived the first one (destroy_process_group()
 // then init_process_group() on torchrun's agent store, or on a store the
 // caller passes again) would otherwise read the earlier one's keys: its
-// token, addresses, shared-memory names, recorded failure. Every rank counts
-// itself in; the count gives each incarnation its own prefix, the same on
-// its ranks (each of them joins each incarnation once).
+// token, addresses, shared-memory names, recorded failure. Each rank counts
+// its joins of groups with this name and these members (torch reuses names,
+// also for other members or sizes); the count is the incarnation's prefix,
+// the same on its ranks as each of them joins each incarnation once.
 c10::intrusive_ptr<::c10d::Store> incarnationStore(const c10::intrusive_ptr<::c10d::Store>& store,
-                                                   int groupSize) {
-  int64_t joined = store->add("smdccl/joined", 1);
-  int64_t incarnation = (joined - 1) / std::max(1, groupSize);
-  return c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/", incarnation), store);
+                                                   const BackendConfig& cfg) {
+  uint64_t members = 1469598103934665603ull;  // FNV-1a of the members' global ranks
+  auto mix = [&](uint64_t v) { members = (members ^ v) * 1099511628211ull; };
+  mix(static_cast<uint64_t>(cfg.size));
+  for (int r = 0; r < cfg.size; ++r)
+    mix(static_cast<uint64_t>(cfg.globalRanks.empty() ? r : cfg.globalRanks[static_cast<size_t>(r)]));
+  char tag[17];
+  std::snprintf(tag, sizeof tag, "%016llx", static_cast<unsigned long long>(members));
+  int64_t joined = store->add(strCat("smdccl/joined/", tag, "/", cfg.rank), 1);
+  return c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/", tag, "/", joined - 1), store);
 }
 
 }  // namespace
@@ -144,7 +152,7 @@ c10::intrusive_ptr<::c10d::Store> incarnationStore(const c10::intrusive_ptr<::c1
 SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg)
     : ::c10d::Backend(cfg.rank, cfg.size),
       cfg_(std::move(cfg)),
-      c10dStore_(incarnationStore(store, cfg_.size)),
+      c10dStore_(incarnationStore(store, cfg_)),
       store_(std::make_shared<C10dStoreAdapter>(c10dStore_)),
       timeoutMs_(cfg_.timeout.count()) {
   if (cfg_.globalRanks.empty())
@@ -215,7 +223,7 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
                                                         bool asyncOp,
                                                         std::shared_ptr<QueuedAllreduce> fusable,
                                                         std::shared_ptr<DeviceOp> device) {
-  ++seq_;
+  seq_.fetch_add(1);
   auto number = std::make_shared<std::atomic<uint64_t>>(0);
   auto what = [name, number, group = cfg_.groupName] {
     uint64_t n = number->load();
@@ -223,12 +231,12 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
              : strCat(name, " (queued, not started) on group '", group, "'");
   };
   auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), what);
-  work->setRunner(progress_->id());
+  work->setRunner(progress_->key());
   if (fusable) {
     fusable->work = work;
     fusable->number = number;
   }
-  if (device) work->setDeviceCompletion(device->completion(what));
+  if (device) work->setDeviceCompletion(device->completion(what, effectiveTimeout(opTimeout)));
   call.sig.name = name;
   // CPU and CUDA tensors may take different paths (allreduce): under the
   // full fingerprint a CPU rank and a CUDA rank of one call do not match.
@@ -241,7 +249,7 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
   // for it, for ever. It runs here, at once, ahead of what is queued: on
   // every rank at the same point of the run order (right after the op whose
   // completion issued it), whatever the caller threads queued meanwhile.
-  if (progress_->isCurrentThread()) {
+  if (progress_->runningHere()) {
     runWork(*work, call, body, *number, name, timeout, queued, device.get());
     return work;
   }
@@ -571,14 +579,17 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
                      std::chrono::steady_clock::now() - started).count(),
                  " us", riders_.empty() ? "" : strCat(" (", riders_.size(), " fused in)"),
                  err ? " (failed)" : "");
-  // Allreduces fused into this one complete with its outcome. Moved out
-  // first: their callbacks may run ops of this group right here (enqueue).
+  // Allreduces fused into this one complete with its outcome, after it: in
+  // issue order, so that ops their callbacks run right here (enqueue) come
+  // in the same order on every rank, whether a rank's callbacks were attached
+  // before completion (run here) or after (run by the caller, queued).
+  // Moved out first: those ops run runWork again.
   std::vector<c10::intrusive_ptr<SmdcclWork>> riders;
   riders.swap(riders_);
-  for (auto& w : riders) w->complete(err);
-  dropOrLeak(riders);
   if (device) device->signal(seq);
   work.complete(err);
+  for (auto& w : riders) w->complete(err);
+  dropOrLeak(riders);
 }
 
 }  // namespace smdccl

@@ -91,7 +91,7 @@ class SmdcclBackend : public ::c10d::Backend {
   // Collectives issued so far; TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper
   // compares it across ranks to catch mismatched calls.
   void setSequenceNumberForGroup() override {}  // every rank starts at 0
-  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                              const ::c10d::BroadcastOptions& opts) override;
@@ -276,12 +276,14 @@ class SmdcclBackend : public ::c10d::Backend {
   Tuning tuning_;
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
-  uint64_t seq_ = 0;  // ops issued (getSequenceNumberForGroup), caller threads
+  // Ops issued (getSequenceNumberForGroup): caller threads and callbacks.
+  std::atomic<uint64_t> seq_{0};
   // Ops started, in run order: the number the ranks compare (op headers,
   // watchdog). Not issue order: an op that a completion callback issues runs
-  // before those already queued (see enqueue). Touched only by the running
-  // task (runMu_ of the progress thread serializes).
-  uint64_t runSeq_ = 0;
+  // before those already queued (see enqueue). Advanced by the running task
+  // (runMu_ of the progress thread serializes), or by a caller once the
+  // thread has stopped after a failure (hence atomic).
+  std::atomic<uint64_t> runSeq_{0};
   size_t fusionBytes_ = 0;  // SMDCCL_FUSION_MB; 0: no fusion
   bool nanCheck_ = false;   // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL

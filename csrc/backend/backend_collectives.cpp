@@ -323,7 +323,7 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   std::vector<ReduceSpec> specs{first.spec};
   for (auto& f : taken) {
     auto& q = static_cast<QueuedAllreduce&>(*f);
-    q.number->store(++runSeq_);  // the same on every rank: they agreed on `count`
+    q.number->store(runSeq_.fetch_add(1) + 1);  // the same on every rank: they agreed on `count`
     q.work->markStarted();
     riders_.push_back(q.work);  // on failure runWork completes them with its error
     ts.push_back(q.tensor);

@@ -59,8 +59,10 @@ class DeviceOp {
   virtual void allgather(Comm& c, const char* in, char* out, size_t eachBytes,
                          const Tuning& t) = 0;
   // What the op's Work waits on (op number `seq`, the one signal() gets).
-  // `what` names the op in errors ("allreduce #7 on group '0'").
-  virtual std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what) = 0;
+  // `what` names the op in errors ("allreduce #7 on group '0'"); `timeout`:
+  // the op's (its deadline, from when it starts).
+  virtual std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
+                                                       std::chrono::milliseconds timeout) = 0;
 };
 
 // Per group: makes the DeviceOp of each call on CUDA tensors. The CPU build's

@@ -10,6 +10,28 @@
 
 namespace smdccl {
 
+namespace {
+// The ProgressThread whose task this thread is running (the progress thread
+// itself, or a caller running one inline).
+thread_local const ProgressThread* tlRunning = nullptr;
+
+// Sets tlRunning for a scope.
+class RunningHere {
+ public:
+  explicit RunningHere(const ProgressThread* p) : prev_(tlRunning) { tlRunning = p; }
+  ~RunningHere() { tlRunning = prev_; }
+  RunningHere(const RunningHere&) = delete;
+  RunningHere& operator=(const RunningHere&) = delete;
+
+ private:
+  const ProgressThread* prev_;
+};
+}  // namespace
+
+const void* runningKey() { return tlRunning; }
+
+bool ProgressThread::runningHere() const { return tlRunning == this; }
+
 ProgressThread::ProgressThread(int idleSpinUs) : idleSpinUs_(idleSpinUs) {
   thread_ = std::thread([this] { loop(); });
 }
@@ -45,6 +67,7 @@ void ProgressThread::stopWhenIdle() {
 bool ProgressThread::tryRunInline(const std::function<void()>& task) {
   std::unique_lock<std::mutex> running(runMu_, std::try_to_lock);
   if (!running.owns_lock() || pending_.load() > 0) return false;
+  RunningHere here(this);
   task();
   return true;
 }
@@ -81,6 +104,7 @@ void ProgressThread::loop() {
   using Clock = std::chrono::steady_clock;
   pthread_setname_np(pthread_self(), "smdccl-progress");  // 15 characters: the limit
   markOwnThread();
+  RunningHere here(this);
   while (true) {
     std::function<void()> task;
     // Poll briefly first: the next collective usually follows at once.

@@ -22,6 +22,11 @@ struct Fusable {
   virtual ~Fusable() = default;
 };
 
+class ProgressThread;
+// The key() of the ProgressThread whose task the calling thread is running;
+// nullptr when it runs none.
+const void* runningKey();
+
 class ProgressThread {
  public:
   explicit ProgressThread(int idleSpinUs);
@@ -43,10 +48,12 @@ class ProgressThread {
   // caller is about to block on it anyway: this saves two thread hand-offs
   // and keeps issue order). Returns false, without running it, otherwise.
   bool tryRunInline(const std::function<void()>& task);
-  // The caller is this thread: a callback that a task's completion runs
-  // (DDP's comm hooks chain them on futures).
-  bool isCurrentThread() const { return std::this_thread::get_id() == thread_.get_id(); }
-  std::thread::id id() const { return thread_.get_id(); }
+  // The calling thread is running one of this thread's tasks (on it, or
+  // inline): it is in a callback that a task's completion runs (DDP's comm
+  // hooks chain them on futures).
+  bool runningHere() const;
+  // Identifies this thread's tasks in runningKey(); never dereferenced.
+  const void* key() const { return this; }
   size_t pending() const { return pending_.load(); }
 
  private:

@@ -1,5 +1,7 @@
 #include "backend/work.h"
 
+#include "backend/progress_thread.h"
+
 #include <sched.h>
 
 #include <ATen/core/ivalue.h>
@@ -80,7 +82,7 @@ int SmdcclWork::sourceRank() const {
 bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   const auto waitStart = Clock::now();
-  if (!done_.load(std::memory_order_acquire) && runner_ == std::this_thread::get_id())
+  if (!done_.load(std::memory_order_acquire) && runner_ && runner_ == runningKey())
     C10_THROW_ERROR(DistBackendError,
                     "smdccl: wait() for " + what_() +
                         " from a callback on the thread that runs the group's ops, before "

@@ -9,7 +9,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 namespace smdccl {
 
@@ -54,10 +53,11 @@ class SmdcclWork : public ::c10d::Work {
   void complete(std::exception_ptr error);
   // Before the work is queued: a CUDA work completes on the GPU too.
   void setDeviceCompletion(std::shared_ptr<DeviceCompletion> d) { device_ = std::move(d); }
-  // Before the work is queued: the thread that will run it. A wait() there
-  // before it ran (a completion callback waiting for an op queued behind
-  // it) could never return: it raises instead.
-  void setRunner(std::thread::id runner) { runner_ = runner; }
+  // Before the work is queued: the key() of the ProgressThread that will
+  // run it. A wait() from one of its tasks before the work ran (a completion
+  // callback waiting for an op queued behind it) could never return: it
+  // raises instead.
+  void setRunner(const void* runner) { runner_ = runner; }
 
  private:
   std::vector<at::Tensor> outputs_;
@@ -68,7 +68,7 @@ class SmdcclWork : public ::c10d::Work {
   std::shared_ptr<DeviceCompletion> device_;
   std::chrono::steady_clock::time_point started_, finished_;
   std::atomic<int> sourceRank_{-1};
-  std::thread::id runner_;
+  const void* runner_ = nullptr;
 };
 
 }  // namespace smdccl

@@ -98,8 +98,8 @@ struct CudaState {
     gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv());
   }
   ~CudaState() {
-    CaptureSafeScope captureSafe;
     c10::cuda::CUDAGuard guard(device);
+    CaptureSafeScope captureSafe;
     gpu.reset();  // waits for the stream first
     cudaStreamSynchronize(raw);
     InternalStreams::giveBack(device, raw);
@@ -120,8 +120,8 @@ struct GpuEvent {
   }
   ~GpuEvent() {
     if (!event) return;
+    c10::cuda::CUDAGuard guard(device);  // first: no CUDA call without a device
     CaptureSafeScope captureSafe;
-    c10::cuda::CUDAGuard guard(device);
     cudaEventDestroy(event);
   }
   GpuEvent(const GpuEvent&) = delete;
@@ -177,8 +177,8 @@ class CudaCompletion : public DeviceCompletion {
   bool done() const override {
     if (!end_->recorded.load(std::memory_order_acquire)) return false;
     if (end_->recordError != cudaSuccess) return true;  // wait() raises it
-    CaptureSafeScope captureSafe;
     c10::cuda::CUDAGuard guard(device_);
+    CaptureSafeScope captureSafe;
     // An error other than "not ready" is as done as it gets: wait() raises it.
     return cudaEventQuery(end_->event) != cudaErrorNotReady;
   }
@@ -207,8 +207,8 @@ class CudaCompletion : public DeviceCompletion {
     }
     TORCH_CHECK(end_->recordError == cudaSuccess, "smdccl: could not mark the end of ", what_(),
                 " on the GPU: ", cudaGetErrorString(end_->recordError));
-    CaptureSafeScope captureSafe;
     c10::cuda::CUDAGuard guard(device_);
+    CaptureSafeScope captureSafe;
     cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device_).stream();
     cudaError_t e = cudaStreamWaitEvent(cur, end_->event, 0);
     TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after ", what_(), ": ",
@@ -233,8 +233,8 @@ class CudaOp : public DeviceOp {
         timeoutNs_(timeoutNs),
         ready_(s_->device) {
     // Ordered after what the caller queued on its current stream.
-    CaptureSafeScope captureSafe;
     c10::cuda::CUDAGuard guard(s_->device);
+    CaptureSafeScope captureSafe;
     ready_.recordOnCurrentStream(s_->device);
   }
   ~CudaOp() override {
@@ -296,9 +296,11 @@ class CudaOp : public DeviceOp {
     gpuAllgather(c, *s_->gpu, in, out, eachBytes, t);
   }
 
-  std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what) override {
-    return std::make_shared<CudaCompletion>(s_->device, s_->stream, end_, std::move(what),
-                                            timeoutNs_);
+  std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
+                                              std::chrono::milliseconds timeout) override {
+    return std::make_shared<CudaCompletion>(
+        s_->device, s_->stream, end_, std::move(what),
+        static_cast<uint64_t>(std::chrono::nanoseconds(timeout).count()));
   }
 
  private:
@@ -371,8 +373,8 @@ class CudaDeviceOps : public DeviceOps {
     copied->recordOnCurrentStream(d);
     // The send thread runs this: it has no current device of its own.
     return {h, [copied](Deadline deadline) {
-              CaptureSafeScope captureSafe;
               c10::cuda::CUDAGuard guard(copied->device);
+              CaptureSafeScope captureSafe;
               waitForEvent(copied->event, deadline, "the copy of a CUDA send into host memory");
             }};
   }
@@ -409,8 +411,8 @@ class CudaDeviceOps : public DeviceOps {
         ~MarkRecorded() { e.recorded.store(true, std::memory_order_release); }
       } mark{*end};
       if (!arrived) return;
-      CaptureSafeScope captureSafe;
       c10::cuda::CUDAStreamGuard streamGuard(copyStream);
+      CaptureSafeScope captureSafe;
       cudaError_t e = cudaStreamWaitEvent(copyStream.stream(), callerQueued->event, 0);
       if (e == cudaSuccess) {
         at::Tensor target = dev;  // the lambda's captures are const
@@ -432,15 +434,19 @@ class CudaDeviceOps : public DeviceOps {
                       "; use one GPU per rank and group, like NCCL");
   }
 
-  // One per device for the process, never destroyed (tensors are
-  // recordStream()ed on it, as on the internal streams).
+  // A few per device for the process, taken in turn (a copy waits for its
+  // caller's queued work: one stream would hold every later receive behind
+  // it), never destroyed (tensors are recordStream()ed on them, as on the
+  // internal streams).
   static c10::cuda::CUDAStream receiveStream(int dev) {
+    constexpr size_t kPerDevice = 4;
     static auto* mu = new std::mutex;
-    static auto* streams = new std::map<int, cudaStream_t>;
+    static auto* streams = new std::map<int, std::pair<std::vector<cudaStream_t>, size_t>>;
     std::lock_guard<std::mutex> lock(*mu);
-    auto it = streams->find(dev);
-    if (it == streams->end()) it = streams->emplace(dev, InternalStreams::take(dev)).first;
-    return c10::cuda::getStreamFromExternal(it->second, static_cast<c10::DeviceIndex>(dev));
+    auto& [pool, next] = (*streams)[dev];
+    if (pool.size() < kPerDevice) pool.push_back(InternalStreams::take(dev));
+    cudaStream_t s = pool[next++ % pool.size()];
+    return c10::cuda::getStreamFromExternal(s, static_cast<c10::DeviceIndex>(dev));
   }
 
   KVStore& store_;
