@@ -236,12 +236,12 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
     fusable->work = work;
     fusable->number = number;
   }
-  if (device) work->setDeviceCompletion(device->completion(what, effectiveTimeout(opTimeout)));
+  auto timeout = effectiveTimeout(opTimeout);
+  if (device) work->setDeviceCompletion(device->completion(what, timeout));
   call.sig.name = name;
   // CPU and CUDA tensors may take different paths (allreduce): under the
   // full fingerprint a CPU rank and a CUDA rank of one call do not match.
   if (device && call.sig.shapeHash) call.sig.shapeHash = (call.sig.shapeHash ^ 1) * 1099511628211ull;
-  auto timeout = effectiveTimeout(opTimeout);
   int64_t queued = trace::enabled() ? trace::nowUs() : 0;
   // Issued by a completion callback, on the progress thread itself: DDP's
   // PowerSGD hook all_reduces in its future callbacks and waits for the

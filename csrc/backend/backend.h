@@ -61,11 +61,11 @@ struct BackendConfig {
   bool wireIntra = false;
 };
 
-// An async allreduce waiting in the queue that the one running before it may
-// take into its collective (tensor fusion).
 // An op's number in the group's run order, set when it starts (0 before).
 using OpNumber = std::shared_ptr<std::atomic<uint64_t>>;
 
+// An async allreduce waiting in the queue that the one running before it may
+// take into its collective (tensor fusion).
 struct QueuedAllreduce : Fusable {
   at::Tensor tensor;
   ReduceSpec spec;

@@ -58,8 +58,7 @@ class DeviceOp {
   // Allgather of device memory: `in` (eachBytes) and every peer's block into `out`.
   virtual void allgather(Comm& c, const char* in, char* out, size_t eachBytes,
                          const Tuning& t) = 0;
-  // What the op's Work waits on (op number `seq`, the one signal() gets).
-  // `what` names the op in errors ("allreduce #7 on group '0'"); `timeout`:
+  // What the op's Work waits on. `what` names the op in errors ("allreduce #7 on group '0'"); `timeout`:
   // the op's (its deadline, from when it starts).
   virtual std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
                                                        std::chrono::milliseconds timeout) = 0;

@@ -168,12 +168,12 @@ class CudaCompletion : public DeviceCompletion {
   // `what` names the op in errors ("collective #7"); `stream`: where the
   // event behind its GPU work is recorded.
   CudaCompletion(int device, c10::cuda::CUDAStream stream, std::shared_ptr<OpEnd> end,
-                 std::function<std::string()> what, uint64_t timeoutNs)
+                 std::function<std::string()> what, std::chrono::milliseconds timeout)
       : device_(device),
         stream_(stream),
         end_(std::move(end)),
         what_(std::move(what)),
-        timeoutNs_(timeoutNs) {}
+        timeoutNs_(std::chrono::nanoseconds(timeout).count()) {}
   bool done() const override {
     if (!end_->recorded.load(std::memory_order_acquire)) return false;
     if (end_->recordError != cudaSuccess) return true;  // wait() raises it
@@ -193,7 +193,7 @@ class CudaCompletion : public DeviceCompletion {
     // of those has its deadline too).
     const bool given = timeout.count() > 0;
     const int64_t limitNs = given ? std::chrono::nanoseconds(timeout).count()
-                                  : static_cast<int64_t>(timeoutNs_) + 1'000'000'000;
+                                  : timeoutNs_ + 1'000'000'000;
     const int64_t waitStartNs = steadyNowNs();
     while (!end_->recorded.load(std::memory_order_acquire)) {
       int64_t since = given ? waitStartNs : end_->startedNs.load(std::memory_order_acquire);
@@ -222,15 +222,14 @@ class CudaCompletion : public DeviceCompletion {
   c10::cuda::CUDAStream stream_;
   std::shared_ptr<OpEnd> end_;
   std::function<std::string()> what_;
-  uint64_t timeoutNs_;
+  int64_t timeoutNs_;
 };
 
 class CudaOp : public DeviceOp {
  public:
-  CudaOp(std::shared_ptr<CudaState> s, uint64_t timeoutNs)
+  explicit CudaOp(std::shared_ptr<CudaState> s)
       : s_(std::move(s)),
         end_(std::make_shared<OpEnd>(s_->device)),
-        timeoutNs_(timeoutNs),
         ready_(s_->device) {
     // Ordered after what the caller queued on its current stream.
     c10::cuda::CUDAGuard guard(s_->device);
@@ -298,15 +297,13 @@ class CudaOp : public DeviceOp {
 
   std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
                                               std::chrono::milliseconds timeout) override {
-    return std::make_shared<CudaCompletion>(
-        s_->device, s_->stream, end_, std::move(what),
-        static_cast<uint64_t>(std::chrono::nanoseconds(timeout).count()));
+    return std::make_shared<CudaCompletion>(s_->device, s_->stream, end_, std::move(what),
+                                            timeout);
   }
 
  private:
   std::shared_ptr<CudaState> s_;
   std::shared_ptr<OpEnd> end_;
-  uint64_t timeoutNs_;
   GpuEvent ready_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
 };
@@ -333,8 +330,7 @@ class CudaDeviceOps : public DeviceOps {
     for (const auto& t : tensors)
       if (t.defined() && t.numel())
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), s->stream);
-    uint64_t ns = static_cast<uint64_t>(timeout_().count()) * 1000000ull;
-    return std::make_shared<CudaOp>(std::move(s), ns);
+    return std::make_shared<CudaOp>(std::move(s));
   }
 
   int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) override {
@@ -399,9 +395,8 @@ class CudaDeviceOps : public DeviceOps {
     c10::cuda::CUDACachingAllocator::recordStream(dev.storage().data_ptr(), copyStream);
     auto end = std::make_shared<OpEnd>(d);
     end->startedNs.store(steadyNowNs(), std::memory_order_release);
-    uint64_t ns = static_cast<uint64_t>(timeout_().count()) * 1000000ull;
     auto completion = std::make_shared<CudaCompletion>(
-        d, copyStream, end, [] { return std::string("recv"); }, ns);
+        d, copyStream, end, [] { return std::string("recv"); }, timeout_());
     // Queues the copy and marks its end; the host never waits for the GPU
     // here (the caller may be the one that landed it: an early message).
     auto land = [dev, h, callerQueued, copyStream, end](bool arrived) {

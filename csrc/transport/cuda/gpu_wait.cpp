@@ -2,7 +2,6 @@
 
 #include <sched.h>
 
-#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -13,11 +12,11 @@ namespace smdccl {
 
 namespace {
 
-// `timedOut` builds the message of the Timeout thrown past `deadline`;
-// `aborted` (may be null) names the op when `cancel` is raised (abort()).
+// `timedOut` builds the message of the Timeout thrown past `deadline`.
+// Inside an op (`ctx` not null), its abort() ends the wait too.
 template <typename Query, typename Message>
 void pollUntilDone(Query query, Deadline deadline, Message timedOut, const char* what,
-                   const std::atomic<bool>* cancel = nullptr, const OpContext* ctx = nullptr) {
+                   const OpContext* ctx = nullptr) {
   using Clock = std::chrono::steady_clock;
   CaptureSafeScope captureSafe;
   auto start = Clock::now();
@@ -26,9 +25,9 @@ void pollUntilDone(Query query, Deadline deadline, Message timedOut, const char*
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) throwCudaError(e, what);
     if ((i & 63) == 0 && deadline.expired()) throw CommError(CommError::Kind::Timeout, timedOut());
-    if ((i & 63) == 0 && cancel && cancel->load(std::memory_order_relaxed))
+    if ((i & 63) == 0 && ctx && ctx->cancel && ctx->cancel->load(std::memory_order_relaxed))
       throw CommError(CommError::Kind::System,
-                      strCat("smdccl: ", ctx ? ctx->describe() : std::string("an op"),
+                      strCat("smdccl: ", ctx->describe(),
                              ": the group was aborted on this rank (while waiting for the GPU: ",
                              what, ")"));
     auto waited = Clock::now() - start;
@@ -46,12 +45,12 @@ std::string inOp(const OpContext& ctx, const char* what) {
 
 void waitForEvent(cudaEvent_t ev, const OpContext& ctx, const char* what) {
   pollUntilDone([ev] { return cudaEventQuery(ev); }, ctx.deadline, [&] { return inOp(ctx, what); },
-                what, ctx.cancel, &ctx);
+                what, &ctx);
 }
 
 void waitForStream(cudaStream_t s, const OpContext& ctx, const char* what) {
   pollUntilDone([s] { return cudaStreamQuery(s); }, ctx.deadline, [&] { return inOp(ctx, what); },
-                what, ctx.cancel, &ctx);
+                what, &ctx);
 }
 
 void waitForEvent(cudaEvent_t ev, Deadline deadline, const std::string& what) {
