@@ -2,18 +2,28 @@
 # GPU verification of smdccl's CUDA paths, on a machine with a GPU:
 #   1. builds the extension, the kernel tests and the kernel benchmark against
 #      the torch found here (architecture: this GPU's);
-#   2. runs the kernel unit tests, tests/test_cuda.py (every collective on
-#      CUDA tensors, 2 and 4 ranks sharing the GPU, DDP vs gloo) and FSDP2 on
-#      CUDA (tests/test_fsdp.py);
-#   3. runs the kernel benchmark and the collective benchmark (smdccl vs gloo
-#      on CUDA tensors, 2 and 4 ranks; nccl too where there are >= 2 GPUs);
-#   4. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
-# Every step has a time limit (SMDCCL_GPU_CHECK_TEST_TIMEOUT, _BENCH_TIMEOUT)
-# so that the whole check fits a 10-minute command on a lent GPU machine.
+#   2. runs, most telling first, each step under its own time limit:
+#      kernel unit tests; stream semantics; DDP vs gloo; FSDP2 on CUDA; the
+#      kernel benchmark; the 2-rank allreduce benchmark (the 3x-gloo target);
+#      the rest of tests/test_cuda.py (every collective on CUDA tensors, 2 and
+#      4 ranks sharing the GPU, two-level, staged, fp16 wire); the benchmark
+#      of every collective at 2 and 4 ranks (nccl too where there are >= 2 GPUs);
+#   3. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
+# A lent GPU machine gives one 10-minute command at a time, so the whole check
+# runs under one budget (SMDCCL_GPU_CHECK_BUDGET seconds, default 570): a step
+# gets the smaller of its own limit and what is left, a step with under 20 s
+# left is recorded as not run, and the report is always written. Each test
+# step is its own pytest run with its own JUnit file, so a step stopped by its
+# limit loses only its own verdict.
 # Usage: bash scripts/gpu_check.sh [--quick]   (PYTHON=... to pick the interpreter;
-#        SMDCCL_GPU_CHECK_OUT=dir for the results; logs go there too)
+#        SMDCCL_GPU_CHECK_OUT=dir for the results; logs go there too;
+#        SMDCCL_GPU_CHECK_TESTS=<pytest -k expression> narrows every test step;
+#        SMDCCL_GPU_CHECK_SKIP="step ..." leaves steps out, names as in steps.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+START=$SECONDS
+BUDGET=${SMDCCL_GPU_CHECK_BUDGET:-570}
+REPORT_RESERVE=15  # seconds kept for the report
 PY=${PYTHON:-python3}
 QUICK=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
@@ -28,7 +38,13 @@ DATE=$(date -u +%F)
 STEM="$OUT/${GPU}-${DATE}"
 LOGS="$OUT/gpu-check-logs"
 mkdir -p "$LOGS"
-echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(torch.__version__)'), results $STEM.{json,md}"
+: > "$LOGS/steps.txt"  # one line per step: name, rc (124: stopped by its limit; skipped), seconds
+echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(torch.__version__)'), results $STEM.{json,md}, budget ${BUDGET} s"
+
+MIN_STEP=20  # a step with less time than this left is not started
+exec 3>&1  # the console, for step summaries while a step's output goes to its log
+status=0
+source scripts/gpu_steps.sh  # run_step, pytest_step
 
 # 1. build: one CMake tree for the module, the kernel tests and the benchmark.
 # The module must use the libstdc++ that Python loads: the system compiler,
@@ -40,55 +56,65 @@ elif [[ -x /usr/bin/g++ ]]; then export CXX=/usr/bin/g++; fi
 export CUDAHOSTCXX=${CXX:-}
 BUILD=build/gpu-check
 rm -rf "$BUILD"  # a cached configure would keep an earlier compiler
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMDCCL_CUDA_ARCHS="$ARCH" \
-  -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')" \
-  -DPython3_EXECUTABLE="$(command -v "$PY")" -DSMDCCL_PYTHON_OUT_DIR="$PWD/python/smdccl" \
-  > "$LOGS/build.log" 2>&1 &&
-cmake --build "$BUILD" --target smdccl_C smdccl_cuda_tests smdccl_cuda_kernel_bench -j "$(nproc)" \
-  >> "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; echo "gpu_check: build failed"; exit 1; }
+build() {
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMDCCL_CUDA_ARCHS="$ARCH" \
+    -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')" \
+    -DPython3_EXECUTABLE="$(command -v "$PY")" -DSMDCCL_PYTHON_OUT_DIR="$PWD/python/smdccl" &&
+  cmake --build "$BUILD" --target smdccl_C smdccl_cuda_tests smdccl_cuda_kernel_bench -j "$(nproc)"
+}
+export -f build; export BUILD ARCH PY
+run_step build 400 bash -c build > "$LOGS/build.log" 2>&1 ||
+  { tail -40 "$LOGS/build.log"; echo "gpu_check: build failed"; exit 1; }
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import smdccl._C as C; b=C.build_info(); assert b['cuda'], b; print('built:', b)" || exit 1
 
-status=0
-# 2. tests
-"$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2>&1; rc=$?
-tail -3 "$LOGS/kernel-tests.txt"; [[ $rc == 0 ]] || { status=1; grep -m20 FAIL "$LOGS/kernel-tests.txt"; }
-# SMDCCL_GPU_CHECK_TESTS: a pytest -k expression to run part of those tests
-# (a stuck test fails at its 30 s group timeout, see PG_TIMEOUT there).
-PYTEST_ARGS=(tests/test_cuda.py tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process
-             -q -rfEs --durations=0 --junitxml="$LOGS/test_cuda.xml")
-[[ -n "${SMDCCL_GPU_CHECK_TESTS:-}" ]] && PYTEST_ARGS+=(-k "$SMDCCL_GPU_CHECK_TESTS")
-PYTHONUNBUFFERED=1 timeout "${SMDCCL_GPU_CHECK_TEST_TIMEOUT:-420}" "$PY" -m pytest "${PYTEST_ARGS[@]}" > "$LOGS/test_cuda.txt" 2>&1; rc=$?
-tail -15 "$LOGS/test_cuda.txt"; [[ $rc == 0 ]] || status=1
+# 2. tests and benchmarks, most telling first.
+run_step kernel-tests 60 "$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2>&1 ||
+  grep -m20 FAIL "$LOGS/kernel-tests.txt"
+tail -1 "$LOGS/kernel-tests.txt"
+
+pytest_step stream 200 stream_semantics tests/test_cuda.py
 # A failed stream-semantics test is re-run once with CUDA's lazy module
 # loading off: a stream that waits on work not yet queued can deadlock
 # against a lazy load (which synchronizes the context), so the two outcomes
 # side by side tell that apart from an ordering bug (diagnosis only: the
 # check has failed either way).
-if grep -q "FAILED.*stream_semantics" "$LOGS/test_cuda.txt"; then
-  CUDA_MODULE_LOADING=EAGER PYTHONUNBUFFERED=1 timeout 120 "$PY" -m pytest tests/test_cuda.py -q -rs \
-    -k stream_semantics > "$LOGS/test_cuda_stream_eager.txt" 2>&1
+if grep -q "FAILED.*stream_semantics" "$LOGS/test_cuda-stream.txt"; then
+  CUDA_MODULE_LOADING=EAGER PYTHONUNBUFFERED=1 run_step stream-eager 100 "$PY" -m pytest tests/test_cuda.py -q -rs \
+    "tests/test_cuda.py::test_cuda_stream_semantics[2]" > "$LOGS/test_cuda_stream_eager.txt" 2>&1
   echo "stream semantics with CUDA_MODULE_LOADING=EAGER: $(tail -1 "$LOGS/test_cuda_stream_eager.txt")"
 fi
+pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py
+pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process
 
-# 3. benchmarks
 ITERS=()
 [[ $QUICK == 1 ]] && ITERS=(--quick)
-"$BUILD/smdccl_cuda_kernel_bench" "${ITERS[@]}" --json "$LOGS/kernels.json" > "$LOGS/kernels.txt" 2>&1 \
-  || { status=1; tail -5 "$LOGS/kernels.txt"; }
+run_step kernel-bench 90 "$BUILD/smdccl_cuda_kernel_bench" "${ITERS[@]}" --json "$LOGS/kernels.json" \
+  > "$LOGS/kernels.txt" 2>&1 || tail -5 "$LOGS/kernels.txt"
+
 BACKENDS=smdccl,gloo
 [[ $NGPU -ge 2 ]] && BACKENDS=smdccl,gloo,nccl
 SIZES=${SMDCCL_GPU_CHECK_SIZES:-4K,64K,256K,1M,4M,16M,64M}
 COLLS=${SMDCCL_GPU_CHECK_COLLECTIVES:-allreduce,allgather,reduce_scatter,broadcast}
-for n in ${SMDCCL_GPU_CHECK_RANKS:-2 4}; do
-  timeout "${SMDCCL_GPU_CHECK_BENCH_TIMEOUT:-150}" \
-  "$PY" -m torch.distributed.run --nproc-per-node $n -m smdccl.bench --device cuda \
-    --backends "$BACKENDS" --collectives "$COLLS" \
-    --sizes "$SIZES" --json "$LOGS/collectives-${n}ranks.json" --no-progress \
-    > "$LOGS/collectives-${n}ranks.txt" 2>&1 || { status=1; tail -20 "$LOGS/collectives-${n}ranks.txt"; }
+bench() {  # bench NAME RANKS COLLECTIVES CAP
+  run_step "$1" "$4" "$PY" -m torch.distributed.run --nproc-per-node "$2" -m smdccl.bench --device cuda \
+    --backends "$BACKENDS" --collectives "$3" --sizes "$SIZES" --json "$LOGS/$1.json" --no-progress \
+    > "$LOGS/$1.txt" 2>&1 || tail -20 "$LOGS/$1.txt"
+}
+# The 2-rank run holds the allreduce target; the other collectives follow the
+# correctness tests, so that a slow benchmark cannot take their time.
+bench collectives-2ranks 2 allreduce 120
+pytest_step matrix 300 "not stream_semantics and not ddp_matches_gloo" tests/test_cuda.py
+OTHER=$(tr , '\n' <<< "$COLLS" | grep -vx allreduce | paste -sd, -)
+[[ -n "$OTHER" ]] && bench collectives-2ranks-other 2 "$OTHER" 150
+for n in ${SMDCCL_GPU_CHECK_RANKS:-4}; do
+  [[ $n == 2 ]] && continue  # done above
+  bench "collectives-${n}ranks" "$n" "$COLLS" 150
 done
 
-# 4. report
+# 3. report
+echo "gpu_check: steps (name rc seconds):"; cat "$LOGS/steps.txt"
 "$PY" scripts/gpu_report.py --logs "$LOGS" --stem "$STEM" --status $status || status=1
 cat "$STEM.md"
+echo "gpu_check: done in $(( SECONDS - START )) s, status $status"
 exit $status

@@ -39,21 +39,49 @@ def kernel_tests(logs: Path) -> dict:
                                                                              "log_tail": text[-500:]}
 
 
-def pytest_results(logs: Path) -> dict:
-    p = logs / "test_cuda.xml"
-    if not p.exists():
-        return {"ran": False}
+def steps(logs: Path) -> list[dict]:
+    """gpu_check.sh's steps.txt: one line per step, ``name rc seconds``; rc is a
+    number, "skipped", "not-run" (no budget left) or 124 (stopped by its limit)."""
+    p = logs / "steps.txt"
+    out = []
+    for line in (p.read_text().splitlines() if p.exists() else []):
+        parts = line.split()
+        if len(parts) == 3:
+            rc = int(parts[1]) if parts[1].lstrip("-").isdigit() else parts[1]
+            out.append({"step": parts[0], "rc": rc, "seconds": int(parts[2])})
+    return out
+
+
+def _junit_cases(p: Path) -> list[dict]:
     root = ET.parse(p).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
     cases = []
-    for tc in suite.iter("testcase"):
+    for tc in root.iter("testcase"):
         outcome = "passed"
         for tag in ("failure", "error", "skipped"):
             if tc.find(tag) is not None:
                 outcome = tag
         cases.append({"test": tc.get("name"), "outcome": outcome, "seconds": float(tc.get("time", 0))})
-    return {"ran": True, "tests": int(suite.get("tests", 0)), "failures": int(suite.get("failures", 0)),
-            "errors": int(suite.get("errors", 0)), "skipped": int(suite.get("skipped", 0)), "cases": cases}
+    return cases
+
+
+def pytest_results(logs: Path) -> dict:
+    """Every pytest step's JUnit file (test_cuda-<step>.xml; test_cuda.xml from
+    older runs of the script). A step stopped by its limit writes none: its
+    tests have no verdict, which the steps list shows."""
+    files = sorted(logs.glob("test_cuda-*.xml")) + sorted(logs.glob("test_cuda.xml"))
+    if not files:
+        return {"ran": False, "tests": 0, "failures": 0, "errors": 0, "skipped": 0, "cases": []}
+    cases = []
+    for p in files:
+        step = p.stem.removeprefix("test_cuda-") if p.stem != "test_cuda" else "tests"
+        try:
+            cases += [dict(c, step=step) for c in _junit_cases(p)]
+        except ET.ParseError as exc:
+            cases.append({"test": f"({p.name} unreadable: {exc})", "outcome": "error", "seconds": 0.0,
+                          "step": step})
+    count = {o: sum(c["outcome"] == o for c in cases) for o in ("failure", "error", "skipped")}
+    return {"ran": True, "tests": len(cases), "failures": count["failure"], "errors": count["error"],
+            "skipped": count["skipped"], "cases": cases}
 
 
 def kernels(logs: Path) -> dict:
@@ -68,7 +96,7 @@ def kernels(logs: Path) -> dict:
 
 def collectives(logs: Path) -> dict:
     out = {}
-    for p in sorted(logs.glob("collectives-*ranks.json")):
+    for p in sorted(logs.glob("collectives-*.json")):
         d = _read_json(p)
         if d:
             out[p.stem] = d
@@ -102,11 +130,16 @@ def markdown(rep: dict) -> str:
              f"Command: `{rep['command']}`  ", f"torch {g.get('torch')} (CUDA {g.get('cuda')}), "
              f"sm_{str(g.get('capability', '')).replace('.', '')}, host {rep['host']}, commit {rep['commit']}", ""]
     kt, pt = rep["kernel_tests"], rep["tests"]
+    if rep["steps"]:
+        lines += ["## Steps (in the order run; rc 124: stopped by its time limit, no verdict)", "",
+                  "| step | rc | seconds |", "|---|---|---|"]
+        lines += [f"| {st['step']} | {st['rc']} | {st['seconds']} |" for st in rep["steps"]]
+        lines.append("")
     lines += ["## Tests", f"- kernel unit tests: {kt.get('passed')} passed, {kt.get('failed')} failed",
-              f"- tests/test_cuda.py: {pt.get('tests')} tests, {pt.get('failures')} failures, "
-              f"{pt.get('errors')} errors, {pt.get('skipped')} skipped"]
+              f"- pytest (tests/test_cuda.py, FSDP2 on CUDA): {pt.get('tests')} tests, {pt.get('failures')} "
+              f"failures, {pt.get('errors')} errors, {pt.get('skipped')} skipped"]
     for c in pt.get("cases", []):
-        lines.append(f"  - {c['test']}: {c['outcome']} ({c['seconds']:.1f} s)")
+        lines.append(f"  - [{c.get('step', '')}] {c['test']}: {c['outcome']} ({c['seconds']:.1f} s)")
     k = rep["kernels"]
     lines += ["", "## Kernels (median of timed runs; bytes read + written)", "",
               "| kernel | dtype | op | MiB/buffer | GB/s | copy GB/s | % of copy |", "|---|---|---|---|---|---|---|"]
@@ -161,6 +194,7 @@ def main() -> int:
            "command": os.environ.get("SMDCCL_GPU_CHECK_COMMAND", "bash scripts/gpu_check.sh"),
            "commit": commit or "(not a git checkout)",
            "gpu": gpu_info(), "kernel_tests": kernel_tests(args.logs), "tests": pytest_results(args.logs),
+           "steps": steps(args.logs),
            "kernels": kernels(args.logs), "collectives": collectives(args.logs), "script_status": args.status}
     Path(args.stem + ".json").write_text(json.dumps(rep, indent=1))
     Path(args.stem + ".md").write_text(markdown(rep))

@@ -6,7 +6,9 @@
 * Every test gets a SIGALRM backstop (``SMDCCL_TEST_TIMEOUT`` seconds, default
   600) on top of the harness's own per-run timeout, without depending on
   pytest-timeout: if the parent itself wedges, the test fails instead of the
-  suite hanging.
+  suite hanging. ``SMDCCL_TEST_DEADLINE`` (Unix time) caps it for a run that
+  must end by then: the test in progress fails at it (the harness kills its
+  ranks, the JUnit file is written), later ones fail without starting.
 * The terminal summary lists the gloo-only sub-case skips reported by the ranks
   and the suite's wall time.
 """
@@ -32,6 +34,9 @@ if not harness.IS_SMDCCL:
 
 _SUITE_START = time.monotonic()
 TEST_TIMEOUT = int(os.environ.get("SMDCCL_TEST_TIMEOUT", "600"))
+# Unix time by which the whole run must end (scripts/gpu_steps.sh sets it from
+# a step's time limit): a test is cut at it, a later one fails unstarted.
+TEST_DEADLINE = float(os.environ["SMDCCL_TEST_DEADLINE"]) if os.environ.get("SMDCCL_TEST_DEADLINE") else None
 
 
 def pytest_report_header(config):
@@ -58,11 +63,20 @@ def _per_test_alarm(request):
         yield
         return
 
+    limit, why = TEST_TIMEOUT, f"SMDCCL_TEST_TIMEOUT={TEST_TIMEOUT} s"
+    if TEST_DEADLINE is not None:
+        left = int(TEST_DEADLINE - time.time())
+        if left < 1:
+            pytest.fail(f"{request.node.nodeid} not started: the run's deadline (SMDCCL_TEST_DEADLINE) "
+                        "has passed", pytrace=False)
+        if left < limit:
+            limit, why = left, "the run's deadline (SMDCCL_TEST_DEADLINE)"
+
     def on_alarm(signum, frame):
-        raise _TestTimeout(f"{request.node.nodeid} exceeded SMDCCL_TEST_TIMEOUT={TEST_TIMEOUT} s")
+        raise _TestTimeout(f"{request.node.nodeid} ran past {why}")
 
     old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(TEST_TIMEOUT)
+    signal.alarm(limit)
     try:
         yield
     finally:

@@ -1,0 +1,103 @@
+"""scripts/gpu_check.sh's machinery, without a GPU: its step runner under a
+budget of seconds (scripts/gpu_steps.sh), pytest's deadline
+(SMDCCL_TEST_DEADLINE in conftest.py) and the report (scripts/gpu_report.py)
+over the logs such a run leaves. A lent GPU machine gives one 10-minute
+command, so a step that runs long must cost only its own verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _steps(logs: Path) -> list[list[str]]:
+    return [line.split() for line in (logs / "steps.txt").read_text().splitlines()]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def test_steps_share_one_budget(tmp_path):
+    # budget 5 s, 1 s kept for the report, no step started with < 3 s left
+    script = f"""
+        LOGS={tmp_path}; START=$SECONDS; BUDGET=5; REPORT_RESERVE=1; MIN_STEP=3; PY={sys.executable}
+        status=0; exec 3>&1; : > "$LOGS/steps.txt"
+        source {REPO}/scripts/gpu_steps.sh
+        run_step ok 10 true; echo "after ok: $status"
+        STEP_ALSO_OK=5 run_step nothing-selected 10 bash -c 'exit 5'; echo "after 5: $status"
+        SMDCCL_GPU_CHECK_SKIP="other skipme" run_step skipme 10 false
+        run_step slow 3 bash -c 'setsid sleep 61 & echo $! > {tmp_path}/escaped.pid; wait'
+        run_step late 10 true
+        echo "final: $status"
+    """
+    t0 = time.monotonic()
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    assert "after ok: 0" in out.stdout and "after 5: 0" in out.stdout, out.stdout
+    assert "final: 1" in out.stdout, out.stdout
+    steps = _steps(tmp_path)
+    assert [s[:2] for s in steps] == [["ok", "0"], ["nothing-selected", "5"], ["skipme", "skipped"],
+                                      ["slow", "124"], ["late", "not-run"]], steps
+    assert int(steps[3][2]) == 3, steps  # stopped at its own 3 s limit, not the sleep's 60
+    assert "late not run" in out.stdout
+    # the step's process in a session of its own (as test ranks are) was killed
+    escaped = int((tmp_path / "escaped.pid").read_text())
+    assert not Path(f"/proc/{escaped}").exists() or "zombie" in _state(escaped), "the step left a process"
+    assert took < 20, f"the budget of 5 s took {took:.1f} s"
+
+
+def test_pytest_deadline_fails_tests_not_started(tmp_path):
+    env = dict(os.environ, SMDCCL_TEST_DEADLINE=str(time.time() - 1))
+    xml = tmp_path / "junit.xml"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                          "tests/test_gpu_check_steps.py::test_steps_share_one_budget"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "not started: the run's deadline (SMDCCL_TEST_DEADLINE) has passed" in out.stdout, out.stdout
+    assert "<error" in xml.read_text()  # failed in its setup: an error, no verdict
+
+
+def test_report_reads_every_step(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "steps.txt").write_text("build 0 80\nkernel-tests 0 3\nstream 0 41\nddp 124 140\n"
+                                    "kernel-bench 0 30\ncollectives-2ranks 0 50\nmatrix not-run 0\n")
+    (logs / "kernel-tests.txt").write_text("23 passed, 0 failed\n")
+    (logs / "test_cuda-stream.xml").write_text(
+        '<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2">'
+        '<testcase classname="tests.test_cuda" name="test_cuda_stream_semantics[2]" time="12.5"/>'
+        '<testcase classname="tests.test_cuda" name="test_cuda_stream_semantics[4]" time="20.0">'
+        '<failure message="boom"/></testcase></testsuite></testsuites>')
+    (logs / "test_cuda-ddp.xml").write_text("<testsuites><testsuite")  # cut off by a kill
+    copy = 2700.0
+    (logs / "kernels.json").write_text(json.dumps([
+        {"kernel": "reduce2", "dtype": "float32", "op": "sum", "bytes_per_buffer": 64 << 20,
+         "gbps": 2650.0, "copy_gbps": copy, "pct_of_copy": 100 * 2650 / copy}]))
+    rows = [{"backend": b, "collective": "allreduce", "size": 64 << 20, "algbw": bw, "time_us": 1e6}
+            for b, bw in (("smdccl", 60.0), ("gloo", 2.0))]
+    (logs / "collectives-2ranks.json").write_text(json.dumps({"rows": rows}))
+    stem = tmp_path / "GPU-date"
+    out = subprocess.run([sys.executable, str(REPO / "scripts/gpu_report.py"), "--logs", str(logs),
+                          "--stem", str(stem), "--status", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr  # the script's status was a failure
+    rep = json.loads((tmp_path / "GPU-date.json").read_text())
+    assert [s["step"] for s in rep["steps"]][-2:] == ["collectives-2ranks", "matrix"]
+    assert rep["steps"][3] == {"step": "ddp", "rc": 124, "seconds": 140}
+    assert rep["tests"]["tests"] == 3 and rep["tests"]["failures"] == 1 and rep["tests"]["errors"] == 1
+    assert rep["kernels"]["met"] and rep["collectives"]["allreduce_64MiB_2ranks"]["ratio"] == 30.0
+    md = (tmp_path / "GPU-date.md").read_text()
+    assert "| ddp | 124 | 140 |" in md and "| matrix | not-run | 0 |" in md
+    assert "[stream] test_cuda_stream_semantics[4]: failure" in md
+    assert "test_cuda-ddp.xml unreadable" in md
+    assert "30.0x -> MET" in md
