@@ -20,23 +20,30 @@
 
 namespace smdccl {
 
-class ListenerProbe {
- public:
+// How often a ListenerProbe asks and when refusals mean "gone". The defaults
+// are the library's; the unit tests run the same rules on a shorter clock.
+struct ListenerProbeTiming {
   // One connection attempt at most this often, the first once a wait has
   // lasted this long (most waits for a connection end in milliseconds: they
   // cost the peer no probe)...
-  static constexpr std::chrono::milliseconds kEvery{500};
+  std::chrono::milliseconds every{500};
   // ...backing off to this while the peer answers (alive, or not answering).
-  static constexpr std::chrono::milliseconds kMaxEvery{8000};
+  std::chrono::milliseconds maxEvery{8000};
   // ...each waiting at most this long for an answer (a host that drops
   // packets is "no sign", not "gone").
-  static constexpr std::chrono::milliseconds kAttemptWait{250};
+  std::chrono::milliseconds attemptWait{250};
+  // Refusals lasting this long without a break mean the process has exited.
+  std::chrono::milliseconds refusedMeansGone{kRefusedMeansGone};
+};
 
-  ListenerProbe(const GroupToken& token, int myRank, int peerRank)
-      : token_(token), myRank_(myRank), peerRank_(peerRank) {}
+class ListenerProbe {
+ public:
+  ListenerProbe(const GroupToken& token, int myRank, int peerRank, ListenerProbeTiming timing = {})
+      : token_(token), myRank_(myRank), peerRank_(peerRank), timing_(timing),
+        interval_(timing.every), refused_(timing.refusedMeansGone) {}
 
   // Why the peer is gone, or "" while there is no sign of it. Waits ask
-  // between their attempts (at least every kEvery; a longer pause starts a
+  // between their attempts (at least every timing.every; a longer pause starts a
   // new wait, and refusals count within one wait only). `address`
   // gives the peer's listener ("ip:port", or "" while unpublished); it is
   // asked only when an attempt is due. Thread-safe; a caller that finds an
@@ -50,10 +57,11 @@ class ListenerProbe {
   const GroupToken token_;
   const int myRank_;
   const int peerRank_;
+  const ListenerProbeTiming timing_;
   std::mutex mu_;
   bool inFlight_ = false;
   std::chrono::steady_clock::time_point nextAttempt_{};
-  std::chrono::milliseconds interval_{kEvery};
+  std::chrono::milliseconds interval_;
   std::chrono::steady_clock::time_point lastAsked_{};  // a new wait after a pause
   RefusalSpan refused_;  // within the current wait
   std::string verdict_;

@@ -177,11 +177,11 @@ bool RefusalSpan::refusedLongEnough(int err, Clock::time_point now) {
     return false;
   }
   if (since_ == Clock::time_point{}) since_ = now;
-  return now - since_ >= kRefusedMeansGone;
+  return now - since_ >= gone_;
 }
 
-std::string RefusalSpan::meaning() {
-  return strCat(" for ", kRefusedMeansGone.count(), " ms (its process has exited)");
+std::string RefusalSpan::meaning() const {
+  return strCat(" for ", gone_.count(), " ms (its process has exited)");
 }
 
 int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
@@ -203,7 +203,7 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
     if (refused.refusedLongEnough(err, now))
       throw CommError(CommError::Kind::PeerFailure,
                       strCat("cannot connect to ", what, " at ", ip, ":", port,
-                             ": connection refused", RefusalSpan::meaning()));
+                             ": connection refused", refused.meaning()));
     bool retry = err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == EAGAIN ||
                  err == ENETUNREACH || err == EHOSTUNREACH;
     if (!retry || deadline.expired()) {

@@ -33,14 +33,16 @@ constexpr std::chrono::milliseconds kRefusedMeansGone{2000};
 class RefusalSpan {
  public:
   using Clock = std::chrono::steady_clock;
+  explicit RefusalSpan(std::chrono::milliseconds gone = kRefusedMeansGone) : gone_(gone) {}
   // Records an attempt's errno (0: connected); true once refusals have
-  // lasted kRefusedMeansGone.
+  // lasted the span's length (kRefusedMeansGone).
   bool refusedLongEnough(int err, Clock::time_point now);
   void reset() { since_ = Clock::time_point{}; }
   // " for 2000 ms (its process has exited)": the end of the messages.
-  static std::string meaning();
+  std::string meaning() const;
 
  private:
+  std::chrono::milliseconds gone_;
   Clock::time_point since_{};  // epoch: not being refused
 };
 

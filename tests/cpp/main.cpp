@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   int passed = 0, failed = 0;
   for (auto& t : testRegistry()) {
     int before = gFailures;
+    auto start = std::chrono::steady_clock::now();
     try {
       t.fn();
     } catch (const std::exception& e) {
@@ -32,7 +34,8 @@ int main(int argc, char** argv) {
       ++gFailures;
     }
     bool ok = gFailures == before;
-    std::printf("%s %s\n", ok ? "PASS" : "FAIL", t.name);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s %s (%.2f s)\n", ok ? "PASS" : "FAIL", t.name, secs);
     (ok ? passed : failed)++;
   }
   std::printf("%d passed, %d failed\n", passed, failed);
