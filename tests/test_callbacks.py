@@ -10,11 +10,6 @@ of the run order on every rank, whatever the caller's thread queued
 meanwhile (with gloo, whose callbacks race the caller's thread, the same
 PowerSGD run with several buckets times out). A ``wait()`` from a callback
 for an op queued behind it raises instead of hanging.
-
-A chain of futures, each callback issuing the next op and attaching itself
-to it, recurses (the op completed at once, so then() runs the callback on
-the spot): past a stack limit the next op is deferred until the callbacks
-return, so chains of any length run, as with gloo.
 """
 
 from __future__ import annotations
@@ -123,59 +118,6 @@ def test_wait_in_a_callback_for_an_op_queued_behind_it_raises():
     seen = res[1]
     assert seen["thread"] != "MainThread", f"the callback ran on the caller's thread: {seen}"
     assert seen["error"] and "would never run" in seen["error"] and "allreduce" in seen["error"], seen
-
-
-def long_chain(links: int) -> dict:
-    """A chain of `links` futures: each callback bumps a counter tensor,
-    all_reduces it (MAX) and attaches itself to that op's future; every
-    32nd link also waits (Work.wait) for its own op inside the callback."""
-    rank = dist.get_rank()
-    chk = Checker(f"on rank {rank}")
-    t = torch.zeros(8, dtype=torch.int64)
-    seen, not_done_at_issue, errors = [], [0], []
-    finished = threading.Event()
-
-    def link(fut):
-        try:
-            seen.append(int(fut.value()[0][0]))
-            if len(seen) == links:
-                finished.set()
-                return None
-            t.add_(1)
-            w = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
-            if not w.is_completed():
-                not_done_at_issue[0] += 1  # deferred: the stack was at its limit
-            if len(seen) % 32 == 0:
-                w.wait()
-                assert w.is_completed()
-            w.get_future().then(link)
-        except BaseException as exc:  # noqa: BLE001 - reported below, not lost in a future
-            errors.append(repr(exc))
-            finished.set()
-        return None
-
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).get_future().then(link)
-    finished.wait(60)
-    with chk.case("every link ran, in order, with the reduced value"):
-        assert not errors, errors
-        assert seen == list(range(links)), f"{len(seen)} links ran; first wrong at " \
-            f"{next((i for i, v in enumerate(seen) if v != i), None)}"
-    with chk.case("the group goes on"):
-        u = torch.ones(3)
-        dist.all_reduce(u)
-        assert torch.all(u == dist.get_world_size()).item()
-    return {"failures": chk.failures, "count": chk.count, "deferred": not_done_at_issue[0]}
-
-
-def test_a_long_chain_of_futures_runs_to_its_end():
-    res = run_ranks(2, long_chain, 3000, timeout=120, pg_timeout=30)
-    failures = [f for r in res for f in r["failures"]]
-    assert not failures, "\n".join(failures)
-    assert all(r["count"] == 2 for r in res)
-    # ~200 links fit the stack: the rest were deferred and run after the
-    # callbacks returned (each rank alike)
-    assert all(r["deferred"] > 0 for r in res), res
-    assert res[0]["deferred"] == res[1]["deferred"], res
 
 
 def _powersgd_model() -> nn.Module:

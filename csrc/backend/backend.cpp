@@ -250,10 +250,7 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
   // every rank at the same point of the run order (right after the op whose
   // completion issued it), whatever the caller threads queued meanwhile.
   if (progress_->runningHere()) {
-    progress_->runNowOrDefer(work.get(), [this, work, call = std::move(call), body = std::move(body),
-                                          number, name, timeout, queued, device] {
-      runWork(*work, call, body, *number, name, timeout, queued, device.get());
-    });
+    runWork(*work, call, body, *number, name, timeout, queued, device.get());
     return work;
   }
   // A blocking call (async_op=False) with nothing ahead of it runs right here.

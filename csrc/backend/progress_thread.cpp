@@ -12,72 +12,25 @@ namespace smdccl {
 
 namespace {
 // The ProgressThread whose task this thread is running (the progress thread
-// itself, or a caller running one inline), and where on this thread's stack
-// it started running tasks.
-thread_local ProgressThread* tlRunning = nullptr;
-thread_local const char* tlStackMark = nullptr;
+// itself, or a caller running one inline).
+thread_local const ProgressThread* tlRunning = nullptr;
 
-// Sets tlRunning (and the stack mark: this object's own address) for a scope.
+// Sets tlRunning for a scope.
 class RunningHere {
  public:
-  explicit RunningHere(ProgressThread* p) : prev_(tlRunning), prevMark_(tlStackMark) {
-    tlRunning = p;
-    tlStackMark = reinterpret_cast<const char*>(this);
-  }
-  ~RunningHere() {
-    tlRunning = prev_;
-    tlStackMark = prevMark_;
-  }
+  explicit RunningHere(const ProgressThread* p) : prev_(tlRunning) { tlRunning = p; }
+  ~RunningHere() { tlRunning = prev_; }
   RunningHere(const RunningHere&) = delete;
   RunningHere& operator=(const RunningHere&) = delete;
 
  private:
-  ProgressThread* prev_;
-  const char* prevMark_;
+  const ProgressThread* prev_;
 };
-
-// Bytes of stack between the running thread's mark and the caller's frame
-// (stacks grow down on every platform this builds for).
-size_t stackInUse() {
-  char here;
-  return tlStackMark ? static_cast<size_t>(tlStackMark - &here) : 0;
-}
 }  // namespace
 
 const void* runningKey() { return tlRunning; }
 
 bool ProgressThread::runningHere() const { return tlRunning == this; }
-
-bool ProgressThread::runNowOrDefer(const void* id, std::function<void()> task) {
-  if (stackInUse() < kNestedStackLimit) {
-    task();
-    return true;
-  }
-  deferred_.push_back({id, std::move(task)});
-  return false;
-}
-
-void ProgressThread::runDeferred() {
-  while (!deferred_.empty()) {
-    auto task = std::move(deferred_.front().run);
-    deferred_.pop_front();
-    task();
-  }
-}
-
-bool runDeferredThrough(const void* runner, const void* id) {
-  ProgressThread* p = tlRunning;
-  if (!p || p != runner) return false;
-  bool queued = false;
-  for (auto& d : p->deferred_) queued = queued || d.id == id;
-  if (!queued) return false;
-  while (true) {
-    auto item = std::move(p->deferred_.front());
-    p->deferred_.pop_front();
-    item.run();
-    if (item.id == id) return true;
-  }
-}
 
 ProgressThread::ProgressThread(int idleSpinUs) : idleSpinUs_(idleSpinUs) {
   thread_ = std::thread([this] { loop(); });
@@ -116,7 +69,6 @@ bool ProgressThread::tryRunInline(const std::function<void()>& task) {
   if (!running.owns_lock() || pending_.load() > 0) return false;
   RunningHere here(this);
   task();
-  runDeferred();
   return true;
 }
 
@@ -175,7 +127,6 @@ void ProgressThread::loop() {
     }
     std::lock_guard<std::mutex> running(runMu_);
     task();
-    runDeferred();
     pending_.fetch_sub(1);
     dropOrLeak(task);  // it may hold the last reference to Python's tensors
   }

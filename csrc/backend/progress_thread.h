@@ -26,10 +26,6 @@ class ProgressThread;
 // The key() of the ProgressThread whose task the calling thread is running;
 // nullptr when it runs none.
 const void* runningKey();
-// From a callback on the thread running `runner`'s tasks: runs the deferred
-// tasks (runNowOrDefer) up to and including the one deferred as `id`, in
-// order. False, running nothing, when `id` is not deferred here.
-bool runDeferredThrough(const void* runner, const void* id);
 
 class ProgressThread {
  public:
@@ -56,17 +52,6 @@ class ProgressThread {
   // inline): it is in a callback that a task's completion runs (DDP's comm
   // hooks chain them on futures).
   bool runningHere() const;
-  // For a task issued by a callback while runningHere(): runs it now, unless
-  // the callbacks have nested so deep (a chain of futures, each then()
-  // attached to an op that completed at once) that the stack is at its
-  // limit; then it is deferred (false) and runs once the running task
-  // returns, before anything queued, in the order deferred. `id` names it
-  // for runDeferredThrough().
-  bool runNowOrDefer(const void* id, std::function<void()> task);
-  // A chain link takes ~2.5 KB of stack (measured): this is ~200 links,
-  // short of Python's recursion limit (RecursionError at ~500 links), far
-  // short of the thread's 8 MiB, and far deeper than DDP's hooks nest.
-  static constexpr size_t kNestedStackLimit = 512 << 10;
   // Identifies this thread's tasks in runningKey(); never dereferenced.
   const void* key() const { return this; }
   size_t pending() const { return pending_.load(); }
@@ -78,14 +63,6 @@ class ProgressThread {
     std::shared_ptr<Fusable> fusable;
   };
   bool tryPop(std::function<void()>* task);
-  void runDeferred();
-  friend bool runDeferredThrough(const void* runner, const void* id);
-  struct Deferred {
-    const void* id;
-    std::function<void()> run;
-  };
-  // Only the thread running a task (holding runMu_) touches it.
-  std::deque<Deferred> deferred_;
 
   int idleSpinUs_;
   std::mutex mu_;

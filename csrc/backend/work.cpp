@@ -82,11 +82,7 @@ int SmdcclWork::sourceRank() const {
 bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
   const auto waitStart = Clock::now();
-  // From a callback on the thread that runs the group's ops: an op that a
-  // deep chain of callbacks deferred runs now; one queued behind the running
-  // callback would never run.
-  if (!done_.load(std::memory_order_acquire) && runner_ && runner_ == runningKey() &&
-      !runDeferredThrough(runner_, this))
+  if (!done_.load(std::memory_order_acquire) && runner_ && runner_ == runningKey())
     C10_THROW_ERROR(DistBackendError,
                     "smdccl: wait() for " + what_() +
                         " from a callback on the thread that runs the group's ops, before "
