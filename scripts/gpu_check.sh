@@ -5,9 +5,9 @@
 #   2. runs, most telling first, each step under its own time limit:
 #      kernel unit tests; stream semantics; DDP vs gloo; FSDP2 on CUDA; the
 #      kernel benchmark; the 2-rank allreduce benchmark (the 3x-gloo target);
-#      the rest of tests/test_cuda.py (every collective on CUDA tensors, 2 and
-#      4 ranks sharing the GPU, two-level, staged, fp16 wire); the benchmark
-#      of every collective at 2 and 4 ranks (nccl too where there are >= 2 GPUs);
+#      every collective on CUDA tensors at 2 and 4 ranks sharing the GPU; the
+#      two-level, staged and fp16-wire tests; the benchmark of every
+#      collective at 2 and 4 ranks (nccl too where there are >= 2 GPUs);
 #   3. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
 # A lent GPU machine gives one 10-minute command at a time, so the whole check
 # runs under one budget (SMDCCL_GPU_CHECK_BUDGET seconds, default 570): a step
@@ -104,7 +104,11 @@ bench() {  # bench NAME RANKS COLLECTIVES CAP
 # The 2-rank run holds the allreduce target; the other collectives follow the
 # correctness tests, so that a slow benchmark cannot take their time.
 bench collectives-2ranks 2 allreduce 120
-pytest_step matrix 300 "not stream_semantics and not ddp_matches_gloo" tests/test_cuda.py
+# Every collective on CUDA tensors at 2 and 4 ranks (fast), then the
+# inter-node paths: two-level, staged, fp16 wire (minutes: 4 ranks staging
+# through host memory and TCP).
+pytest_step matrix 200 "one_node or settings_must_agree or code_compiled" tests/test_cuda.py
+pytest_step two-level 400 "two_level" tests/test_cuda.py
 OTHER=$(tr , '\n' <<< "$COLLS" | grep -vx allreduce | paste -sd, -)
 [[ -n "$OTHER" ]] && bench collectives-2ranks-other 2 "$OTHER" 150
 for n in ${SMDCCL_GPU_CHECK_RANKS:-4}; do
