@@ -28,9 +28,10 @@ def _state(pid: int) -> str:
 
 
 def test_steps_share_one_budget(tmp_path):
-    # budget 5 s, 1 s kept for the report, no step started with < 3 s left
+    # budget 6 s, 1 s kept for the report, no step started with < 3 s left
+    # (bash's SECONDS counts whole seconds: each reading may be 1 s ahead)
     script = f"""
-        LOGS={tmp_path}; START=$SECONDS; BUDGET=5; REPORT_RESERVE=1; MIN_STEP=3; PY={sys.executable}
+        LOGS={tmp_path}; START=$SECONDS; BUDGET=6; REPORT_RESERVE=1; MIN_STEP=3; PY={sys.executable}
         status=0; exec 3>&1; : > "$LOGS/steps.txt"
         source {REPO}/scripts/gpu_steps.sh
         run_step ok 10 true; echo "after ok: $status"
@@ -49,12 +50,12 @@ def test_steps_share_one_budget(tmp_path):
     steps = _steps(tmp_path)
     assert [s[:2] for s in steps] == [["ok", "0"], ["nothing-selected", "5"], ["skipme", "skipped"],
                                       ["slow", "124"], ["late", "not-run"]], steps
-    assert int(steps[3][2]) == 3, steps  # stopped at its own 3 s limit, not the sleep's 60
+    assert 3 <= int(steps[3][2]) <= 4, steps  # stopped at its own 3 s limit, not the sleep's 60
     assert "late not run" in out.stdout
     # the step's process in a session of its own (as test ranks are) was killed
     escaped = int((tmp_path / "escaped.pid").read_text())
     assert not Path(f"/proc/{escaped}").exists() or "zombie" in _state(escaped), "the step left a process"
-    assert took < 20, f"the budget of 5 s took {took:.1f} s"
+    assert took < 20, f"the budget of 6 s took {took:.1f} s"
 
 
 def test_pytest_deadline_fails_tests_not_started(tmp_path):
