@@ -201,8 +201,20 @@ def fail_alone_out_of_memory(victim: int) -> dict:
     return {"took": took, "error": msg, "later": later, "later_error": later_msg}
 
 
+def _under_address_sanitizer() -> bool:
+    from smdccl import _C
+
+    return "address" in _C.build_info()["sanitizers"]
+
+
 @pytest.mark.smdccl_only
 def test_rank_out_of_memory_fails_the_group_at_once():
+    # scripts/sanitize.sh: AddressSanitizer's own mappings (shadow, internal
+    # vectors) fail first under a capped address space and it aborts the
+    # rank, so the cap tests ASan there, not smdccl; the regular run has it.
+    if _under_address_sanitizer():
+        pytest.skip("RLIMIT_AS cannot cap a rank under AddressSanitizer (its own mappings fail first); "
+                    "the unsanitized run covers this test")
     victim = 1
     results = run_ranks(3, fail_alone_out_of_memory, victim, timeout=180)
     for rank, r in enumerate(results):
