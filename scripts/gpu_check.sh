@@ -80,7 +80,7 @@ pytest_step stream 200 stream_semantics tests/test_cuda.py
 # side by side tell that apart from an ordering bug (diagnosis only: the
 # check has failed either way).
 if grep -q "FAILED.*stream_semantics" "$LOGS/test_cuda-stream.txt"; then
-  CUDA_MODULE_LOADING=EAGER PYTHONUNBUFFERED=1 run_step stream-eager 100 "$PY" -m pytest tests/test_cuda.py -q -rs \
+  CUDA_MODULE_LOADING=EAGER PYTHONUNBUFFERED=1 run_step stream-eager 100 "$PY" -m pytest -q -rs \
     "tests/test_cuda.py::test_cuda_stream_semantics[2]" > "$LOGS/test_cuda_stream_eager.txt" 2>&1
   echo "stream semantics with CUDA_MODULE_LOADING=EAGER: $(tail -1 "$LOGS/test_cuda_stream_eager.txt")"
 fi

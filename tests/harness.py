@@ -371,6 +371,14 @@ def run_ranks(
 # ---------------------------------------------------------------------------
 
 
+def under_address_sanitizer() -> bool:
+    """The smdccl engine imported here was built with AddressSanitizer
+    (scripts/sanitize.sh)."""
+    from smdccl import _C
+
+    return "address" in _C.build_info()["sanitizers"]
+
+
 def harness_store():
     """Inside a rank: a client of the parent's TCPStore, independent of any process
     group (usable after the group has failed)."""

@@ -40,7 +40,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import BACKEND, backend_supports, run_ranks, store_barrier
+from harness import BACKEND, backend_supports, run_ranks, store_barrier, under_address_sanitizer
 from harness import timed_raise as _raises
 
 PG_TIMEOUT = 10.0
@@ -201,18 +201,12 @@ def fail_alone_out_of_memory(victim: int) -> dict:
     return {"took": took, "error": msg, "later": later, "later_error": later_msg}
 
 
-def _under_address_sanitizer() -> bool:
-    from smdccl import _C
-
-    return "address" in _C.build_info()["sanitizers"]
-
-
 @pytest.mark.smdccl_only
 def test_rank_out_of_memory_fails_the_group_at_once():
     # scripts/sanitize.sh: AddressSanitizer's own mappings (shadow, internal
     # vectors) fail first under a capped address space and it aborts the
     # rank, so the cap tests ASan there, not smdccl; the regular run has it.
-    if _under_address_sanitizer():
+    if under_address_sanitizer():
         pytest.skip("RLIMIT_AS cannot cap a rank under AddressSanitizer (its own mappings fail first); "
                     "the unsanitized run covers this test")
     victim = 1

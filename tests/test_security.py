@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import run_ranks
+from harness import run_ranks, under_address_sanitizer
 
 pytestmark = pytest.mark.smdccl_only
 
@@ -155,9 +155,7 @@ def _asan_quarantine_mib() -> int:
     """Under AddressSanitizer (scripts/sanitize.sh) freed memory waits in a
     quarantine (256 MiB by default) before it is reused, so RSS grows by up to
     that much without a leak: the bound allows for it there, and only there."""
-    from smdccl import _C
-
-    if "address" not in _C.build_info()["sanitizers"]:
+    if not under_address_sanitizer():
         return 0
     for opt in os.environ.get("ASAN_OPTIONS", "").split(":"):
         if opt.startswith("quarantine_size_mb="):

@@ -180,9 +180,7 @@ class CudaCompletion : public DeviceCompletion {
     c10::cuda::CUDAGuard guard(device_);
     CaptureSafeScope captureSafe;
     // An error other than "not ready" is as done as it gets: wait() raises it.
-    cudaError_t e = cudaEventQuery(end_->event);
-    if (e == cudaErrorNotReady) (void)cudaGetLastError();  // not left as the thread's last error
-    return e != cudaErrorNotReady;
+    return queried(cudaEventQuery(end_->event)) != cudaErrorNotReady;
   }
   void blockCurrentStream(std::chrono::milliseconds timeout) override {
     using Clock = std::chrono::steady_clock;

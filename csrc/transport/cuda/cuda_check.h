@@ -13,6 +13,14 @@ namespace smdccl {
                          cudaGetErrorString(e), ")"));
 }
 
+// The result of a status query (cudaEventQuery, cudaStreamQuery), passed
+// through. "Not ready" may linger as the thread's last error (torch clears
+// it too): a later launch check (cudaGetLastError) would take it for its own.
+inline cudaError_t queried(cudaError_t e) {
+  if (e == cudaErrorNotReady) (void)cudaGetLastError();
+  return e;
+}
+
 }  // namespace smdccl
 
 #define SMDCCL_CUDA_CHECK(expr)                                  \

@@ -21,12 +21,9 @@ void pollUntilDone(Query query, Deadline deadline, Message timedOut, const char*
   CaptureSafeScope captureSafe;
   auto start = Clock::now();
   for (uint64_t i = 0;; ++i) {
-    cudaError_t e = query();
+    cudaError_t e = queried(query());
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) throwCudaError(e, what);
-    // "Not ready" may linger as the thread's last error (torch clears it
-    // too): a later launch check (cudaGetLastError) would take it for its own.
-    (void)cudaGetLastError();
     if ((i & 63) == 0 && deadline.expired()) throw CommError(CommError::Kind::Timeout, timedOut());
     if ((i & 63) == 0 && ctx && ctx->cancel && ctx->cancel->load(std::memory_order_relaxed))
       throw CommError(CommError::Kind::System,
