@@ -20,7 +20,8 @@ Input kinds
 
 Reference semantics (what smdccl implements): integer SUM / PRODUCT wrap like
 torch; float MIN / MAX propagate NaN; bool SUM / MAX are OR and PRODUCT / MIN
-are AND; AVG and PREMUL_SUM exist only for floating dtypes.
+are AND; AVG and PREMUL_SUM exist only for floating dtypes, BAND / BOR / BXOR
+only for integer and bool dtypes (on bool: logical AND / OR / XOR).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ UNIT_ROUNDOFF = {
     torch.bfloat16: 2.0 ** -8,
 }
 
-OP_NAMES = ("SUM", "AVG", "MIN", "MAX", "PRODUCT", "PREMUL_SUM")
+OP_NAMES = ("SUM", "AVG", "MIN", "MAX", "PRODUCT", "PREMUL_SUM", "BAND", "BOR", "BXOR")
+BITWISE_OPS = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -76,6 +78,8 @@ def op_valid(op: str, dtype: torch.dtype) -> bool:
     """Whether the smdccl contract defines ``op`` on ``dtype`` (else: ValueError)."""
     if op in ("AVG", "PREMUL_SUM"):
         return is_float(dtype)
+    if op in BITWISE_OPS:
+        return not is_float(dtype)
     return True
 
 
@@ -170,6 +174,13 @@ def reduce_reference(inputs: list[torch.Tensor], op: str, dtype: torch.dtype,
     by default floats are compared with the rounding bound (MIN / MAX always
     exactly: they select, they never round)."""
     n = len(inputs)
+    if op in BITWISE_OPS:  # integers and bool (bool: logical AND / OR / XOR)
+        if is_float(dtype):
+            raise ValueError(f"{op} is undefined on {dtype}")
+        value = inputs[0].clone()
+        for t in inputs[1:]:
+            value = BITWISE_OPS[op](value, t)
+        return Reference(value, None, n, dtype)
     if dtype == torch.bool:
         stack = torch.stack(list(inputs))
         if op in ("SUM", "MAX"):

@@ -105,3 +105,32 @@ def async_on_some_ranks() -> list:
 
 def test_async_on_some_ranks_and_blocking_on_others():
     assert run_ranks(4, async_on_some_ranks, timeout=120) == [[True] * 4] * 4
+
+
+def swapped_sizes() -> dict:
+    """Rank 1 swaps the sizes of its last two allreduces (3, 5 against 5, 3):
+    the fused totals match, so a count alone would fuse them and each tensor
+    would get parts of the other's sum. A large one first keeps the rest
+    queued behind it, so fusion surely sees them."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    sizes = [64] * 6 + ([3, 5] if rank == 0 else [5, 3])
+    works = [dist.all_reduce(torch.ones(4 << 20), async_op=True)]
+    works += [dist.all_reduce(torch.full((n,), float(i)), async_op=True) for i, n in enumerate(sizes)]
+    errors = []
+    for w in works:
+        try:
+            w.wait()
+        except Exception as exc:  # noqa: BLE001 - the error is the result
+            errors.append(str(exc))
+    return {"errors": errors}
+
+
+def test_fusion_never_hides_a_size_mismatch():
+    results = run_ranks(2, swapped_sizes, pg_timeout=30, timeout=120)
+    for rank, r in enumerate(results):
+        assert r["errors"], f"rank {rank}: no error for allreduces of 3 and 5 elements against 5 and 3"
+        first = r["errors"][0]
+        assert "mismatch" in first.lower() and "3 elements" in first and "5 elements" in first, first

@@ -97,6 +97,36 @@ def test_destroying_the_group_fails_its_pending_recv():
     assert took < 5, f"wait() raised after {took:.1f} s"
 
 
+def destroyed_with_a_pending_collective() -> dict:
+    """Rank 0 destroys its group while an allreduce that rank 1 never joins
+    is queued. The queue drains first, as gloo's does: the allreduce fails at
+    its deadline (the group timeout, 3 s here) and destroy returns. Before,
+    the failing op stopped the progress thread through a pointer the
+    destructor had already cleared: a segfault."""
+    rank = dist.get_rank()
+    store = harness_store()
+    out = {}
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(1 << 20), async_op=True)
+        start = time.monotonic()
+        dist.destroy_process_group()
+        out["destroy_s"] = time.monotonic() - start
+        out["wait"] = _raises(lambda: work.wait(datetime.timedelta(seconds=20)))
+        store.set("pending-collective/done", "1")
+    else:
+        store.wait(["pending-collective/done"], datetime.timedelta(seconds=60))
+        dist.destroy_process_group()
+    return out
+
+
+def test_destroying_the_group_with_a_pending_collective_lets_it_fail_in_time():
+    r0 = run_ranks(2, destroyed_with_a_pending_collective, pg_timeout=3, timeout=120)[0]
+    assert r0["destroy_s"] < 10, f"destroy took {r0['destroy_s']:.1f} s with a 3 s group timeout"
+    took, err = r0["wait"]
+    assert err is not None, "wait() returned normally"
+    assert "allreduce" in err and "timed out" in err, err
+
+
 def one_rank_leaves() -> dict:
     rank = dist.get_rank()
     store = harness_store()

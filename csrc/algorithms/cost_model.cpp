@@ -6,6 +6,8 @@
 #include <limits>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include "common/error.h"
 
 namespace smdccl {
@@ -231,6 +233,14 @@ Algo cheapest(Collective c, double bytes, const GroupShape& g, const CostModel& 
 }
 
 CostModel CostModel::fromFile(const std::string& path) {
+  // A profile is a few lines: anything but a small regular file (a device,
+  // a FIFO, a huge file) is a wrong path, and reading it could block or eat
+  // memory before the group's timeout applies.
+  struct stat st {};
+  SMDCCL_CHECK_ARG(::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (1 << 20),
+                   "SMDCCL_TUNE_FILE='", path,
+                   "' is not a readable profile (a regular file of at most 1 MiB); write one "
+                   "with `python -m smdccl.tune` or unset it");
   std::ifstream in(path);
   SMDCCL_CHECK_ARG(in.good(), "SMDCCL_TUNE_FILE='", path,
                    "' cannot be read; write one with `python -m smdccl.tune` or unset it");

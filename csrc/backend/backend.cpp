@@ -66,7 +66,15 @@ int pickIdleSpin(int machineRanks) {
 // Every rank's "hostname/boot id": who shares memory, and who shares CPUs.
 std::vector<std::string> gatherHostKeys(KVStore& store, const BackendConfig& cfg,
                                         Deadline deadline) {
-  return allGatherStrings(store, "smdccl/host", cfg.rank, cfg.size, hostKey(), deadline);
+  try {
+    return allGatherStrings(store, "smdccl/host", cfg.rank, cfg.size, hostKey(), deadline);
+  } catch (const CommError& e) {  // the first rendezvous of a group: say what usually causes it
+    throw CommError(e.kind(),
+                    strCat("smdccl: creating group '", cfg.groupName, "' as rank ", cfg.rank, " of ",
+                           cfg.size, ": ", e.what(), "; every one of its ", cfg.size,
+                           " ranks must create it within the timeout, with the same world size "
+                           "and members"));
+  }
 }
 
 Topology buildTopology(const std::vector<std::string>& hostKeys, const BackendConfig& cfg) {
@@ -196,7 +204,12 @@ SmdcclBackend::~SmdcclBackend() {
   // The progress and send/recv threads may be dropping the last reference to
   // a Work whose tensors are Python's (that takes the GIL): join them without it.
   GilReleasedIfHeld released;
-  progress_.reset();  // finishes queued work first
+  // Finishes queued work first, with progress_ still set: a task that fails
+  // calls failGroup, which stops the thread through it (reset() alone would
+  // null the pointer before joining: a crash on a group destroyed with a
+  // collective still pending).
+  progress_->finish();
+  progress_.reset();
   watchdog_.reset();
   p2p_.reset();
   mesh_.reset();

@@ -220,6 +220,9 @@ class SmdcclBackend : public ::c10d::Backend {
   // Runs `first` and, when every rank has more fusable allreduces queued
   // right behind it, as many of those as all have, as one collective.
   void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
+  // Whether every rank's first `count` queued fusable allreduces have the
+  // same sizes, dtypes and ops (one tiny round).
+  bool ridersAgree(Comm& c, size_t count);
   // recv and recvAnysource (srcRank -1): posts the receive, CUDA landing included.
   c10::intrusive_ptr<::c10d::Work> postRecv(const at::Tensor& t, int srcRank, int tag);
   // all_reduce of a sparse COO tensor (sparse_allreduce.h): SUM or AVG, CPU.

@@ -207,7 +207,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                                  const ::c10d::AllreduceOptions& opts) {
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
     return allreduceSparse(tensors[0], opts);
-  at::Tensor t = checkSingle(tensors, "allreduce");
+  at::Tensor t = realView(checkSingle(tensors, "allreduce"), opts.reduceOp, "allreduce", "tensor");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
   toDType(t.scalar_type(), "allreduce");  // an unsupported dtype raises here, at the call
   Tuning tuning = tuning_;
@@ -290,6 +290,29 @@ void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
   overflow.finish(c);
 }
 
+bool SmdcclBackend::ridersAgree(Comm& c, size_t count) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over each rider's size, dtype and op
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  size_t seen = 0;
+  progress_->countFusable([&](Fusable& f) {
+    if (seen == count) return false;
+    auto& q = static_cast<QueuedAllreduce&>(f);
+    mix(static_cast<uint64_t>(q.tensor.numel()));
+    mix(static_cast<uint64_t>(q.tensor.scalar_type()));
+    mix(static_cast<uint64_t>(q.spec.op));
+    ++seen;
+    return true;
+  });
+  // One round: the minimum of h and of ~h (~ reverses the order) gives the
+  // smallest and the largest fingerprint.
+  int64_t pair[2] = {static_cast<int64_t>(h), ~static_cast<int64_t>(h)};
+  trace::Span span("fusion: compare the riders", "check", *c.ctx.group);
+  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(pair), 2, DType::I64, RedOp::Min);
+  return pair[0] == ~pair[1];
+}
+
 void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   auto sameKind = [&](const QueuedAllreduce& q) {
     return q.tensor.scalar_type() == first.tensor.scalar_type() && q.spec.op == first.spec.op &&
@@ -314,6 +337,11 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
     trace::Span span("fusion: agree on the count", "check", *c.ctx.group);
     recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&count), 1, DType::I32, RedOp::Min);
   }
+  // The op headers compare the first allreduce only: the riders' sizes must
+  // agree too, or swapped sizes with equal totals would mix tensors silently.
+  // On any difference nothing is fused: each runs alone and its own header
+  // check names both calls.
+  if (count > 0 && !ridersAgree(c, static_cast<size_t>(count))) count = 0;
   auto taken = progress_->takeFusable(static_cast<size_t>(count));
   if (taken.empty()) {  // nothing to fuse: in place, without packing a flat copy
     allreduceOne(c, first.tensor, first.spec, nullptr, tuning_);
@@ -338,13 +366,14 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
 WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                            const ::c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "smdccl: allreduce_coalesced needs at least one tensor");
+  std::vector<at::Tensor> real = realViews(tensors, opts.reduceOp, "allreduce_coalesced", "tensor");
   std::vector<ReduceSpec> specs;
-  for (auto& t : tensors) {
+  for (auto& t : real) {
     checkTensor(t, "allreduce_coalesced", "tensor");
     specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
   }
-  auto dev = deviceOps_->begin(tensors, "allreduce_coalesced");
-  std::vector<at::Tensor> ts = hostOf(dev, tensors, true, true);
+  auto dev = deviceOps_->begin(real, "allreduce_coalesced");
+  std::vector<at::Tensor> ts = hostOf(dev, real, true, true);
   return enqueue(
       OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
       callOf(ts, ts[0].scalar_type(), numelOf(ts),
@@ -367,7 +396,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
 }
 
 WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) {
-  at::Tensor t = checkSingle(tensors, "reduce");
+  at::Tensor t = realView(checkSingle(tensors, "reduce"), opts.reduceOp, "reduce", "tensor");
   checkRank(opts.rootRank, size_, "reduce", "root rank");
   TORCH_CHECK_VALUE(opts.rootTensor == 0, "smdccl: reduce: rootTensor must be 0");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "reduce");
@@ -634,13 +663,15 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                       const ::c10d::ReduceScatterOptions& opts) {
   at::Tensor out = checkSingle(outputs, "reduce_scatter");
   TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: reduce_scatter takes one input list per rank");
-  Blocks blocks =
+  Blocks blocks =  // in bytes: the same for complex tensors and their real views
       checkBlockList(inputs[0], out, rank_, size_, "reduce_scatter", "input_list", "output");
+  out = realView(out, opts.reduceOp, "reduce_scatter", "output");
+  std::vector<at::Tensor> real = realViews(inputs[0], opts.reduceOp, "reduce_scatter", "input_list");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
-  auto dev = deviceOps_->begin(allOf(inputs[0], {out}), "reduce_scatter");
-  std::vector<at::Tensor> ins = hostOf(dev, inputs[0], true, false);
+  auto dev = deviceOps_->begin(allOf(real, {out}), "reduce_scatter");
+  std::vector<at::Tensor> ins = hostOf(dev, real, true, false);
   at::Tensor hout = hostOf(dev, out, false, true);
-  OpCall call = blockListCall(inputs[0], out, redOpCode(opts.reduceOp));
+  OpCall call = blockListCall(real, out, redOpCode(opts.reduceOp));
   call.inputs = ins;
   return enqueue(
       OpType::REDUCE_SCATTER, "reduce_scatter", std::move(call), outputs,
@@ -652,13 +683,17 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
       opts.timeout, opts.asyncOp, nullptr, dev);
 }
 
-WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& given,
                                             const ::c10d::ReduceScatterOptions& opts) {
-  checkTensor(input, "reduce_scatter_tensor", "input");
-  checkTensor(output, "reduce_scatter_tensor", "output");
-  TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
-                    "smdccl: reduce_scatter_tensor: output dtype ", output.scalar_type(),
-                    " differs from input dtype ", input.scalar_type());
+  checkTensor(given, "reduce_scatter_tensor", "input");
+  checkTensor(result, "reduce_scatter_tensor", "output");
+  TORCH_CHECK_VALUE(result.scalar_type() == given.scalar_type(),
+                    "smdccl: reduce_scatter_tensor: output dtype ", result.scalar_type(),
+                    " differs from input dtype ", given.scalar_type());
+  // The engine works on real views of complex tensors; the caller's output
+  // is the work's result.
+  at::Tensor input = realView(given, opts.reduceOp, "reduce_scatter_tensor", "input");
+  at::Tensor output = realView(result, opts.reduceOp, "reduce_scatter_tensor", "output");
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_,
                     "smdccl: reduce_scatter_tensor: input must have world_size (", size_,
                     ") x output elements = ", output.numel() * size_, ", got ", input.numel());
@@ -670,7 +705,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
   if (dev) {  // on the GPU (CUDA IPC inside a node), no host copies here
     Tuning tuning = tuning_;
     return enqueue(
-        OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {output},
+        OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {result},
         [this, input, output, spec, tuning, dev](Comm& c) mutable {
           DType dt = toDType(output.scalar_type(), "reduce_scatter_tensor");
           WireOverflowCheck overflow(useWire(c, dt, spec));
@@ -688,7 +723,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& inpu
         opts.timeout, opts.asyncOp, nullptr, dev);
   }
   return enqueue(
-      OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {output},
+      OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {result},
       [this, input, output, spec](Comm& c) mutable {
         at::Tensor work = input.clone();  // the input is left as it was
         runReduceScatter(c, work, Blocks::equal(c.size(), output.nbytes()), output, spec);
@@ -710,12 +745,17 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
                           outputs[i].scalar_type() == inputs[i].scalar_type(),
                       "smdccl: reduce_scatter_tensor_coalesced: input ", i,
                       " must have the output's dtype and world_size x its elements");
-    specs.push_back(toReduceSpec(opts.reduceOp, outputs[i].scalar_type(), size_,
-                                 "reduce_scatter_tensor_coalesced"));
   }
-  auto dev = deviceOps_->begin(allOf(inputs, outputs), "reduce_scatter_tensor_coalesced");
-  std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
-  std::vector<at::Tensor> outs = hostOf(dev, outputs, false, true);
+  std::vector<at::Tensor> realIns =
+      realViews(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced", "input");
+  std::vector<at::Tensor> realOuts =
+      realViews(outputs, opts.reduceOp, "reduce_scatter_tensor_coalesced", "output");
+  for (const auto& o : realOuts)
+    specs.push_back(toReduceSpec(opts.reduceOp, o.scalar_type(), size_,
+                                 "reduce_scatter_tensor_coalesced"));
+  auto dev = deviceOps_->begin(allOf(realIns, realOuts), "reduce_scatter_tensor_coalesced");
+  std::vector<at::Tensor> ins = hostOf(dev, realIns, true, false);
+  std::vector<at::Tensor> outs = hostOf(dev, realOuts, false, true);
   OpCall call = callOf(outs, outs.empty() ? at::kByte
                                           : outs[0].scalar_type(),
                        numelOf(outs), redOpCode(opts.reduceOp));
@@ -892,6 +932,9 @@ WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
                   " tag ", tag, " on group '", group, "'");
   });
   work->markStarted();
+  // A receive from a named rank knows its source from the start (gloo code
+  // reads _source_rank() of every receive); an any-source one learns it.
+  if (srcRank >= 0) work->setSourceRank(srcRank);
   DeviceOps::HostLanding landing{t, nullptr, nullptr};
   if (deviceOps_->deviceOf({t}, "recv") >= 0) landing = deviceOps_->hostForRecv(t);
   if (landing.completion) work->setDeviceCompletion(landing.completion);

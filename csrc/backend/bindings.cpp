@@ -23,6 +23,7 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
     int compressionIntra) {
   TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "smdccl: rank ", rank,
                     " is out of range for a group of ", size);
+  smdccl::checkEnvironment();  // before any rendezvous: a bad value fails here, on every rank
   smdccl::BackendConfig cfg;
   cfg.rank = rank;
   cfg.size = size;

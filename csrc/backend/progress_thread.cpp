@@ -36,13 +36,15 @@ ProgressThread::ProgressThread(int idleSpinUs) : idleSpinUs_(idleSpinUs) {
   thread_ = std::thread([this] { loop(); });
 }
 
-ProgressThread::~ProgressThread() {
+ProgressThread::~ProgressThread() { finish(); }
+
+void ProgressThread::finish() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 bool ProgressThread::post(std::function<void()> task, std::shared_ptr<Fusable> fusable) {

@@ -30,7 +30,10 @@ const void* runningKey();
 class ProgressThread {
  public:
   explicit ProgressThread(int idleSpinUs);
-  ~ProgressThread();  // runs what is queued, then stops
+  ~ProgressThread();  // finish()
+  // Runs what is queued, then stops the thread and joins it. The object
+  // stays usable meanwhile: a task may still call stopWhenIdle() or post().
+  void finish();
 
   // Queues `task`; false, without queueing it, once the thread has stopped
   // (stopWhenIdle): the caller must then run it itself.

@@ -142,13 +142,15 @@ void sparseAllreduce(Comm& c, at::Tensor& t, bool average, const Tuning& tuning)
                                       valueShape, values.options()));
   }
   at::Tensor summands = at::cat(allValues, 0);
-  // AVG: 16-bit values are scaled before the sum (as the dense path does),
-  // so the sum cannot overflow where the average would not.
+  // AVG: 16-bit values are scaled before the sum (as the dense path does:
+  // by the power of two at or above the world size, exact in 16 bits), so
+  // the sum cannot overflow where the average would not.
   bool narrow = summands.scalar_type() == at::kHalf || summands.scalar_type() == at::kBFloat16;
-  if (average && narrow) summands.div_(c.size());
+  double preDivide = average && narrow ? powerOfTwoAtLeast(c.size()) : 1.0;
+  if (preDivide != 1.0) summands.div_(preDivide);
   at::Tensor sum =
       at::sparse_coo_tensor(at::cat(allIndices, 1), summands, in.sizes(), in.options()).coalesce();
-  if (average && !narrow) sum._values().div_(c.size());
+  if (average && c.size() / preDivide != 1.0) sum._values().div_(c.size() / preDivide);
   // The result replaces the tensor's contents, as gloo does: below autograd
   // and the inference-mode checks, like the dense path's byte copies (a
   // leaf that requires grad is legal here).

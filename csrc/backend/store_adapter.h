@@ -18,6 +18,9 @@ class C10dStoreAdapter : public KVStore {
   std::string get(const std::string& key, Deadline deadline) override {
     try {
       store_->wait({key}, std::max(deadline.remaining(), std::chrono::milliseconds(1)));
+    } catch (const c10::Error& e) {  // torch's message, without its C++ backtrace
+      throw CommError(CommError::Kind::Timeout, strCat("smdccl: waiting for store key '", key,
+                                                       "' failed: ", e.what_without_backtrace()));
     } catch (const std::exception& e) {
       throw CommError(CommError::Kind::Timeout,
                       strCat("smdccl: waiting for store key '", key, "' failed: ", e.what()));

@@ -53,6 +53,16 @@ DType toDType(at::ScalarType t, const char* op) {
   }
 }
 
+namespace {
+const char* bitwiseOpName(::c10d::ReduceOp::RedOpType t) {
+  switch (t) {
+    case ::c10d::ReduceOp::BAND: return "BAND";
+    case ::c10d::ReduceOp::BOR: return "BOR";
+    default: return "BXOR";
+  }
+}
+}  // namespace
+
 ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
                         const char* op) {
   toDType(t, op);  // reductions need a kernel for the dtype; moving data does not
@@ -63,14 +73,31 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
     case ::c10d::ReduceOp::PRODUCT: s.op = RedOp::Prod; break;
     case ::c10d::ReduceOp::MIN: s.op = RedOp::Min; break;
     case ::c10d::ReduceOp::MAX: s.op = RedOp::Max; break;
+    case ::c10d::ReduceOp::BAND:
+    case ::c10d::ReduceOp::BOR:
+    case ::c10d::ReduceOp::BXOR:
+      SMDCCL_VALUE_CHECK(!floating, op, " with ReduceOp.", bitwiseOpName(rop.op_),
+                         " needs an integer or bool tensor, got ", torchDtypeName(t));
+      s.op = rop.op_ == ::c10d::ReduceOp::BAND  ? RedOp::BAnd
+             : rop.op_ == ::c10d::ReduceOp::BOR ? RedOp::BOr
+                                                : RedOp::BXor;
+      break;
     case ::c10d::ReduceOp::AVG:
       SMDCCL_VALUE_CHECK(floating, op, " with ReduceOp.AVG needs a floating-point tensor, got ", t,
                          "; use SUM and divide, or convert to float");
       s.op = RedOp::Sum;
       // 16-bit sums of many ranks can overflow where the average would not:
-      // scale those first; wider types divide the exact-as-possible sum.
-      if (t == at::kHalf || t == at::kBFloat16) s.preScale = 1.0 / worldSize;
-      else s.postDivide = worldSize;
+      // scale those first, by the power of two at or above the world size,
+      // which is exact in 16 bits (1/3 would round every input once more
+      // before the sum), and finish with one multiply by 2^k/n. Wider types
+      // divide the exact-as-possible sum.
+      if (t == at::kHalf || t == at::kBFloat16) {
+        double pow2 = powerOfTwoAtLeast(worldSize);
+        s.preScale = 1.0 / pow2;
+        s.postDivide = worldSize / pow2;
+      } else {
+        s.postDivide = worldSize;
+      }
       break;
     case ::c10d::ReduceOp::PREMUL_SUM: {
       SMDCCL_VALUE_CHECK(floating, op, " with PREMUL_SUM needs a floating-point tensor, got ", t);
@@ -94,9 +121,30 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
     }
     default:
       SMDCCL_VALUE_CHECK(false, op, " does not support this ReduceOp (supported: SUM, AVG, MIN, "
-                         "MAX, PRODUCT, PREMUL_SUM)");
+                         "MAX, PRODUCT, PREMUL_SUM, BAND, BOR, BXOR)");
   }
   return s;
+}
+
+at::Tensor realView(const at::Tensor& t, const ::c10d::ReduceOp& rop, const char* op,
+                    const char* what) {
+  if (!t.defined() || !t.is_complex()) return t;
+  checkTensor(t, op, what);  // view_as_real needs a dense, contiguous one
+  auto k = rop.op_;
+  SMDCCL_VALUE_CHECK(k == ::c10d::ReduceOp::SUM || k == ::c10d::ReduceOp::AVG ||
+                         k == ::c10d::ReduceOp::PREMUL_SUM,
+                     op, ": ", what, " is ", torchDtypeName(t.scalar_type()),
+                     ": complex tensors reduce with SUM, AVG or PREMUL_SUM (the other ops are "
+                     "not defined on complex numbers part by part)");
+  return at::view_as_real(t);
+}
+
+std::vector<at::Tensor> realViews(const std::vector<at::Tensor>& ts, const ::c10d::ReduceOp& rop,
+                                  const char* op, const char* what) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(realView(t, rop, op, what));
+  return out;
 }
 
 void checkTensor(const at::Tensor& t, const char* op, const char* what) {
@@ -156,6 +204,12 @@ std::string nonFiniteReport(const at::Tensor& t) {
 void applyPreScale(at::Tensor& t, const ReduceSpec& spec) {
   if (spec.preScaleTensor.defined()) t.mul_(spec.preScaleTensor.to(t.device()));
   else if (spec.preScale != 1.0) t.mul_(spec.preScale);
+}
+
+double powerOfTwoAtLeast(int n) {
+  double p = 1.0;
+  while (p < n) p *= 2.0;
+  return p;
 }
 
 void applyPostDivide(at::Tensor& t, const ReduceSpec& spec) {

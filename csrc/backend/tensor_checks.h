@@ -13,8 +13,8 @@
 namespace smdccl {
 
 // How a torch ReduceOp maps onto the engine: an associative op plus a scale
-// applied to the local input before (PREMUL_SUM, AVG on 16-bit types) or to
-// the result after (AVG on float32/float64).
+// applied to the local input before (PREMUL_SUM; AVG on 16-bit types, by an
+// exact power of two) and a divisor applied to the result after (AVG).
 struct ReduceSpec {
   RedOp op = RedOp::Sum;
   double preScale = 1.0;
@@ -30,6 +30,16 @@ std::string torchDtypeName(at::ScalarType t);
 ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
                         const char* op);
 
+// Complex data reduces as its real and imaginary parts, the way torch's
+// all_reduce hands it over (view_as_real) and gloo sums it: t as such a view
+// for SUM, AVG and PREMUL_SUM (which act on the parts one by one), a
+// ValueError for the ops that do not (MIN, MAX, PRODUCT, bitwise); any
+// other tensor as it is. The view shares t's memory.
+at::Tensor realView(const at::Tensor& t, const ::c10d::ReduceOp& rop, const char* op,
+                    const char* what);
+std::vector<at::Tensor> realViews(const std::vector<at::Tensor>& ts, const ::c10d::ReduceOp& rop,
+                                  const char* op, const char* what);
+
 // A defined CPU (or CUDA) strided, contiguous tensor, of any dtype.
 void checkTensor(const at::Tensor& t, const char* op, const char* what);
 const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* op);
@@ -40,6 +50,9 @@ std::string nonFiniteReport(const at::Tensor& t);
 void checkSameShapeAndType(const at::Tensor& t, const at::Tensor& ref, const char* op,
                            const std::string& what);
 void checkRank(int64_t r, int size, const char* op, const char* what);
+
+// The smallest power of two >= n: AVG's exact 16-bit pre-scale is its inverse.
+double powerOfTwoAtLeast(int n);
 
 // Applies the scale parts of a ReduceSpec in place.
 void applyPreScale(at::Tensor& t, const ReduceSpec& spec);

@@ -74,8 +74,8 @@ void SmdcclWork::complete(std::exception_ptr error) {
 
 int SmdcclWork::sourceRank() const {
   int r = sourceRank_.load(std::memory_order_acquire);
-  TORCH_CHECK(r >= 0, "smdccl: this work has no source rank (only a recv from any source has one, "
-              "once it has completed)");
+  TORCH_CHECK(r >= 0, "smdccl: this work has no source rank (a recv has one: from a named rank at "
+              "once, from any source once it has completed)");
   return r;
 }
 

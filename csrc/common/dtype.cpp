@@ -23,6 +23,9 @@ const char* redOpName(RedOp op) {
     case RedOp::Prod: return "PRODUCT";
     case RedOp::Min: return "MIN";
     case RedOp::Max: return "MAX";
+    case RedOp::BAnd: return "BAND";
+    case RedOp::BOr: return "BOR";
+    case RedOp::BXor: return "BXOR";
   }
   return "?";
 }

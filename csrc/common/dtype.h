@@ -8,8 +8,10 @@ namespace smdccl {
 
 enum class DType : uint8_t { F32, F64, F16, BF16, I8, I32, I64, U8, Bool };
 // AVG and PREMUL_SUM are SUM with a scale applied by the backend, so the
-// engine only knows the four associative operators.
-enum class RedOp : uint8_t { Sum, Prod, Min, Max };
+// engine only knows the associative operators. The bitwise ones (as gloo
+// has them) take integer and bool data only: their kernels exist for those.
+enum class RedOp : uint8_t { Sum, Prod, Min, Max, BAnd, BOr, BXor };
+inline bool isBitwise(RedOp op) { return op == RedOp::BAnd || op == RedOp::BOr || op == RedOp::BXor; }
 
 // What float32 data travels as over a link: itself, or rounded to 16 bits
 // (added back in float32 on arrival).

@@ -8,19 +8,33 @@
 namespace smdccl {
 
 struct EnvVar {
+  enum class Kind { Text, Int, Number };
   const char* name;
   const char* defaultValue;
   const char* help;
+  // Numbers: what they must be, and the range they must lie in (checked
+  // when a group is created, so a bad value fails there and says the range).
+  Kind kind = Kind::Text;
+  double min = 0;
+  double max = 0;
+  // Text with a fixed set of values: them, separated by ", " ("" = any).
+  const char* choices = "";
 };
 
 // The declared variables, in a stable order.
 const std::vector<EnvVar>& envVars();
 
 // Reads a declared variable (throws std::logic_error for an undeclared one,
-// so a typo in our code cannot silently read nothing).
+// so a typo in our code cannot silently read nothing). envInt / envDouble
+// throw InvalidArgument, naming the variable and its range, for a value
+// that is not a number of the right kind or lies outside the range.
 std::string envString(const char* name);
 int64_t envInt(const char* name);
 double envDouble(const char* name);
+
+// Reads every declared variable that is set, so that a bad value fails at
+// group creation (naming it) instead of at the first collective that reads it.
+void checkEnvironment();
 
 namespace env {
 constexpr const char* kDebug = "SMDCCL_DEBUG";

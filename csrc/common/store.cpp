@@ -1,13 +1,24 @@
 #include "common/store.h"
 
+#include "common/error.h"
+
 namespace smdccl {
 
 std::vector<std::string> allGatherStrings(KVStore& store, const std::string& prefix, int rank,
                                           int size, const std::string& value, Deadline deadline) {
   store.set(prefix + "/" + std::to_string(rank), value);
   std::vector<std::string> out(size);
-  for (int r = 0; r < size; ++r)
-    out[r] = (r == rank) ? value : store.get(prefix + "/" + std::to_string(r), deadline);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) {
+      out[r] = value;
+      continue;
+    }
+    try {
+      out[r] = store.get(prefix + "/" + std::to_string(r), deadline);
+    } catch (const CommError& e) {
+      throw CommError(e.kind(), strCat("rank ", r, " of ", size, " did not arrive (", e.what(), ")"));
+    }
+  }
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <string>
 
 #include "common/error.h"
 
@@ -80,9 +81,10 @@ static int parsePositive(const std::string& tok, const std::string& spec) {
                    "SMDCCL_TOPOLOGY='", spec,
                    "' is not understood: use NODESxRANKS (e.g. 2x2) or comma-separated ranks "
                    "per node (e.g. 3,1)");
-  int v = std::stoi(tok);
-  SMDCCL_CHECK_ARG(v > 0, "SMDCCL_TOPOLOGY='", spec, "': node and rank counts must be positive");
-  return v;
+  // Digits only (checked above): a count beyond 2^20 is a typo, not a machine.
+  SMDCCL_CHECK_ARG(tok.size() <= 7 && std::stol(tok) > 0 && std::stol(tok) <= (1 << 20),
+                   "SMDCCL_TOPOLOGY='", spec, "': node and rank counts must be from 1 to ", 1 << 20);
+  return static_cast<int>(std::stol(tok));
 }
 
 std::vector<int> parseTopologySpec(const std::string& spec) {

@@ -6,6 +6,7 @@
 
 #include "algorithms/comm.h"
 #include "check.h"
+#include "common/error.h"
 #include "kernels/cpu/reduce.h"
 
 using namespace smdccl;
@@ -62,6 +63,36 @@ TEST(reduce_bool_is_logical) {
   CHECK(o[0] == 0 && o[1] == 1 && o[2] == 1 && o[3] == 1);
   reduceTo(o, a, b, 4, DType::Bool, RedOp::Prod);
   CHECK(o[0] == 0 && o[1] == 0 && o[2] == 0 && o[3] == 1);
+}
+
+TEST(reduce_bitwise_ops) {
+  int8_t a[3] = {-1, 0x5a, -128}, b[3] = {0x0f, 0x3c, 0x7f}, o[3];
+  reduceTo(o, a, b, 3, DType::I8, RedOp::BAnd);
+  CHECK(o[0] == 0x0f && o[1] == 0x18 && o[2] == 0);
+  reduceTo(o, a, b, 3, DType::I8, RedOp::BOr);
+  CHECK(o[0] == -1 && o[1] == 0x7e && o[2] == -1);
+  reduceTo(o, a, b, 3, DType::I8, RedOp::BXor);
+  CHECK(o[0] == static_cast<int8_t>(0xf0) && o[1] == 0x66 && o[2] == -1);
+  int64_t c[2] = {std::numeric_limits<int64_t>::min(), 0x00ff00ff00ff00ffLL}, d[2] = {-1, 0x0ff00ff00ff00ff0LL};
+  reduceInto(c, d, 2, DType::I64, RedOp::BXor);
+  CHECK(c[0] == std::numeric_limits<int64_t>::max() && c[1] == 0x0f0f0f0f0f0f0f0fLL);
+  // bool: logical, on any nonzero byte, results 0/1
+  uint8_t x[4] = {0, 0, 2, 1}, y[4] = {0, 7, 0, 1}, r[4];
+  reduceTo(r, x, y, 4, DType::Bool, RedOp::BAnd);
+  CHECK(r[0] == 0 && r[1] == 0 && r[2] == 0 && r[3] == 1);
+  reduceTo(r, x, y, 4, DType::Bool, RedOp::BOr);
+  CHECK(r[0] == 0 && r[1] == 1 && r[2] == 1 && r[3] == 1);
+  reduceTo(r, x, y, 4, DType::Bool, RedOp::BXor);
+  CHECK(r[0] == 0 && r[1] == 1 && r[2] == 1 && r[3] == 0);
+  // No bitwise kernel for floating types: an error, never a call through null.
+  float f[2] = {1.f, 2.f};
+  bool threw = false;
+  try {
+    reduceInto(f, f, 2, DType::F32, RedOp::BOr);
+  } catch (const InvalidArgument&) {
+    threw = true;
+  }
+  CHECK(threw);
 }
 
 TEST(reduce_bf16_accumulates_in_float32) {

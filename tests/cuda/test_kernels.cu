@@ -43,6 +43,16 @@ const RequireGpu gRequireGpu;
 #define CK(expr) CHECK((expr) == cudaSuccess)
 
 constexpr RedOp kOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max};
+constexpr RedOp kAllOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Min,  RedOp::Max,
+                             RedOp::BAnd, RedOp::BOr, RedOp::BXor};
+
+// The ops a dtype's kernels take: the bitwise ones only for integers and bool.
+std::vector<RedOp> opsFor(DType t) {
+  std::vector<RedOp> ops;
+  for (RedOp op : kAllOps)
+    if (!smdccl::isBitwise(op) || !smdccl::isFloating(t)) ops.push_back(op);
+  return ops;
+}
 
 // Device memory with slack for misaligned views.
 struct DevBuf {
@@ -222,7 +232,7 @@ const size_t kSizes[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 1000, (size_t(1) << 
 
 void reduce2Type(DType t) {
   std::mt19937_64 rng(1234 + static_cast<int>(t));
-  for (RedOp op : kOps)
+  for (RedOp op : opsFor(t))
     for (size_t n : kSizes)
       for (int layout = 0; layout < 4; ++layout) {
         if (n > 100000 && layout == 2) continue;
@@ -266,16 +276,37 @@ TEST(cuda_reduce2_known_values) {
     CK(cudaMemcpy(got, dout.p, 16, cudaMemcpyDeviceToHost));
     CHECK(std::isnan(got[0]) && std::isnan(got[1]) && got[2] == -2.0f && got[3] == 4.0f);
   }
-  {  // bool: SUM/MAX = OR, PROD/MIN = AND
+  {  // bool: SUM/MAX/BOR = OR, PROD/MIN/BAND = AND, BXOR = XOR
     uint8_t a[4] = {0, 0, 1, 1}, b[4] = {0, 1, 0, 1}, got[4];
     DevBuf da(4), db(4), dout(4);
     CK(cudaMemcpy(da.p, a, 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 4, cudaMemcpyHostToDevice));
-    for (RedOp op : kOps) {
+    for (RedOp op : kAllOps) {
       CK(gpu::reduce2(dout.p, da.p, db.p, 4, DType::Bool, op, nullptr));
       CK(cudaMemcpy(got, dout.p, 4, cudaMemcpyDeviceToHost));
-      bool orLike = op == RedOp::Sum || op == RedOp::Max;
-      CHECK(got[0] == 0 && got[1] == (orLike ? 1 : 0) && got[2] == (orLike ? 1 : 0) && got[3] == 1);
+      bool orLike = op == RedOp::Sum || op == RedOp::Max || op == RedOp::BOr;
+      uint8_t both = op == RedOp::BXor ? 0 : 1;
+      CHECK(got[0] == 0 && got[1] == (orLike || op == RedOp::BXor ? 1 : 0) &&
+            got[2] == (orLike || op == RedOp::BXor ? 1 : 0) && got[3] == both);
+    }
+  }
+  {  // int8 bitwise ops on the bits, sign included
+    int8_t a[3] = {-1, 0x5a, -128}, b[3] = {0x0f, 0x3c, 0x7f}, got[3];
+    DevBuf da(3), db(3), dout(3);
+    CK(cudaMemcpy(da.p, a, 3, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(db.p, b, 3, cudaMemcpyHostToDevice));
+    CK(gpu::reduce2(dout.p, da.p, db.p, 3, DType::I8, RedOp::BAnd, nullptr));
+    CK(cudaMemcpy(got, dout.p, 3, cudaMemcpyDeviceToHost));
+    CHECK(got[0] == 0x0f && got[1] == 0x18 && got[2] == 0);
+    CK(gpu::reduce2(dout.p, da.p, db.p, 3, DType::I8, RedOp::BXor, nullptr));
+    CK(cudaMemcpy(got, dout.p, 3, cudaMemcpyDeviceToHost));
+    CHECK(got[0] == static_cast<int8_t>(0xf0) && got[1] == 0x66 && got[2] == -1);
+  }
+  {  // bitwise ops on floats: refused, nothing launched
+    DevBuf da(16), db(16), dout(16);
+    for (RedOp op : {RedOp::BAnd, RedOp::BOr, RedOp::BXor}) {
+      CHECK(gpu::reduce2(dout.p, da.p, db.p, 4, DType::F32, op, nullptr) == cudaErrorInvalidValue);
+      cudaGetLastError();
     }
   }
   {  // bf16: 1 + 2^-8 rounds to even (1), 1 + 3*2^-8 rounds up (1 + 2^-6)
@@ -363,7 +394,7 @@ void checkMulti(DType t, RedOp op, int k, size_t n, int alias, bool misalign,
 void multiType(DType t) {
   std::mt19937_64 rng(777 + static_cast<int>(t));
   const size_t sizes[] = {1, 9, 33, 1000, (size_t(1) << 18) + 5};
-  for (RedOp op : kOps)
+  for (RedOp op : opsFor(t))
     for (int k : {1, 2, 3, 4, 8, 16})
       for (size_t n : sizes) {
         checkMulti(t, op, k, n, -1, false, rng);

@@ -2,7 +2,8 @@
 // Elementwise reductions on host memory: out[i] = a[i] op b[i] (out may alias
 // a). float16/bfloat16 are widened to float32 for the arithmetic and rounded
 // once (round-to-nearest-even). Integer SUM/PRODUCT wrap like torch's. MIN/MAX
-// propagate NaN. bool: SUM/MAX are OR, PRODUCT/MIN are AND.
+// propagate NaN. bool: SUM/MAX are OR, PRODUCT/MIN are AND. BAND/BOR/BXOR:
+// integer and bool data only (an InvalidArgument for floating types).
 #include <cstddef>
 #include <cstdint>
 
@@ -17,13 +18,15 @@ inline void reduceInto(void* dst, const void* src, size_t count, DType dtype, Re
 }
 
 // ---- float32 data over a 16-bit wire (fp16/bf16, round to nearest even) ----
+// The wire carries float32 data: SUM, PRODUCT, MIN, MAX (no bitwise ops).
+constexpr int kWireOps = static_cast<int>(RedOp::Max) + 1;
 struct WireKernels {
   void (*pack)(uint16_t* dst, const float* src, size_t n);
   void (*unpack)(float* dst, const uint16_t* src, size_t n);
   // dst = dst op widen(src): reduceTo-shaped (out, unused, in, n), by RedOp.
-  void (*reduce[4])(void* dst, const void* unused, const void* src, size_t n);
+  void (*reduce[kWireOps])(void* dst, const void* unused, const void* src, size_t n);
   // The same, the sum rounded to the wire's precision as it is stored.
-  void (*reduceRound[4])(void* dst, const void* unused, const void* src, size_t n);
+  void (*reduceRound[kWireOps])(void* dst, const void* unused, const void* src, size_t n);
 };
 const WireKernels& wireKernels(Wire w);  // w is F16 or BF16
 // Finite float32 values this thread packed to fp16 that became inf

@@ -2,6 +2,9 @@
 #include "kernels/cpu/reduce.h"
 
 #include <cstdint>
+#include <string>
+
+#include "common/error.h"
 
 namespace smdccl {
 
@@ -20,7 +23,7 @@ WireKernels wireAvx2(bool bf16);
 namespace {
 
 constexpr int kTypes = static_cast<int>(DType::Bool) + 1;
-constexpr int kOps = static_cast<int>(RedOp::Max) + 1;
+constexpr int kOps = static_cast<int>(RedOp::BXor) + 1;
 
 struct Table {
   ReduceFn fn[kTypes][kOps];
@@ -63,7 +66,12 @@ const Table& table() {
 
 void reduceTo(void* out, const void* a, const void* b, size_t count, DType dtype, RedOp op) {
   if (count == 0) return;
-  table().fn[static_cast<int>(dtype)][static_cast<int>(op)](out, a, b, count);
+  ReduceFn fn = table().fn[static_cast<int>(dtype)][static_cast<int>(op)];
+  // The backend refuses these pairs at the call; a loud error, not a crash,
+  // if a path ever forgets to.
+  if (fn == nullptr)
+    throw InvalidArgument(std::string("no ") + redOpName(op) + " kernel for " + dtypeName(dtype));
+  fn(out, a, b, count);
 }
 
 const char* reduceIsa() { return table().isa; }

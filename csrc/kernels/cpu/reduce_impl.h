@@ -139,7 +139,10 @@ static void intLoop(void* out, const void* a, const void* b, size_t n) {
     if constexpr (OP == RedOp::Sum) o[i] = static_cast<T>(static_cast<U>(x[i]) + static_cast<U>(y[i]));
     else if constexpr (OP == RedOp::Prod) o[i] = static_cast<T>(static_cast<U>(x[i]) * static_cast<U>(y[i]));
     else if constexpr (OP == RedOp::Min) o[i] = y[i] < x[i] ? y[i] : x[i];
-    else o[i] = y[i] > x[i] ? y[i] : x[i];
+    else if constexpr (OP == RedOp::Max) o[i] = y[i] > x[i] ? y[i] : x[i];
+    else if constexpr (OP == RedOp::BAnd) o[i] = static_cast<T>(x[i] & y[i]);
+    else if constexpr (OP == RedOp::BOr) o[i] = static_cast<T>(x[i] | y[i]);
+    else o[i] = static_cast<T>(x[i] ^ y[i]);
   }
 }
 
@@ -149,7 +152,9 @@ static void boolLoop(void* out, const void* a, const void* b, size_t n) {
   const uint8_t* x = static_cast<const uint8_t*>(a);
   const uint8_t* y = static_cast<const uint8_t*>(b);
   for (size_t i = 0; i < n; ++i) {
-    if constexpr (OP == RedOp::Sum || OP == RedOp::Max) o[i] = (x[i] | y[i]) ? 1 : 0;
+    // Any nonzero byte is true; results are 0/1 (XOR: of the truth values).
+    if constexpr (OP == RedOp::Sum || OP == RedOp::Max || OP == RedOp::BOr) o[i] = (x[i] | y[i]) ? 1 : 0;
+    else if constexpr (OP == RedOp::BXor) o[i] = (x[i] != 0) != (y[i] != 0) ? 1 : 0;
     else o[i] = (x[i] && y[i]) ? 1 : 0;
   }
 }
@@ -310,20 +315,38 @@ static ReduceFn pick(DType t) {
   return nullptr;
 }
 
+// Bitwise ops: integer and bool loops only (nullptr for floating types,
+// which the backend refuses before any data moves).
+template <RedOp OP>
+static ReduceFn pickBitwise(DType t) {
+  switch (t) {
+    case DType::I8: return intLoop<OP, int8_t>;
+    case DType::I32: return intLoop<OP, int32_t>;
+    case DType::I64: return intLoop<OP, int64_t>;
+    case DType::U8: return intLoop<OP, uint8_t>;
+    case DType::Bool: return boolLoop<OP>;
+    default: return nullptr;
+  }
+}
+
 inline ReduceFn lookup(DType t, RedOp op) {
   switch (op) {
     case RedOp::Sum: return pick<RedOp::Sum>(t);
     case RedOp::Prod: return pick<RedOp::Prod>(t);
     case RedOp::Min: return pick<RedOp::Min>(t);
-    default: return pick<RedOp::Max>(t);
+    case RedOp::Max: return pick<RedOp::Max>(t);
+    case RedOp::BAnd: return pickBitwise<RedOp::BAnd>(t);
+    case RedOp::BOr: return pickBitwise<RedOp::BOr>(t);
+    case RedOp::BXor: return pickBitwise<RedOp::BXor>(t);
   }
+  return nullptr;
 }
 
 inline ::smdccl::WireKernels wireKernels(bool bf16) {
   ::smdccl::WireKernels k;
   k.pack = bf16 ? packLoop<true> : packLoop<false>;
   k.unpack = bf16 ? unpackLoop<true> : unpackLoop<false>;
-  for (int o = 0; o < 4; ++o) {
+  for (int o = 0; o < kWireOps; ++o) {
     auto op = static_cast<RedOp>(o);
     k.reduce[o] = bf16 ? pickWireReduce<true, false>(op) : pickWireReduce<false, false>(op);
     k.reduceRound[o] = bf16 ? pickWireReduce<true, true>(op) : pickWireReduce<false, true>(op);

@@ -66,7 +66,8 @@ __device__ __forceinline__ bool fp16Overflows(float f) {
   return a >= 65520.0f && a <= 3.4028235e38f;
 }
 
-// ---- operators: the CPU's floatOp / intLoop / boolLoop ----
+// ---- operators: the CPU's floatOp / intLoop / boolLoop (bitwise ops:
+// integer and bool only; byOp never instantiates them for floats) ----
 template <RedOp OP, typename T>
 __device__ __forceinline__ T floatOp(T a, T b) {
   if constexpr (OP == RedOp::Sum) {
@@ -94,12 +95,16 @@ __device__ __forceinline__ T intOp(T a, T b) {
   if constexpr (OP == RedOp::Sum) return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   else if constexpr (OP == RedOp::Prod) return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
   else if constexpr (OP == RedOp::Min) return b < a ? b : a;
-  else return b > a ? b : a;
+  else if constexpr (OP == RedOp::Max) return b > a ? b : a;
+  else if constexpr (OP == RedOp::BAnd) return static_cast<T>(a & b);
+  else if constexpr (OP == RedOp::BOr) return static_cast<T>(a | b);
+  else return static_cast<T>(a ^ b);
 }
 
 template <RedOp OP>
 __device__ __forceinline__ uint8_t boolOp(uint8_t a, uint8_t b) {
-  if constexpr (OP == RedOp::Sum || OP == RedOp::Max) return (a | b) ? 1 : 0;
+  if constexpr (OP == RedOp::Sum || OP == RedOp::Max || OP == RedOp::BOr) return (a | b) ? 1 : 0;
+  else if constexpr (OP == RedOp::BXor) return (a != 0) != (b != 0) ? 1 : 0;
   else return (a && b) ? 1 : 0;
 }
 

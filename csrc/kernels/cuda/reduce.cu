@@ -136,6 +136,15 @@ cudaError_t byOp(RedOp op, const InPtrs& in, int k, void* out, size_t count, boo
     case RedOp::Prod: return launchReduce<D, RedOp::Prod, K>(in, k, out, count, vec, s);
     case RedOp::Min: return launchReduce<D, RedOp::Min, K>(in, k, out, count, vec, s);
     case RedOp::Max: return launchReduce<D, RedOp::Max, K>(in, k, out, count, vec, s);
+    default: break;
+  }
+  if constexpr (Elem<D>::kind != Kind::Float) {
+    switch (op) {
+      case RedOp::BAnd: return launchReduce<D, RedOp::BAnd, K>(in, k, out, count, vec, s);
+      case RedOp::BOr: return launchReduce<D, RedOp::BOr, K>(in, k, out, count, vec, s);
+      case RedOp::BXor: return launchReduce<D, RedOp::BXor, K>(in, k, out, count, vec, s);
+      default: break;
+    }
   }
   return cudaErrorInvalidValue;
 }

@@ -212,8 +212,8 @@ cudaError_t unpackReduceByOp(float* dst, const void* src16, size_t n, RedOp op, 
     case RedOp::Prod: return launchUnpackReduce<BF, RedOp::Prod>(dst, src16, n, s);
     case RedOp::Min: return launchUnpackReduce<BF, RedOp::Min>(dst, src16, n, s);
     case RedOp::Max: return launchUnpackReduce<BF, RedOp::Max>(dst, src16, n, s);
+    default: return cudaErrorInvalidValue;  // bitwise ops: not for float32 data
   }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace
