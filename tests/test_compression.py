@@ -300,6 +300,47 @@ def error_feedback_drift() -> tuple:
     return without, with_ef
 
 
+def error_feedback_on_one_node() -> bool:
+    """On one node nothing is compressed (compress_intra off): the hooks,
+    error feedback included, must give plain float32 DDP's bits. Before,
+    the feedback rounded every bucket to fp16 anyway."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from smdccl.ddp import CompressionState, bf16_compress_hook, fp16_compress_hook
+
+    rank = dist.get_rank()
+
+    def train(hook):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        ddp = DDP(model, bucket_cap_mb=0.001)
+        if hook is not None:
+            state = CompressionState(error_feedback=True)
+            ddp.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(7 + rank)
+        for _ in range(10):
+            x = torch.randn(8, 16, generator=gen)
+            opt.zero_grad()
+            (ddp(x) - x[:, :4]).pow(2).mean().backward()
+            opt.step()
+        if hook is not None:
+            assert not state._residuals, "error feedback kept residuals on an uncompressed group"
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    ref = train(None)
+    for hook in (fp16_compress_hook, bf16_compress_hook):
+        got = train(hook)
+        assert torch.equal(got, ref), f"{hook.__name__}: {(got - ref).abs().max().item():.3g} from float32 DDP"
+    return True
+
+
+def test_error_feedback_is_off_where_nothing_is_compressed():
+    assert run_ranks(2, error_feedback_on_one_node, timeout=120) == [True, True]
+
+
 def test_error_feedback_bounds_accumulated_drift():
     results = run_ranks(2, error_feedback_drift, env={"SMDCCL_TOPOLOGY": "1,1"}, timeout=180)
     print(f"\n[drift without / with error feedback] {results[0]}")

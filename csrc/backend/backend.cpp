@@ -116,12 +116,15 @@ class GroupFailureProbe {
     std::lock_guard<std::mutex> lock(mu_);
     auto now = std::chrono::steady_clock::now();
     if (!found_.empty() || now < next_) return found_;
-    next_ = now + std::chrono::milliseconds(500);
+    next_ = now + interval_;
     try {
       std::string first = recordedFirstFailure(*store_);
       if (!first.empty()) found_ = "the group failed before this link was connected: " + first;
     } catch (const std::exception& e) {
-      // The store is unreachable: the connection wait goes on to its deadline.
+      // The store is unreachable (its host exited): the connection wait goes
+      // on to its deadline. Ask less and less often: torch's store client
+      // prints a stack trace for each failed request.
+      interval_ = std::min(interval_ * 2, std::chrono::milliseconds(8000));
       SMDCCL_INFO("could not read the group's failure from the store: ", e.what());
     }
     return found_;
@@ -131,6 +134,7 @@ class GroupFailureProbe {
   std::shared_ptr<KVStore> store_;
   std::mutex mu_;
   std::chrono::steady_clock::time_point next_{};
+  std::chrono::milliseconds interval_{500};
   std::string found_;
 };
 

@@ -13,7 +13,8 @@ values cross the network as fp16/bf16 while every addition stays float32
 
 ``CompressionState(error_feedback=True)`` also carries each bucket's local
 rounding residual into the next step, so what fp16 rounds away is sent
-later instead of lost.
+later instead of lost. Where no hop of the group is compressed (one node,
+``compress_intra`` off) nothing is rounded: the hook is plain float32 DDP.
 """
 
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ class CompressionState:
     compress_intra: bool = False
     _groups: dict = field(default_factory=dict, repr=False)
     _residuals: dict = field(default_factory=dict, repr=False)
+    _compressing: dict = field(default_factory=dict, repr=False)
 
     def group_for(self, compression: str):
         if compression not in self._groups:
@@ -55,6 +57,18 @@ class CompressionState:
                 pg_options={"compression": compression, "compression_intra": self.compress_intra},
             )
         return self._groups[compression]
+
+    def compresses(self, compression: str) -> bool:
+        """Whether any hop of the hook's group puts 16 bits on the wire: it
+        spans several nodes, or ``compress_intra`` compresses inside one.
+        The same answer on every rank (every node has fewer ranks than the
+        group when there are several)."""
+        if compression not in self._compressing:
+            group = self.group_for(compression)
+            world = dist.get_world_size(group)
+            local = len(group._get_backend(torch.device("cpu")).local_ranks)
+            self._compressing[compression] = world > 1 and (self.compress_intra or local < world)
+        return self._compressing[compression]
 
     def apply_error_feedback(self, index: int, buffer: torch.Tensor, wire: torch.dtype) -> None:
         """buffer += residual; residual = buffer - round(buffer); buffer = round(buffer)."""
@@ -87,7 +101,9 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     # Average like DDP does; dividing first keeps fp16's range (and smdccl
     # scales AVG before the wire anyway).
     buffer.div_(world)
-    if state.error_feedback:
+    # Feedback models the wire's rounding: with no compressed hop there is
+    # none, and rounding here would add error plain DDP does not have.
+    if state.error_feedback and state.compresses(compression):
         state.apply_error_feedback(bucket.index(), buffer, _WIRE_DTYPES[compression])
     work = dist.all_reduce(buffer, group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
