@@ -337,8 +337,10 @@ def error_feedback_on_one_node() -> bool:
     return True
 
 
-def test_error_feedback_is_off_where_nothing_is_compressed():
-    assert run_ranks(2, error_feedback_on_one_node, timeout=120) == [True, True]
+@pytest.mark.parametrize("debug", ["OFF", "DETAIL"])  # DETAIL: torch wraps the backend
+def test_error_feedback_is_off_where_nothing_is_compressed(debug):
+    env = {"TORCH_DISTRIBUTED_DEBUG": debug}
+    assert run_ranks(2, error_feedback_on_one_node, env=env, timeout=120) == [True, True]
 
 
 def test_error_feedback_bounds_accumulated_drift():

@@ -321,7 +321,12 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   };
   size_t bytes = first.tensor.nbytes();
   std::vector<at::Tensor> batch{first.tensor};
-  int32_t count = static_cast<int32_t>(progress_->countFusable([&](Fusable& f) {
+  // Run inline by a caller (tryRunInline), the progress thread may pop the
+  // queue's head between the rounds below and the take: offer nothing then
+  // (the rounds still run, so every rank makes the same ones). Inline runs
+  // start with nothing queued, so little is lost.
+  const bool mayTake = progress_->onOwnThread();
+  int32_t count = !mayTake ? 0 : static_cast<int32_t>(progress_->countFusable([&](Fusable& f) {
     auto& q = static_cast<QueuedAllreduce&>(f);
     if (!sameKind(q) || bytes + q.tensor.nbytes() > fusionBytes_) return false;
     // A tensor queued twice (or overlapping views) must be reduced twice, in

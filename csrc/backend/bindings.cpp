@@ -3,6 +3,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
+#include <cctype>
 #include <map>
 
 #include "algorithms/select.h"
@@ -33,6 +34,7 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
   cfg.masterAddr = masterAddr;
   cfg.worldSize = worldSize;
   std::string wire = compression.empty() ? smdccl::envString(smdccl::env::kCompression) : compression;
+  for (auto& ch : wire) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));  // FP16 too
   if (wire == "fp16") cfg.wire = smdccl::Wire::F16;
   else if (wire == "bf16") cfg.wire = smdccl::Wire::BF16;
   else if (wire != "none")

@@ -55,6 +55,9 @@ class ProgressThread {
   // inline): it is in a callback that a task's completion runs (DDP's comm
   // hooks chain them on futures).
   bool runningHere() const;
+  // The calling thread is this object's own thread (not a caller running a
+  // task inline, while the thread may pop the queue beside it).
+  bool onOwnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
   // Identifies this thread's tasks in runningKey(); never dereferenced.
   const void* key() const { return this; }
   size_t pending() const { return pending_.load(); }

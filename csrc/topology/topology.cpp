@@ -120,7 +120,9 @@ Topology topologyFromHostKeys(const std::vector<std::string>& hostKeys) {
 
 Topology topologyFromSpec(const std::vector<int>& nodeSizes, const std::vector<int>& globalRanks,
                           bool isWholeWorld) {
-  int total = std::accumulate(nodeSizes.begin(), nodeSizes.end(), 0);
+  int64_t sum = std::accumulate(nodeSizes.begin(), nodeSizes.end(), int64_t{0});
+  SMDCCL_CHECK_ARG(sum <= (1 << 24), "SMDCCL_TOPOLOGY describes ", sum, " ranks: more than any world");
+  int total = static_cast<int>(sum);
   if (isWholeWorld)
     SMDCCL_CHECK_ARG(total == static_cast<int>(globalRanks.size()), "SMDCCL_TOPOLOGY describes ",
                      total, " ranks but the world has ", globalRanks.size());

@@ -33,12 +33,24 @@ ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vecto
   int leader = localRanks_[0];
   std::string name = strCat("/smdccl-", groupToken.substr(0, 16), "-n", leader);
   std::string key = strCat("smdccl/shm/", leader);
+  // The leader publishes the segment's name, or why it could not create it
+  // ('!' first): the node's other ranks then fail at once with that reason
+  // instead of waiting for the group timeout.
   if (myRank == leader) {
     ShmSegment::unlink(name);  // a stale one from a crashed job with the same token: impossible, but harmless
-    segment_ = ShmSegment::create(name, total);
+    try {
+      segment_ = ShmSegment::create(name, total);
+    } catch (const std::exception& e) {
+      store.set(key, strCat("!", e.what()));
+      throw;
+    }
     store.set(key, name);
   } else {
     std::string published = store.get(key, deadline);
+    if (!published.empty() && published[0] == '!')
+      throw CommError(CommError::Kind::System,
+                      strCat("rank ", leader, ", which creates this node's shared memory, failed: ",
+                             published.substr(1)));
     segment_ = ShmSegment::open(published, total);
   }
   ctl(me_)->pid = static_cast<int32_t>(getpid());

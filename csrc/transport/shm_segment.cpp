@@ -3,9 +3,12 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <string>
 
 #include "common/error.h"
 
@@ -19,16 +22,41 @@ static void* mapFd(int fd, size_t bytes, const std::string& name) {
   return p;
 }
 
+namespace {
+// What /dev/shm can still hold, in bytes (max when it cannot tell).
+uint64_t shmFreeBytes() {
+  struct statvfs vfs {};
+  if (statvfs("/dev/shm", &vfs) != 0) return UINT64_MAX;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+std::string tooSmall(const std::string& name, size_t bytes, uint64_t freeBytes) {
+  return strCat("shared memory ", name, " needs ", (bytes + (1 << 20) - 1) >> 20,
+                " MiB but /dev/shm has ", freeBytes >> 20,
+                " MiB free: enlarge /dev/shm (e.g. docker run --shm-size=1g) or lower "
+                "SMDCCL_SHM_RING_KB (each node's segment holds local_ranks^2 rings)");
+}
+}  // namespace
+
 ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
+  // tmpfs hands out pages on first touch: a segment larger than /dev/shm's
+  // free space would map fine and then kill the process with SIGBUS in the
+  // middle of a collective. Check first (cheap, allocates nothing), then
+  // reserve every page now, so a race with another user of /dev/shm fails
+  // here too, with a message.
+  uint64_t freeBytes = shmFreeBytes();
+  if (bytes > freeBytes) throw CommError(CommError::Kind::System, tooSmall(name, bytes, freeBytes));
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throwSystemError("shm_open(create) " + name, errno);
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int err = errno;
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err == EINVAL || err == EOPNOTSUPP) {  // not tmpfs: size it, pages come later
+    err = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  }
+  if (err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    throwSystemError(strCat("ftruncate of shared memory ", name, " to ", bytes,
-                            " bytes (is /dev/shm large enough?)"),
-                     err);
+    if (err == ENOSPC) throw CommError(CommError::Kind::System, tooSmall(name, bytes, shmFreeBytes()));
+    throwSystemError(strCat("sizing shared memory ", name, " to ", bytes, " bytes"), err);
   }
   return ShmSegment(mapFd(fd, bytes, name), bytes);
 }

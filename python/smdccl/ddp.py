@@ -66,7 +66,10 @@ class CompressionState:
         if compression not in self._compressing:
             group = self.group_for(compression)
             world = dist.get_world_size(group)
-            local = len(group._get_backend(torch.device("cpu")).local_ranks)
+            backend = group._get_backend(torch.device("cpu"))
+            # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend in a checker.
+            backend = getattr(backend, "wrapped_pg", backend)
+            local = len(backend.local_ranks)
             self._compressing[compression] = world > 1 and (self.compress_intra or local < world)
         return self._compressing[compression]
 

@@ -1,5 +1,8 @@
 // Shared-memory links between two "ranks" that are threads of this process:
 // ring wrap-around, message alignment, receive-and-reduce, and the deadline.
+#include <sys/statvfs.h>
+
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -151,4 +154,35 @@ TEST(exchange_keeps_message_order_through_zero_length_transfers) {
       CHECK(c[0] == 7 && c[2] == 9);
     }
   });
+}
+
+// A node segment larger than /dev/shm's free space: the leader fails at
+// creation with what to do (not SIGBUS at first touch), allocating nothing,
+// and the other local rank fails at once with the leader's reason.
+TEST(shm_segment_too_large_for_dev_shm_fails_on_every_local_rank) {
+  struct statvfs vfs {};
+  CHECK(statvfs("/dev/shm", &vfs) == 0);
+  size_t freeBytes = static_cast<size_t>(vfs.f_bavail) * vfs.f_frsize;
+  size_t ring = freeBytes / 4 + (size_t(1) << 30);  // 4 rings for 2 ranks: over by >= 4 GiB
+  MemoryStore store;
+  std::string token = "ffeeddccbbaa99887766554433221100";
+  std::string errors[2];
+  std::vector<std::thread> threads;
+  auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ShmNode node(store, token, std::vector<int>{0, 1}, r, ring, Deadline::after(std::chrono::seconds(20)));
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(errors[0].find("MiB free: enlarge /dev/shm") != std::string::npos);
+  CHECK(errors[0].find("SMDCCL_SHM_RING_KB") != std::string::npos);
+  CHECK(errors[1].find("rank 0, which creates this node's shared memory, failed") != std::string::npos);
+  CHECK(errors[1].find("enlarge /dev/shm") != std::string::npos);
+  CHECK(took < 5.0);
 }
