@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -28,15 +29,28 @@ ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vecto
   ctlOffset_ = 128;
   hdrOffset_ = ctlOffset_ + L * sizeof(ShmRankCtl);
   dataOffset_ = roundUp(hdrOffset_ + L * L * sizeof(ShmRingHeader), 4096);
-  size_t total = dataOffset_ + L * L * ringBytes_;
 
   int leader = localRanks_[0];
   std::string name = strCat("/smdccl-", groupToken.substr(0, 16), "-n", leader);
   std::string key = strCat("smdccl/shm/", leader);
-  // The leader publishes the segment's name, or why it could not create it
-  // ('!' first): the node's other ranks then fail at once with that reason
-  // instead of waiting for the group timeout.
+  // The leader sizes the rings to what /dev/shm can hold (Docker's default
+  // is 64 MiB: 8 ranks' 1 MiB rings fill it) and publishes "ring name", or
+  // why it could not create the segment ('!' first): the node's other ranks
+  // then use its ring size, or fail at once with its reason instead of
+  // waiting for the group timeout.
+  size_t total = 0;
   if (myRank == leader) {
+    size_t asked = ringBytes_;
+    const size_t minRing = std::min<size_t>(asked, size_t(64) << 10);
+    uint64_t freeBytes = ShmSegment::freeBytes();
+    while (ringBytes_ > minRing && dataOffset_ + L * L * ringBytes_ > freeBytes)
+      ringBytes_ = std::max(minRing, roundUp(ringBytes_ / 2, 4096));
+    if (ringBytes_ != asked)
+      SMDCCL_WARN("/dev/shm has ", freeBytes >> 20, " MiB free: this node's ", L * L,
+                  " shared-memory rings get ", ringBytes_ >> 10, " KiB each instead of ", asked >> 10,
+                  " (SMDCCL_SHM_RING_KB); enlarge /dev/shm (e.g. docker run --shm-size=1g) for "
+                  "full bandwidth");
+    total = dataOffset_ + L * L * ringBytes_;
     ShmSegment::unlink(name);  // a stale one from a crashed job with the same token: impossible, but harmless
     try {
       segment_ = ShmSegment::create(name, total);
@@ -44,14 +58,20 @@ ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vecto
       store.set(key, strCat("!", e.what()));
       throw;
     }
-    store.set(key, name);
+    store.set(key, strCat(ringBytes_, " ", name));
   } else {
     std::string published = store.get(key, deadline);
     if (!published.empty() && published[0] == '!')
       throw CommError(CommError::Kind::System,
                       strCat("rank ", leader, ", which creates this node's shared memory, failed: ",
                              published.substr(1)));
-    segment_ = ShmSegment::open(published, total);
+    size_t space = published.find(' ');
+    if (space == std::string::npos)
+      throw CommError(CommError::Kind::Protocol, strCat("bad shared-memory record '", published, "'"));
+    ringBytes_ = static_cast<size_t>(std::stoull(published.substr(0, space)));
+    name = published.substr(space + 1);
+    total = dataOffset_ + L * L * ringBytes_;
+    segment_ = ShmSegment::open(name, total);
   }
   ctl(me_)->pid = static_cast<int32_t>(getpid());
   // Once every local rank has mapped it, the name is no longer needed.

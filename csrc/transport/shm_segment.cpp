@@ -22,14 +22,13 @@ static void* mapFd(int fd, size_t bytes, const std::string& name) {
   return p;
 }
 
-namespace {
-// What /dev/shm can still hold, in bytes (max when it cannot tell).
-uint64_t shmFreeBytes() {
+uint64_t ShmSegment::freeBytes() {
   struct statvfs vfs {};
   if (statvfs("/dev/shm", &vfs) != 0) return UINT64_MAX;
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
 
+namespace {
 std::string tooSmall(const std::string& name, size_t bytes, uint64_t freeBytes) {
   return strCat("shared memory ", name, " needs ", (bytes + (1 << 20) - 1) >> 20,
                 " MiB but /dev/shm has ", freeBytes >> 20,
@@ -41,22 +40,17 @@ std::string tooSmall(const std::string& name, size_t bytes, uint64_t freeBytes) 
 ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
   // tmpfs hands out pages on first touch: a segment larger than /dev/shm's
   // free space would map fine and then kill the process with SIGBUS in the
-  // middle of a collective. Check first (cheap, allocates nothing), then
-  // reserve every page now, so a race with another user of /dev/shm fails
-  // here too, with a message.
-  uint64_t freeBytes = shmFreeBytes();
+  // middle of a collective. Refuse it here (ShmNode sizes its rings to fit
+  // first); pages stay lazy, so rings that are never filled cost nothing.
+  uint64_t freeBytes = ShmSegment::freeBytes();
   if (bytes > freeBytes) throw CommError(CommError::Kind::System, tooSmall(name, bytes, freeBytes));
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throwSystemError("shm_open(create) " + name, errno);
-  int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (err == EINVAL || err == EOPNOTSUPP) {  // not tmpfs: size it, pages come later
-    err = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
-  }
-  if (err != 0) {
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
     close(fd);
     shm_unlink(name.c_str());
-    if (err == ENOSPC) throw CommError(CommError::Kind::System, tooSmall(name, bytes, shmFreeBytes()));
-    throwSystemError(strCat("sizing shared memory ", name, " to ", bytes, " bytes"), err);
+    throwSystemError(strCat("ftruncate of shared memory ", name, " to ", bytes, " bytes"), err);
   }
   return ShmSegment(mapFd(fd, bytes, name), bytes);
 }

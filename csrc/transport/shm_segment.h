@@ -12,6 +12,8 @@ class ShmSegment {
   static ShmSegment create(const std::string& name, size_t bytes);
   static ShmSegment open(const std::string& name, size_t bytes);
   static void unlink(const std::string& name);  // ignores "already gone"
+  // What /dev/shm can still hold, in bytes (UINT64_MAX when it cannot tell).
+  static uint64_t freeBytes();
 
   ShmSegment() = default;
   ShmSegment(ShmSegment&& o) noexcept;
