@@ -19,9 +19,7 @@ Tuning Tuning::fromEnv() {
                           "' is not one of: auto, ring, rd, two_level, two_level_rd");
   std::string file = envString(env::kTuneFile);
   if (!file.empty()) t.model = CostModel::fromFile(file);
-  int64_t chunkKB = envInt(env::kPipelineChunkKB);
-  SMDCCL_CHECK_ARG(chunkKB > 0, "SMDCCL_PIPELINE_CHUNK_KB must be positive, got ", chunkKB);
-  t.pipelineChunkBytes = static_cast<size_t>(chunkKB) << 10;
+  t.pipelineChunkBytes = static_cast<size_t>(envInt(env::kPipelineChunkKB)) << 10;  // 1 KiB and up
   return t;
 }
 

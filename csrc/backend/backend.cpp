@@ -16,6 +16,7 @@
 #include "backend/store_adapter.h"
 #include "common/env.h"
 #include "common/exit_fence.h"
+#include "common/hash.h"
 #include "common/monitored_barrier.h"
 #include "common/log.h"
 #include "common/trace.h"
@@ -148,13 +149,12 @@ class GroupFailureProbe {
 // the same on its ranks as each of them joins each incarnation once.
 c10::intrusive_ptr<::c10d::Store> incarnationStore(const c10::intrusive_ptr<::c10d::Store>& store,
                                                    const BackendConfig& cfg) {
-  uint64_t members = 1469598103934665603ull;  // FNV-1a of the members' global ranks
-  auto mix = [&](uint64_t v) { members = (members ^ v) * 1099511628211ull; };
-  mix(static_cast<uint64_t>(cfg.size));
+  Fnv1a members;  // of the members' global ranks
+  members.mix(static_cast<uint64_t>(cfg.size));
   for (int r = 0; r < cfg.size; ++r)
-    mix(static_cast<uint64_t>(cfg.globalRanks.empty() ? r : cfg.globalRanks[static_cast<size_t>(r)]));
+    members.mix(static_cast<uint64_t>(cfg.globalRanks.empty() ? r : cfg.globalRanks[static_cast<size_t>(r)]));
   char tag[17];
-  std::snprintf(tag, sizeof tag, "%016llx", static_cast<unsigned long long>(members));
+  std::snprintf(tag, sizeof tag, "%016llx", static_cast<unsigned long long>(members.value));
   int64_t joined = store->add(strCat("smdccl/joined/", tag, "/", cfg.rank), 1);
   return c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/", tag, "/", joined - 1), store);
 }
@@ -173,7 +173,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   setLogRank(cfg_.globalRanks[cfg_.rank]);
   trace::setRank(cfg_.globalRanks[cfg_.rank]);
   tuning_ = Tuning::fromEnv();
-  fusionBytes_ = static_cast<size_t>(std::max<int64_t>(0, envInt(env::kFusionMB))) << 20;
+  fusionBytes_ = static_cast<size_t>(envInt(env::kFusionMB)) << 20;  // range-checked: 0..1024
   nanCheck_ = envInt(env::kNanCheck) != 0;
   if (nanCheck_) fusionBytes_ = 0;  // each allreduce's inputs are checked on their own
   detailChecks_ = logEnabled(LogLevel::Detail) || torchDebugDetail();

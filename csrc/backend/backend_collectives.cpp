@@ -14,6 +14,7 @@
 #include "backend/tensor_checks.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "kernels/cpu/reduce.h"
@@ -145,13 +146,12 @@ OpCall callOf(std::vector<at::Tensor> inputs, at::ScalarType dt, uint64_t count,
   call.sig.count = count;
   if (count != OpSignature::kAnyCount) {
     // Shapes, for the full fingerprint (FNV-1a over every input's sizes).
-    uint64_t h = 1469598103934665603ull;
-    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    Fnv1a h;
     for (const auto& t : inputs) {
-      mix(static_cast<uint64_t>(t.dim()));
-      for (int64_t d : t.sizes()) mix(static_cast<uint64_t>(d));
+      h.mix(static_cast<uint64_t>(t.dim()));
+      for (int64_t d : t.sizes()) h.mix(static_cast<uint64_t>(d));
     }
-    call.sig.shapeHash = h;
+    call.sig.shapeHash = h.value;
   }
   call.inputs = std::move(inputs);
   return call;
@@ -291,23 +291,20 @@ void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
 }
 
 bool SmdcclBackend::ridersAgree(Comm& c, size_t count) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over each rider's size, dtype and op
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
-  };
+  Fnv1a h;  // over each rider's size, dtype and op
   size_t seen = 0;
   progress_->countFusable([&](Fusable& f) {
     if (seen == count) return false;
     auto& q = static_cast<QueuedAllreduce&>(f);
-    mix(static_cast<uint64_t>(q.tensor.numel()));
-    mix(static_cast<uint64_t>(q.tensor.scalar_type()));
-    mix(static_cast<uint64_t>(q.spec.op));
+    h.mix(static_cast<uint64_t>(q.tensor.numel()));
+    h.mix(static_cast<uint64_t>(q.tensor.scalar_type()));
+    h.mix(static_cast<uint64_t>(q.spec.op));
     ++seen;
     return true;
   });
   // One round: the minimum of h and of ~h (~ reverses the order) gives the
   // smallest and the largest fingerprint.
-  int64_t pair[2] = {static_cast<int64_t>(h), ~static_cast<int64_t>(h)};
+  int64_t pair[2] = {static_cast<int64_t>(h.value), ~static_cast<int64_t>(h.value)};
   trace::Span span("fusion: compare the riders", "check", *c.ctx.group);
   recursiveDoublingAllreduce(c, reinterpret_cast<char*>(pair), 2, DType::I64, RedOp::Min);
   return pair[0] == ~pair[1];

@@ -1,12 +1,13 @@
 #include "common/env.h"
 
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+
+#include <strings.h>
 
 #include "common/error.h"
 
@@ -126,6 +127,19 @@ std::string rangeText(const EnvVar& v) {
   return num(v.min) + " to " + num(v.max);
 }
 
+// `value` is one of the ", "-separated `choices`, ignoring case.
+bool isOneOf(const char* value, const char* choices) {
+  size_t n = std::strlen(value);
+  for (const char* c = choices; *c;) {
+    const char* end = std::strstr(c, ", ");
+    size_t len = end ? static_cast<size_t>(end - c) : std::strlen(c);
+    if (len == n && strncasecmp(c, value, n) == 0) return true;
+    if (!end) break;
+    c = end + 2;
+  }
+  return false;
+}
+
 [[noreturn]] void badValue(const EnvVar& v, const std::string& s, const char* what) {
   throw InvalidArgument(strCat("smdccl: ", v.name, "='", s, "' ", what, ": use ",
                                v.kind == EnvVar::Kind::Int ? "an integer" : "a number", " from ",
@@ -162,24 +176,9 @@ void checkEnvironment() {
     if (!set || !*set) continue;
     if (v.kind == EnvVar::Kind::Int) envInt(v.name);
     else if (v.kind == EnvVar::Kind::Number) envDouble(v.name);
-    else if (*v.choices) {
-      std::string value(set), choices(v.choices);
-      for (auto& c : value) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      std::string upper = choices;
-      for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      bool ok = false;
-      size_t start = 0;
-      while (start <= upper.size()) {
-        size_t comma = upper.find(", ", start);
-        std::string one = upper.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        if (one == value) ok = true;
-        if (comma == std::string::npos) break;
-        start = comma + 2;
-      }
-      if (!ok)
-        throw InvalidArgument(strCat("smdccl: ", v.name, "='", set, "' is not one of: ", choices,
-                                     " (default ", v.defaultValue, "), or unset it"));
-    }
+    else if (*v.choices && !isOneOf(set, v.choices))
+      throw InvalidArgument(strCat("smdccl: ", v.name, "='", set, "' is not one of: ", v.choices,
+                                   " (default ", v.defaultValue, "), or unset it"));
   }
 }
 

@@ -15,10 +15,11 @@ namespace smdccl {
 GpuTuning GpuTuning::fromEnv() {
   GpuTuning t;
   t.ipc = envInt(env::kCudaIpc) != 0;
-  t.ipcBytes = static_cast<size_t>(std::max<int64_t>(1, envInt(env::kCudaIpcMB))) << 20;
-  t.oneShotBytes = static_cast<size_t>(std::max<int64_t>(0, envInt(env::kCudaOneShotKB))) << 10;
+  // envInt range-checks these (env.cpp): no clamping here.
+  t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
+  t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
   t.stageChunkBytes =
-      static_cast<size_t>(std::max<int64_t>(64, envInt(env::kCudaStageChunkKB))) << 10;
+      static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
   return t;
 }
 
