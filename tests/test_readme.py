@@ -1,7 +1,12 @@
 """The README is the user's entry point: it must list every SMDCCL_* variable
 the engine declares, and .ci/run must run the README's test command."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import smdccl
 
@@ -21,3 +26,47 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     command = next(line for line in ci.splitlines() if "pytest" in line and "pip install" in line)
     assert command.strip() in readme
+
+
+def _readme_command(marker: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    return next(line for line in readme.splitlines() if line.startswith("pip install") and marker in line)
+
+
+def _hide_numpy(tmp_path: Path) -> dict:
+    """An environment in which `import numpy` fails as if it were not installed
+    (a fresh venv with just torch): torch then reports "Numpy is not available"
+    wherever it needs it, as in the user's first run."""
+    fake = tmp_path / "no_numpy" / "numpy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        'raise ModuleNotFoundError("numpy is hidden by this test", name="numpy")\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.pop("SMDCCL_TOPOLOGY", None)
+    return env
+
+
+def _torchrun(command: str) -> list[str]:
+    """The torchrun part of a README command as argv, run by this interpreter
+    (`python -m torch.distributed.run` is torchrun)."""
+    part = command.split("&&")[-1].split()
+    assert part[0] == "torchrun", command
+    return [sys.executable, "-m", "torch.distributed.run", *part[1:]]
+
+
+@pytest.mark.multiprocess
+def test_readme_benchmark_command_runs_without_numpy(tmp_path):
+    """The README's benchmark command, its Python part, where numpy is absent
+    (up to 64 KB, to keep it short): a table for smdccl and gloo, no wrong
+    results, exit code 0."""
+    argv = _torchrun(_readme_command("smdccl.bench")) + ["--max-bytes", "64K"]
+    out = subprocess.run(argv, env=_hide_numpy(tmp_path), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    assert "#wrong total: 0  OK" in out.stdout, out.stdout[-2000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert {r[0] for r in rows} == {"smdccl", "gloo"}, out.stdout[-2000:]
+    assert sum(r[0] == "smdccl" and r[1] == "65536" for r in rows) == 5  # each collective

@@ -23,6 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from smdccl._launch import standalone_env
+from smdccl._objects import all_gather_object
 
 
 @dataclass
@@ -83,8 +84,7 @@ def _local_ranks() -> int:
 
 def first_error(world: World, err: str | None) -> str | None:
     """Every rank's error for one step, reduced to the first one (or None)."""
-    errors: list = [None] * world.size
-    dist.all_gather_object(errors, err, group=world.ctrl)
+    errors = all_gather_object(err, group=world.ctrl)
     failed = [(rank, msg) for rank, msg in enumerate(errors) if msg is not None]
     if not failed:
         return None

@@ -224,15 +224,14 @@ def _comm_time(config, group, state, sizes, iters, ctrl) -> float:
 def _nodes(groups, ctrl) -> tuple[int, str]:
     """(node count, where it came from): an smdccl group's topology, else hostnames."""
     import torch
-    import torch.distributed as dist
+    from smdccl._objects import all_gather_object
     for name, g in groups.items():
         if name.startswith("smdccl"):
             topo = str(g._get_backend(torch.device("cpu")).topology)
             m = re.match(r"\s*(\d+) nodes?", topo)
             if m:
                 return int(m.group(1)), f"smdccl topology '{topo}'"
-    hosts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname(), group=ctrl)
+    hosts = all_gather_object(socket.gethostname(), group=ctrl)
     return len(set(hosts)), "distinct hostnames"
 
 

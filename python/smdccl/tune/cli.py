@@ -150,8 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _measure_level(name, pair, layout, args, say):
     """Every rank calls this; the pair plays ping-pong, the others wait."""
-    import torch.distributed as dist
-
+    from smdccl._objects import all_gather_object
     from smdccl.tune.fit import FitError, fit_alpha_beta
     from smdccl.tune.layout import pair_group
     from smdccl.tune.measure import ping_pong
@@ -168,8 +167,7 @@ def _measure_level(name, pair, layout, args, say):
     if layout.rank in pair:
         points = ping_pong(group, pair, args.sizes, args.warmup, args.iters, args.volume,
                            args.passes, args.quantile)
-    gathered: list = [None] * layout.world
-    dist.all_gather_object(gathered, points)  # also the barrier the others wait at
+    gathered = all_gather_object(points)  # also the barrier the others wait at
     level.points = gathered[pair[0]]
     try:
         level.fit = fit_alpha_beta([p.nbytes for p in level.points],
@@ -212,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
+    from smdccl._objects import broadcast_object
     from smdccl.tune import layout as lay
     from smdccl.tune import profile
     from smdccl.tune.measure import reduce_gbps
@@ -243,10 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                 _write_and_report(args, world, levels, reduce)
             except Exception as exc:  # noqa: BLE001 - reported below, on every rank
                 err = f"{type(exc).__name__}: {exc}"
-        status = [err]
-        dist.broadcast_object_list(status, src=0)  # nobody waits for a rank 0 that failed
-        if status[0] is not None:
-            say(f"failed: {status[0]}")
+        err = broadcast_object(err, src=0)  # nobody waits for a rank 0 that failed
+        if err is not None:
+            say(f"failed: {err}")
             return 1
         return 0
     except Exception as exc:  # noqa: BLE001

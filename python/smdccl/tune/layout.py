@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from smdccl._launch import standalone_env
+from smdccl._objects import all_gather_object
 
 
 @dataclass
@@ -86,8 +87,7 @@ def open_world(timeout_s: float) -> Layout:
     topology = str(backend.topology)
 
     world = dist.get_world_size()
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, mine)
+    gathered = all_gather_object(mine)
     nodes: list[list[int]] = []
     for ranks in gathered:
         if ranks not in nodes:
