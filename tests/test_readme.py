@@ -70,3 +70,30 @@ def test_readme_benchmark_command_runs_without_numpy(tmp_path):
     rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
     assert {r[0] for r in rows} == {"smdccl", "gloo"}, out.stdout[-2000:]
     assert sum(r[0] == "smdccl" and r[1] == "65536" for r in rows) == 5  # each collective
+
+
+@pytest.mark.parametrize("module", ["smdccl.bench.cli", "smdccl.bench.ddp", "smdccl.bench.accuracy",
+                                    "smdccl.bench.sparse", "smdccl.tune.cli"])
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_only_rank_zero_prints_help_and_usage_errors(module, rank, monkeypatch, capsys):
+    """Every rank under torchrun parses the same command line: rank 0 alone
+    prints; every rank exits with argparse's code."""
+    import importlib
+
+    monkeypatch.setenv("RANK", rank)
+    parser = importlib.import_module(module).build_parser()
+    for argv, code in ((["--help"], 0), (["--no-such-option"], 2)):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        assert exc.value.code == code
+        out, err = capsys.readouterr()
+        assert bool(out + err) == (rank == "0"), (argv, out, err)
+
+
+@pytest.mark.multiprocess
+def test_help_under_torchrun_prints_once():
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "-m", "smdccl.bench", "--help"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("usage:") == 1, out.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import socket
@@ -28,3 +29,15 @@ def command_line(module: str) -> str:
         nnodes = f"--nnodes {nodes} " if nodes not in ("", "1") else ""
         return f"torchrun {nnodes}--nproc-per-node {nproc} -m {module} {args}".rstrip()
     return f"python -m {module} {args}".rstrip()
+
+
+class RankZeroParser(argparse.ArgumentParser):
+    """An ArgumentParser whose help, usage and errors only rank 0 prints.
+
+    Under torchrun every rank parses the same command line; ``--help`` or a
+    usage error would otherwise print once per rank. Every rank still exits
+    with argparse's code."""
+
+    def _print_message(self, message, file=None):
+        if os.environ.get("RANK", "0") == "0":
+            super()._print_message(message, file)

@@ -35,9 +35,11 @@ import platform
 import socket
 import sys
 
+from smdccl._launch import RankZeroParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = RankZeroParser(
         prog="smdccl.bench.accuracy",
         usage="SMDCCL_TOPOLOGY=1,1 torchrun --nproc-per-node 2 -m smdccl.bench.accuracy [options]",
         description="Max abs error of fp16 gradient averaging vs a float64 reference: "

@@ -18,6 +18,7 @@ import os
 import sys
 import warnings
 
+from smdccl._launch import RankZeroParser
 from smdccl.bench import choices
 from smdccl.bench.sizes import geometric, parse_size, parse_size_list
 
@@ -56,7 +57,7 @@ def _names(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = RankZeroParser(
         prog="smdccl.bench",
         usage="torchrun --nproc-per-node N -m smdccl.bench [options]",
         description="nccl-tests-style collective benchmark: smdccl vs gloo vs nccl, "

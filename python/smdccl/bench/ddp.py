@@ -52,6 +52,8 @@ import statistics
 import sys
 import time
 
+from smdccl._launch import RankZeroParser
+
 CONFIGS = ("gloo", "smdccl", "smdccl+fp16", "smdccl+bf16")
 
 EPILOG = """\
@@ -68,7 +70,7 @@ differ by more than --loss-rtol, 2 usage error or a configuration unavailable.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = RankZeroParser(
         prog="smdccl.bench.ddp",
         usage="torchrun --nproc-per-node N -m smdccl.bench.ddp [options]",
         description="DDP training benchmark: step time, compute, communication, "

@@ -19,9 +19,11 @@ import statistics
 import sys
 import time
 
+from smdccl._launch import RankZeroParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m smdccl.bench.sparse", description=__doc__,
+    p = RankZeroParser(prog="python -m smdccl.bench.sparse", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=100_000, help="embedding rows (default 100000)")
     p.add_argument("--dim", type=int, default=64, help="embedding width (default 64)")

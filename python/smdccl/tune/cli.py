@@ -23,7 +23,7 @@ import os
 import sys
 
 from smdccl.bench.sizes import geometric, human, parse_size
-from smdccl._launch import command_line
+from smdccl._launch import RankZeroParser, command_line
 
 EPILOG = """\
 what is measured:
@@ -71,7 +71,7 @@ def _size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = RankZeroParser(
         prog="smdccl.tune",
         usage="torchrun --nproc-per-node N -m smdccl.tune [options]",
         description="Measure smdccl's cost-model parameters (per-message latency and "
