@@ -139,6 +139,13 @@ def test_torchrun_command_line():
     assert flags[10:12] == ["--tee", "3"]  # whole lines per rank
     assert flags[-5:] == ["--module", "--", "smdccl.bench", "--sizes", "4K"]
     assert torchrun_argv(plan, 0, 1, 1, ["job.py", "-x"], "/logs")[-2:] == ["job.py", "-x"]
+    # only flags every supported torchrun has (torch 2.11 lacks --log-line-prefix-template)
+    options = {f for f in flags[:flags.index("--")] if f.startswith("--")}
+    assert options <= {"--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
+                       "--master-port", "--tee", "--log-dir", "--module"}, options
+    from torch.distributed.run import get_args_parser
+    parsed = get_args_parser().parse_args(flags[:flags.index("--")] + flags[flags.index("--") + 1:])
+    assert (parsed.nnodes, parsed.nproc_per_node, parsed.tee, parsed.module) == ("2", "2", "3", True)
     with pytest.raises(ValueError, match="no command"):
         torchrun_argv(plan, 0, 1, 1, [], "/logs")
 

@@ -18,7 +18,15 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     del sys.path[0]
 
 
+#: Each rank's lines are prefixed with its rank. Every torchrun since torch 2.2
+#: reads this variable (newer ones also take --log-line-prefix-template, which
+#: falls back to it); a template the user set is kept.
+PREFIX_VARIABLE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+RANK_PREFIX = "[rank${rank}] "
+
+
 def main(argv: list[str]) -> int:
+    os.environ.setdefault(PREFIX_VARIABLE, RANK_PREFIX)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 

@@ -28,7 +28,12 @@ def torchrun_argv(plan: Plan, node: int, procs_per_node: int, master_port: int,
 
     Workers run with ``python -u``, so two ranks printing into one pipe would
     splice their lines (print writes text and newline separately); ``--tee``
-    makes torchrun pass each rank's output on whole lines, prefixed by rank."""
+    makes torchrun pass each rank's output on whole lines, prefixed by rank
+    (the agent sets the prefix: see agent.py).
+
+    Only options that torchrun has had since torch 2.0 (the oldest torch
+    smdccl supports is older than some newer flags such as
+    ``--log-line-prefix-template``, which torch 2.13 and earlier lack)."""
     command = list(command)
     if not command:
         raise ValueError("no command: give a script (or -m module) to run on every host")
@@ -43,7 +48,7 @@ def torchrun_argv(plan: Plan, node: int, procs_per_node: int, master_port: int,
             "--nnodes", str(len(plan.hosts)), "--nproc-per-node", str(procs_per_node),
             "--node-rank", str(node),
             "--master-addr", plan.master_addr, "--master-port", str(master_port),
-            "--tee", "3", "--log-dir", log_dir, "--log-line-prefix-template", "[rank${rank}] ",
+            "--tee", "3", "--log-dir", log_dir,
             *(["--module"] if module else []),
             # "--": the job's own options must not reach torchrun's parser, which
             # would take e.g. --node as an abbreviation of its --node-rank
