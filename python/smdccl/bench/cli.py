@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             say("no backend could be opened")
             return 2
 
-        total = len(groups) * len(args.collectives) * len(args.size_list)
+        total = len(groups) * len(args.collectives) * (len(args.size_list) + 1)  # + warm-up
         bar = progress_bar(total, args.progress if lead else False)
         try:
             rows, skipped = sweep(groups, world, args, bar.update)

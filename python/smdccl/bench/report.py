@@ -108,8 +108,8 @@ def preamble(info: dict) -> str:
     return (
         f"# smdccl.bench  {info['command_line']}\n"
         f"# host {info['hostname']} ({info['cpu_count']} cpus), torch {info['torch_version']}, "
-        f"{info['world_size']} ranks, device {info['device']}, warmup {info['warmup']}, "
-        f"iters {iters}\n"
+        f"{info['world_size']} ranks, device {info['device']}, warmup {info['warmup']} per size "
+        f"(after 2 untimed calls per collective at the largest size), iters {iters}\n"
         "# time: per-call median on each rank, max over ranks; algbw = size/time; "
         "busbw = algbw * nccl-tests factor"
     )

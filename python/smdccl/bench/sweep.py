@@ -6,6 +6,9 @@ Method, for each size (all ranks run the same steps in the same order):
    once, count the elements that differ from a float64 reference computed
    locally (see :mod:`~smdccl.bench.collectives`); #wrong is summed over
    ranks. Never done inside the timed loop.
+0. Once per backend, before its first size: each collective twice at the
+   largest size, untimed (:func:`warm_up`), so that what a first run finds
+   cold (untouched memory pages, shared-memory rings, sockets) is warm.
 2. Warm up: ``--warmup`` calls, timed only to size the loop.
 3. Iterations: ``--iters``, or adaptively ``--target-time`` divided by the
    warm-up median (max over ranks), clamped to [5, 1000]. Decided over the
@@ -107,11 +110,45 @@ def row(backend: str, case, seconds: float, wrong: int, iters: int, world: World
     }
 
 
+WARM_UP_CALLS = 2
+
+
+def warm_up(backend: str, group, world: World, args, step: Callable[[str], None]) -> None:
+    """Before the first timed size of a backend: each collective a few times at
+    the largest size, results unchecked and untimed. What is cold in a first
+    run (memory pages the process and the machine never touched, shared-memory
+    rings, sockets and their buffers, lazily made links) is then warm for every
+    size: a new user's first table measured a third of later runs' bandwidth at
+    1-64 MB without this. A collective that raises here is left to the sweep,
+    which reports it."""
+    dtype = DTYPES[args.dtype]
+    nbytes = max(args.size_list)
+    for name in args.collectives:
+        step(f"{backend} warm-up {name} {human(nbytes)}")
+        err, case = None, None
+        try:
+            case = make_case(name, nbytes, dtype, args.op, group, world.rank, world.size,
+                             world.device)
+            case.fill()
+        except Exception as exc:  # noqa: BLE001 - the sweep reports it
+            err = describe(exc)
+        for _ in range(WARM_UP_CALLS):
+            if err is None:
+                try:
+                    _timed(case, world)
+                except Exception as exc:  # noqa: BLE001
+                    err = describe(exc)
+            if first_error(world, err) is not None:  # the same decision on every rank
+                break
+        del case
+
+
 def sweep(groups: dict, world: World, args, step: Callable[[str], None]) -> tuple[list, list]:
     """Run every backend x collective x size; returns (rows, skipped)."""
     dtype = DTYPES[args.dtype]
     rows, skipped = [], []
     for backend, group in groups.items():
+        warm_up(backend, group, world, args, step)
         for name in args.collectives:
             broken = None
             for nbytes in args.size_list:
