@@ -2,6 +2,7 @@
 the engine declares, and .ci/run must run the README's test command."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,18 @@ def test_help_under_torchrun_prints_once():
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("usage:") == 1, out.stdout
+
+
+@pytest.mark.multiprocess
+def test_readme_ddp_example_runs(tmp_path):
+    """The "Use with DDP" example, verbatim, under torchrun with 2 ranks."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Use with DDP"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    code = code[:code.index("```")]
+    (tmp_path / "train.py").write_text(code)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"]
+    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("backend ")]
+    assert len(lines) == 1 and re.fullmatch(r"backend smdccl, 2 ranks: \d+ steps/s", lines[0]), out.stdout
