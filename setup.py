@@ -20,7 +20,16 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
-        import torch  # the user's torch: the extension is built against it
+        try:
+            import torch  # the user's torch: the extension is built against it
+        except ImportError:
+            raise SystemExit(
+                "smdccl is built against the installed torch, and the build cannot "
+                "import torch: pip builds in an isolated environment unless told "
+                "--no-build-isolation, or torch is not installed. Install torch first, "
+                "then build in your environment:\n"
+                '    pip install torch "setuptools>=70.1" && pip install --no-build-isolation .'
+            ) from None
 
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_dir = Path(self.build_temp).resolve() / "cmake"
