@@ -351,3 +351,231 @@ def test_error_feedback_bounds_accumulated_drift():
 def test_ddp_hooks_match_float32_ddp():
     results = run_ranks(4, ddp_hooks, env={"SMDCCL_TOPOLOGY": "2x2"}, timeout=300)
     print(f"\n{results[0]}")
+
+
+# ---------------------------------------------------------------------------
+# Rounding only where a hop is compressed.
+#
+# A compressed group rounds float32 results to the wire's precision so that
+# every rank holds the same bits after some of them received them over a
+# 16-bit hop. Where no hop of the collective is compressed (one node,
+# compress_intra off) nothing may be rounded: the result must be bitwise the
+# uncompressed group's. Each case runs the same collective on both groups in
+# one spawn, at sizes that reach recursive doubling and the ring (and, forced,
+# every other schedule), and through the fused and coalesced paths.
+
+ROUNDING_ALGOS = ("auto", "ring", "rd", "two_level", "two_level_rd")
+ROUNDING_SIZES = (7, 1001, 65_537, 300_007, 1_048_579)  # rd .. ring / pipelined two-level
+
+
+def _bits(t):
+    import torch
+
+    return t.detach().contiguous().view(torch.int32)
+
+
+def _exact_in_float32(n: int, r: int, salt: int):
+    """Values whose float32 sums over up to 4 ranks are exact in any order,
+    yet not representable in 16 bits: the result cannot depend on how a
+    schedule (or tensor fusion, which varies with timing) orders additions."""
+    import torch
+
+    i = torch.arange(n, dtype=torch.int64)
+    whole = (i * 37 + r * 11 + salt) % 2001 - 1000
+    frac = (i * 13 + r * 5 + salt) % 4096
+    return (whole.double() + frac.double() / 4096).float()
+
+
+def _collective(kind: str, group, x, op: str):
+    """Runs collective `kind` of this rank's input `x` on `group`; returns what
+    this rank holds afterwards (None: a reduce's non-root)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rop = getattr(dist.ReduceOp, op)
+    if kind == "all_reduce":
+        t = x.clone()
+        dist.all_reduce(t, op=rop, group=group)
+        return t
+    if kind == "reduce_scatter_tensor":
+        out = torch.empty(x.numel() // world)
+        dist.reduce_scatter_tensor(out, x.clone(), op=rop, group=group)
+        return out
+    if kind == "reduce":
+        t = x.clone()
+        dist.reduce(t, dst=world - 1, op=rop, group=group)
+        return t if rank == world - 1 else None
+    if kind == "all_reduce_coalesced":
+        parts = [p.clone() for p in x.split([x.numel() // 3, x.numel() - x.numel() // 3])]
+        dist.all_reduce_coalesced(parts, op=rop, group=group)
+        return torch.cat(parts)
+    if kind == "fused":  # back-to-back async allreduces: tensor fusion packs them
+        parts = [p.clone() for p in x.split(max(1, x.numel() // 6))]
+        works = [dist.all_reduce(p, op=rop, group=group, async_op=True) for p in parts]
+        for w in works:
+            w.wait()
+        return torch.cat(parts)
+    raise ValueError(kind)
+
+
+def wire_rounding_matrix() -> dict:
+    import os
+    import sys
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+
+    from harness import Checker
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    chk = Checker(f"(rank {rank})")
+    oracle = dist.new_group(backend="gloo")
+    several_nodes = os.environ.get("SMDCCL_TOPOLOGY", "") not in ("", str(world))
+    wires = [(wire, intra) for wire in ("fp16", "bf16") for intra in (False, True)]
+    rounded_something = {w: False for w in wires}
+
+    cases = []  # (collective, n, op, every rank's input)
+    for n in ROUNDING_SIZES:
+        gen = torch.Generator().manual_seed(n)
+        ins = [torch.randn(n * world, generator=gen) * 100 for _ in range(world)]
+        for op in ("SUM", "AVG", "MAX") if n in (1001, 1_048_579) else ("SUM",):
+            cases.append(("all_reduce", n, op, [x[:n] for x in ins]))
+        cases.append(("reduce_scatter_tensor", n, "SUM", ins))
+        if n in (1001, 300_007):
+            cases.append(("reduce", n, "SUM", [x[:n] for x in ins]))
+            cases.append(("all_reduce_coalesced", n, "SUM", [x[:n] for x in ins]))
+    for n in (6 * 1000, 6 * 150_000):  # fused: 6 x 4 KB (rd), 6 x 600 KB (ring)
+        for salt, op in ((3, "SUM"), (4, "AVG")):
+            cases.append(("fused", n, op, [_exact_in_float32(n, r, salt) for r in range(world)]))
+
+    def run_cases(algo, plain, groups):
+        for kind, n, op, ins in cases:
+            want = _collective(kind, plain, ins[rank], op)
+            stack = torch.stack([x.double() for x in ins])
+            exact = {"SUM": stack.sum(0), "AVG": stack.mean(0), "MAX": stack.amax(0)}[op]
+            mag = stack.abs().sum(0) / (world if op == "AVG" else 1)
+            if kind == "reduce_scatter_tensor":
+                exact, mag = exact[rank * n:(rank + 1) * n], mag[rank * n:(rank + 1) * n]
+            for (wire, intra), group in groups.items():
+                desc = f"{kind} {op} n={n} SMDCCL_ALGO={algo} {wire} compress_intra={intra}"
+                got = _collective(kind, group, ins[rank], op)
+                if got is None:
+                    continue
+                if not (intra or several_nodes):  # no hop compressed
+                    with chk.case(f"{desc}: bitwise the uncompressed group's"):
+                        bad = (_bits(got) != _bits(want)).sum().item()
+                        assert bad == 0, (
+                            f"{bad} of {got.numel()} elements differ from the uncompressed group's "
+                            f"(max {(got - want).abs().max().item():.3g})")
+                    continue
+                if kind in ("all_reduce", "all_reduce_coalesced", "fused"):
+                    chk.digest(desc, got)  # every rank holds the same bits
+                with chk.case(f"{desc}: within the rounding bound"):
+                    err = (got.double() - exact).abs()
+                    bound = (world + 2) * UNIT[wire] * mag + 1e-30
+                    assert bool((err <= bound).all()), (
+                        f"max error {err.max().item():.3g} ({(err / bound).max().item():.3g}x the bound)")
+                if not torch.equal(got, want):
+                    rounded_something[(wire, intra)] = True
+
+    decisions = ""  # the engine's algorithm decisions (SMDCCL_DEBUG=INFO) of the automatic pass
+    for algo in ROUNDING_ALGOS:
+        os.environ["SMDCCL_ALGO"] = algo  # read when a group is created
+        plain = dist.new_group(backend="smdccl")
+        groups = {(wire, intra): dist.new_group(
+            backend="smdccl", pg_options={"compression": wire, "compression_intra": intra})
+            for wire, intra in wires}
+        if algo != "auto":
+            run_cases(algo, plain, groups)
+        else:  # the first pass: SMDCCL_DEBUG=INFO logs each decision once per process
+            with tempfile.TemporaryFile() as capture:
+                saved = os.dup(2)
+                os.dup2(capture.fileno(), 2)
+                try:
+                    run_cases(algo, plain, groups)
+                finally:
+                    os.dup2(saved, 2)
+                    os.close(saved)
+                    capture.seek(0)
+                    decisions = capture.read().decode(errors="replace")
+                    sys.stderr.write(decisions)
+        for group in (plain, *groups.values()):
+            dist.destroy_process_group(group)
+        chk.compare_digests(oracle)
+    del os.environ["SMDCCL_ALGO"]
+
+    with chk.case("the automatic choice ran both a latency and a bandwidth schedule"):
+        names = ("rd", "two_level") if several_nodes else ("rd", "ring")  # forced: the others
+        for name in names:
+            assert f"-> {name};" in decisions, f"no allreduce ran as {name}:\n{decisions[-4000:]}"
+    for wire, intra in wires:  # else the checks above prove nothing
+        if intra or several_nodes:
+            with chk.case(f"{wire} compress_intra={intra}: some result was rounded"):
+                assert rounded_something[(wire, intra)], "every result equals the float32 one"
+    return chk.finish()
+
+
+# (ranks, SMDCCL_TOPOLOGY): one node of 2 and of 4 ranks, and 2 nodes of 2.
+ROUNDING_LAYOUTS = [(2, "2"), (4, "4"), (4, "2x2")]
+
+
+@pytest.mark.parametrize("world,topology", ROUNDING_LAYOUTS,
+                         ids=[f"{w}ranks-{t}" for w, t in ROUNDING_LAYOUTS])
+def test_results_are_rounded_only_where_a_hop_is_compressed(world, topology):
+    env = {"SMDCCL_TOPOLOGY": topology, "SMDCCL_PIPELINE_CHUNK_KB": "256", "SMDCCL_DEBUG": "INFO"}
+    results = run_ranks(world, wire_rounding_matrix, env=env, timeout=480)
+    print(f"\n[{world} ranks, {topology}] {results[0]}")
+
+
+def ddp_hooks_at_full_buckets() -> dict:
+    """DDP with smdccl's hooks at DDP's default bucket size (25 MB) on one
+    node: bitwise plain float32 DDP's parameters. A model of 3.2M parameters
+    fills buckets large enough for the ring (the earlier one-node hook test
+    has 1 KB buckets, which only recursive doubling reduces)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from smdccl.ddp import CompressionState, bf16_compress_hook, fp16_compress_hook
+
+    rank = dist.get_rank()
+    bucket_sizes = set()
+
+    def train(hook, error_feedback=False, steps=3):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.Tanh(),
+                                    torch.nn.Linear(2048, 1024), torch.nn.Tanh(),
+                                    torch.nn.Linear(1024, 16))
+        ddp = DDP(model)  # default buckets: 1 MiB first, then 25 MiB
+        if hook is not None:
+            def counting(state, bucket):
+                bucket_sizes.add(bucket.buffer().numel())
+                return hook(state, bucket)
+            ddp.register_comm_hook(CompressionState(error_feedback=error_feedback), counting)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(11 + rank)
+        for _ in range(steps):
+            x = torch.randn(8, 512, generator=gen)
+            opt.zero_grad()
+            (ddp(x) - x[:, :16]).pow(2).mean().backward()
+            opt.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    ref = train(None)
+    out = {"parameters": ref.numel()}
+    for hook in (fp16_compress_hook, bf16_compress_hook):
+        for feedback in (False, True):
+            got = train(hook, feedback)
+            bad = (got.view(torch.int32) != ref.view(torch.int32)).sum().item()
+            assert bad == 0, (f"{hook.__name__} (error_feedback={feedback}): {bad} of {got.numel()} "
+                              f"parameters differ from float32 DDP's, max {(got - ref).abs().max().item():.3g}")
+    out["largest_bucket"] = max(bucket_sizes)
+    assert out["largest_bucket"] >= 2_000_000, bucket_sizes  # the 25 MB bucket, on the ring
+    return out
+
+
+def test_ddp_hooks_at_default_buckets_are_float32_ddp_on_one_node():
+    results = run_ranks(2, ddp_hooks_at_full_buckets, timeout=240)
+    print(f"\n{results[0]}")

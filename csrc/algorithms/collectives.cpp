@@ -93,7 +93,7 @@ bool flatHalving(const Comm& c, DType dt, const Tuning& t) {
 // With a 16-bit wire the compressed levels move half the bytes.
 Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
   Tuning w = t;
-  if (c.wire == Wire::F32 || dt != DType::F32) return w;
+  if (!c.compressesSomeHop(dt)) return w;
   w.model.inter.gbps *= 2;
   if (c.wireIntra) w.model.intra.gbps *= 2;
   return w;

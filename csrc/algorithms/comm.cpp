@@ -27,6 +27,15 @@ Wire Comm::wireTo(int peer) const {
   return mesh.topology().sameNode(groupRank(rank()), groupRank(peer)) ? Wire::F32 : wire;
 }
 
+bool Comm::compressesSomeHop(DType dt) const {
+  if (dt != DType::F32 || wire == Wire::F32 || size() < 2) return false;
+  if (wireIntra) return true;
+  const Topology& topo = mesh.topology();
+  for (int r = 1; r < size(); ++r)
+    if (!topo.sameNode(groupRank(0), groupRank(r))) return true;
+  return false;
+}
+
 Blocks Blocks::even(size_t count, int parts, size_t elemSize) {
   Blocks b;
   size_t base = count / parts, extra = count % parts, at = 0;

@@ -33,6 +33,16 @@ struct Comm {
   int ringPosition() const;
   // What float32 reduction data to `peer` travels as.
   Wire wireTo(int peer) const;
+  // Whether `dt` data reduced over this Comm crosses some hop as 16 bits:
+  // a wire is set, dt is float32 and two ranks sit on different nodes (or
+  // wireIntra compresses inside nodes too). Decided from the topology, so
+  // every rank gets the same answer.
+  bool compressesSomeHop(DType dt) const;
+  // What a schedule over this Comm rounds its final results to: the wire
+  // where some hop is compressed (a rank that received a value over such a
+  // hop holds it at the wire's precision, so the rank that computed it must
+  // too, or the ranks' bits differ); F32, nothing rounded, where none is.
+  Wire resultWire(DType dt) const { return compressesSomeHop(dt) ? wire : Wire::F32; }
   // The Comm of the given group ranks (this rank among them), ring in that order.
   Comm sub(const std::vector<int>& groupRanks) const;
 };
@@ -56,9 +66,8 @@ struct Blocks {
 // exchange. `startAfter` (an index in ex, or -1) must finish before the ring
 // sends anything or reduces into buf. Returns the index of its last receive
 // (-1 when there is none). Float32 data crosses each hop as c.wireTo() says;
-// with compression on, `finalReduce` rounds the reduce-scatter's last sums to
-// the wire's precision (they are final results: every rank must hold the
-// same bits).
+// `finalReduce` rounds the reduce-scatter's last sums to c.resultWire() (they
+// are final results: every rank must hold the same bits).
 int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
                bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
 // On return block r of buf holds the reduction of every rank's block r, on rank r.

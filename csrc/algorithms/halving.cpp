@@ -45,7 +45,7 @@ bool isPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 bool prefersHalving(const Comm& c, DType dt) {
   int p = c.size();
-  if (dt != DType::F32 || c.wire == Wire::F32 || p <= 2 || !isPowerOfTwo(p)) return false;
+  if (!c.compressesSomeHop(dt) || p <= 2 || !isPowerOfTwo(p)) return false;
   if (c.wireIntra) return true;
   // Every hop must cross nodes. Decided from the topology, which every rank
   // shares, so all ranks pick the same schedule.
@@ -63,6 +63,7 @@ int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, R
   if (!isPowerOfTwo(p)) throw std::logic_error("recursive halving needs a power-of-two group");
   const int r = c.rank();
   const bool f32 = dt == DType::F32;
+  const Wire roundFinal = finalReduce ? c.resultWire(dt) : Wire::F32;
   int last = startAfter;  // the transfer everything next depends on
 
   if (reduceScatter) {
@@ -75,7 +76,7 @@ int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, R
       bool keepLow = r < mid;
       Link& link = c.link(peer);
       Wire w = f32 ? c.wireTo(peer) : Wire::F32;
-      Wire roundTo = f32 && finalReduce && m == 1 ? c.wire : Wire::F32;
+      Wire roundTo = m == 1 ? roundFinal : Wire::F32;
       for (const Run& s : runsOf(b, keepLow ? mid : lo, keepLow ? hi : mid))
         ex.send(link, buf + s.offset, s.length, {last, -1}, w);
       int stepLast = last;

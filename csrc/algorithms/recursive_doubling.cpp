@@ -23,10 +23,7 @@ void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedO
   // A 16-bit wire: every value is kept at the wire's precision (rounded
   // before the first round and after each sum), so both partners of a round
   // add the same two numbers and all ranks end with the same bits.
-  Wire wire = Wire::F32;
-  if (dt == DType::F32)
-    for (int q = 0; q < p && wire == Wire::F32; ++q)
-      if (q != r && c.wireTo(q) != Wire::F32) wire = c.wire;  // some hop is compressed
+  Wire wire = c.resultWire(dt);  // F32 where no hop is compressed: nothing rounded
   auto wireTo = [&](int peer) { return wire == Wire::F32 ? Wire::F32 : c.wireTo(peer); };
   float* f = reinterpret_cast<float*>(buf);
   roundToWire(f, wire == Wire::F32 ? 0 : count, wire);

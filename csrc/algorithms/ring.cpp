@@ -34,7 +34,7 @@ int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedO
   bool f32 = dt == DType::F32;
   Wire sendWire = f32 ? c.wireTo(nextRank) : Wire::F32;
   Wire recvWire = f32 ? c.wireTo(prevRank) : Wire::F32;
-  Wire roundLast = f32 && finalReduce ? c.wire : Wire::F32;
+  Wire roundLast = finalReduce ? c.resultWire(dt) : Wire::F32;
   int steps = 0;
   // Messages on one link keep their order by themselves (Exchange), so the
   // only dependencies here are the start and the forwarding.

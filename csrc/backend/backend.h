@@ -253,8 +253,9 @@ class SmdcclBackend : public ::c10d::Backend {
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
-  // Sets c's wire for a float32 reduction and makes AVG pre-scale (16-bit
-  // range); returns the wire (F32: not compressed).
+  // Sets c's wire for a float32 reduction with some compressed hop
+  // (Comm::compressesSomeHop) and makes AVG pre-scale (16-bit range);
+  // returns the wire (F32: no hop compressed, the op runs uncompressed).
   Wire useWire(Comm& c, DType dt, ReduceSpec& spec) const;
   // The data parts of reduce-scatter shared by its three entry points.
   // Block c.rank() of `work` (laid out as `blocks`) reduced over the group, into `output`.

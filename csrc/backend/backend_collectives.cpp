@@ -650,9 +650,15 @@ void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, const Blocks& bl
 }
 
 Wire SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
-  if (cfg_.wire == Wire::F32 || dt != DType::F32) return Wire::F32;
   c.wire = cfg_.wire;
   c.wireIntra = cfg_.wireIntra;
+  // No compressed hop (one node, compression_intra off): the op is the
+  // uncompressed group's, bit for bit (AVG divides after the sum, no fp16
+  // overflow round).
+  if (!c.compressesSomeHop(dt)) {
+    c.wire = Wire::F32;
+    return Wire::F32;
+  }
   if (spec.postDivide != 1.0) {  // AVG: divide before the wire, where 16 bits must hold it
     spec.preScale = 1.0 / spec.postDivide;
     spec.postDivide = 1.0;
