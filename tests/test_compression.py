@@ -487,6 +487,10 @@ def wire_rounding_matrix() -> dict:
         groups = {(wire, intra): dist.new_group(
             backend="smdccl", pg_options={"compression": wire, "compression_intra": intra})
             for wire, intra in wires}
+        for (wire, intra), group in groups.items():  # the rule the DDP hooks ask for
+            with chk.case(f"{wire} compress_intra={intra}: compressed_hops"):
+                hops = group._get_backend(torch.device("cpu")).compressed_hops
+                assert hops == (intra or several_nodes), hops
         if algo != "auto":
             run_cases(algo, plain, groups)
         else:  # the first pass: SMDCCL_DEBUG=INFO logs each decision once per process

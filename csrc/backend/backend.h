@@ -194,6 +194,9 @@ class SmdcclBackend : public ::c10d::Backend {
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
   std::string listenAddress() const { return mesh_->listenAddress(); }
   std::string compression() const { return wireName(cfg_.wire); }
+  // Whether this group's float32 reductions put 16 bits on some hop
+  // (Comm::compressesSomeHop over the whole group).
+  bool compressesSomeHop() const;
   uint64_t rejectedConnections() const { return mesh_->rejectedConnections(); }
   // Allreduces that ran inside another's collective (fusion), and the fused
   // collectives that carried them.

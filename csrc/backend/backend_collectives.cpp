@@ -649,6 +649,13 @@ void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, const Blocks& bl
   overflow.finish(c);
 }
 
+bool SmdcclBackend::compressesSomeHop() const {
+  Comm c{*mesh_, OpContext{}, ring_, &levels_, /*members: the whole group*/ {}};
+  c.wire = cfg_.wire;
+  c.wireIntra = cfg_.wireIntra;
+  return c.compressesSomeHop(DType::F32);
+}
+
 Wire SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
   c.wire = cfg_.wire;
   c.wireIntra = cfg_.wireIntra;

@@ -78,6 +78,9 @@ PYBIND11_MODULE(_C, m) {
                              "Collectives that carried fused allreduces")
       .def_property_readonly("compression", &smdccl::SmdcclBackend::compression,
                              "What float32 reductions travel as between nodes: fp32, fp16 or bf16")
+      .def_property_readonly("compressed_hops", &smdccl::SmdcclBackend::compressesSomeHop,
+                             "Whether float32 reductions put 16 bits on some hop of the group "
+                             "(it spans nodes, or compression_intra); where not, nothing is rounded")
       .def_property_readonly("listen_address", &smdccl::SmdcclBackend::listenAddress,
                              "ip:port of this process's TCP listener")
       .def_property_readonly("rejected_connections",

@@ -61,16 +61,13 @@ class CompressionState:
     def compresses(self, compression: str) -> bool:
         """Whether any hop of the hook's group puts 16 bits on the wire: it
         spans several nodes, or ``compress_intra`` compresses inside one.
-        The same answer on every rank (every node has fewer ranks than the
-        group when there are several)."""
+        The backend answers (the rule its collectives round by), the same
+        on every rank."""
         if compression not in self._compressing:
-            group = self.group_for(compression)
-            world = dist.get_world_size(group)
-            backend = group._get_backend(torch.device("cpu"))
+            backend = self.group_for(compression)._get_backend(torch.device("cpu"))
             # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend in a checker.
             backend = getattr(backend, "wrapped_pg", backend)
-            local = len(backend.local_ranks)
-            self._compressing[compression] = world > 1 and (self.compress_intra or local < world)
+            self._compressing[compression] = bool(backend.compressed_hops)
         return self._compressing[compression]
 
     def apply_error_feedback(self, index: int, buffer: torch.Tensor, wire: torch.dtype) -> None:
