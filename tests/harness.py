@@ -185,6 +185,34 @@ def _signal_name(code: int) -> str:
     return f"exit code {code}"
 
 
+def _torch_source_says(fn, text: str) -> bool:
+    import inspect
+
+    return text in inspect.getsource(fn)
+
+
+def _cpu_split_unsupported() -> str | None:
+    """Why this torch cannot split a CPU-only group, or None where it can.
+
+    torch before 2.15 splits only a default group bound to a device and takes
+    only an accelerator as that device: a CPU-only job cannot call
+    dist.split_group at all there (whatever the backend; gloo too). Read off
+    torch's own source: there is no flag to ask."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not _torch_source_says(dist.split_group, "No device associated with the default pg"):
+        return None
+    if _torch_source_says(c10d._new_process_group_helper, "must be an accelerator with an index"):
+        return ("this torch splits only groups bound to an accelerator (device_id=cpu is "
+                "refused; torch >= 2.15 splits CPU groups)")
+    return None
+
+
+#: None where dist.split_group works on CPU groups, else torch's limitation.
+CPU_SPLIT_UNSUPPORTED = _cpu_split_unsupported()
+
+
 def run_ranks(
     world_size: int,
     fn: str | Callable,

@@ -23,10 +23,13 @@ from __future__ import annotations
 import datetime
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 
-from harness import harness_store, run_ranks, timed_raise
+from harness import CPU_SPLIT_UNSUPPORTED, harness_store, run_ranks, timed_raise
+
+needs_cpu_split = pytest.mark.skipif(CPU_SPLIT_UNSUPPORTED is not None, reason=str(CPU_SPLIT_UNSUPPORTED))
 
 
 def split_properties() -> dict:
@@ -74,6 +77,7 @@ def split_properties() -> dict:
     return out
 
 
+@needs_cpu_split
 def test_split_group_properties():
     results = run_ranks(4, split_properties, backend="smdccl", timeout=180)
     for rank, r in enumerate(results):
@@ -120,6 +124,7 @@ def bound_device_new_group() -> dict:
     return out
 
 
+@needs_cpu_split
 def test_new_group_with_bound_device():
     results = run_ranks(4, bound_device_new_group, backend="smdccl", init=False, timeout=180)
     for rank, r in enumerate(results):
