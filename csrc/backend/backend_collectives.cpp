@@ -77,6 +77,31 @@ void unpackFrom(const char* src, std::vector<at::Tensor>& ts) {
   }
 }
 
+// The c10d signatures nest a per-rank tensor list inside one list per
+// device of the process (one here): torch passes [tensor_list], with
+// tensor_list[r] for rank r. One-tensor lists, one per rank, are that
+// layout transposed: named so, with the fix.
+void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* op,
+                  const char* name) {
+  if (lists.size() == 1) return;
+  bool transposed = lists.size() == static_cast<size_t>(size) && size > 1 &&
+                    std::all_of(lists.begin(), lists.end(), [](const auto& l) { return l.size() == 1; });
+  TORCH_CHECK_VALUE(false, "smdccl: ", op, ": expected one ", name, " (torch's layout: [", name,
+                    "], ", name, "[r] for rank r), got ", lists.size(), " lists",
+                    transposed ? "; they hold one tensor per rank each, which is that layout "
+                                 "transposed: pass [[l[0] for l in lists]]"
+                               : "");
+}
+
+// The coalesced forms of all_gather_into_tensor / reduce_scatter_tensor
+// pair tensors by index, each pair laid out as the single call's.
+constexpr const char* kGatherIntoTensorLayout =
+    "torch's layout: outputs[i] is one tensor of world_size x inputs[i]'s elements, rank r's "
+    "inputs[i] at block r (as all_gather_into_tensor), not one tensor per rank";
+constexpr const char* kReduceScatterTensorLayout =
+    "torch's layout: inputs[i] is one tensor of world_size x outputs[i]'s elements, block r "
+    "reduced into rank r's outputs[i] (as reduce_scatter_tensor), not one tensor per rank";
+
 // gather's gather_list / scatter's scatter_list: one tensor per rank on the
 // root, nothing elsewhere.
 std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists,
@@ -87,9 +112,46 @@ std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lis
                       ": only the root (rank ", root, ") passes ", name);
     return {};
   }
-  TORCH_CHECK_VALUE(lists.size() == 1, "smdccl: ", op, ": the root needs one ", name);
+  checkOneList(lists, size, op, name);
   checkOutputList(lists[0], ref, size, op, name);
   return lists[0];
+}
+
+// all_gather_coalesced's output_tensor_lists in torch's layout (gloo's and
+// NCCL's): one list per rank, output_tensor_lists[r][i] receiving rank r's
+// input i. Lists given the other way round (one list per input, one tensor
+// per rank) are named as such, with the fix: when world_size equals the
+// number of inputs and the shapes agree the two cannot be told apart.
+void checkPerRankLists(const std::vector<std::vector<at::Tensor>>& lists,
+                       const std::vector<at::Tensor>& inputs, int size, const char* op) {
+  auto fits = [&](size_t outer, size_t inner, bool transposed) {
+    if (lists.size() != outer) return false;
+    for (size_t a = 0; a < lists.size(); ++a) {
+      if (lists[a].size() != inner) return false;
+      for (size_t b = 0; b < lists[a].size(); ++b) {
+        const at::Tensor& t = lists[a][b];
+        const at::Tensor& in = inputs[transposed ? a : b];
+        if (!t.defined() || t.numel() != in.numel() || t.scalar_type() != in.scalar_type())
+          return false;
+      }
+    }
+    return true;
+  };
+  size_t n = inputs.size(), ranks = static_cast<size_t>(size);
+  if (fits(ranks, n, /*transposed=*/false)) return;  // each tensor's own checks follow
+  const char* layout =
+      "torch's layout (gloo's and NCCL's) is one list per rank, output_tensor_lists[r][i] "
+      "receiving rank r's input_tensor_list[i]";
+  if (fits(n, ranks, /*transposed=*/true))
+    TORCH_CHECK_VALUE(false, "smdccl: ", op, ": output_tensor_lists holds one list per input tensor (",
+                      n, ") of one tensor per rank (", size, "): the transpose of ", layout,
+                      "; pass [list(t) for t in zip(*output_tensor_lists)]");
+  TORCH_CHECK_VALUE(lists.size() == ranks, "smdccl: ", op, ": output_tensor_lists must hold one list per rank (",
+                    size, "), got ", lists.size(), "; ", layout);
+  for (size_t r = 0; r < lists.size(); ++r)
+    TORCH_CHECK_VALUE(lists[r].size() == n, "smdccl: ", op, ": output_tensor_lists[", r,
+                      "] must hold one tensor per input tensor (", n, "), got ", lists[r].size(),
+                      "; ", layout);
 }
 
 // Allgathers several inputs as one message (rank r's block is its inputs
@@ -445,7 +507,7 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                  std::vector<at::Tensor>& inputs,
                                  const ::c10d::AllgatherOptions& opts) {
   at::Tensor in = checkSingle(inputs, "allgather");
-  TORCH_CHECK_VALUE(outputs.size() == 1, "smdccl: allgather takes one output list per rank");
+  checkOneList(outputs, size_, "allgather", "output_tensor_list");
   Blocks blocks =
       checkBlockList(outputs[0], in, rank_, size_, "allgather", "output_tensor_list", "input");
   auto dev = deviceOps_->begin(allOf(outputs[0], {in}), "allgather");
@@ -499,14 +561,15 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
 WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
                                            std::vector<at::Tensor>& inputs,
                                            const ::c10d::AllgatherOptions& opts) {
-  TORCH_CHECK_VALUE(outputLists.size() == inputs.size(),
-                    "smdccl: allgather_coalesced: one output list per input tensor expected");
+  checkPerRankLists(outputLists, inputs, size_, "allgather_coalesced");
   std::vector<at::Tensor> allOutputs;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkTensor(inputs[i], "allgather_coalesced", "input");
-    checkOutputList(outputLists[i], inputs[i], size_, "allgather_coalesced", "output list");
-    allOutputs.insert(allOutputs.end(), outputLists[i].begin(), outputLists[i].end());
+  for (size_t r = 0; r < outputLists.size(); ++r) {
+    for (size_t i = 0; i < inputs.size(); ++i)
+      checkSameShapeAndType(outputLists[r][i], inputs[i], "allgather_coalesced",
+                            strCat("output_tensor_lists[", r, "][", i, "]"));
+    allOutputs.insert(allOutputs.end(), outputLists[r].begin(), outputLists[r].end());
   }
+  for (const auto& in : inputs) checkTensor(in, "allgather_coalesced", "input");
   auto dev = deviceOps_->begin(allOf(allOutputs, inputs), "allgather_coalesced");
   std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
   std::vector<std::vector<at::Tensor>> outs;
@@ -517,7 +580,7 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
       callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(),
              numelOf(ins)),
       allOutputs, [ins, outs, tuning](Comm& c) {
-        allgatherPacked(c, ins, tuning, [&](size_t i, int r) { return bytesOf(outs[i][r]); });
+        allgatherPacked(c, ins, tuning, [&](size_t i, int r) { return bytesOf(outs[r][i]); });
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
 }
@@ -527,14 +590,15 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
                                                        const ::c10d::AllgatherOptions& opts) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
                     "smdccl: allgather_into_tensor_coalesced: ", inputs.size(), " inputs but ",
-                    outputs.size(), " outputs");
+                    outputs.size(), " outputs; ", kGatherIntoTensorLayout);
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkTensor(inputs[i], "allgather_into_tensor_coalesced", "input");
     checkTensor(outputs[i], "allgather_into_tensor_coalesced", "output");
     TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * size_ &&
                           outputs[i].scalar_type() == inputs[i].scalar_type(),
                       "smdccl: allgather_into_tensor_coalesced: output ", i,
-                      " must have the input's dtype and world_size x its elements");
+                      " must have the input's dtype and world_size x its elements; ",
+                      kGatherIntoTensorLayout);
   }
   auto dev = deviceOps_->begin(allOf(inputs, outputs), "allgather_into_tensor_coalesced");
   std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
@@ -677,7 +741,7 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                       std::vector<std::vector<at::Tensor>>& inputs,
                                       const ::c10d::ReduceScatterOptions& opts) {
   at::Tensor out = checkSingle(outputs, "reduce_scatter");
-  TORCH_CHECK_VALUE(inputs.size() == 1, "smdccl: reduce_scatter takes one input list per rank");
+  checkOneList(inputs, size_, "reduce_scatter", "input_list");
   Blocks blocks =  // in bytes: the same for complex tensors and their real views
       checkBlockList(inputs[0], out, rank_, size_, "reduce_scatter", "input_list", "output");
   out = realView(out, opts.reduceOp, "reduce_scatter", "output");
@@ -751,7 +815,7 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
                                                        const ::c10d::ReduceScatterOptions& opts) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
                     "smdccl: reduce_scatter_tensor_coalesced: ", inputs.size(), " inputs but ",
-                    outputs.size(), " outputs");
+                    outputs.size(), " outputs; ", kReduceScatterTensorLayout);
   std::vector<ReduceSpec> specs;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkTensor(inputs[i], "reduce_scatter_tensor_coalesced", "input");
@@ -759,7 +823,8 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
     TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_ &&
                           outputs[i].scalar_type() == inputs[i].scalar_type(),
                       "smdccl: reduce_scatter_tensor_coalesced: input ", i,
-                      " must have the output's dtype and world_size x its elements");
+                      " must have the output's dtype and world_size x its elements; ",
+                      kReduceScatterTensorLayout);
   }
   std::vector<at::Tensor> realIns =
       realViews(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced", "input");
