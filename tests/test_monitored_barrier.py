@@ -12,7 +12,8 @@ all_reduce), rank 0 raises "Rank 2 failed to pass monitoredBarrier in 2000
 ms", saying what rank 2 last ran; ranks 1 and 3 raise the same message at
 rank 0's deadline (gloo leaves them to their own timeout); rank 2, coming
 late, raises it too. With ranks 1 and 3 away and wait_all_ranks=True, the
-message names both. Afterwards the world group's collectives and the next
+message names both. A zero timeout reports at once (it once meant the
+group's timeout and waited for ever). Afterwards the world group's collectives and the next
 monitored barrier work, and a monitored barrier on a group that rank 0
 aborted passes (it needs only the store).
 """
@@ -50,10 +51,10 @@ def late_ranks() -> dict:
     out = {}
     dist.all_reduce(torch.ones(4))  # what the late ranks "last ran"
 
-    def barrier(key: str, wait_all: bool, away: list[int]) -> None:
+    def barrier(key: str, wait_all: bool, away: list[int], timeout=TIMEOUT) -> None:
         if rank in away:  # stuck elsewhere until the verdict is out
             store.wait([f"mb_test/{key}"], datetime.timedelta(seconds=60))
-        out[key] = timed_raise(lambda: dist.monitored_barrier(timeout=TIMEOUT, wait_all_ranks=wait_all))
+        out[key] = timed_raise(lambda: dist.monitored_barrier(timeout=timeout, wait_all_ranks=wait_all))
         if rank == 0:
             store.set(f"mb_test/{key}", "1")
 
@@ -63,6 +64,9 @@ def late_ranks() -> dict:
     dist.all_reduce(t)
     out["after"] = t.tolist()
     out["next barrier"] = timed_raise(lambda: dist.monitored_barrier(timeout=TIMEOUT))
+    # a zero timeout is over at once (torch's test_monitored_barrier_gloo_rank_0_timeout);
+    # it was taken for "the group's timeout" and waited for ever
+    barrier("zero timeout", False, [1, 2, 3], timeout=datetime.timedelta(0))
     # on a group rank 0 aborted: it still says who is there
     g = dist.new_group(backend="smdccl")
     if rank == 0:
@@ -90,6 +94,11 @@ def test_monitored_barrier_names_late_ranks():
     assert err is not None and "Ranks 1, 3 failed to pass monitoredBarrier in 2000 ms" in err, err
     for rank in (1, 2, 3):
         assert results[rank]["two late, wait_all_ranks"][1] == err, (rank, results[rank])
+    seconds, err = r0["zero timeout"]
+    assert err is not None and "Rank 1 failed to pass monitoredBarrier in 0 ms" in err, err
+    assert seconds < 4, seconds
+    for rank in (1, 2, 3):
+        assert results[rank]["zero timeout"][1] == err, (rank, results[rank])
     for rank, r in enumerate(results):
         assert r["after"] == [6.0] * 3, (rank, r)
         assert r["next barrier"][1] is None, (rank, r)

@@ -426,7 +426,12 @@ void SmdcclBackend::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wa
   call.rank = rank_;
   call.size = size_;
   call.seq = ++monitoredBarriers_;
-  call.timeout = effectiveTimeout(opts.timeout);
+  // torch's unset timeout is -1; a zero one is a deadline already passed
+  // (gloo reports at once), not "the group's timeout": that waited forever
+  // for a rank that never comes.
+  call.timeout = opts.timeout == ::c10d::kUnsetTimeout
+                     ? std::chrono::milliseconds(timeoutMs_.load())
+                     : std::max(opts.timeout, std::chrono::milliseconds(0));
   call.waitAllRanks = waitAllRanks;
   call.group = cfg_.groupName;
   GilReleasedIfHeld released;  // it waits for other processes
