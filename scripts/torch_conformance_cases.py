@@ -10,7 +10,9 @@ test/distributed/test_distributed_spawn.py expects it.
   ``TestDistBackend``, spawned as test_distributed_spawn.py spawns it. smdccl
   is registered in ``DistTestCases.backend_feature`` for ``plugin``, ``ddp``
   and ``subgroup`` first (as torch's out-of-tree plugin tests, e.g. UCC's, do):
-  distributed_test reads those sets in its decorators, at import.
+  distributed_test reads those sets in its decorators, at import. Also for
+  ``gpu`` (smdccl takes CUDA tensors in every collective): the object
+  collectives are gated on it; its GPU tests need two GPUs and skip here.
 * ``TestSmdcclFunctional``: torch.distributed._functional_collectives over an
   smdccl group (results, async / wait semantics).
 * ``TestSmdcclDTensor``: DTensor on a CPU DeviceMesh over the smdccl default
@@ -40,7 +42,7 @@ from torch.testing._internal.common_distributed import (  # noqa: E402
     MultiProcessTestCase,
 )
 
-for _feature in ("plugin", "ddp", "subgroup"):
+for _feature in ("plugin", "ddp", "subgroup", "gpu"):
     if BACKEND not in ("gloo", "nccl"):
         DistTestCases.backend_feature[_feature].add(BACKEND)
 
