@@ -198,7 +198,24 @@ def list_tests() -> list[tuple[str, str]]:
     return out
 
 
+def _die_with_parent() -> None:
+    """The worker leads a process group of its own (its ranks, the forkserver):
+    when the driver goes, however it goes, the group goes with it."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def run_worker(args) -> int:
+    if not args.list:
+        _die_with_parent()
     sys.path.insert(0, str(SCRIPTS))
     import torch_conformance_cases as cases
 
@@ -303,21 +320,23 @@ def run_world_size(python: str, ws: int, tests: list[str], skips, log_dir: Path,
                 env=_worker_env(ws, temp_dir, start), stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
             current, started = None, time.monotonic()
             seen = 0
-            while proc.poll() is None:
-                time.sleep(1.0)
-                recs = _read_records(jsonl)
-                for rec in recs[seen:]:
-                    if rec["event"] == "start":
-                        current, started = rec["test"], time.monotonic()
-                    elif rec["event"] == "end":
-                        current = None
-                seen = len(recs)
-                if current and time.monotonic() - started > per_test_limit:
+            try:
+                while proc.poll() is None:
+                    time.sleep(1.0)
+                    recs = _read_records(jsonl)
+                    for rec in recs[seen:]:
+                        if rec["event"] == "start":
+                            current, started = rec["test"], time.monotonic()
+                        elif rec["event"] == "end":
+                            current = None
+                    seen = len(recs)
+                    if current and time.monotonic() - started > per_test_limit:
+                        _kill_group(proc)
+                        logf.write(f"\n[driver] {current} ran past {per_test_limit:.0f} s: worker killed\n")
+                        break
+            finally:  # also on Ctrl-C / SIGTERM: no ranks left behind
+                if proc.poll() is None:
                     _kill_group(proc)
-                    logf.write(f"\n[driver] {current} ran past {per_test_limit:.0f} s: worker killed\n")
-                    break
-            if proc.poll() is None:
-                _kill_group(proc)
         shutil.rmtree(temp_dir, ignore_errors=True)
         finished = {}
         last_started = None
@@ -366,10 +385,10 @@ def summarize(results: dict[int, list[dict]], meta: dict) -> tuple[str, dict]:
         f"- machine: {meta['machine']}",
         f"- command: `{meta['command']}` (ranks started by {meta['start']})",
         "- tests: torch's `DistributedTest._DistTestBase` (distributed_test, spawned as "
-        "test_distributed_spawn.py does; smdccl registered for `plugin`, `ddp`, `subgroup`), "
+        "test_distributed_spawn.py does; smdccl registered for `plugin`, `ddp`, `subgroup`, `gpu`), "
         "smdccl's functional-collectives and DTensor cases (scripts/torch_conformance_cases.py)",
         "",
-        "| world size | tests | run | passed | failed | errors | skipped by torch | skipped by smdccl's list | minutes |",
+        "| world size | tests | run | passed | failed | errors | skipped by torch | skipped by smdccl's list | test minutes |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     totals = {}
@@ -445,6 +464,8 @@ def main(argv=None) -> int:
     if args.worker:
         return run_worker(args)
 
+    # SIGTERM unwinds like Ctrl-C, so that the running worker is killed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     python = sys.executable
     world_sizes = [int(w) for w in args.world_sizes.split(",") if w]
     skips = load_skips(Path(args.skips))
