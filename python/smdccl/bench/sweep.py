@@ -6,9 +6,10 @@ Method, for each size (all ranks run the same steps in the same order):
    once, count the elements that differ from a float64 reference computed
    locally (see :mod:`~smdccl.bench.collectives`); #wrong is summed over
    ranks. Never done inside the timed loop.
-0. Once per backend, before its first size: each collective twice at the
-   largest size, untimed (:func:`warm_up`), so that what a first run finds
-   cold (untouched memory pages, shared-memory rings, sockets) is warm.
+0. Once per backend, before any backend's first size: each collective twice
+   at the largest size, untimed (:func:`warm_up`), so that what a first run
+   finds cold (untouched memory pages, shared-memory rings, sockets, groups
+   still connecting) is warm.
 2. Warm up: ``--warmup`` calls, timed only to size the loop.
 3. Iterations: ``--iters``, or adaptively ``--target-time`` divided by the
    warm-up median (max over ranks), clamped to [5, 1000]. Decided over the
@@ -147,8 +148,13 @@ def sweep(groups: dict, world: World, args, step: Callable[[str], None]) -> tupl
     """Run every backend x collective x size; returns (rows, skipped)."""
     dtype = DTYPES[args.dtype]
     rows, skipped = [], []
+    # every backend's warm-up before any timing: a group that has not yet run
+    # a collective may still be busy connecting (an unused gloo group's socket
+    # threads took 30-60 % of a core while smdccl was timed: its 256 KB-4 MB
+    # allreduce measured 2 GB/s instead of 9-11)
     for backend, group in groups.items():
         warm_up(backend, group, world, args, step)
+    for backend, group in groups.items():
         for name in args.collectives:
             broken = None
             for nbytes in args.size_list:
