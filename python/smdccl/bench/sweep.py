@@ -115,8 +115,9 @@ WARM_UP_CALLS = 2
 
 
 def warm_up(backend: str, group, world: World, args, step: Callable[[str], None]) -> None:
-    """Before the first timed size of a backend: each collective a few times at
-    the largest size, results unchecked and untimed. What is cold in a first
+    """Before any backend's first timed size (sweep runs every warm-up first):
+    each collective WARM_UP_CALLS times at the largest size, results unchecked
+    and untimed. What is cold in a first
     run (memory pages the process and the machine never touched, shared-memory
     rings, sockets and their buffers, lazily made links) is then warm for every
     size: a new user's first table measured a third of later runs' bandwidth at
