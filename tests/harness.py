@@ -4,9 +4,11 @@ Why this exists: a collective backend can only be tested with several OS
 processes talking to each other, and a buggy backend typically *hangs* or
 *crashes* rather than failing politely.  ``run_ranks`` therefore
 
-* spawns ``world_size`` fresh Python processes (``tests/_rank_main.py``), each
-  of which joins a process group through a TCPStore hosted by the pytest
-  process (so no port races and the rendezvous outlives a crashed rank);
+* starts ``world_size`` rank processes (``tests/_rank_main.py``, forked from
+  the session's fork server ``tests/_zygote.py`` with torch already imported,
+  or fresh where a run's environment needs it), each of which joins a process
+  group through a TCPStore hosted by the pytest process (so no port races and
+  the rendezvous outlives a crashed rank);
 * runs one importable check function per rank and ships back its return
   value or its traceback;
 * kills every rank when the run exceeds its wall-clock ``timeout`` (or when
@@ -22,7 +24,8 @@ Inside a rank, ``check_all`` / ``Checker`` run many small sub-cases and collect
 *every* mismatch (with a description of the case) instead of stopping at the
 first one, so a single spawn gives a complete picture of what is broken.
 
-Process start-up plus ``import torch`` costs seconds here, so tests should run
+A fresh process's ``import torch`` costs seconds here (the fork server spares
+most ranks that), and a group's set-up costs more: tests should still run
 many sub-cases inside one spawned group rather than spawning per case.
 """
 
@@ -213,6 +216,46 @@ def _cpu_split_unsupported() -> str | None:
 CPU_SPLIT_UNSUPPORTED = _cpu_split_unsupported()
 
 
+#: SMDCCL_TEST_NO_ZYGOTE=1: start every rank as a fresh ``python`` process
+USE_ZYGOTE = os.environ.get("SMDCCL_TEST_NO_ZYGOTE", "0") in ("", "0")
+_ZYGOTE = None
+
+
+def _base_child_env() -> dict[str, str]:
+    """The environment every rank starts from, before a run's own ``env``."""
+    child_env = dict(os.environ)
+    # 2 cores shared by up to 4 ranks: intra-op threads would only oversubscribe.
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    child_env["PYTHONUNBUFFERED"] = "1"
+    child_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    child_env["SMDCCL_TEST_BACKEND"] = BACKEND
+    if BACKEND != "smdccl":
+        # an installed (possibly half-built) smdccl must not affect other backends' runs
+        child_env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    return child_env
+
+
+def _zygote(child_env: dict[str, str]):
+    """The session's fork server (tests/_zygote.py) if it can start ranks with
+    ``child_env`` as a fresh process would, else None (start them fresh).
+
+    Forking from a process that has imported torch saves each rank the
+    seconds ``import torch`` costs; a run whose environment differs in what
+    torch reads at import gets fresh processes."""
+    global _ZYGOTE
+    if not USE_ZYGOTE:
+        return None
+    if _ZYGOTE is None or not _ZYGOTE.alive():
+        import atexit
+
+        from _zygote import Zygote
+
+        log = Path(tempfile.gettempdir()) / f"smdccl-test-zygote-{os.getpid()}.log"
+        _ZYGOTE = Zygote(_base_child_env(), str(REPO_ROOT), str(log))
+        atexit.register(_ZYGOTE.close)
+    return _ZYGOTE if _ZYGOTE.can_run(child_env) else None
+
+
 def run_ranks(
     world_size: int,
     fn: str | Callable,
@@ -270,19 +313,15 @@ def run_ranks(
     spec_path = workdir / "spec.pkl"
     spec_path.write_bytes(pickle.dumps(spec))
 
-    child_env = dict(os.environ)
-    # 2 cores shared by up to 4 ranks: intra-op threads would only oversubscribe.
-    child_env.setdefault("OMP_NUM_THREADS", "1")
-    child_env["PYTHONUNBUFFERED"] = "1"
-    child_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    child_env = _base_child_env()
     child_env["SMDCCL_TEST_BACKEND"] = backend
     child_env["SMDCCL_TEST_STORE"] = f"127.0.0.1:{store.port}"
     if backend != "smdccl":
-        # an installed (possibly half-built) smdccl must not affect other backends' runs
         child_env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     child_env.update(env or {})
 
-    procs: list[subprocess.Popen] = []
+    zygote = _zygote(child_env) if import_backend and backend == BACKEND else None
+    procs: list = []
     logs: list[Path] = []
     start = time.monotonic()
     timed_out = False
@@ -291,10 +330,14 @@ def run_ranks(
         for r in range(world_size):
             log = workdir / f"rank{r}.log"
             logs.append(log)
+            argv = [str(RANK_MAIN), str(spec_path), str(r)]
+            if zygote is not None:
+                procs.append(zygote.spawn(argv, child_env, str(REPO_ROOT), str(log)))
+                continue
             with open(log, "wb") as fh:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, str(RANK_MAIN), str(spec_path), str(r)],
+                        [sys.executable, *argv],
                         env=child_env,
                         stdout=fh,
                         stderr=subprocess.STDOUT,
