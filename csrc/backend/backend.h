@@ -15,6 +15,7 @@
 #include "algorithms/select.h"
 #include "backend/device_op.h"
 #include "backend/progress_thread.h"
+#include "backend/scratch_pool.h"
 #include "backend/tensor_checks.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
@@ -281,6 +282,7 @@ class SmdcclBackend : public ::c10d::Backend {
   std::vector<int> ring_;
   Hierarchy levels_;
   Tuning tuning_;
+  ScratchPool scratch_;  // host copies for ops that leave their input as it was
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
   // Ops issued (getSequenceNumberForGroup): caller threads and callbacks.

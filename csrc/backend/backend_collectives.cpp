@@ -471,9 +471,9 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
   return enqueue(
       OpType::REDUCE, "reduce",
       callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp), static_cast<int>(opts.rootRank)),
-      tensors, [t, spec, dt, isRoot, tuning, dev](Comm& c) mutable {
+      tensors, [this, t, spec, dt, isRoot, tuning, dev](Comm& c) mutable {
         // Non-roots reduce a scratch copy: their input stays as it was.
-        at::Tensor buf = isRoot ? t : t.clone();
+        at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
         applyPreScale(buf, spec);
         allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
         applyPostDivide(buf, spec);
@@ -755,7 +755,7 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   return enqueue(
       OpType::REDUCE_SCATTER, "reduce_scatter", std::move(call), outputs,
       [this, ins, out = hout, blocks, spec](Comm& c) mutable {
-        at::Tensor work = at::empty({static_cast<int64_t>(numelOf(ins))}, out.options());
+        at::Tensor work = scratch_.take(static_cast<int64_t>(numelOf(ins)), out.scalar_type());
         packInto(bytesOf(work), ins);
         runReduceScatter(c, work, blocks, out, spec);
       },
@@ -804,7 +804,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
   return enqueue(
       OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {result},
       [this, input, output, spec](Comm& c) mutable {
-        at::Tensor work = input.clone();  // the input is left as it was
+        at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
         runReduceScatter(c, work, Blocks::equal(c.size(), output.nbytes()), output, spec);
       },
       opts.timeout, opts.asyncOp);
