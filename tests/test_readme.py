@@ -1,8 +1,10 @@
 """The README is the user's entry point: it must list every SMDCCL_* variable
 the engine declares, and .ci/run must run the README's test command."""
 
+import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +63,7 @@ def test_readme_benchmark_command_runs_without_numpy(tmp_path):
     """The README's benchmark command, its Python part, where numpy is absent
     (up to 64 KB, to keep it short): a table for smdccl and gloo, no wrong
     results, exit code 0."""
-    argv = _torchrun(_readme_command("smdccl.bench")) + ["--max-bytes", "64K"]
+    argv = _torchrun(_readme_command("smdccl.bench")) + ["--max-bytes", "64K", "--json", "out.json"]
     out = subprocess.run(argv, env=_hide_numpy(tmp_path), cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)
     text = out.stdout + out.stderr
@@ -71,6 +73,12 @@ def test_readme_benchmark_command_runs_without_numpy(tmp_path):
     rows = [line.split() for line in out.stdout.splitlines() if line.strip() and not line.startswith("#")]
     assert {r[0] for r in rows} == {"smdccl", "gloo"}, out.stdout[-2000:]
     assert sum(r[0] == "smdccl" and r[1] == "65536" for r in rows) == 5  # each collective
+    # three passes per line, the table's time their median (smdccl.bench.sweep)
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert saved["header"]["passes"] == 3
+    for row in saved["rows"]:
+        assert len(row["pass_us"]) == 3, row
+        assert row["time_us"] == statistics.median(row["pass_us"]), row
 
 
 @pytest.mark.parametrize("module", ["smdccl.bench.cli", "smdccl.bench.ddp", "smdccl.bench.accuracy",

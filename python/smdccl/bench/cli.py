@@ -6,7 +6,7 @@ Order of events (every rank runs it; only rank 0 prints):
 2. start the gloo default group (the control plane) and open one group per
    requested backend, skipping the ones that cannot be opened, or stopping
    with exit code 2 if such a backend was named in ``--backends``;
-3. sweep backends x collectives x sizes (:mod:`~smdccl.bench.sweep`);
+3. sweep passes x collectives x sizes x backends (:mod:`~smdccl.bench.sweep`);
 4. print the table, write ``--json`` and ``--plot``;
 5. exit 1 if any #wrong > 0, else 0.
 """
@@ -94,12 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     timing = p.add_argument_group("timing")
     timing.add_argument("--iters", type=int, default=None, metavar="N",
-                        help="timed calls per size (default: adaptive, about --target-time "
-                             "per size, between 5 and 1000)")
+                        help="timed calls per size and pass (default: adaptive, about "
+                             "--target-time per size over all passes, between 5 and 1000 a pass)")
     timing.add_argument("--warmup", type=int, default=5, metavar="N",
                         help="untimed calls per size before the timed ones (default: 5)")
     timing.add_argument("--target-time", type=float, default=0.3, metavar="S",
-                        help="seconds per size aimed at by the adaptive --iters (default: 0.3)")
+                        help="seconds per size and backend, all passes together, aimed at by "
+                             "the adaptive --iters (default: 0.3)")
+    timing.add_argument("--passes", type=int, default=3, metavar="N",
+                        help="sweep every size N times, the backends in turn at each size; a "
+                             "size's time is the median over passes, so a few seconds when a "
+                             "shared machine runs slow do not become the table (default: 3)")
     timing.add_argument("--timeout", type=float, default=300.0, metavar="S",
                         help="process-group timeout in seconds (default: 300)")
 
@@ -129,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--op avg needs a floating-point --dtype")
     if args.iters is not None and args.iters < 1:
         parser.error("--iters must be >= 1")
+    if args.passes < 1:
+        parser.error("--passes must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
     if args.target_time <= 0:
@@ -192,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             say("no backend could be opened")
             return 2
 
-        total = len(groups) * len(args.collectives) * (len(args.size_list) + 1)  # + warm-up
+        per_backend = len(args.collectives) * (args.passes * len(args.size_list) + 1)  # + warm-up
+        total = len(groups) * per_backend
         bar = progress_bar(total, args.progress if lead else False)
         try:
             rows, skipped = sweep(groups, world, args, bar.update)

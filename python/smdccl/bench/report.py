@@ -67,6 +67,12 @@ def table(rows: list[dict], skipped: list[dict], backends: list[str],
         out.append("#")
     for s in skipped:
         out.append(f"# skipped {s['backend']} {s['collective']}: {s['reason']}")
+    noisy = uneven(rows)
+    if noisy:
+        out.append(f"# {len(noisy)} of {len(rows)} lines: passes differ by more than "
+                   f"{UNEVEN_PASSES:g}x (the machine changed speed; the median pass is shown, "
+                   "every pass is in --json): " + ", ".join(noisy[:6])
+                   + (", ..." if len(noisy) > 6 else ""))
     wrong = sum(r["wrong"] for r in rows)
     out.append(f"# #wrong total: {wrong}" + ("  OK" if wrong == 0 else "  FAILED"))
     return "\n".join(out)
@@ -93,6 +99,7 @@ def header(world, args, backends: list[str]) -> dict:
         "op": args.op,
         "sizes": list(args.size_list),
         "iters": args.iters or "auto",
+        "passes": args.passes,
         "warmup": args.warmup,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command_line": command_line("smdccl.bench"),
@@ -105,14 +112,32 @@ def header(world, args, backends: list[str]) -> dict:
 
 def preamble(info: dict) -> str:
     iters = "auto" if info["iters"] == "auto" else info["iters"]
+    passes = info.get("passes", 1)
     return (
         f"# smdccl.bench  {info['command_line']}\n"
         f"# host {info['hostname']} ({info['cpu_count']} cpus), torch {info['torch_version']}, "
         f"{info['world_size']} ranks, device {info['device']}, warmup {info['warmup']} per size "
-        f"(after 2 untimed calls per collective at the largest size), iters {iters}\n"
-        "# time: per-call median on each rank, max over ranks; algbw = size/time; "
-        "busbw = algbw * nccl-tests factor"
+        f"(after 2 untimed calls per collective at the largest size), iters {iters}, "
+        f"{passes} pass{'es' if passes != 1 else ''} (backends in turn at each size)\n"
+        "# time: per-call median on each rank, max over ranks"
+        + (", median over passes" if passes > 1 else "")
+        + "; algbw = size/time; busbw = algbw * nccl-tests factor"
     )
+
+
+#: passes of one size that differ by more than this factor are listed under the table
+UNEVEN_PASSES = 2.0
+
+
+def uneven(rows: list[dict]) -> list[str]:
+    """'backend collective size (slowest/fastest pass)' where the passes disagree
+    by more than UNEVEN_PASSES: the machine changed speed during the run."""
+    out = []
+    for r in rows:
+        times = r.get("pass_us") or []
+        if len(times) > 1 and min(times) > 0 and max(times) / min(times) > UNEVEN_PASSES:
+            out.append(f"{r['backend']} {r['collective']} {r['size']} ({max(times) / min(times):.1f}x)")
+    return out
 
 
 def write_json(path: str, info: dict, rows: list[dict], skipped: list[dict]) -> None:

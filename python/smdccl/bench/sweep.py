@@ -1,28 +1,43 @@
 """Correctness check and timing loop for every (backend, collective, size).
 
-Method, for each size (all ranks run the same steps in the same order):
+Method (all ranks run the same steps in the same order):
 
-1. Check: fill the inputs with rank-dependent values, run the collective
-   once, count the elements that differ from a float64 reference computed
-   locally (see :mod:`~smdccl.bench.collectives`); #wrong is summed over
-   ranks. Never done inside the timed loop.
 0. Once per backend, before any backend's first size: each collective twice
    at the largest size, untimed (:func:`warm_up`), so that what a first run
    finds cold (untouched memory pages, shared-memory rings, sockets, groups
    still connecting) is warm.
-2. Warm up: ``--warmup`` calls, timed only to size the loop.
-3. Iterations: ``--iters``, or adaptively ``--target-time`` divided by the
-   warm-up median (max over ranks), clamped to [5, 1000]. Decided over the
-   control group so every rank runs the same count.
-4. Barrier (control group), then ``iters`` calls, each timed on its own with
+1. ``--passes`` passes over every collective and size; within a pass, at each
+   size, every backend in turn (so the backends compared on a line were
+   measured seconds apart, under the same machine conditions).
+2. Check (first pass only): fill the inputs with rank-dependent values, run
+   the collective once, count the elements that differ from a float64
+   reference computed locally (see :mod:`~smdccl.bench.collectives`); #wrong
+   is summed over ranks. Never done inside the timed loop. Later passes fill
+   the inputs and make one untimed call instead.
+3. Warm up (first pass): ``--warmup`` calls, timed only to size the loop.
+4. Iterations: ``--iters`` per pass, or adaptively ``--target-time`` divided
+   by the passes and by the warm-up median (max over ranks), clamped to
+   [5, 1000]; decided once, over the control group, so every rank runs the
+   same count in every pass.
+5. Barrier (control group), then ``iters`` calls, each timed on its own with
    ``time.perf_counter``. Every call is synchronous: the c10d call waits for
    completion, and with ``--device cuda`` it is followed by
    ``torch.cuda.synchronize``.
-5. Time = median of the per-call times on each rank, then the max of those
-   medians over ranks (all_reduce MAX over the control group): the slowest
-   rank is when the collective is done for everyone.
+6. A pass's time = median of the per-call times on each rank, then the max
+   of those medians over ranks (all_reduce MAX over the control group): the
+   slowest rank is when the collective is done for everyone. The reported
+   time is the median over passes; every pass's time is kept in the JSON
+   rows (``pass_us``).
 
-The control traffic of steps 3 and 5 is outside the timed calls, on the gloo
+Why passes: a shared virtual machine changes speed for seconds at a time
+(on the 2-vCPU VM this was developed on, a 2-rank 1 MB shared-memory
+all_reduce in one long-running process flipped between ~7 and ~2.3 GB/s,
+for 5-10 s at a time, as the host moved the vCPUs), longer than one size's
+measurement. One pass then reports such a phase as the library's speed, and
+one backend can land in it while the other does not; the median of passes
+spread over the run does not, and the interleaving keeps the comparison fair.
+
+The control traffic of steps 4 and 6 is outside the timed calls, on the gloo
 default group, so it does not disturb the backend being measured. A backend
 that raises on a collective (e.g. gloo has no AVG) is skipped for that
 collective's remaining sizes, with the reason reported.
@@ -64,11 +79,12 @@ def _sum_over_ranks(value: int, world: World) -> int:
 
 
 def _iterations(estimate_s: float, args) -> int:
+    """Timed calls per pass."""
     if args.iters:
         return args.iters
     if estimate_s <= 0:
         return MAX_ITERS
-    return max(MIN_ITERS, min(MAX_ITERS, round(args.target_time / estimate_s)))
+    return max(MIN_ITERS, min(MAX_ITERS, round(args.target_time / args.passes / estimate_s)))
 
 
 def check(case, world: World) -> tuple[float, int]:
@@ -80,32 +96,38 @@ def check(case, world: World) -> tuple[float, int]:
     return first, case.count_wrong()
 
 
-def measure(case, world: World, args, first: float, wrong: int) -> tuple[float, int, int]:
-    """(seconds per call, #wrong summed over ranks, iterations) for one case."""
-    wrong = _sum_over_ranks(wrong, world)
+def size_loop(case, world: World, args, first: float) -> int:
+    """Iterations per pass for this case, the same on every rank (first pass:
+    ``--warmup`` calls, timed only to size the loop)."""
     warm = [_timed(case, world) for _ in range(args.warmup)]
-    estimate = _max_over_ranks(statistics.median(warm) if warm else first, world)
-    iters = _iterations(estimate, args)
+    return _iterations(_max_over_ranks(statistics.median(warm) if warm else first, world), args)
 
+
+def timed_pass(case, world: World, iters: int) -> float:
+    """Seconds per call in one pass: per-call median on each rank, max over ranks."""
     dist.barrier(group=world.ctrl)
     times = [_timed(case, world) for _ in range(iters)]
-    return _max_over_ranks(statistics.median(times), world), wrong, iters
+    return _max_over_ranks(statistics.median(times), world)
 
 
-def row(backend: str, case, seconds: float, wrong: int, iters: int, world: World, args) -> dict:
-    algbw = case.size / seconds / 1e9
+def row(backend: str, name: str, got: "_Series", world: World, args) -> dict:
+    """One line of the table; ``got.pass_s`` holds each pass's seconds per call."""
+    seconds = statistics.median(got.pass_s)
+    algbw = got.size / seconds / 1e9
     return {
         "backend": backend,
-        "collective": case.name,
-        "size": case.size,
-        "count": case.count,
+        "collective": name,
+        "size": got.size,
+        "count": got.count,
         "dtype": args.dtype,
-        "op": args.op if case.name in REDUCING else "-",
+        "op": args.op if name in REDUCING else "-",
         "time_us": seconds * 1e6,
         "algbw": algbw,
-        "busbw": algbw * busbw_factor(case.name, world.size),
-        "wrong": wrong,
-        "iters": iters,
+        "busbw": algbw * busbw_factor(name, world.size),
+        "wrong": got.wrong,
+        "iters": got.iters,
+        "passes": len(got.pass_s),
+        "pass_us": [t * 1e6 for t in got.pass_s],
         "world_size": world.size,
         "device": world.device.type,
     }
@@ -117,12 +139,10 @@ WARM_UP_CALLS = 2
 def warm_up(backend: str, group, world: World, args, step: Callable[[str], None]) -> None:
     """Before any backend's first timed size (sweep runs every warm-up first):
     each collective WARM_UP_CALLS times at the largest size, results unchecked
-    and untimed. What is cold in a first
-    run (memory pages the process and the machine never touched, shared-memory
-    rings, sockets and their buffers, lazily made links) is then warm for every
-    size: a new user's first table measured a third of later runs' bandwidth at
-    1-64 MB without this. A collective that raises here is left to the sweep,
-    which reports it."""
+    and untimed. What is cold in a first run (memory pages the process and the
+    machine never touched, shared-memory rings, sockets and their buffers,
+    lazily made links) is then warm for every size. A collective that raises
+    here is left to the sweep, which reports it."""
     dtype = DTYPES[args.dtype]
     nbytes = max(args.size_list)
     for name in args.collectives:
@@ -145,9 +165,41 @@ def warm_up(backend: str, group, world: World, args, step: Callable[[str], None]
         del case
 
 
+class _Series:
+    """What one (backend, collective, size) has gathered over the passes."""
+
+    def __init__(self) -> None:
+        self.size = self.count = 0  # as the case defines them (nccl-tests' size and count)
+        self.wrong = 0
+        self.iters = 0
+        self.pass_s: list[float] = []
+
+
+def _one_pass(backend, group, name, nbytes, series, world, args, first_pass: bool):
+    """Measure one (backend, collective, size) once; returns an error or None."""
+    err, case = None, None
+    try:
+        case = make_case(name, nbytes, DTYPES[args.dtype], args.op, group, world.rank,
+                         world.size, world.device)
+        if first_pass:
+            first, wrong = check(case, world)
+        else:
+            case.fill()
+            _timed(case, world)  # touches this pass's fresh buffers, untimed
+    except Exception as exc:  # unsupported op/dtype on this backend
+        err = describe(exc)
+    if (err := first_error(world, err)) is not None:
+        return err
+    if first_pass:
+        series.size, series.count = case.size, case.count
+        series.wrong = _sum_over_ranks(wrong, world)
+        series.iters = size_loop(case, world, args, first)
+    series.pass_s.append(timed_pass(case, world, series.iters))
+    return None
+
+
 def sweep(groups: dict, world: World, args, step: Callable[[str], None]) -> tuple[list, list]:
-    """Run every backend x collective x size; returns (rows, skipped)."""
-    dtype = DTYPES[args.dtype]
+    """Run every pass x collective x size x backend; returns (rows, skipped)."""
     rows, skipped = [], []
     # every backend's warm-up before any timing: a group that has not yet run
     # a collective may still be busy connecting (an unused gloo group's socket
@@ -155,24 +207,27 @@ def sweep(groups: dict, world: World, args, step: Callable[[str], None]) -> tupl
     # allreduce measured 2 GB/s instead of 9-11)
     for backend, group in groups.items():
         warm_up(backend, group, world, args, step)
+    series = {(b, n, s): _Series() for b in groups for n in args.collectives for s in args.size_list}
+    broken: dict = {}  # (backend, collective) -> the size it failed at; larger ones are skipped
+    for p in range(args.passes):
+        for name in args.collectives:
+            for nbytes in args.size_list:
+                for backend, group in groups.items():
+                    step(f"{backend} {name} {human(nbytes)}"
+                         + (f" (pass {p + 1}/{args.passes})" if args.passes > 1 else ""))
+                    if nbytes >= broken.get((backend, name), float("inf")):
+                        continue
+                    err = _one_pass(backend, group, name, nbytes, series[backend, name, nbytes],
+                                    world, args, first_pass=p == 0)
+                    if err is not None:
+                        broken[backend, name] = nbytes
+                        skipped.append({"backend": backend, "collective": name,
+                                        "reason": err if nbytes == min(args.size_list)
+                                        else f"from {human(nbytes)} on: {err}"})
     for backend, group in groups.items():
         for name in args.collectives:
-            broken = None
             for nbytes in args.size_list:
-                step(f"{backend} {name} {human(nbytes)}")
-                if broken:
-                    continue
-                err, case, checked = None, None, None
-                try:
-                    case = make_case(name, nbytes, dtype, args.op, group, world.rank,
-                                     world.size, world.device)
-                    checked = check(case, world)
-                except Exception as exc:  # unsupported op/dtype on this backend
-                    err = describe(exc)
-                if (err := first_error(world, err)) is not None:
-                    broken = err
-                    skipped.append({"backend": backend, "collective": name, "reason": err})
-                    continue
-                rows.append(row(backend, case, *measure(case, world, args, *checked), world, args))
-                del case  # free this size's buffers before the next ones are allocated
+                got = series[backend, name, nbytes]
+                if len(got.pass_s) == args.passes:
+                    rows.append(row(backend, name, got, world, args))
     return rows, skipped
