@@ -1,8 +1,12 @@
 """The benchmark's NCCL path where NCCL cannot run: on CPU tensors, without a
 GPU, and with more ranks than GPUs on a machine (NCCL refuses two ranks on one
-GPU; smdccl and gloo do not). Runs without a GPU: the rules are pure."""
+GPU; smdccl and gloo do not); and ``--nccl-ranks-as-hosts`` (every rank its
+own NCCL_HOSTID): the env each rank gets, the refusal without CUDA tensors,
+the report's line. Runs without a GPU: the rules are pure."""
 
-from smdccl.bench.backends import default_backends, nccl_unavailable
+import pytest
+
+from smdccl.bench.backends import default_backends, nccl_unavailable, ranks_as_hosts_env
 
 
 def test_nccl_needs_cuda_tensors():
@@ -25,3 +29,57 @@ def test_nccl_runs_with_a_gpu_per_rank():
 
 def test_default_backends_never_offer_nccl_on_cpu():
     assert default_backends("cpu", 2) == ["smdccl", "gloo"]
+
+
+# --nccl-ranks-as-hosts: NCCL on one GPU shared by every rank, each rank a host
+
+
+def test_ranks_as_hosts_lets_ranks_share_a_gpu_but_still_needs_one():
+    assert nccl_unavailable("cuda", 4, 1, ranks_as_hosts=True) is None
+    assert "sees none" in nccl_unavailable("cuda", 4, 0, ranks_as_hosts=True)
+    assert "use --device cuda" in nccl_unavailable("cpu", 4, 1, ranks_as_hosts=True)
+    assert "--nccl-ranks-as-hosts" in nccl_unavailable("cuda", 4, 1)  # the refusal names the way out
+
+
+def test_ranks_as_hosts_offers_nccl_wherever_there_is_a_gpu():
+    import torch
+
+    assert ("nccl" in default_backends("cuda", 4, ranks_as_hosts=True)) == (torch.cuda.device_count() >= 1)
+    assert "nccl" not in default_backends("cpu", 4, ranks_as_hosts=True)
+
+
+def test_ranks_as_hosts_env_gives_every_rank_its_own_host():
+    envs = [ranks_as_hosts_env(r, 4, 4, {}) for r in range(4)]
+    assert len({e["NCCL_HOSTID"] for e in envs}) == 4
+    assert all(e["NCCL_SOCKET_IFNAME"] == "lo" for e in envs)  # all ranks local: loopback
+    assert all(e["SMDCCL_TOPOLOGY"] == "1,1,1,1" for e in envs)  # smdccl: every rank a node too
+
+
+def test_ranks_as_hosts_env_keeps_what_the_user_set():
+    env = ranks_as_hosts_env(1, 4, 4, {"NCCL_SOCKET_IFNAME": "veth0", "SMDCCL_TOPOLOGY": "2x2"})
+    assert env == {"NCCL_HOSTID": "smdccl-bench-rank1"}
+    # ranks on several machines: the interface is the user's (or NCCL's) choice
+    assert "NCCL_SOCKET_IFNAME" not in ranks_as_hosts_env(0, 8, 4, {})
+
+
+def test_ranks_as_hosts_needs_cuda_tensors(capsys):
+    from smdccl.bench.cli import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--nccl-ranks-as-hosts"])
+    assert exc.value.code == 2
+    assert "--nccl-ranks-as-hosts needs --device cuda" in capsys.readouterr().err
+    assert parse_args(["--nccl-ranks-as-hosts", "--device", "cuda"]).nccl_ranks_as_hosts
+
+
+def test_report_says_ranks_were_hosts():
+    from smdccl.bench import report
+
+    info = {"command_line": "torchrun ...", "hostname": "h", "cpu_count": 2, "torch_version": "t",
+            "world_size": 4, "device": "cuda", "warmup": 5, "iters": "auto", "passes": 3,
+            "nccl_ranks_as_hosts": True,
+            "ranks_as_hosts_env": {"NCCL_SOCKET_IFNAME": "lo", "SMDCCL_TOPOLOGY": "1,1,1,1"}}
+    text = report.preamble(info)
+    assert "# --nccl-ranks-as-hosts: every rank is a host of its own to NCCL" in text
+    assert "NCCL_SOCKET_IFNAME=lo" in text and "SMDCCL_TOPOLOGY=1,1,1,1" in text
+    assert "ranks-as-hosts" not in report.preamble(dict(info, nccl_ranks_as_hosts=False))

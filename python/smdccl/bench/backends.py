@@ -55,27 +55,54 @@ def init_world(device_kind: str, timeout_s: float) -> World:
     return World(dist.get_rank(), dist.get_world_size(), local_rank, device, dist.group.WORLD)
 
 
-def nccl_unavailable(device_kind: str, local_ranks: int, gpus: int) -> str | None:
+def nccl_unavailable(device_kind: str, local_ranks: int, gpus: int,
+                     ranks_as_hosts: bool = False) -> str | None:
     """Why nccl cannot run here, or None. NCCL needs CUDA tensors and a GPU of
     its own for each rank of a machine ("Duplicate GPU detected" otherwise),
-    where gloo and smdccl let ranks share one."""
+    where gloo and smdccl let ranks share one; with ``--nccl-ranks-as-hosts``
+    every rank is a host of its own to NCCL, and one GPU serves them all."""
     if device_kind != "cuda":
         return "nccl only runs on CUDA tensors: use --device cuda"
     if gpus < 1:
         return "nccl needs a GPU and torch sees none"
-    if local_ranks > gpus:
+    if local_ranks > gpus and not ranks_as_hosts:
         return (f"nccl needs one GPU per rank: {local_ranks} ranks share {gpus} GPU(s) on this "
-                "machine (NCCL refuses two ranks on one GPU; smdccl and gloo do not)")
+                "machine (NCCL refuses two ranks on one GPU; smdccl and gloo do not; "
+                "--nccl-ranks-as-hosts makes every rank a host of its own to NCCL)")
     return None
 
 
-def default_backends(device_kind: str, local_ranks: int = 1) -> list[str]:
-    """smdccl and gloo; nccl too when it can run (CUDA tensors, a GPU per rank, >= 2 GPUs)."""
+def default_backends(device_kind: str, local_ranks: int = 1,
+                     ranks_as_hosts: bool = False) -> list[str]:
+    """smdccl and gloo; nccl too when it can run (CUDA tensors, a GPU per rank and
+    >= 2 GPUs, or any GPU with ``--nccl-ranks-as-hosts``)."""
     names = ["smdccl", "gloo"]
     gpus = torch.cuda.device_count() if device_kind == "cuda" else 0
-    if gpus >= 2 and nccl_unavailable(device_kind, local_ranks, gpus) is None:
+    if (gpus >= 2 or ranks_as_hosts) and \
+            nccl_unavailable(device_kind, local_ranks, gpus, ranks_as_hosts) is None:
         names.append("nccl")
     return names
+
+
+def ranks_as_hosts_env(rank: int, world_size: int, local_ranks: int, environ) -> dict:
+    """What ``--nccl-ranks-as-hosts`` sets on one rank before any group starts.
+
+    * ``NCCL_HOSTID``, a value of its own: NCCL takes its host identity from it,
+      so it treats every rank as a host and joins them through its socket
+      transport, as between nodes on Ethernet (the case smdccl is for), and
+      ranks sharing a GPU are no longer "duplicate GPUs";
+    * ``NCCL_SOCKET_IFNAME=lo`` where every rank is on this machine and the
+      variable is unset (the interface the "hosts" share);
+    * ``SMDCCL_TOPOLOGY`` = one rank per node (``1,1,...``) unless set, so that
+      smdccl too crosses a "network" between every pair of ranks; set it
+      (e.g. ``2x2``) to put smdccl's two-level layout beside NCCL's hosts.
+    """
+    env = {"NCCL_HOSTID": f"smdccl-bench-rank{rank}"}
+    if local_ranks == world_size and not environ.get("NCCL_SOCKET_IFNAME"):
+        env["NCCL_SOCKET_IFNAME"] = "lo"
+    if not environ.get("SMDCCL_TOPOLOGY"):
+        env["SMDCCL_TOPOLOGY"] = ",".join(["1"] * world_size)
+    return env
 
 
 def _local_ranks() -> int:
@@ -99,7 +126,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def open_group(name: str, world: World, timeout_s: float):
+def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool = False):
     """(group, None) when ``name`` works on every rank, else (None, reason).
 
     ``smdccl+fp16`` / ``smdccl+bf16``: an smdccl group with that compression
@@ -118,7 +145,8 @@ def open_group(name: str, world: World, timeout_s: float):
             err = f"cannot import smdccl ({describe(exc)})"
     elif base == "nccl":
         err = nccl_unavailable(world.device.type, _local_ranks(),
-                               torch.cuda.device_count() if world.device.type == "cuda" else 0)
+                               torch.cuda.device_count() if world.device.type == "cuda" else 0,
+                               ranks_as_hosts)
     if (err := first_error(world, err)) is not None:
         return None, err
 

@@ -30,6 +30,8 @@ examples:
   torchrun --nproc-per-node 2 -m smdccl.bench --collectives allreduce --sizes 4K,1M,64M \\
       --dtype bfloat16 --op max --json out.json --plot out.png
   torchrun --nproc-per-node 2 -m smdccl.bench --device cuda --backends smdccl,nccl
+  torchrun --nproc-per-node 4 -m smdccl.bench --device cuda --nccl-ranks-as-hosts \\
+      --backends nccl,smdccl,smdccl+fp16,gloo
 
 Sizes, counts and busbw follow nccl-tests (doc/PERFORMANCE.md); see
 `pydoc smdccl.bench.collectives` and `pydoc smdccl.bench.sweep` for the
@@ -81,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                       help="tensor device; cuda uses cuda:(LOCAL_RANK %% device count) "
                            "(default: cpu)")
+    what.add_argument("--nccl-ranks-as-hosts", action="store_true",
+                      help="with --device cuda: give every rank its own NCCL_HOSTID, so NCCL "
+                           "takes each rank for a host and joins them with its socket "
+                           "transport, as between nodes (and lets ranks share a GPU); sets "
+                           "NCCL_SOCKET_IFNAME=lo when all ranks are local and "
+                           "SMDCCL_TOPOLOGY=1,1,... unless they are set; nccl is then "
+                           "measured by default")
 
     size = p.add_argument_group("sizes (bytes; K/M/G suffixes are powers of 1024)")
     size.add_argument("--min-bytes", type=_size, default=parse_size("4K"), metavar="N",
@@ -134,6 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--op avg needs a floating-point --dtype")
     if args.iters is not None and args.iters < 1:
         parser.error("--iters must be >= 1")
+    if args.nccl_ranks_as_hosts and args.device != "cuda":
+        parser.error("--nccl-ranks-as-hosts needs --device cuda (NCCL runs on CUDA tensors)")
     if args.passes < 1:
         parser.error("--passes must be >= 1")
     if args.warmup < 0:
@@ -169,7 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from smdccl.bench import report
-    from smdccl.bench.backends import default_backends, init_world, open_group
+    from smdccl.bench.backends import default_backends, init_world, open_group, ranks_as_hosts_env
+
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if args.nccl_ranks_as_hosts:  # before any group exists: NCCL and smdccl read them at start
+        os.environ.update(ranks_as_hosts_env(int(os.environ.get("RANK", "0")),
+                                             int(os.environ.get("WORLD_SIZE", "1")),
+                                             local_ranks, os.environ))
     from smdccl.bench.progress import progress_bar
     from smdccl.bench.sweep import sweep
 
@@ -183,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         explicit = args.backends is not None
         names = args.backends if explicit else default_backends(
-            args.device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+            args.device, local_ranks, args.nccl_ranks_as_hosts)
         groups, unavailable = {}, {}
         for name in names:
-            group, err = open_group(name, world, args.timeout)
+            group, err = open_group(name, world, args.timeout, args.nccl_ranks_as_hosts)
             if group is None:
                 unavailable[name] = err
                 if explicit:

@@ -100,6 +100,10 @@ def header(world, args, backends: list[str]) -> dict:
         "sizes": list(args.size_list),
         "iters": args.iters or "auto",
         "passes": args.passes,
+        "nccl_ranks_as_hosts": bool(getattr(args, "nccl_ranks_as_hosts", False)),
+        # what it set (NCCL_HOSTID differs on every rank: not shown)
+        "ranks_as_hosts_env": {k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "SMDCCL_TOPOLOGY")
+                               if k in os.environ},
         "warmup": args.warmup,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command_line": command_line("smdccl.bench"),
@@ -122,7 +126,19 @@ def preamble(info: dict) -> str:
         "# time: per-call median on each rank, max over ranks"
         + (", median over passes" if passes > 1 else "")
         + "; algbw = size/time; busbw = algbw * nccl-tests factor"
+        + ranks_as_hosts_line(info)
     )
+
+
+def ranks_as_hosts_line(info: dict) -> str:
+    """The preamble's line saying that --nccl-ranks-as-hosts was used ('' if not)."""
+    if not info.get("nccl_ranks_as_hosts"):
+        return ""
+    env = info.get("ranks_as_hosts_env", {})
+    return ("\n# --nccl-ranks-as-hosts: every rank is a host of its own to NCCL (NCCL_HOSTID per "
+            f"rank; NCCL_SOCKET_IFNAME={env.get('NCCL_SOCKET_IFNAME', 'unset')}), so NCCL uses its "
+            f"socket transport between ranks, as between nodes; SMDCCL_TOPOLOGY="
+            f"{env.get('SMDCCL_TOPOLOGY', 'unset')}")
 
 
 #: passes of one size that differ by more than this factor are listed under the table
