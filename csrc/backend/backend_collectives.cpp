@@ -344,7 +344,8 @@ void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
     total += ts[i].numel();
   }
   WireOverflowCheck overflow(wire);
-  at::Tensor flat = at::empty({total}, ts[0].options());
+  at::Tensor flat = ts[0].is_cpu() ? scratch_.take(total, ts[0].scalar_type())
+                                   : at::empty({total}, ts[0].options());
   packInto(bytesOf(flat), ts);
   smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
   unpackFrom(bytesOf(flat), ts);
