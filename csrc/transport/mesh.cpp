@@ -36,6 +36,16 @@ Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
   }
 }
 
+Mesh::Mesh(KVStore& store, const MeshConfig& cfg, std::vector<std::unique_ptr<Link>> links,
+           Doorbell* myBell)
+    : store_(store), cfg_(cfg), links_(std::move(links)), givenBell_(myBell), p2pOut_(cfg.size, -1),
+      p2pIn_(cfg.size, -1), addrCache_(cfg.size),
+      collectiveFds_(new std::atomic<int>[static_cast<size_t>(cfg.size)]) {
+  for (int r = 0; r < cfg.size; ++r) collectiveFds_[r].store(-1);
+  links_.resize(cfg.size);
+  localRanks_ = cfg_.topology.localRanks(cfg_.rank);
+}
+
 Mesh::~Mesh() {
   for (int fd : p2pOut_)
     if (fd >= 0) close(fd);

@@ -35,6 +35,12 @@ class Mesh {
  public:
   // Collective: every rank of the group constructs its Mesh at the same time.
   Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline);
+  // A mesh over links made by the caller, one per peer (nullptr for this
+  // rank), with this rank's doorbell that they ring: threads of one process
+  // as ranks, on any topology (the in-process algorithm tests). No
+  // listener, no send/recv sockets.
+  Mesh(KVStore& store, const MeshConfig& cfg, std::vector<std::unique_ptr<Link>> links,
+       Doorbell* myBell);
   ~Mesh();
 
   int rank() const { return cfg_.rank; }
@@ -44,7 +50,7 @@ class Mesh {
   // Local ranks of this node, ascending (always includes this rank).
   const std::vector<int>& localRanks() const { return localRanks_; }
   // Shared-memory doorbell of this rank, if any peer is on this node.
-  Doorbell* myBell() const { return shm_ ? &shm_->myBell() : nullptr; }
+  Doorbell* myBell() const { return shm_ ? &shm_->myBell() : givenBell_; }
   const ShmNode* shmNode() const { return shm_.get(); }
   // "ip:port" of this process's listener ("" for a one-rank group).
   std::string listenAddress() const { return listener_ ? listener_->address() : ""; }
@@ -93,6 +99,7 @@ class Mesh {
   std::shared_ptr<ShmNode> shm_;
   TcpListener* listener_ = nullptr;
   std::vector<std::unique_ptr<Link>> links_;
+  Doorbell* givenBell_ = nullptr;
   std::mutex p2pMu_;
   std::vector<int> p2pOut_, p2pIn_;
   std::mutex addrMu_;  // addrCache_: the progress thread and send threads both connect

@@ -136,6 +136,11 @@ ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)
   cap_ = node_->ringBytes();
 }
 
+ShmLink::ShmLink(int peerRank, ShmRingHeader* out, ShmRingHeader* in, char* outData, char* inData,
+                 Doorbell* peerBell, size_t ringBytes)
+    : peer_(peerRank), out_(out), in_(in), outData_(outData), inData_(inData), peerBell_(peerBell),
+      cap_(ringBytes) {}
+
 size_t ShmLink::send(const void* buf, size_t n) {
   uint64_t tail = out_->tail.value.load(std::memory_order_acquire);
   size_t space = cap_ - static_cast<size_t>(sendPos_ - tail);

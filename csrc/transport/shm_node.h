@@ -70,6 +70,10 @@ class ShmNode {
 class ShmLink : public Link {
  public:
   ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank);
+  // A ring pair in memory the caller owns and keeps alive (threads of one
+  // process: the in-process algorithm tests).
+  ShmLink(int peerRank, ShmRingHeader* out, ShmRingHeader* in, char* outData, char* inData,
+          Doorbell* peerBell, size_t ringBytes);
   int peer() const override { return peer_; }
   size_t send(const void* buf, size_t n) override;
   size_t recv(void* buf, size_t n) override;
