@@ -61,6 +61,13 @@ Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, DType dtype,
              roundTo);
 }
 
+int Exchange::join(int a, int b) {
+  if (a < 0 || b < 0 || a == b) return a < 0 ? b : a;
+  t_.push_back({nullptr, Kind::Join, nullptr, 0, 0, DType::U8, RedOp::Sum, {a, -1}, -1});
+  t_.back().after2 = b;
+  return static_cast<int>(t_.size()) - 1;
+}
+
 namespace {
 constexpr size_t kWireStageElems = 32 << 10;  // 64 KiB of 16-bit values per transfer in flight
 }
@@ -148,6 +155,11 @@ bool Exchange::progressOnce(bool* allDone) {
       *allDone = false;
       continue;
     }
+    if (t.kind == Kind::Join) {
+      t.finished = true;
+      progressed = true;
+      continue;
+    }
     try {
       if (move(t)) progressed = true;
     } catch (const CommError& e) {
@@ -204,6 +216,7 @@ void Exchange::run() {
 
 bool Exchange::depsDone(const Transfer& t) const {
   return (t.deps.after < 0 || t_[t.deps.after].finished) &&
+         (t.after2 < 0 || t_[t.after2].finished) &&
          (t.prevOnLink < 0 || t_[t.prevOnLink].finished);
 }
 
@@ -320,7 +333,7 @@ void Exchange::timeout() {
   };
   std::vector<Waiting> open;
   for (auto& t : t_) {
-    if (t.finished) continue;
+    if (t.finished || !t.link) continue;
     bool send = t.kind == Kind::Send;
     auto same = [&](const Waiting& w) {
       return w.send == send && w.peer == t.link->peer() && std::strcmp(w.kind, t.link->kind()) == 0;

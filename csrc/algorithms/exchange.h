@@ -51,12 +51,15 @@ class Exchange {
   // value its peers receive.
   Exchange& recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
                        Deps deps = {}, Wire wire = Wire::F32, Wire roundTo = Wire::F32);
+  // An index that finishes once both `a` and `b` have (-1: nothing to wait
+  // for): what a schedule returns when its end is on several links.
+  int join(int a, int b);
   int size() const { return static_cast<int>(t_.size()); }
   // Runs everything added since the last run() to completion.
   void run();
 
  private:
-  enum class Kind { Send, Recv, RecvReduce };
+  enum class Kind { Send, Recv, RecvReduce, Join };
   struct Transfer {
     Link* link;
     Kind kind;
@@ -67,6 +70,7 @@ class Exchange {
     RedOp op;
     Deps deps;
     int prevOnLink;  // the transfer before this one on the same link and direction
+    int after2 = -1;  // Join: the second transfer it waits for (deps.after the first)
     Wire wire = Wire::F32;
     Wire roundTo = Wire::F32;
     // 16-bit wire: packed elements in flight. A send's staging starts at
