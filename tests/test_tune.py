@@ -242,7 +242,7 @@ def _write(tmp_path, **keys) -> Path:
 def test_two_nodes_small_allreduce_picks_a_latency_algorithm():
     algo, est, _ = _plan("allreduce", 4 * KB, 4, 2, 2)
     assert algo in ("rd", "two_level_rd")
-    assert set(est) == {"rd", "ring", "two_level", "two_level_rd"}
+    assert set(est) == {"rd", "ring", "halving", "tree", "two_level", "two_level_rd", "two_level_tree"}
     assert est[algo] == min(est.values())
     assert est["ring"] > 2 * est[algo]  # 6 inter-node latencies vs 1
 
@@ -255,7 +255,7 @@ def test_two_nodes_large_allreduce_picks_two_level():
 
 def test_one_node_picks_rd_then_ring():
     small, est, _ = _plan("allreduce", 4 * KB, 4, 1, 4)
-    assert small == "rd" and set(est) == {"rd", "ring"}
+    assert small == "rd" and set(est) == {"rd", "ring", "halving", "tree"}
     large, est, _ = _plan("allreduce", 64 * MB, 4, 1, 4)
     assert large == "ring" and est["ring"] < est["rd"]
 
@@ -312,6 +312,82 @@ def test_smdccl_algo_ring_forces_ring(monkeypatch):
     monkeypatch.setenv("SMDCCL_ALGO", "fastest")
     with pytest.raises(ValueError, match="SMDCCL_ALGO"):
         _plan("allreduce", 4 * KB, 4, 2, 2)
+
+
+def test_registry_lists_every_algorithm_and_what_it_runs():
+    algos = dict(_C.algorithms())
+    assert list(algos)[:2] == ["ring", "rd"]
+    assert set(algos) >= {"ring", "rd", "halving", "tree", "direct", "chain", "two_level",
+                          "two_level_rd", "two_level_tree"}
+    assert set(algos["tree"]) == {"allreduce", "broadcast", "reduce"}
+    assert set(algos["halving"]) == {"allreduce", "reduce_scatter", "reduce"}
+    assert set(algos["two_level_tree"]) == {"allreduce", "broadcast"}
+    for name, colls in algos.items():  # every collective has somebody, every algorithm a job
+        assert colls, name
+    for coll in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
+        assert any(coll in c for c in algos.values()), coll
+
+
+def test_smdccl_algo_per_collective(monkeypatch):
+    monkeypatch.setenv("SMDCCL_ALGO", "allreduce:tree,allgather:ring")
+    assert _plan("allreduce", 4 * KB, 8, 8, 1)[0] == "tree"
+    assert _plan("allgather", 4 * KB, 8, 8, 1)[0] == "ring"
+    assert _plan("broadcast", 4 * KB, 8, 8, 1)[0] == _plan_auto("broadcast", 4 * KB, 8, 8, 1)
+    # a name for all, then one collective differently
+    monkeypatch.setenv("SMDCCL_ALGO", "ring,allreduce:halving")
+    assert _plan("allreduce", 64 * MB, 4, 1, 4)[0] == "halving"
+    assert _plan("reduce_scatter", 64 * MB, 4, 1, 4)[0] == "ring"
+    assert _plan("broadcast", 64 * MB, 4, 1, 4)[0] == "chain"
+    # two-level forms fall back to their flat form on one node
+    monkeypatch.setenv("SMDCCL_ALGO", "allreduce:two_level_tree")
+    assert _plan("allreduce", 4 * KB, 8, 1, 8)[0] == "tree"
+    assert _plan("allreduce", 4 * KB, 8, 2, 4)[0] == "two_level_tree"
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("fastest", "'fastest' is not a registered algorithm"),
+    ("allreduce:direct", "'direct' does not run allreduce"),
+    ("gather:ring", "'gather' is not a collective"),
+    ("allreduce:nope", "'nope' is not a registered algorithm"),
+])
+def test_smdccl_algo_errors_name_the_problem(spec, msg, monkeypatch):
+    monkeypatch.setenv("SMDCCL_ALGO", spec)
+    with pytest.raises(ValueError) as exc:
+        _plan("allreduce", 4 * KB, 4, 2, 2)
+    assert msg in str(exc.value) and "auto, ring, rd" in str(exc.value), str(exc.value)
+
+
+def _plan_auto(collective, nbytes, ranks, nodes, max_local):
+    saved = os.environ.pop("SMDCCL_ALGO", None)
+    try:
+        return _plan(collective, nbytes, ranks, nodes, max_local)[0]
+    finally:
+        if saved is not None:
+            os.environ["SMDCCL_ALGO"] = saved
+
+
+def test_many_single_rank_nodes_use_latency_friendly_schedules():
+    # 8 hosts x 1 rank (the emulated cluster's shape): halving beats the
+    # ring's 14 latencies at mid sizes; 12 hosts, not a power of two: the
+    # double tree beats halving's fold.
+    assert _plan("allreduce", 256 * KB, 8, 8, 1)[0] == "halving"
+    assert _plan("allreduce", 256 * KB, 12, 12, 1)[0] == "tree"
+    assert _plan("allreduce", 4 * KB, 8, 8, 1)[0] == "rd"
+    assert _plan("allreduce", 256 * KB, 64, 8, 8)[0] == "two_level_tree"
+
+
+def test_reduce_is_planned_on_its_own():
+    algo, est, _ = _plan("reduce", 4 * KB, 8, 8, 1)
+    assert algo == "tree" and set(est) == {"tree", "ring", "halving"}
+    big, est, _ = _plan("reduce", 64 * MB, 8, 1, 8)
+    assert big in ("ring", "halving") and est[big] < est["tree"]
+
+
+def test_wire16_halves_the_inter_node_bytes_and_leaves_the_ring_out():
+    _, plain, _ = _plan("allreduce", 64 * MB, 8, 8, 1)
+    algo, wired, _ = _C.plan("allreduce", 64 * MB, 8, 8, 1, True, "", True)
+    assert wired["halving"] < 0.6 * plain["halving"]
+    assert algo != "ring"  # chained 16-bit roundings: not the model's pick on every-hop wires
 
 
 def test_profile_changes_the_choice(tmp_path):

@@ -1,32 +1,17 @@
-// Broadcast: a binomial tree for small messages (log2(p) hops), a pipelined
-// chain along the ring for large ones (every link busy, ~1x the bytes per
-// link once the pipeline is full).
+// Broadcast down a pipelined chain along the ring order: for large
+// messages every link is busy and carries ~1x the bytes once the pipeline
+// is full (the binomial tree, tree.cpp, takes log2(p) whole-message hops).
 #include <algorithm>
 
+#include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
+#include "algorithms/select.h"
 
 namespace smdccl {
 
-void treeBroadcast(Comm& c, char* buf, size_t bytes, int root) {
-  int p = c.size();
-  if (p == 1) return;
-  int vr = (c.rank() - root + p) % p;
-  Exchange ex = c.exchange();
-  int mask = 1;
-  while (mask < p) mask <<= 1;
-  // Receive from the parent (the rank that differs in our lowest set bit)...
-  for (int m = 1; m < p; m <<= 1) {
-    if (vr & m) {
-      ex.recv(c.link(((vr - m) + root) % p), buf, bytes).run();
-      break;
-    }
-  }
-  // ...then send to children, largest subtree first.
-  int low = vr == 0 ? mask : (vr & -vr);
-  for (int m = low >> 1; m >= 1; m >>= 1)
-    if (vr + m < p) ex.send(c.link((vr + m + root) % p), buf, bytes);
-  ex.run();
-}
+namespace {
+constexpr size_t kChunk = 512 << 10;
+}  // namespace
 
 void chainBroadcast(Comm& c, char* buf, size_t bytes, int root) {
   int p = c.size();
@@ -37,7 +22,6 @@ void chainBroadcast(Comm& c, char* buf, size_t bytes, int root) {
   int hop = (pos - rootPos + p) % p;
   Link* prev = hop > 0 ? &c.link(c.ring[(pos - 1 + p) % p]) : nullptr;
   Link* next = hop < p - 1 ? &c.link(c.ring[(pos + 1) % p]) : nullptr;
-  constexpr size_t kChunk = 512 << 10;
   size_t chunks = std::max<size_t>(1, (bytes + kChunk - 1) / kChunk);
   Exchange ex = c.exchange();
   // Step k receives chunk k while forwarding chunk k-1.
@@ -52,6 +36,30 @@ void chainBroadcast(Comm& c, char* buf, size_t bytes, int root) {
     }
     ex.run();
   }
+}
+
+namespace {
+
+class Chain final : public Algorithm {
+ public:
+  const char* name() const override { return "chain"; }
+  bool serves(Collective c) const override { return c == Collective::Broadcast; }
+  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+    const GroupShape& g = s.g;
+    int p = g.ranks, crossings = g.nodes - 1;
+    double hops = (p - 1 - crossings) * m.intra.alphaUs * 1e-6 + crossings * m.inter.alphaUs * 1e-6;
+    return hops + Costs{m, g}.bottleneck().bytesSeconds(bytes + (p - 2) * std::min<double>(bytes, kChunk));
+  }
+  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    chainBroadcast(comm, a.buf, a.bytes, a.root);
+  }
+};
+
+}  // namespace
+
+const Algorithm& chainAlgorithm() {
+  static const Chain a;
+  return a;
 }
 
 }  // namespace smdccl

@@ -10,10 +10,9 @@
 
 namespace smdccl {
 
-namespace {
-
-GroupShape shapeOf(const Comm& c) {
-  GroupShape g;
+Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
+  Situation s;
+  GroupShape& g = s.g;
   g.ranks = c.size();
   if (c.levels && c.members.empty()) {
     g.nodes = c.levels->numNodes();
@@ -22,8 +21,13 @@ GroupShape shapeOf(const Comm& c) {
   } else {
     g.maxLocal = g.ranks;
   }
-  return g;
+  s.someHop16 = c.compressesSomeHop(dt);
+  s.everyHop16 = c.compressesEveryHop(dt);
+  s.pipelineChunkBytes = t.pipelineChunkBytes;
+  return s;
 }
+
+namespace {
 
 std::string sizeLabel(size_t bytes) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -36,58 +40,34 @@ std::string sizeLabel(size_t bytes) {
   return std::to_string(v) + " " + unit[u];
 }
 
-// SMDCCL_DEBUG=INFO: each (collective, group shape, power-of-two size range)
-// -> algorithm decision is logged once per process, with the model's estimates.
-void logDecision(Collective coll, size_t bytes, const GroupShape& g, Algo chosen,
-                 const Tuning& t, const char* note) {
+// SMDCCL_DEBUG=INFO: each (collective, group shape, wire, power-of-two size
+// range) -> algorithm decision is logged once per process, with every
+// candidate's estimate.
+void logDecision(Collective coll, size_t bytes, const Situation& s, const Choice& chosen,
+                 const Tuning& t) {
   if (!logEnabled(LogLevel::Info)) return;
   static std::mutex mu;
-  static std::set<std::tuple<int, int, int, bool, int, std::string>> seen;
+  static std::set<std::tuple<int, int, int, bool, bool, int>> seen;
+  const GroupShape& g = s.g;
   int bucket = bytes ? static_cast<int>(std::log2(static_cast<double>(bytes))) : -1;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!seen.insert({static_cast<int>(coll), g.ranks, g.nodes, g.uniform, bucket, note}).second) return;
+    if (!seen.insert({static_cast<int>(coll), g.ranks, g.nodes, g.uniform, s.someHop16, bucket}).second)
+      return;
   }
   size_t lo = bucket < 0 ? 0 : size_t{1} << bucket;
   std::string est;
-  for (Algo a : candidates(coll, g))
-    est += strCat(est.empty() ? "" : ", ", algoName(a), " ",
-                  static_cast<int64_t>(estimateSeconds(coll, a, static_cast<double>(bytes), g,
-                                                       t.model, t.pipelineChunkBytes) * 1e6),
-                  " us");
+  for (const auto& [a, sec] : estimates(coll, static_cast<double>(bytes), s, t.model))
+    est += strCat(est.empty() ? "" : ", ", a->name(), " ", static_cast<int64_t>(sec * 1e6), " us");
   SMDCCL_INFO(collectiveName(coll), " [", sizeLabel(lo), ", ", sizeLabel(lo ? lo * 2 : 1), ") on ",
-              g.ranks, " ranks / ", g.nodes, g.nodes == 1 ? " node" : " nodes", " -> ",
-              algoName(chosen), note, t.forced ? " (forced by SMDCCL_ALGO)" : "", "; model: ", est);
+              g.ranks, " ranks / ", g.nodes, g.nodes == 1 ? " node" : " nodes",
+              s.someHop16 ? " (16-bit wire)" : "", " -> ", chosen.algo->name(),
+              chosen.forced ? " (forced by SMDCCL_ALGO)" : "", "; model: ", est);
 }
 
 const std::string& trackOf(const Comm& c) {
   static const std::string none = "-";
   return c.ctx.group ? *c.ctx.group : none;
-}
-
-// `halving`: a ring would run as recursive halving/doubling (prefersHalving).
-Algo decide(Collective coll, size_t bytes, const Comm& c, const Tuning& t, bool halving = false) {
-  GroupShape g = shapeOf(c);
-  Algo a = choose(coll, bytes, g, t);
-  const char* note = halving && a == Algo::Ring ? " as recursive halving (16-bit hops)" : "";
-  logDecision(coll, bytes, g, a, t, note);
-  SMDCCL_TRACE(c.ctx.describe(), ": ", collectiveName(coll), " of ", bytes, " B -> ", algoName(a),
-               note);
-  return a;
-}
-
-// The span that shows the chosen algorithm in SMDCCL_TRACE's timeline.
-trace::Span algorithmSpan(const Comm& c, Algo a, size_t bytes, bool halving = false) {
-  return trace::Span(trace::enabled() ? strCat(algoName(a), halving && a == Algo::Ring ? " (halving)" : "",
-                                               ", ", bytes, " B")
-                                      : std::string(),
-                     "algorithm", trackOf(c));
-}
-
-// A flat ring over compressed hops runs as recursive halving, for accuracy
-// (prefersHalving), unless SMDCCL_ALGO=ring asks for the ring itself.
-bool flatHalving(const Comm& c, DType dt, const Tuning& t) {
-  return prefersHalving(c, dt) && !(t.forced && *t.forced == Algo::Ring);
 }
 
 // With a 16-bit wire the compressed levels move half the bytes.
@@ -99,66 +79,67 @@ Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
   return w;
 }
 
-}  // namespace
-
-void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& given) {
-  if (c.size() == 1 || count == 0) return;
+void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, size_t bytes, DType dt,
+              const Tuning& given) {
   Tuning t = forWire(c, dt, given);
-  bool halving = flatHalving(c, dt, t);
-  Algo a = decide(Collective::Allreduce, count * elementSize(dt), c, t, halving);
-  trace::Span span = algorithmSpan(c, a, count * elementSize(dt), halving);
-  switch (a) {
-    case Algo::Ring:
-      if (halving) halvingAllreduce(c, buf, count, dt, op, t.pipelineChunkBytes);
-      else ringAllreduce(c, buf, count, dt, op);
-      break;
-    case Algo::TwoLevelRing: twoLevelAllreduce(c, buf, count, dt, op, t.pipelineChunkBytes); break;
-    case Algo::TwoLevelRd: twoLevelRdAllreduce(c, buf, count, dt, op); break;
-    default: recursiveDoublingAllreduce(c, buf, count, dt, op); break;
-  }
+  Situation s = situationOf(c, dt, t);
+  Choice choice = choose(coll, bytes, s, t);
+  logDecision(coll, bytes, s, choice, t);
+  SMDCCL_TRACE(c.ctx.describe(), ": ", collectiveName(coll), " of ", bytes, " B -> ",
+               choice.algo->name());
+  trace::Span span(trace::enabled() ? strCat(choice.algo->name(), ", ", bytes, " B") : std::string(),
+                   "algorithm", trackOf(c));
+  choice.algo->run(coll, c, a, t);
 }
 
-void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& given) {
+}  // namespace
+
+void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t) {
+  if (c.size() == 1 || count == 0) return;
+  CollectiveArgs a;
+  a.buf = buf;
+  a.count = count;
+  a.dt = dt;
+  a.op = op;
+  dispatch(Collective::Allreduce, c, a, count * elementSize(dt), dt, t);
+}
+
+void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t) {
   if (c.size() == 1) return;
-  Tuning t = forWire(c, dt, given);
-  size_t total = b.total();
-  bool halving = flatHalving(c, dt, t);
-  Algo a = decide(Collective::ReduceScatter, total, c, t, halving);
-  trace::Span span = algorithmSpan(c, a, total, halving);
-  switch (a) {
-    case Algo::RecursiveDoubling:
-      // Tiny: one latency-optimal allreduce of everything beats p-1 ring steps.
-      // Blocks are consecutive here (the backend packs them).
-      recursiveDoublingAllreduce(c, buf + b.offset[0], total / elementSize(dt), dt, op);
-      break;
-    case Algo::TwoLevelRing: twoLevelReduceScatter(c, buf, b, dt, op); break;
-    default:
-      if (halving) halvingReduceScatter(c, buf, b, dt, op);
-      else ringReduceScatter(c, buf, b, dt, op);
-      break;
-  }
+  CollectiveArgs a;
+  a.buf = buf;
+  a.dt = dt;
+  a.op = op;
+  a.blocks = &b;
+  dispatch(Collective::ReduceScatter, c, a, b.total(), dt, t);
 }
 
 void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t) {
   if (c.size() == 1) return;
-  Algo a = decide(Collective::Allgather, b.total(), c, t);
-  trace::Span span = algorithmSpan(c, a, b.total());
-  switch (a) {
-    case Algo::Direct: directAllgather(c, buf, b); break;
-    case Algo::TwoLevelRing: twoLevelAllgather(c, buf, b); break;
-    default: ringAllgather(c, buf, b); break;
-  }
+  CollectiveArgs a;
+  a.buf = buf;
+  a.blocks = &b;
+  dispatch(Collective::Allgather, c, a, b.total(), DType::U8, t);
 }
 
 void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t) {
   if (c.size() == 1) return;
-  Algo a = decide(Collective::Broadcast, bytes, c, t);
-  trace::Span span = algorithmSpan(c, a, bytes);
-  switch (a) {
-    case Algo::Chain: chainBroadcast(c, buf, bytes, root); break;
-    case Algo::TwoLevelTree: twoLevelBroadcast(c, buf, bytes, root); break;
-    default: treeBroadcast(c, buf, bytes, root); break;
-  }
+  CollectiveArgs a;
+  a.buf = buf;
+  a.bytes = bytes;
+  a.root = root;
+  dispatch(Collective::Broadcast, c, a, bytes, DType::U8, t);
+}
+
+void reduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root, const Tuning& t) {
+  if (c.size() == 1 || count == 0) return;
+  CollectiveArgs a;
+  a.buf = buf;
+  a.count = count;
+  a.dt = dt;
+  a.op = op;
+  a.root = root;
+  dispatch(Collective::Reduce, c, a, count * elementSize(dt), dt, t);
 }
 
 void barrier(Comm& c) {

@@ -11,6 +11,12 @@ void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, cons
 // On entry block rank() of buf is filled; on return all blocks are.
 void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t);
 void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t);
+// On return root's buf holds the reduction; elsewhere buf is scratch (its
+// contents are undefined).
+void reduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root, const Tuning& t);
 void barrier(Comm& c);
+
+// What selection sees of `c` for a collective on dt.
+Situation situationOf(const Comm& c, DType dt, const Tuning& t);
 
 }  // namespace smdccl

@@ -5,6 +5,11 @@
 
 namespace smdccl {
 
+const Hierarchy& levelsOf(const Comm& c) {
+  if (!c.levels) throw std::logic_error("two-level algorithm on a Comm without levels");
+  return *c.levels;
+}
+
 int Comm::ringPosition() const {
   auto it = std::find(ring.begin(), ring.end(), rank());
   if (it == ring.end()) throw std::logic_error("rank missing from ring order");
@@ -34,6 +39,16 @@ bool Comm::compressesSomeHop(DType dt) const {
   for (int r = 1; r < size(); ++r)
     if (!topo.sameNode(groupRank(0), groupRank(r))) return true;
   return false;
+}
+
+bool Comm::compressesEveryHop(DType dt) const {
+  if (!compressesSomeHop(dt)) return false;
+  if (wireIntra) return true;
+  const Topology& topo = mesh.topology();
+  for (int a = 0; a < size(); ++a)
+    for (int b = a + 1; b < size(); ++b)
+      if (topo.sameNode(groupRank(a), groupRank(b))) return false;
+  return true;
 }
 
 Blocks Blocks::even(size_t count, int parts, size_t elemSize) {

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "algorithms/cost_model.h"
 #include "algorithms/exchange.h"
 #include "algorithms/op_context.h"
 #include "transport/mesh.h"
@@ -38,6 +39,8 @@ struct Comm {
   // wireIntra compresses inside nodes too). Decided from the topology, so
   // every rank gets the same answer.
   bool compressesSomeHop(DType dt) const;
+  // ... and every hop of it does (wireIntra, or no two ranks share a node).
+  bool compressesEveryHop(DType dt) const;
   // What a schedule over this Comm rounds its final results to: the wire
   // where some hop is compressed (a rank that received a value over such a
   // hop holds it at the wire's precision, so the rank that computed it must
@@ -46,6 +49,9 @@ struct Comm {
   // The Comm of the given group ranks (this rank among them), ring in that order.
   Comm sub(const std::vector<int>& groupRanks) const;
 };
+
+// c.levels, for a two-level algorithm (throws logic_error without them).
+const Hierarchy& levelsOf(const Comm& c);
 
 // Byte ranges of a buffer, one per group rank.
 struct Blocks {
@@ -75,14 +81,18 @@ void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 // On entry block rank() of buf holds this rank's data; on return all blocks are filled.
 void ringAllgather(Comm& c, char* buf, const Blocks& b);
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
+// A ring reduce-scatter, then every block to the root.
+void ringReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root);
 void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 
-// ---- recursive halving / doubling (halving.cpp) ----
-// Whether c reduces float32 by halving rather than by the ring: every hop of
-// c carries a 16-bit wire and c.size() is a power of two above 2. Pairwise
-// partial sums round less, and smaller values, than a ring's chain.
+// ---- recursive halving / doubling, Rabenseifner (halving.cpp) ----
+// Whether c's reduce-scatter phases run as halving rather than as a ring:
+// every hop of c carries a 16-bit wire and c.size() > 2. Pairwise partial
+// sums round less, and smaller values, than a ring's chain.
 bool prefersHalving(const Comm& c, DType dt);
-// appendRing's contract, for a power-of-two c: block r ends on rank r.
+// appendRing's contract for any group size: a group that is not a power of
+// two first folds the first 2*(p - 2^k) ranks pairwise (the even one hands
+// its data to the odd one) and hands the results back at the end.
 int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
                   bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
 // appendHalving where prefersHalving(c, dt) and a reduction is asked for, else appendRing.
@@ -94,17 +104,42 @@ int appendReduceScatterAllgather(Exchange& ex, Comm& c, char* buf, const Blocks&
 void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);
 void halvingReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 
-// ---- two levels: intra-node shared memory, inter-node links (two_level.cpp) ----
-// c must be the whole group (c.levels set).
-void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);
+// ---- trees (tree.cpp) ----
+// Double binary tree allreduce appended to `ex`: two complementary binary
+// trees over c's ranks each reduce and broadcast half of [buf, buf +
+// count), cut into `chunks` pieces that stream up and down at once.
+// `startAfter` must finish before anything touches buf. Returns an index
+// that finishes when this rank's result is complete.
+int appendDoubleTree(Exchange& ex, Comm& c, char* buf, size_t count, DType dt, RedOp op,
+                     size_t chunks, int startAfter = -1);
+// The parent and children (-1: none) of rank r in the in-order binary tree
+// over 0..p-1 (tree 0), or in its shifted complement (tree 1), where most
+// of tree 0's leaves are interior. Pure: unit-tested.
+struct TreeLinks {
+  int parent = -1, child0 = -1, child1 = -1;
+};
+TreeLinks binaryTreeLinks(int r, int p, int tree);
+void treeBroadcast(Comm& c, char* buf, size_t bytes, int root);
+// Binomial tree reduce: on return root's buf holds the reduction.
+void treeReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root);
+// Chunks the double tree cuts `bytes` into: the minimum of the pipeline's
+// estimate (fill and drain of 2*depth steps against per-chunk latency).
+size_t doubleTreeChunks(double bytes, int p, const LevelCost& link);
+double doubleTreeSeconds(double bytes, int p, const LevelCost& link, double reduceGbps);
+
+// ---- two levels: intra-node shared memory, inter-node links (two_level*.cpp) ----
+// c must be the whole group (c.levels set). How the pipelined two-level
+// allreduce reduces each shard across nodes.
+enum class AcrossNodes { Ring, DoubleTree };
+void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes,
+                       AcrossNodes across = AcrossNodes::Ring, const LevelCost* interLink = nullptr);
 void twoLevelRdAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 // Uniform nodes only (every node the same number of ranks).
 void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 void twoLevelAllgather(Comm& c, char* buf, const Blocks& b);
 void twoLevelBroadcast(Comm& c, char* buf, size_t bytes, int root);
 
-// ---- one-to-all, all-to-one, all-to-all (broadcast.cpp, direct.cpp) ----
-void treeBroadcast(Comm& c, char* buf, size_t bytes, int root);
+// ---- one-to-all, all-to-one, all-to-all (chain.cpp, direct.cpp) ----
 void chainBroadcast(Comm& c, char* buf, size_t bytes, int root);
 // Every rank sends its block to every other rank in one round.
 void directAllgather(Comm& c, char* buf, const Blocks& b);
@@ -113,6 +148,10 @@ void directAlltoall(Comm& c, const char* in, const Blocks& sendBlocks, char* out
                     const Blocks& recvBlocks);
 // Root receives block r of `out` from rank r (its own block is copied by the caller).
 void directGather(Comm& c, const char* in, size_t bytes, char* out, const Blocks& b, int root);
+// Seconds for appendGather of `bytes` in all (the model's term; direct.cpp).
+double gatherSeconds(double bytes, const Costs& k);
+// In place: block r of buf goes from rank r to root, after `startAfter`.
+void appendGather(Exchange& ex, Comm& c, char* buf, const Blocks& b, int root, int startAfter);
 void directScatter(Comm& c, const char* in, const Blocks& b, char* out, size_t bytes, int root);
 
 }  // namespace smdccl

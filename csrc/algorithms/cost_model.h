@@ -41,32 +41,32 @@ struct GroupShape {
   bool uniform = true;
 };
 
-enum class Algo {
-  Ring,           // flat ring (node-major), reduce-scatter + allgather
-  RecursiveDoubling,
-  TwoLevelRing,   // intra reduce-scatter -> inter ring per shard -> intra allgather, pipelined
-  TwoLevelRd,     // intra recursive doubling -> inter recursive doubling
-  Direct,         // every block to every rank in one round (allgather)
-  Tree,           // binomial tree (broadcast)
-  Chain,          // pipelined chain (broadcast)
-  TwoLevelTree,   // tree across nodes, then inside each node (broadcast)
-};
-const char* algoName(Algo a);
+// Per-message software cost of one more chunk in a pipeline (syscalls,
+// bookkeeping): what stops a pipelined scheme from cutting chunks forever.
+constexpr double kPerMessageUs = 2.0;
 
-enum class Collective { Allreduce, ReduceScatter, Allgather, Broadcast };
-const char* collectiveName(Collective c);
-
-// Algorithms that can run `c` on this shape (two-level ones need >1 node;
-// reduce-scatter/allgather's two-level form needs uniform nodes).
-std::vector<Algo> candidates(Collective c, const GroupShape& g);
-// Estimated seconds for `bytes` (allreduce/broadcast: the tensor;
-// reduce-scatter/allgather: the whole buffer of all ranks' blocks).
-double estimateSeconds(Collective c, Algo a, double bytes, const GroupShape& g,
-                       const CostModel& m, size_t pipelineChunkBytes);
-// The candidate with the lowest estimate.
-Algo cheapest(Collective c, double bytes, const GroupShape& g, const CostModel& m,
-              size_t pipelineChunkBytes);
-// Chunks the pipelined two-level allreduce cuts `bytes` into.
+// Chunks a pipelined schedule cuts `bytes` into (at most 64).
 size_t pipelineChunks(size_t bytes, size_t chunkBytes);
+int floorLog2(int p);
+int ceilLog2(int p);
+
+// Cost terms several algorithms' estimates share (each algorithm's file
+// composes its own estimate from them).
+struct Costs {
+  const CostModel& m;
+  const GroupShape& g;
+  double reduceSeconds(double bytes) const { return bytes / (m.reduceGbps * 1e9); }
+  // The level a flat algorithm's slowest hop runs on.
+  const LevelCost& bottleneck() const { return g.nodes > 1 ? m.inter : m.intra; }
+  // A streaming ring of `steps` steps moving `stepBytes` each through its
+  // slowest link, `reduceSteps` of them adding.
+  double ring(int steps, double stepBytes, int reduceSteps) const;
+  // Recursive doubling over the flat group, whole message every round.
+  double rd(double bytes) const;
+  // Recursive doubling inside one node of `local` ranks.
+  double rdLocal(double bytes, int local) const;
+  // A binomial tree moving the whole message down (or up) the group.
+  double binomialTree(double bytes) const;
+};
 
 }  // namespace smdccl

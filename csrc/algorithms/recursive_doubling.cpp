@@ -5,7 +5,9 @@
 // with bitwise-identical results.
 #include <memory>
 
+#include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
+#include "algorithms/select.h"
 #include "kernels/cpu/reduce.h"
 
 namespace smdccl {
@@ -60,6 +62,44 @@ void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedO
     if (r % 2 == 0) ex.recv(c.link(r + 1), buf, bytes, {}, wireTo(r + 1)).run();
     else ex.send(c.link(r - 1), buf, bytes, {}, wireTo(r - 1)).run();
   }
+}
+
+namespace {
+
+class RecursiveDoubling final : public Algorithm {
+ public:
+  const char* name() const override { return "rd"; }
+  bool serves(Collective c) const override {
+    return c == Collective::Allreduce || c == Collective::ReduceScatter;
+  }
+  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+    return Costs{m, s.g}.rd(bytes);  // reduce-scatter: an allreduce of everything
+  }
+  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    if (c == Collective::Allreduce) {
+      recursiveDoublingAllreduce(comm, a.buf, a.count, a.dt, a.op);
+      return;
+    }
+    // Tiny reduce-scatter: one latency-optimal allreduce of everything beats
+    // p-1 ring steps. Blocks are consecutive here (the backend packs them).
+    const Blocks& b = *a.blocks;
+    recursiveDoublingAllreduce(comm, a.buf + b.offset[0], b.total() / elementSize(a.dt), a.dt, a.op);
+  }
+  const char* kin(Collective c) const override {
+    switch (c) {
+      case Collective::Allgather: return "direct";
+      case Collective::Broadcast:
+      case Collective::Reduce: return "tree";
+      default: return nullptr;
+    }
+  }
+};
+
+}  // namespace
+
+const Algorithm& rdAlgorithm() {
+  static const RecursiveDoubling a;
+  return a;
 }
 
 }  // namespace smdccl

@@ -7,7 +7,9 @@
 // while it is in cache, instead of waiting for the whole step and reading
 // the block back from memory. Sends to the next rank, and receives from the
 // previous one, stay in step order (the exchange keeps each link's order).
+#include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
+#include "algorithms/select.h"
 
 namespace smdccl {
 
@@ -91,6 +93,60 @@ void ringAllgather(Comm& c, char* buf, const Blocks& b) {
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op) {
   Blocks b = Blocks::even(count, c.size(), elementSize(dt));
   runRing(c, buf, b, dt, op, true, true);
+}
+
+void ringReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root) {
+  Blocks b = Blocks::even(count, c.size(), elementSize(dt));
+  Exchange ex = c.exchange();
+  // Only the root keeps a result: nothing is rounded for the others.
+  appendRing(ex, c, buf, b, dt, op, true, false, -1, /*finalReduce=*/false);
+  ex.run();  // the root's last ring sends read blocks the gather overwrites
+  appendGather(ex, c, buf, b, root, -1);
+  ex.run();
+}
+
+namespace {
+
+class Ring final : public Algorithm {
+ public:
+  const char* name() const override { return "ring"; }
+  bool serves(Collective c) const override {
+    return c == Collective::Allreduce || c == Collective::ReduceScatter ||
+           c == Collective::Allgather || c == Collective::Reduce;
+  }
+  // Under a 16-bit wire on every hop the chain's roundings grow with p
+  // (halving.cpp): the model picks a pairwise schedule; SMDCCL_ALGO=ring
+  // still gets the ring.
+  bool autoCandidate(Collective c, const Situation& s) const override {
+    return c == Collective::Allgather || !(s.everyHop16 && s.g.ranks > 2);
+  }
+  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+    Costs k{m, s.g};
+    int p = s.g.ranks;
+    switch (c) {
+      case Collective::Allreduce: return k.ring(2 * (p - 1), bytes / p, p - 1);
+      case Collective::ReduceScatter: return k.ring(p - 1, bytes / p, p - 1);
+      case Collective::Allgather: return k.ring(p - 1, bytes / p, 0);
+      default:  // reduce: a reduce-scatter, then every rank's block to the root
+        return k.ring(p - 1, bytes / p, p - 1) + gatherSeconds(bytes, k);
+    }
+  }
+  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    switch (c) {
+      case Collective::Allreduce: ringAllreduce(comm, a.buf, a.count, a.dt, a.op); break;
+      case Collective::ReduceScatter: ringReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op); break;
+      case Collective::Allgather: ringAllgather(comm, a.buf, *a.blocks); break;
+      default: ringReduce(comm, a.buf, a.count, a.dt, a.op, a.root); break;
+    }
+  }
+  const char* kin(Collective c) const override { return c == Collective::Broadcast ? "chain" : nullptr; }
+};
+
+}  // namespace
+
+const Algorithm& ringAlgorithm() {
+  static const Ring a;
+  return a;
 }
 
 }  // namespace smdccl

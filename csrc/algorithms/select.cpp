@@ -1,6 +1,7 @@
 #include "algorithms/select.h"
 
-#include <algorithm>
+#include <limits>
+#include <sstream>
 
 #include "common/env.h"
 #include "common/error.h"
@@ -9,14 +10,7 @@ namespace smdccl {
 
 Tuning Tuning::fromEnv() {
   Tuning t;
-  std::string algo = envString(env::kAlgo);
-  if (algo == "ring") t.forced = Algo::Ring;
-  else if (algo == "rd" || algo == "recursive_doubling") t.forced = Algo::RecursiveDoubling;
-  else if (algo == "two_level") t.forced = Algo::TwoLevelRing;
-  else if (algo == "two_level_rd") t.forced = Algo::TwoLevelRd;
-  else if (algo != "auto")
-    throw InvalidArgument("SMDCCL_ALGO='" + algo +
-                          "' is not one of: auto, ring, rd, two_level, two_level_rd");
+  t.force(envString(env::kAlgo));
   std::string file = envString(env::kTuneFile);
   if (!file.empty()) t.model = CostModel::fromFile(file);
   t.pipelineChunkBytes = static_cast<size_t>(envInt(env::kPipelineChunkKB)) << 10;  // 1 KiB and up
@@ -25,33 +19,77 @@ Tuning Tuning::fromEnv() {
 
 namespace {
 
-// What a forced allreduce algorithm means for another collective.
-Algo forcedFor(Collective c, Algo forced, const GroupShape& g) {
-  bool twoLevel = forced == Algo::TwoLevelRing || forced == Algo::TwoLevelRd;
-  switch (c) {
-    case Collective::Allreduce: return forced;
-    case Collective::ReduceScatter:
-      return twoLevel ? Algo::TwoLevelRing : forced;
-    case Collective::Allgather:
-      return twoLevel ? Algo::TwoLevelRing : forced == Algo::Ring ? Algo::Ring : Algo::Direct;
-    case Collective::Broadcast:
-      return twoLevel ? Algo::TwoLevelTree : forced == Algo::Ring ? Algo::Chain : Algo::Tree;
-  }
-  return forced;
+std::string servedBy(const Algorithm& a) {
+  std::string out;
+  for (int k = 0; k < kCollectives; ++k)
+    if (a.serves(static_cast<Collective>(k)))
+      out += strCat(out.empty() ? "" : ", ", collectiveName(static_cast<Collective>(k)));
+  return out;
+}
+
+[[noreturn]] void badSpec(const std::string& spec, const std::string& why) {
+  throw InvalidArgument(strCat("SMDCCL_ALGO='", spec, "': ", why, ". Give one of: auto, ",
+                               algorithmNames(),
+                               "; or collective:algorithm pairs, e.g. allreduce:tree,allgather:ring"));
 }
 
 }  // namespace
 
-Algo choose(Collective c, size_t bytes, const GroupShape& g, const Tuning& t) {
-  if (!t.forced) return cheapest(c, static_cast<double>(bytes), g, t.model, t.pipelineChunkBytes);
-  Algo a = forcedFor(c, *t.forced, g);
-  auto cands = candidates(c, g);
-  if (std::find(cands.begin(), cands.end(), a) != cands.end()) return a;
-  // Two-level forms need several nodes (and, for reduce-scatter/allgather,
-  // uniform ones): run the flat form there.
-  if (a == Algo::TwoLevelRd) return Algo::RecursiveDoubling;
-  if (a == Algo::TwoLevelTree) return Algo::Tree;
-  return Algo::Ring;
+void Tuning::force(const std::string& spec) {
+  forced.fill(nullptr);
+  std::stringstream items(spec);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty() || item == "auto") continue;
+    auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      const Algorithm* a = findAlgorithm(item);
+      if (!a) badSpec(spec, strCat("'", item, "' is not a registered algorithm"));
+      for (int k = 0; k < kCollectives; ++k) {
+        Collective c = static_cast<Collective>(k);
+        const char* kin = a->serves(c) ? a->name() : a->kin(c);
+        forced[k] = kin ? findAlgorithm(kin) : nullptr;
+      }
+      continue;
+    }
+    std::string coll = item.substr(0, colon), name = item.substr(colon + 1);
+    Collective c;
+    if (!collectiveFromName(coll, &c))
+      badSpec(spec, strCat("'", coll, "' is not a collective (allreduce, reduce_scatter, "
+                                      "allgather, broadcast, reduce)"));
+    if (name == "auto") {
+      forced[static_cast<int>(c)] = nullptr;
+      continue;
+    }
+    const Algorithm* a = findAlgorithm(name);
+    if (!a) badSpec(spec, strCat("'", name, "' is not a registered algorithm"));
+    if (!a->serves(c))
+      badSpec(spec, strCat("'", name, "' does not run ", coll, " (it runs ", servedBy(*a), ")"));
+    forced[static_cast<int>(c)] = a;
+  }
+}
+
+std::vector<std::pair<const Algorithm*, double>> estimates(Collective c, double bytes,
+                                                           const Situation& s, const CostModel& m) {
+  std::vector<std::pair<const Algorithm*, double>> out;
+  for (const Algorithm* a : registeredAlgorithms())
+    if (a->serves(c) && a->canRun(c, s) && a->autoCandidate(c, s))
+      out.emplace_back(a, s.g.ranks <= 1 ? 0.0 : a->estimate(c, bytes, s, m));
+  return out;
+}
+
+Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t) {
+  for (const Algorithm* a = t.forcedFor(c); a; a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
+    if (a->serves(c) && a->canRun(c, s)) return {a, true};
+  Choice best;
+  double bestT = std::numeric_limits<double>::infinity();
+  for (const auto& [a, sec] : estimates(c, static_cast<double>(bytes), s, t.model))
+    if (!best.algo || sec < bestT) {
+      best.algo = a;
+      bestT = sec;
+    }
+  if (!best.algo) throw std::logic_error(strCat("no algorithm can run ", collectiveName(c)));
+  return best;
 }
 
 }  // namespace smdccl

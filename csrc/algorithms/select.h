@@ -1,26 +1,45 @@
 #pragma once
 // Which algorithm runs for a collective of a given size on a given group:
-// the cheapest by the cost model (measured profile from SMDCCL_TUNE_FILE, or
-// built-in defaults), unless SMDCCL_ALGO forces one.
+// the cheapest estimate (measured profile from SMDCCL_TUNE_FILE, or built-in
+// defaults) among the registered algorithms that can run, unless
+// SMDCCL_ALGO forces one.
+#include <array>
 #include <cstddef>
-#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "algorithms/algorithm.h"
 #include "algorithms/cost_model.h"
 
 namespace smdccl {
 
 struct Tuning {
-  std::optional<Algo> forced;  // SMDCCL_ALGO (ring, rd, two_level, two_level_rd)
+  // SMDCCL_ALGO per collective; nullptr: the model picks.
+  std::array<const Algorithm*, kCollectives> forced{};
   CostModel model;
   size_t pipelineChunkBytes = 4 << 20;
 
   static Tuning fromEnv();  // throws InvalidArgument for a bad SMDCCL_ALGO or tune file
+  // Applies an SMDCCL_ALGO value: "auto", an algorithm for every collective
+  // ("ring": each collective ring serves, and its kin for the others), and
+  // / or "collective:algorithm" pairs ("allreduce:tree,allgather:ring"),
+  // comma-separated, later entries winning. Throws InvalidArgument.
+  void force(const std::string& spec);
+  const Algorithm* forcedFor(Collective c) const { return forced[static_cast<int>(c)]; }
 };
 
-// The algorithm for `c` on `bytes` (see estimateSeconds for what bytes
-// means). A forced algorithm applies where it can run; elsewhere the
-// nearest one does (two-level forms fall back to flat on one node).
-Algo choose(Collective c, size_t bytes, const GroupShape& g, const Tuning& t);
+struct Choice {
+  const Algorithm* algo = nullptr;
+  bool forced = false;  // SMDCCL_ALGO decided it
+};
+
+// The algorithms the model weighs for `c` (serve it, can run, may be
+// picked), with their estimates, in registration order.
+std::vector<std::pair<const Algorithm*, double>> estimates(Collective c, double bytes,
+                                                           const Situation& s, const CostModel& m);
+// A forced algorithm applies where it can run; elsewhere its fallback does
+// (two-level forms fall back to flat on one node), else the model picks.
+Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t);
 
 }  // namespace smdccl

@@ -1,4 +1,4 @@
-// Two-level collectives: reduce (or gather) inside each node over shared
+// Two-level collectives (two_level): reduce (or gather) inside each node over shared
 // memory, cross the network with one rank per node per shard, spread the
 // result inside the node again. A flat ring pushes 2(p-1)/p of an allreduce
 // through each node's uplink in p steps; these push 2(n-1)/n in n steps
@@ -14,17 +14,15 @@
 // always move: no deadlock, whatever the speeds.
 #include <algorithm>
 
+#include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
 #include "algorithms/cost_model.h"
+#include "algorithms/select.h"
 
 namespace smdccl {
 
 namespace {
 
-const Hierarchy& levelsOf(const Comm& c) {
-  if (!c.levels) throw std::logic_error("two-level algorithm on a Comm without levels");
-  return *c.levels;
-}
 
 // Shard ownership inside one node of `local` ranks when chunks are cut into
 // `shards` (the largest node's rank count): local rank l owns the
@@ -50,8 +48,8 @@ Blocks pick(const Blocks& b, const std::vector<int>& ranks) {
 
 }  // namespace
 
-void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op,
-                       size_t chunkBytes) {
+void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes,
+                       AcrossNodes acrossNodes, const LevelCost* interLink) {
   const Hierarchy& h = levelsOf(c);
   if (count == 0 || c.size() == 1) return;
   size_t es = elementSize(dt);
@@ -97,14 +95,22 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op,
     }
     if (stage >= 1 && stage - 1 < K) {
       size_t k = stage - 1;
-      // One inter-node ring per owned shard, one after the other: the
+      // One inter-node schedule per owned shard, one after the other: the
       // shards share this rank's uplink anyway.
       int done = rsDone[k];
       for (int s = myFirst; s < myEnd; ++s) {
-        Blocks parts = Blocks::even(shardsOf[k].length[s] / es, n, es);
-        for (auto& o : parts.offset) o += shardsOf[k].offset[s];
-        int last = appendReduceScatterAllgather(ex, across[s - myFirst], buf, parts, dt, op,
-                                                true, true, done);
+        int last;
+        if (acrossNodes == AcrossNodes::DoubleTree) {
+          size_t shardBytes = shardsOf[k].length[s];
+          size_t pieces = interLink ? doubleTreeChunks(static_cast<double>(shardBytes), n, *interLink) : 1;
+          last = appendDoubleTree(ex, across[s - myFirst], buf + shardsOf[k].offset[s], shardBytes / es,
+                                  dt, op, pieces, done);
+        } else {
+          Blocks parts = Blocks::even(shardsOf[k].length[s] / es, n, es);
+          for (auto& o : parts.offset) o += shardsOf[k].offset[s];
+          last = appendReduceScatterAllgather(ex, across[s - myFirst], buf, parts, dt, op, true,
+                                              true, done);
+        }
         if (last >= 0) done = last;
       }
       interDone[k] = done;
@@ -117,26 +123,6 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op,
   ex.run();
 }
 
-void twoLevelRdAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op) {
-  const Hierarchy& h = levelsOf(c);
-  Comm local = c.sub(h.nodes[h.myNode]);
-  recursiveDoublingAllreduce(local, buf, count, dt, op);
-  if (h.numNodes() == 1) return;
-  if (h.uniform()) {
-    // Every local rank holds the node's sum: all of them cross at once,
-    // each with its peers of the same local index, and all end identical.
-    Comm across = c.sub(h.acrossNodes(h.myLocal));
-    recursiveDoublingAllreduce(across, buf, count, dt, op);
-    return;
-  }
-  // Uneven nodes: the first rank of each node crosses, then tells its node.
-  if (h.myLocal == 0) {
-    Comm leaders = c.sub(h.acrossNodes(0));
-    recursiveDoublingAllreduce(leaders, buf, count, dt, op);
-  }
-  treeBroadcast(local, buf, count * elementSize(dt), 0);
-}
-
 void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op) {
   const Hierarchy& h = levelsOf(c);
   if (!h.uniform()) throw std::logic_error("two-level reduce-scatter needs uniform nodes");
@@ -147,9 +133,9 @@ void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp 
   // sum of block (j, l). Then ranks of local index l reduce-scatter those
   // over the nodes: each ends with its own block, fully reduced.
   int intraDone = -1;
-  for (const auto& node : h.nodes)
-    intraDone = appendReduceScatterAllgather(ex, local, buf, pick(b, node), dt, op, true, false,
-                                             -1, /*finalReduce=*/false);
+  for (const auto& node : h.nodes)  // all of them, on whatever links they ended
+    intraDone = ex.join(intraDone, appendReduceScatterAllgather(ex, local, buf, pick(b, node), dt, op,
+                                                                true, false, -1, /*finalReduce=*/false));
   appendReduceScatterAllgather(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), dt, op, true,
                                false, intraDone);
   ex.run();
@@ -170,24 +156,65 @@ void twoLevelAllgather(Comm& c, char* buf, const Blocks& b) {
   ex.run();
 }
 
-void twoLevelBroadcast(Comm& c, char* buf, size_t bytes, int root) {
-  const Hierarchy& h = levelsOf(c);
-  // The root speaks for its node; elsewhere the first rank does.
-  int rootNode = -1;
-  for (int j = 0; j < h.numNodes(); ++j)
-    if (std::find(h.nodes[j].begin(), h.nodes[j].end(), c.groupRank(root)) != h.nodes[j].end())
-      rootNode = j;
-  std::vector<int> leaders = h.acrossNodes(0);
-  leaders[rootNode] = c.groupRank(root);
-  const auto& mine = h.nodes[h.myNode];
-  int myLeader = leaders[h.myNode];
-  if (c.groupRank(c.rank()) == myLeader) {
-    Comm across = c.sub(leaders);
-    treeBroadcast(across, buf, bytes, rootNode);
+namespace {
+
+double twoLevelRingSeconds(double bytes, const Costs& k, size_t chunkBytes) {
+  const CostModel& m = k.m;
+  int L = k.g.maxLocal, n = k.g.nodes;
+  double A = m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) + k.reduceSeconds((L - 1.0) / L * bytes);
+  // Each node's uplink carries 2(n-1)/n of the message, whatever L is.
+  double E = m.inter.bytesSeconds(2.0 * (n - 1) / n * bytes) + k.reduceSeconds((n - 1.0) / n * bytes / L);
+  double K = static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), chunkBytes));
+  double latency = 2 * (L - 1) * m.intra.alphaUs * 1e-6 + 2 * (n - 1) * m.inter.alphaUs * 1e-6;
+  return latency + std::max(A, E) + std::min(A, E) / K +
+         (K - 1) * 2 * (n - 1 + L - 1) * kPerMessageUs * 1e-6;
+}
+
+class TwoLevel final : public Algorithm {
+ public:
+  const char* name() const override { return "two_level"; }
+  bool serves(Collective c) const override {
+    return c == Collective::Allreduce || c == Collective::ReduceScatter || c == Collective::Allgather;
   }
-  Comm local = c.sub(mine);
-  int leaderLocal = static_cast<int>(std::find(mine.begin(), mine.end(), myLeader) - mine.begin());
-  treeBroadcast(local, buf, bytes, leaderLocal);
+  // Several nodes with several ranks; reduce-scatter and allgather need
+  // every node the same size.
+  bool canRun(Collective c, const Situation& s) const override {
+    return s.g.nodes > 1 && s.g.maxLocal > 1 && (c == Collective::Allreduce || s.g.uniform);
+  }
+  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+    Costs k{m, s.g};
+    int L = s.g.maxLocal, n = s.g.nodes;
+    switch (c) {
+      case Collective::Allreduce: return twoLevelRingSeconds(bytes, k, s.pipelineChunkBytes);
+      case Collective::ReduceScatter:
+        return (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds((L - 1.0) / L * bytes) +
+               k.reduceSeconds((L - 1.0) / L * bytes) + (n - 1) * m.inter.alphaUs * 1e-6 +
+               m.inter.bytesSeconds((n - 1.0) / n * bytes) + k.reduceSeconds((n - 1.0) / n * bytes / L);
+      default:
+        return (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds((L - 1.0) / L * bytes) +
+               (n - 1) * m.inter.alphaUs * 1e-6 + m.inter.bytesSeconds((n - 1.0) / n * bytes);
+    }
+  }
+  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    switch (c) {
+      case Collective::Allreduce:
+        twoLevelAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes);
+        break;
+      case Collective::ReduceScatter: twoLevelReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op); break;
+      default: twoLevelAllgather(comm, a.buf, *a.blocks); break;
+    }
+  }
+  const char* fallback() const override { return "ring"; }
+  const char* kin(Collective c) const override {
+    return c == Collective::Broadcast ? "two_level_tree" : nullptr;
+  }
+};
+
+}  // namespace
+
+const Algorithm& twoLevelAlgorithm() {
+  static const TwoLevel a;
+  return a;
 }
 
 }  // namespace smdccl

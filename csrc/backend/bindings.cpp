@@ -110,16 +110,11 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "plan",
       [](const std::string& collective, double bytes, int ranks, int nodes, int maxLocal,
-         bool uniform, const std::string& tuneFile) {
-        using smdccl::Collective;
-        Collective c;
-        if (collective == "allreduce") c = Collective::Allreduce;
-        else if (collective == "reduce_scatter") c = Collective::ReduceScatter;
-        else if (collective == "allgather") c = Collective::Allgather;
-        else if (collective == "broadcast") c = Collective::Broadcast;
-        else
+         bool uniform, const std::string& tuneFile, bool wire16) {
+        smdccl::Collective c;
+        if (!smdccl::collectiveFromName(collective, &c))
           throw smdccl::InvalidArgument("unknown collective '" + collective +
-                                        "' (allreduce, reduce_scatter, allgather, broadcast)");
+                                        "' (allreduce, reduce_scatter, allgather, broadcast, reduce)");
         SMDCCL_CHECK_ARG(ranks >= 1 && nodes >= 1 && maxLocal >= 1 && nodes <= ranks &&
                              maxLocal <= ranks,
                          "plan: inconsistent group shape");
@@ -127,20 +122,43 @@ PYBIND11_MODULE(_C, m) {
                          bytes);
         smdccl::Tuning t = smdccl::Tuning::fromEnv();
         if (!tuneFile.empty()) t.model = smdccl::CostModel::fromFile(tuneFile);
-        smdccl::GroupShape g{ranks, nodes, maxLocal, uniform};
+        smdccl::Situation s;
+        s.g = smdccl::GroupShape{ranks, nodes, maxLocal, uniform};
+        s.pipelineChunkBytes = t.pipelineChunkBytes;
+        bool reduction = c != smdccl::Collective::Allgather && c != smdccl::Collective::Broadcast;
+        if (wire16 && reduction && nodes > 1) {  // compressed across nodes, as the backend does
+          s.someHop16 = true;
+          s.everyHop16 = maxLocal == 1;
+          t.model.inter.gbps *= 2;
+        }
         std::map<std::string, double> est;
-        for (auto a : smdccl::candidates(c, g))
-          est[smdccl::algoName(a)] =
-              smdccl::estimateSeconds(c, a, bytes, g, t.model, t.pipelineChunkBytes);
-        return std::make_tuple(std::string(smdccl::algoName(
-                                   smdccl::choose(c, static_cast<size_t>(bytes), g, t))),
-                               est, t.model.describe());
+        // Every algorithm that can run (forced ones too), not only the model's candidates.
+        for (const smdccl::Algorithm* a : smdccl::registeredAlgorithms())
+          if (a->serves(c) && a->canRun(c, s))
+            est[a->name()] = ranks <= 1 ? 0.0 : a->estimate(c, bytes, s, t.model);
+        return std::make_tuple(
+            std::string(smdccl::choose(c, static_cast<size_t>(bytes), s, t).algo->name()), est,
+            t.model.describe());
       },
       py::arg("collective"), py::arg("bytes"), py::arg("ranks"), py::arg("nodes"),
       py::arg("max_local"), py::arg("uniform") = true, py::arg("tune_file") = "",
+      py::arg("wire16") = false,
       "The cost model's choice for a collective of `bytes` on a group shape: (algorithm, "
-      "{candidate: estimated seconds}, model description). Honours SMDCCL_ALGO, "
-      "SMDCCL_TUNE_FILE (or tune_file) and SMDCCL_PIPELINE_CHUNK_KB.");
+      "{every algorithm that can run: estimated seconds}, model description). Honours SMDCCL_ALGO, "
+      "SMDCCL_TUNE_FILE (or tune_file) and SMDCCL_PIPELINE_CHUNK_KB; wire16: float32 reductions "
+      "cross nodes as 16 bits.");
+
+  m.def("algorithms", [] {
+    std::vector<std::pair<std::string, std::vector<std::string>>> out;
+    for (const smdccl::Algorithm* a : smdccl::registeredAlgorithms()) {
+      std::vector<std::string> colls;
+      for (int k = 0; k < smdccl::kCollectives; ++k)
+        if (a->serves(static_cast<smdccl::Collective>(k)))
+          colls.push_back(smdccl::collectiveName(static_cast<smdccl::Collective>(k)));
+      out.emplace_back(a->name(), colls);
+    }
+    return out;
+  }, "The registered algorithms, in registration order: [(name, [collectives it runs])]");
 
   m.def("build_info", [] {
     std::map<std::string, py::object> out;

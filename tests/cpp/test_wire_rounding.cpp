@@ -100,10 +100,7 @@ std::vector<Schedule> schedules(size_t n) {
   auto tuned = [](const char* algo) {
     Tuning t;
     t.pipelineChunkBytes = 64 << 10;  // several chunks where a schedule pipelines
-    if (std::string(algo) == "ring") t.forced = Algo::Ring;
-    if (std::string(algo) == "rd") t.forced = Algo::RecursiveDoubling;
-    if (std::string(algo) == "two_level") t.forced = Algo::TwoLevelRing;
-    if (std::string(algo) == "two_level_rd") t.forced = Algo::TwoLevelRd;
+    t.force(algo);
     return t;
   };
   for (const char* algo : {"auto", "ring", "rd", "two_level", "two_level_rd"}) {

@@ -1,0 +1,76 @@
+#pragma once
+// An algorithm is one object in the registry (registry.cpp) and one file:
+// its name, the collectives it serves, where it can run, its α-β estimate
+// and its schedule on the exchange. Selection (select.cpp) takes the
+// cheapest estimate among those that can run, unless SMDCCL_ALGO names one.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "algorithms/cost_model.h"
+#include "common/dtype.h"
+
+namespace smdccl {
+
+struct Comm;
+struct Blocks;
+struct Tuning;
+
+enum class Collective { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce };
+constexpr int kCollectives = 5;
+const char* collectiveName(Collective c);
+// "allreduce" -> Allreduce; false for an unknown name.
+bool collectiveFromName(const std::string& name, Collective* out);
+
+// What selection knows about a call besides its size.
+struct Situation {
+  GroupShape g;
+  // Float32 data of this reduction crosses some hop as 16 bits (the wire
+  // moves half the bytes there), or every hop (then chained sums round more
+  // than pairwise ones: see ring.cpp).
+  bool someHop16 = false;
+  bool everyHop16 = false;
+  size_t pipelineChunkBytes = 4 << 20;  // SMDCCL_PIPELINE_CHUNK_KB
+};
+
+// One call's arguments; each collective reads its own.
+struct CollectiveArgs {
+  char* buf = nullptr;
+  size_t count = 0;              // allreduce, reduce: elements of dt
+  DType dt = DType::U8;
+  RedOp op = RedOp::Sum;
+  const Blocks* blocks = nullptr;  // reduce_scatter, allgather: one block per rank
+  size_t bytes = 0;              // broadcast
+  int root = -1;                 // broadcast, reduce
+};
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  virtual const char* name() const = 0;
+  virtual bool serves(Collective c) const = 0;
+  // Whether its schedule works on this group (power-of-two sizes, several
+  // nodes, uniform nodes, ...). Callers ask only for collectives it serves.
+  virtual bool canRun(Collective c, const Situation& s) const { return true; }
+  // Whether the model may pick it where it can run; forcing still runs it.
+  virtual bool autoCandidate(Collective c, const Situation& s) const { return true; }
+  // Estimated seconds for `bytes` (allreduce, broadcast, reduce: the tensor;
+  // reduce_scatter, allgather: all ranks' blocks together).
+  virtual double estimate(Collective c, double bytes, const Situation& s,
+                          const CostModel& m) const = 0;
+  virtual void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const = 0;
+  // Forced where it cannot run: what runs instead (nullptr: the model picks).
+  virtual const char* fallback() const { return nullptr; }
+  // SMDCCL_ALGO=<name> for the whole group: what runs for a collective it
+  // does not serve (nullptr: the model picks).
+  virtual const char* kin(Collective c) const { return nullptr; }
+};
+
+// Every algorithm, in registration order (the order ties and logs use).
+const std::vector<const Algorithm*>& registeredAlgorithms();
+// nullptr for an unknown name.
+const Algorithm* findAlgorithm(const std::string& name);
+// "ring, rd, ..." for messages.
+std::string algorithmNames();
+
+}  // namespace smdccl
