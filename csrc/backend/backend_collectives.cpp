@@ -472,12 +472,17 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
   return enqueue(
       OpType::REDUCE, "reduce",
       callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp), static_cast<int>(opts.rootRank)),
-      tensors, [this, t, spec, dt, isRoot, tuning, dev](Comm& c) mutable {
+      tensors, [this, t, spec, dt, isRoot, tuning, dev, root = static_cast<int>(opts.rootRank)](Comm& c) mutable {
         // Non-roots reduce a scratch copy: their input stays as it was.
         at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
+        WireOverflowCheck overflow(useWire(c, dt, spec));
         applyPreScale(buf, spec);
-        allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
-        applyPostDivide(buf, spec);
+        if (dev)  // CUDA tensors: the device path's allreduce
+          allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
+        else
+          smdccl::reduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, root, tuning);
+        if (isRoot) applyPostDivide(buf, spec);
+        overflow.finish(c);
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
 }
