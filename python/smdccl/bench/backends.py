@@ -16,6 +16,7 @@ waiting in a rendezvous.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -126,14 +127,35 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
+@contextlib.contextmanager
+def forced_algo(algo: str):
+    """``SMDCCL_ALGO=algo`` for a while ("": as it is)."""
+    saved = os.environ.get("SMDCCL_ALGO")
+    if algo:
+        os.environ["SMDCCL_ALGO"] = algo
+    try:
+        yield
+    finally:
+        if algo:
+            if saved is None:
+                os.environ.pop("SMDCCL_ALGO", None)
+            else:
+                os.environ["SMDCCL_ALGO"] = saved
+
+
 def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool = False):
     """(group, None) when ``name`` works on every rank, else (None, reason).
 
     ``smdccl+fp16`` / ``smdccl+bf16``: an smdccl group with that compression
-    (16-bit values on the wire between nodes, float32 sums)."""
+    (16-bit values on the wire between nodes, float32 sums). ``@<algo>``
+    after an smdccl name (``smdccl@tree``, ``smdccl+fp16@halving``): the
+    group runs with ``SMDCCL_ALGO=<algo>``."""
     err = None
+    name, _, algo = name.partition("@")
     base, _, wire = name.partition("+")
     options = None
+    if algo and base != "smdccl":
+        err = f"{name}@{algo}: only smdccl takes a forced algorithm"
     if wire:
         if base != "smdccl" or wire not in ("fp16", "bf16"):
             err = f"unknown backend {name!r} (compressed forms: smdccl+fp16, smdccl+bf16)"
@@ -152,7 +174,9 @@ def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool =
 
     group = None
     try:
-        group = dist.new_group(backend=base, timeout=timedelta(seconds=timeout_s), pg_options=options)
+        with forced_algo(algo):  # smdccl reads it when the group is created
+            group = dist.new_group(backend=base, timeout=timedelta(seconds=timeout_s),
+                                   pg_options=options)
     except Exception as exc:
         err = f"cannot create the group ({describe(exc)})"
     if (err := first_error(world, err)) is not None:
@@ -169,3 +193,61 @@ def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool =
     if (err := first_error(world, err)) is not None:
         return None, err
     return group, None
+
+
+def with_algos(names: list[str], algos: list[str] | None) -> list[str]:
+    """``--algos``: every smdccl backend once per algorithm (``smdccl@ring``,
+    ``smdccl@auto``, ...), other backends as they are."""
+    if not algos:
+        return names
+    out = []
+    for name in names:
+        if name.partition("+")[0] == "smdccl" and "@" not in name:
+            out.extend(f"{name}@{a}" for a in algos)
+        else:
+            out.append(name)
+    return out
+
+
+def model_estimate(backend: str, collective: str, nbytes: int, nodes: list[int]) -> tuple[str, float] | None:
+    """(algorithm, seconds) the cost model gives an ``smdccl[+wire]@algo``
+    backend's ``collective`` of ``nbytes`` on nodes of these sizes: the
+    forced algorithm (or what runs where it cannot), or the model's own
+    pick for ``@auto``. None for other backends and collectives."""
+    name, _, algo = backend.partition("@")
+    if not algo or collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
+        return None
+    from smdccl import _C
+
+    wire16 = "+" in name
+    ranks = sum(nodes)
+    with forced_algo(algo):
+        chosen, est, _ = _C.plan(collective, nbytes, ranks, len(nodes), max(nodes),
+                                 len(set(nodes)) == 1, os.environ.get("SMDCCL_TUNE_FILE", ""), wire16)
+    return (chosen, est[chosen]) if chosen in est else None
+
+
+def node_sizes(groups: dict, world: World) -> list[int]:
+    """Ranks per node as smdccl sees this world (from any smdccl group here);
+    [world size] when none is open."""
+    mine = None
+    for name, group in groups.items():
+        if name.partition("+")[0].partition("@")[0] == "smdccl":
+            mine = sorted(int(r) for r in group._get_backend(torch.device("cpu")).local_ranks)
+            break
+    gathered = all_gather_object(mine, group=world.ctrl)
+    if any(g is None for g in gathered):
+        return [world.size]
+    nodes: list[list[int]] = []
+    for ranks in gathered:
+        if ranks not in nodes:
+            nodes.append(ranks)
+    return [len(n) for n in sorted(nodes)]
+
+
+def with_model(rows: list[dict], nodes: list[int]) -> None:
+    """Adds the model's algorithm and estimate to each ``@algo`` row."""
+    for r in rows:
+        got = model_estimate(r["backend"], r["collective"], r["size"], nodes)
+        r["model_algo"] = got[0] if got else "-"
+        r["model_us"] = got[1] * 1e6 if got else None

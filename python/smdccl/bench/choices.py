@@ -5,7 +5,9 @@ parser does not depend on torch; :mod:`~smdccl.bench.collectives` maps these
 names to torch dtypes and ReduceOps.
 """
 
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce")
+#: what runs without --collectives
+DEFAULT_COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
 DTYPES = ("float32", "float16", "bfloat16", "float64",
           "int8", "uint8", "int16", "int32", "int64")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")

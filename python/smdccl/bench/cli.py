@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="element type (default: float32)")
     what.add_argument("--op", choices=choices.OPS, default="sum",
                       help="reduction for allreduce and reduce_scatter (default: sum)")
+    what.add_argument("--algos", type=_names, default=None, metavar="LIST",
+                      help="measure every smdccl backend once per algorithm, forced with "
+                           "SMDCCL_ALGO (e.g. ring,rd,halving,tree,auto), with the cost model's "
+                           "estimate beside each time")
     what.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                       help="tensor device; cuda uses cuda:(LOCAL_RANK %% device count) "
                            "(default: cpu)")
@@ -180,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from smdccl.bench import report
-    from smdccl.bench.backends import default_backends, init_world, open_group, ranks_as_hosts_env
+    from smdccl.bench.backends import (default_backends, init_world, node_sizes, open_group,
+                                       ranks_as_hosts_env, with_algos, with_model)
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if args.nccl_ranks_as_hosts:  # before any group exists: NCCL and smdccl read them at start
@@ -201,6 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         explicit = args.backends is not None
         names = args.backends if explicit else default_backends(
             args.device, local_ranks, args.nccl_ranks_as_hosts)
+        if args.algos:
+            from smdccl import _C
+
+            known = [a for a, _ in _C.algorithms()] + ["auto"]
+            bad = [a for a in args.algos if a not in known]
+            if bad:
+                say(f"unknown algorithm(s) {','.join(bad)}; registered: {','.join(known)}")
+                return 2
+            names = with_algos(names, args.algos)
+            explicit = True  # a forced algorithm that cannot open is an error, not a skip
         groups, unavailable = {}, {}
         for name in names:
             group, err = open_group(name, world, args.timeout, args.nccl_ranks_as_hosts)
@@ -224,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bar.close()
 
+        if args.algos:
+            with_model(rows, node_sizes(groups, world))
         if lead:
             measured = list(groups)
             info = report.header(world, args, measured)

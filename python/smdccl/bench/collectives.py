@@ -1,11 +1,11 @@
-"""The five collectives: buffers, the call, the expected result, bandwidth.
+"""The six collectives: buffers, the call, the expected result, bandwidth.
 
 Sizes and bandwidths follow nccl-tests (doc/PERFORMANCE.md and
 src/common.cu), so the numbers can be read side by side with theirs:
 
 ``size`` (bytes)
     The larger of the per-rank send and receive buffers:
-    allreduce and broadcast the buffer itself; allgather the full *output*
+    allreduce, broadcast and reduce the buffer itself; allgather the full *output*
     (world * chunk elements); reduce_scatter the full *input*
     (world * chunk); alltoall the full send buffer (world * chunk).
     A requested size is rounded down to a whole number of elements and, for
@@ -13,20 +13,20 @@ src/common.cu), so the numbers can be read side by side with theirs:
     element per rank), exactly as nccl-tests does; the table shows the
     rounded size.
 ``count`` (elements)
-    The count nccl's own API takes: allreduce/broadcast the whole buffer,
+    The count nccl's own API takes: allreduce/broadcast/reduce the whole buffer,
     allgather the per-rank input, reduce_scatter the per-rank output,
     alltoall the chunk sent to each peer.
 ``algbw`` = size / time (GB/s, 1 GB = 1e9 bytes).
 ``busbw`` = algbw * factor, with n = world size:
     allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n;
-    broadcast 1.
+    broadcast and reduce 1.
 
 Correctness: inputs are integer-valued and small enough that every partial
 result is exact in the chosen dtype, so sum/max/min/product can be compared
 exactly with a float64 reference computed locally; avg (one rounding for the
 division) is compared with a relative tolerance of max(4, n) * eps(dtype).
 Broadcast uses root 0 (non-roots start from zeros, which no expected value
-equals).
+equals); reduce uses root 0 and checks the root's buffer only.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from smdccl.bench import choices
 
-REDUCING = frozenset({"allreduce", "reduce_scatter"})
+REDUCING = frozenset({"allreduce", "reduce_scatter", "reduce"})
 _CHUNKED = frozenset({"allgather", "reduce_scatter", "alltoall"})
 
 REDOPS = {name: getattr(dist.ReduceOp, name.upper()) for name in choices.OPS}
@@ -63,7 +63,7 @@ def busbw_factor(name: str, world: int) -> float:
     """nccl-tests PERFORMANCE.md bus-bandwidth correction factor."""
     if name == "allreduce":
         return 2.0 * (world - 1) / world
-    if name == "broadcast":
+    if name in ("broadcast", "reduce"):
         return 1.0
     return (world - 1) / world
 
@@ -143,11 +143,11 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
     reduce_op = op if name in REDUCING else None
     values = _Values(dtype, world, reduce_op)
     inp = torch.empty(n_in, dtype=dtype, device=device)
-    out = inp if name in ("allreduce", "broadcast") else torch.empty(n_out, dtype=dtype, device=device)
+    out = inp if name in ("allreduce", "broadcast", "reduce") else torch.empty(n_out, dtype=dtype, device=device)
     redop = REDOPS[op] if reduce_op else None
 
     def expected() -> torch.Tensor:
-        if name == "allreduce":
+        if name in ("allreduce", "reduce"):
             return _reduce(values, torch.arange(n_out), op, world)
         if name == "broadcast":
             return values(0, torch.arange(n_out))
@@ -166,6 +166,8 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
             out.zero_()
 
     def count_wrong() -> int:
+        if name == "reduce" and rank != 0:
+            return 0  # only the root's buffer is defined
         ref = expected()
         got = out.cpu().double()
         if reduce_op == "avg":
@@ -178,6 +180,7 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
         "allgather": lambda: dist.all_gather_into_tensor(out, inp, group=group),
         "reduce_scatter": lambda: dist.reduce_scatter_tensor(out, inp, op=redop, group=group),
         "broadcast": lambda: dist.broadcast(inp, src=0, group=group),
+        "reduce": lambda: dist.reduce(inp, dst=0, op=redop, group=group),
         "alltoall": lambda: dist.all_to_all_single(out, inp, group=group),
     }
     return Case(name, size, count, calls[name], fill, count_wrong)

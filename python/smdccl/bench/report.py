@@ -39,9 +39,21 @@ def _ordered(rows: list[dict], backends: list[str], collectives: list[str]) -> d
     return by_coll
 
 
+#: with --algos: the algorithm the cost model says runs, and its estimate
+MODEL_COLUMNS = (
+    ("model_algo", "algo", "{}"),
+    ("model_us", "model(us)", "{:.2f}"),
+)
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    return "-" if row.get(key) is None else fmt.format(row[key])
+
+
 def _lines(rows: list[dict]) -> list[str]:
-    cells = [[fmt.format(r[key]) for key, _, fmt in COLUMNS] for r in rows]
-    heads = [head for _, head, _ in COLUMNS]
+    columns = COLUMNS + (MODEL_COLUMNS if any("model_us" in r for r in rows) else ())
+    cells = [[_cell(r, key, fmt) for key, _, fmt in columns] for r in rows]
+    heads = [head for _, head, _ in columns]
     widths = [max(len(c) for c in col) for col in zip(heads, *cells)]
 
     def join(values: list[str]) -> str:
