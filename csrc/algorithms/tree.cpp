@@ -58,11 +58,13 @@ TreeLinks binaryTreeLinks(int r, int p, int tree) {
   return {rankOf(at.parent), rankOf(at.child0), rankOf(at.child1)};
 }
 
+// The pipeline: 2*depth + K - 1 steps; in each, the busiest rank (interior
+// in one tree, a leaf in the other) moves four pieces of bytes/(2K): up to
+// its parent and down to two children in one tree, up in the other.
 size_t doubleTreeChunks(double bytes, int p, const LevelCost& link) {
-  // Fill and drain cost 2*depth chunk hops; each chunk costs ~4 messages
-  // of software overhead per rank: minimise the sum.
   int depth = std::max(1, ceilLog2(p));
-  double k = std::sqrt(depth * bytes / (4.0 * link.gbps * 1e9 * kPerMessageUs * 1e-6));
+  double alpha = std::max(link.alphaUs, kPerMessageUs) * 1e-6;
+  double k = std::sqrt((2 * depth - 1) * 2 * bytes / (alpha * link.gbps * 1e9));
   constexpr double kMinChunkBytes = 8 << 10;  // per tree
   k = std::min({k, bytes / (2 * kMinChunkBytes), 64.0});
   return static_cast<size_t>(std::max(1.0, std::round(k)));
@@ -72,11 +74,8 @@ double doubleTreeSeconds(double bytes, int p, const LevelCost& link, double redu
   if (p <= 1) return 0;
   int depth = ceilLog2(p);
   double K = static_cast<double>(doubleTreeChunks(bytes, p, link));
-  // The busiest rank sends (and receives) about the whole message: half up
-  // and twice half down in the tree it is interior in, half up in the other.
-  double through = p == 2 ? bytes : 2 * bytes;
-  return 2 * depth * (link.alphaUs * 1e-6 + link.bytesSeconds(bytes / (2 * K))) +
-         link.bytesSeconds(through) + 4 * K * kPerMessageUs * 1e-6 + bytes / (reduceGbps * 1e9);
+  double perStep = link.bytesSeconds((p == 2 ? 1 : 2) * bytes / K);
+  return (2 * depth + K - 1) * (link.alphaUs * 1e-6 + perStep) + bytes / (reduceGbps * 1e9);
 }
 
 int appendDoubleTree(Exchange& ex, Comm& c, char* buf, size_t count, DType dt, RedOp op,
@@ -97,10 +96,18 @@ int appendDoubleTree(Exchange& ex, Comm& c, char* buf, size_t count, DType dt, R
     tree[t] = binaryTreeLinks(r, p, t);
   }
   int done[2] = {-1, -1};
-  // Chunk-major, tree 0 before tree 1, up before down: every rank adds its
-  // transfers on a shared link in the same order as the rank across it.
-  for (size_t k = 0; k < chunks; ++k) {
-    for (int t = 0; t < 2; ++t) {
+  // Per chunk and tree: the reduce the send up streams behind, the send up.
+  std::vector<int> upSent(2 * chunks, -1), upSum(2 * chunks, -1);
+  // A link direction can carry one tree's partial sums up and the other's
+  // results down. Its messages keep the order they were added in, so a
+  // chunk's result must be added after the partial sums of the chunks that
+  // flow while it makes its round trip: else those wait behind it, and
+  // every chunk costs a whole round trip. Stage s adds chunk s's way up and
+  // chunk s - lag's way down (both trees), the same on every rank.
+  const size_t lag = std::min(chunks, static_cast<size_t>(2 * std::max(1, ceilLog2(p))));
+  for (size_t stage = 0; stage < chunks + lag; ++stage) {
+    for (int t = 0; t < 2 && stage < chunks; ++t) {
+      const size_t k = stage;
       const TreeLinks& tl = tree[t];
       char* at = buf + pieces[t].offset[k];
       size_t len = pieces[t].length[k];
@@ -115,17 +122,23 @@ int appendDoubleTree(Exchange& ex, Comm& c, char* buf, size_t count, DType dt, R
                       wireTo(child), tl.parent < 0 && last ? roundFinal : Wire::F32);
         sum = idx;
       }
-      int result;  // the transfer after which this rank holds the chunk's result
+      upSum[2 * k + t] = sum;
       if (tl.parent >= 0) {
-        Link& up = c.link(tl.parent);
-        int sent = ex.size();
+        upSent[2 * k + t] = ex.size();
         // Streams behind the last child's reduce (which starts after the first's).
-        ex.send(up, at, len, sum < 0 ? ExchangeDeps{startAfter, -1} : ExchangeDeps{-1, sum},
-                wireTo(tl.parent));
+        ex.send(c.link(tl.parent), at, len,
+                sum < 0 ? ExchangeDeps{startAfter, -1} : ExchangeDeps{-1, sum}, wireTo(tl.parent));
+      }
+    }
+    for (int t = 0; t < 2 && stage >= lag; ++t) {
+      const size_t k = stage - lag;
+      const TreeLinks& tl = tree[t];
+      char* at = buf + pieces[t].offset[k];
+      size_t len = pieces[t].length[k];
+      int result = upSum[2 * k + t];  // the root's sums are the result
+      if (tl.parent >= 0) {
         result = ex.size();
-        ex.recv(up, at, len, {sent, -1}, wireTo(tl.parent));
-      } else {
-        result = sum;
+        ex.recv(c.link(tl.parent), at, len, {upSent[2 * k + t], -1}, wireTo(tl.parent));
       }
       // Down: forward the result while it arrives.
       for (int child : {tl.child0, tl.child1}) {
