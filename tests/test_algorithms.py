@@ -1,8 +1,10 @@
-"""SMDCCL_ALGO forces one allreduce algorithm for every size: both must be
-correct on their own, including recursive doubling's fold for a world size
-that is not a power of two (3) and the ring on messages smaller than the
-world size. Runs the compact collective matrix (all collectives build on
-allreduce, broadcast and allgather) once per algorithm. smdccl only."""
+"""SMDCCL_ALGO forces algorithms through the whole torch path: the compact
+collective matrix (every collective, ops, dtypes, sizes 0 to 300007) on 3
+ranks (not a power of two: halving folds) with ring for reduce_scatter and
+allgather, halving for allreduce and the trees for broadcast and reduce.
+Every registered algorithm on every collective, shape and size is checked
+in-process by tests/cpp/test_algorithm_matrix.cpp; this proves the
+backend drives them the same. smdccl only."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from test_collectives import collective_matrix
 pytestmark = pytest.mark.smdccl_only
 
 
-@pytest.mark.parametrize("algo", ["ring", "rd"])
+@pytest.mark.parametrize("algo", ["ring,allreduce:halving,broadcast:tree,reduce:tree"])
 def test_forced_algorithm_matrix(algo):
     sections = ["reductions", "data_movement"]
     results = run_ranks(3, collective_matrix, True, sections, env={"SMDCCL_ALGO": algo}, timeout=420)

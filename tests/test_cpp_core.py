@@ -30,7 +30,7 @@ def test_cpp_core_unit_tests(tmp_path_factory):
     # INFO: the listener test checks that every dropped connection is logged
     # (WARN for the first few of each window, INFO after).
     run = subprocess.run([str(build / "smdccl_core_tests")], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "SMDCCL_DEBUG": "INFO"})
+                         timeout=300, env={**os.environ, "SMDCCL_DEBUG": "INFO"})
     sys.stdout.write(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
     assert " 0 failed" in run.stdout
