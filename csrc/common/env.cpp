@@ -20,12 +20,12 @@ const std::vector<EnvVar>& envVars() {
        "signature, tensor shapes included) or TRACE (to stderr, prefixed with the rank).",
        EnvVar::Kind::Text, 0, 0, "WARN, INFO, DETAIL, TRACE"},
       {env::kAlgo, "auto",
-       "Force an algorithm: auto (cheapest by the cost model), ring (flat, bandwidth-optimal), rd "
-       "(recursive doubling, latency-optimal), two_level (intra-node reduce-scatter, inter-node "
-       "ring, intra-node allgather, pipelined) or two_level_rd (recursive doubling in each "
-       "level). ring also keeps compressed reductions on the ring instead of recursive halving. "
-       "Applies to allreduce; reduce_scatter, allgather and broadcast use the matching flat or "
-       "two-level form."},
+       "Force algorithms: auto (cheapest by the cost model), a registered name for every "
+       "collective it runs (ring, rd, halving, tree, direct, chain, two_level, two_level_rd, "
+       "two_level_tree; a collective it does not run gets its kin, e.g. ring -> chain for "
+       "broadcast), and/or collective:name pairs, e.g. allreduce:tree,allgather:ring. A two-"
+       "level name on one node runs its flat form. ring also keeps compressed reductions on the "
+       "ring. docs/algorithms.md lists them."},
       {env::kTopology, "",
        "Override host detection: '2x2' (2 nodes of 2 ranks) or '3,1' (uneven nodes), by global "
        "rank order. Ranks on different virtual nodes talk over TCP."},
@@ -38,9 +38,8 @@ const std::vector<EnvVar>& envVars() {
        "Cost-model profile written by `python -m smdccl.tune` (latency and bandwidth per level); "
        "unset: built-in defaults."},
       {env::kPipelineChunkKB, "4096",
-       "Chunk size of the pipelined two-level allreduce (and of the compressed recursive-halving "
-       "allreduce), in KiB: while one chunk crosses the network the next is reduced inside the "
-       "node.",
+       "Chunk size of the pipelined two-level allreduces (and of the halving allreduce), in KiB: "
+       "while one chunk crosses the network the next is reduced inside the node.",
        EnvVar::Kind::Int, 1, 1 << 20},
       {env::kTcpBufferKB, "4096",
        "Socket send/receive buffer size for TCP links, in KiB (0: the system's default).",
