@@ -168,8 +168,12 @@ bool Exchange::progressOnce(bool* allDone) {
     if (t.done == t.bytes && t.headerLeft == 0) {
       t.finished = true;
       std::vector<uint16_t>().swap(t.staging);
-      if (t.kind == Kind::Send) t.link->endSend();
-      else t.link->endRecv();
+      if (t.kind == Kind::Send) {
+        t.link->endSend();
+        if (ctx_.sentBytes) *ctx_.sentBytes += t.wire == Wire::F32 ? t.bytes : t.bytes / 2;
+      } else {
+        t.link->endRecv();
+      }
     } else {
       *allDone = false;
     }

@@ -43,6 +43,10 @@ struct OpContext {
   // Set when the group is aborted (ProcessGroup.abort()): every wait of the
   // op gives up at its next check. nullptr: never.
   const std::atomic<bool>* cancel = nullptr;
+  // Where set, every finished send adds the bytes it put on its link (the
+  // packed 16-bit bytes on a compressed hop): the tests count what each
+  // rank moves per schedule.
+  uint64_t* sentBytes = nullptr;
 
   std::string describe() const;  // "allreduce #7 on group 'g' (rank 0)"
 };

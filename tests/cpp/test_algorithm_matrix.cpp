@@ -368,3 +368,56 @@ TEST(binary_trees_span_and_complement) {
     CHECK(both <= (p % 2 ? 1 : 0));
   }
 }
+
+// What each rank sends, counted by the exchange: a true reduce moves about
+// the tensor once per rank (an allreduce about twice), the double tree about
+// twice the tensor on its busiest rank, the ring 2(p-1)/p of it.
+TEST(bytes_per_rank_by_schedule) {
+  for (const std::vector<int>& nodes : {std::vector<int>{8}, std::vector<int>{1, 1, 1, 1, 1}}) {
+    MemoryFabric fabric(nodes);
+    const int p = fabric.size();
+    const size_t n = 16411;
+    const double b = n * 4.0;
+    struct Case {
+      const char* algo;
+      Collective coll;
+      double maxPerRank;  // in units of b
+    };
+    const std::vector<Case> cases = {
+        {"ring", Collective::Allreduce, 2.0 * (p - 1) / p}, {"tree", Collective::Allreduce, 2.0},
+        {"halving", Collective::Allreduce, 3.0 * (p - 1) / p + 1},  // + the fold's whole message
+        {"ring", Collective::Reduce, 1.0}, {"tree", Collective::Reduce, 1.0},
+        {"halving", Collective::Reduce, 2.0}};
+    std::vector<std::vector<uint64_t>> sent(cases.size(), std::vector<uint64_t>(p, 0));
+    std::string error = fabric.run([&](int r, Comm& c) {
+      for (size_t i = 0; i < cases.size(); ++i) {
+        Tuning t;
+        t.pipelineChunkBytes = 16 << 10;
+        t.forced[static_cast<int>(cases[i].coll)] = findAlgorithm(cases[i].algo);
+        std::vector<float> buf(n, 1.0f);
+        uint64_t count = 0;
+        c.ctx.sentBytes = &count;
+        if (cases[i].coll == Collective::Allreduce)
+          allreduce(c, reinterpret_cast<char*>(buf.data()), n, DType::F32, RedOp::Sum, t);
+        else
+          reduce(c, reinterpret_cast<char*>(buf.data()), n, DType::F32, RedOp::Sum, 0, t);
+        c.ctx.sentBytes = nullptr;
+        sent[i][r] = count;
+      }
+    });
+    CHECK(error.empty());
+    uint64_t reduceMax = 0, allreduceMax = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      uint64_t most = *std::max_element(sent[i].begin(), sent[i].end());
+      uint64_t total = 0;
+      for (uint64_t v : sent[i]) total += v;
+      std::fprintf(stderr, "  %s %s on %d ranks: max %.2f b per rank, %.2f b in all\n", cases[i].algo,
+                   collectiveName(cases[i].coll), p, most / b, total / b);
+      CHECK(most <= cases[i].maxPerRank * b + 64 * p);  // + block rounding
+      CHECK(total > 0);
+      if (cases[i].coll == Collective::Reduce && std::string(cases[i].algo) == "ring") reduceMax = most;
+      if (cases[i].coll == Collective::Allreduce && std::string(cases[i].algo) == "ring") allreduceMax = most;
+    }
+    CHECK(reduceMax < allreduceMax);
+  }
+}
