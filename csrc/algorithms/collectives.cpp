@@ -92,24 +92,25 @@ void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, size_t bytes, D
   choice.algo->run(coll, c, a, t);
 }
 
-}  // namespace
-
-void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t) {
-  if (c.size() == 1 || count == 0) return;
+CollectiveArgs reductionOf(char* buf, size_t count, DType dt, RedOp op) {
   CollectiveArgs a;
   a.buf = buf;
   a.count = count;
   a.dt = dt;
   a.op = op;
-  dispatch(Collective::Allreduce, c, a, count * elementSize(dt), dt, t);
+  return a;
+}
+
+}  // namespace
+
+void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t) {
+  if (c.size() == 1 || count == 0) return;
+  dispatch(Collective::Allreduce, c, reductionOf(buf, count, dt, op), count * elementSize(dt), dt, t);
 }
 
 void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t) {
   if (c.size() == 1) return;
-  CollectiveArgs a;
-  a.buf = buf;
-  a.dt = dt;
-  a.op = op;
+  CollectiveArgs a = reductionOf(buf, 0, dt, op);
   a.blocks = &b;
   dispatch(Collective::ReduceScatter, c, a, b.total(), dt, t);
 }
@@ -133,11 +134,7 @@ void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t) {
 
 void reduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root, const Tuning& t) {
   if (c.size() == 1 || count == 0) return;
-  CollectiveArgs a;
-  a.buf = buf;
-  a.count = count;
-  a.dt = dt;
-  a.op = op;
+  CollectiveArgs a = reductionOf(buf, count, dt, op);
   a.root = root;
   dispatch(Collective::Reduce, c, a, count * elementSize(dt), dt, t);
 }
