@@ -22,6 +22,13 @@ def test_algos_multiply_smdccl_backends_only():
     assert with_algos(["smdccl", "gloo"], None) == ["smdccl", "gloo"]
 
 
+def test_reduce_is_measured_only_when_asked():
+    from smdccl.bench.cli import parse_args
+
+    assert "reduce" not in parse_args([]).collectives  # the README's table keeps its shape
+    assert parse_args(["--collectives", "reduce"]).collectives == ["reduce"]
+
+
 def test_model_estimate_follows_the_forced_algorithm(monkeypatch):
     monkeypatch.delenv("SMDCCL_ALGO", raising=False)
     monkeypatch.delenv("SMDCCL_TUNE_FILE", raising=False)

@@ -368,12 +368,13 @@ def _plan_auto(collective, nbytes, ranks, nodes, max_local):
 
 def test_many_single_rank_nodes_use_latency_friendly_schedules():
     # 8 hosts x 1 rank (the emulated cluster's shape): halving beats the
-    # ring's 14 latencies at mid sizes; 12 hosts, not a power of two: the
-    # double tree beats halving's fold.
+    # ring's 14 latencies at mid sizes; 96 hosts, not a power of two: the
+    # double tree beats halving's fold and the ring's 190 steps at 4 MB;
+    # 8 nodes of 8: the two-level tree at 64 KB.
     assert _plan("allreduce", 256 * KB, 8, 8, 1)[0] == "halving"
-    assert _plan("allreduce", 256 * KB, 12, 12, 1)[0] == "tree"
+    assert _plan("allreduce", 4 * MB, 96, 96, 1)[0] == "tree"
     assert _plan("allreduce", 4 * KB, 8, 8, 1)[0] == "rd"
-    assert _plan("allreduce", 256 * KB, 64, 8, 8)[0] == "two_level_tree"
+    assert _plan("allreduce", 64 * KB, 64, 8, 8)[0] == "two_level_tree"
 
 
 def test_reduce_is_planned_on_its_own():

@@ -73,9 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "and >= 2 GPUs; smdccl+fp16 / smdccl+bf16: 16-bit wire between "
                            "nodes); a backend named here that cannot be opened is "
                            "an error, a default one is skipped with a message")
-    what.add_argument("--collectives", type=_names, default=list(choices.COLLECTIVES),
-                      metavar="LIST",
-                      help="comma list out of %s (default: all)" % ",".join(choices.COLLECTIVES))
+    what.add_argument("--collectives", type=_names, default=list(choices.DEFAULT_COLLECTIVES),
+                      metavar="LIST", help="comma list out of %s (default: all but reduce)"
+                      % ",".join(choices.COLLECTIVES))
     what.add_argument("--dtype", choices=choices.DTYPES, default="float32",
                       help="element type (default: float32)")
     what.add_argument("--op", choices=choices.OPS, default="sum",
