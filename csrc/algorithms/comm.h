@@ -83,6 +83,9 @@ void ringAllgather(Comm& c, char* buf, const Blocks& b);
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 // A ring reduce-scatter, then every block to the root.
 void ringReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root);
+// appendRing's and appendHalving's signature.
+using AppendReduceScatter = int (*)(Exchange&, Comm&, char*, const Blocks&, DType, RedOp, bool,
+                                    bool, int, bool);
 void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 
 // ---- recursive halving / doubling, Rabenseifner (halving.cpp) ----
@@ -152,6 +155,11 @@ void directGather(Comm& c, const char* in, size_t bytes, char* out, const Blocks
 double gatherSeconds(double bytes, const Costs& k);
 // In place: block r of buf goes from rank r to root, after `startAfter`.
 void appendGather(Exchange& ex, Comm& c, char* buf, const Blocks& b, int root, int startAfter);
+// Reduce as `reduceScatter` (appendRing, appendHalving) over even blocks,
+// then a gather of every block to root: on return root's buf holds the
+// reduction.
+void reduceScatterThenGather(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root,
+                             AppendReduceScatter reduceScatter);
 void directScatter(Comm& c, const char* in, const Blocks& b, char* out, size_t bytes, int root);
 
 }  // namespace smdccl

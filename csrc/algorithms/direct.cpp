@@ -74,6 +74,17 @@ void appendGather(Exchange& ex, Comm& c, char* buf, const Blocks& b, int root, i
     if (r != root) ex.recv(c.link(r), buf + b.offset[r], b.length[r], {startAfter, -1});
 }
 
+void reduceScatterThenGather(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root,
+                             AppendReduceScatter reduceScatter) {
+  Blocks b = Blocks::even(count, c.size(), elementSize(dt));
+  Exchange ex = c.exchange();
+  // Only the root keeps a result: nothing is rounded for the others.
+  reduceScatter(ex, c, buf, b, dt, op, true, false, -1, /*finalReduce=*/false);
+  ex.run();  // the root's last reduce-scatter sends read blocks the gather overwrites
+  appendGather(ex, c, buf, b, root, -1);
+  ex.run();
+}
+
 namespace {
 
 // Sending to every peer at once contends for memory and links more than a

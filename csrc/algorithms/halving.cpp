@@ -251,15 +251,7 @@ class Halving final : public Algorithm {
         halvingAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes);
         break;
       case Collective::ReduceScatter: halvingReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op); break;
-      default: {
-        Blocks b = Blocks::even(a.count, comm.size(), elementSize(a.dt));
-        Exchange ex = comm.exchange();
-        // Only the root keeps a result: nothing is rounded for the others.
-        appendHalving(ex, comm, a.buf, b, a.dt, a.op, true, false, -1, /*finalReduce=*/false);
-        ex.run();
-        appendGather(ex, comm, a.buf, b, a.root, -1);
-        ex.run();
-      }
+      default: reduceScatterThenGather(comm, a.buf, a.count, a.dt, a.op, a.root, appendHalving); break;
     }
   }
   const char* kin(Collective c) const override {

@@ -96,13 +96,7 @@ void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op) {
 }
 
 void ringReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root) {
-  Blocks b = Blocks::even(count, c.size(), elementSize(dt));
-  Exchange ex = c.exchange();
-  // Only the root keeps a result: nothing is rounded for the others.
-  appendRing(ex, c, buf, b, dt, op, true, false, -1, /*finalReduce=*/false);
-  ex.run();  // the root's last ring sends read blocks the gather overwrites
-  appendGather(ex, c, buf, b, root, -1);
-  ex.run();
+  reduceScatterThenGather(c, buf, count, dt, op, root, appendRing);
 }
 
 namespace {
