@@ -30,6 +30,7 @@ reads at import; ``Zygote.can_run`` sends every run whose environment differs
 in anything but the per-run variables to a fresh process instead.
 """
 
+import gc
 import os
 import pickle
 import select
@@ -125,6 +126,9 @@ def main() -> None:
     os.close(devnull)
     for name in PRELOAD:
         __import__(name)
+    # Children's collections then leave the imported objects alone instead of
+    # touching (and so copying) every inherited page of them.
+    gc.freeze()
     _send(reply_fd, {"ready": os.getpid()})
     _serve(request_fd, reply_fd)
     # Only a forked child gets here.
