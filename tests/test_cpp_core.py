@@ -1,9 +1,15 @@
 """Builds and runs the torch-free C++ unit tests (topology, CPU reductions,
 shared-memory transport, exchange and connect deadlines, fuzzing of the handshake and
 send/recv frame parsers and of the TCP listener) with CMake, without torch:
-this is also the proof that those layers do not depend on it."""
+this is also the proof that those layers do not depend on it.
+
+The CMake tree that `pip install .` left in build/ already holds the core
+library: the tests are built there (only their own files compile), and no
+command that builds them may name torch. Without such a tree (a wheel
+install), a core-only tree is configured without torch."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,19 +20,54 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _cache_value(cache: Path, key: str) -> str | None:
+    m = re.search(rf"^{re.escape(key)}:[A-Z]+=(.*)$", cache.read_text(errors="replace"), re.M)
+    return m.group(1) if m else None
+
+
+def pip_build_tree(root: Path = ROOT) -> Path | None:
+    """The newest CMake tree setup.py configured for this checkout, if any."""
+    trees = []
+    for cache in root.glob("build/temp.*/cmake/CMakeCache.txt"):
+        home = _cache_value(cache, "CMAKE_HOME_DIRECTORY")
+        if (home and Path(home).resolve() == root.resolve()
+                and _cache_value(cache, "SMDCCL_BUILD_TESTS") not in ("OFF", "0", "FALSE")
+                and _cache_value(cache, "SMDCCL_SANITIZE") in (None, "OFF")
+                and (cache.parent / "build.ninja").exists()):
+            trees.append(cache.parent)
+    return max(trees, key=lambda t: (t / "CMakeCache.txt").stat().st_mtime, default=None)
+
+
+def torch_free_commands(build: Path, target: str) -> list[str]:
+    """Every command ninja runs to build `target`; each must name no torch path."""
+    out = subprocess.run(["ninja", "-C", str(build), "-t", "commands", target],
+                         check=True, capture_output=True, text=True).stdout
+    return [c for c in out.splitlines() if c.strip()]
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 def test_cpp_core_unit_tests(tmp_path_factory):
-    build = Path(os.environ.get("SMDCCL_CORE_TEST_BUILD", tmp_path_factory.mktemp("core-build")))
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    subprocess.run(
-        ["cmake", "-S", str(ROOT), "-B", str(build), *gen, "-DSMDCCL_CORE_ONLY=ON",
-         "-DCMAKE_BUILD_TYPE=Release"],
-        check=True, capture_output=True, text=True,
-    )
-    subprocess.run(
+    explicit = os.environ.get("SMDCCL_CORE_TEST_BUILD")
+    build = Path(explicit) if explicit else (shutil.which("ninja") and pip_build_tree())
+    if not build:
+        build = Path(tmp_path_factory.mktemp("core-build"))
+    if not (build / "CMakeCache.txt").exists():
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        subprocess.run(
+            ["cmake", "-S", str(ROOT), "-B", str(build), *gen, "-DSMDCCL_CORE_ONLY=ON",
+             "-DCMAKE_BUILD_TYPE=Release"],
+            check=True, capture_output=True, text=True,
+        )
+    if (build / "build.ninja").exists():
+        commands = torch_free_commands(build, "smdccl_core_tests")
+        assert any("test_algorithm_matrix.cpp" in c for c in commands)
+        with_torch = [c for c in commands if re.search(r"torch/include|libtorch|libc10|-DTORCH_", c)]
+        assert not with_torch, "the torch-free core or its tests name torch:\n" + with_torch[0][:2000]
+    built = subprocess.run(
         ["cmake", "--build", str(build), "--target", "smdccl_core_tests", "-j", "2"],
-        check=True, capture_output=True, text=True,
+        capture_output=True, text=True,
     )
+    assert built.returncode == 0, built.stdout[-5000:] + built.stderr[-5000:]
     # INFO: the listener test checks that every dropped connection is logged
     # (WARN for the first few of each window, INFO after).
     run = subprocess.run([str(build / "smdccl_core_tests")], capture_output=True, text=True,
