@@ -34,7 +34,7 @@ def compressed_matrix(wire: str) -> dict:
     oracle = dist.new_group(backend="gloo")
     u, hops = UNIT[wire], world
     worst, cases = 0.0, 0
-    for n in (0, 1, 7, 1001, 300_007, 2_000_003):  # tiny (uncompressed rd) .. pipelined two-level
+    for n in (0, 1, 7, 1001, 300_007):  # tiny (uncompressed rd) .. pipelined (256 KB chunks)
         for op in ("SUM", "AVG", "MAX"):
             gen = torch.Generator().manual_seed(n + len(op))
             ins = [torch.randn(n, generator=gen) * 100 for _ in range(world)]
@@ -78,7 +78,8 @@ def compressed_matrix(wire: str) -> dict:
 # rank, every hop compressed, so the reductions run as recursive halving.
 @pytest.mark.parametrize("wire,topology", [("fp16", "2x2"), ("bf16", "2x2"), ("fp16", "1,1,1,1")])
 def test_compressed_reductions_within_bound(wire, topology):
-    results = run_ranks(4, compressed_matrix, wire, env={"SMDCCL_TOPOLOGY": topology}, timeout=300)
+    env = {"SMDCCL_TOPOLOGY": topology, "SMDCCL_PIPELINE_CHUNK_KB": "256"}
+    results = run_ranks(4, compressed_matrix, wire, env=env, timeout=300)
     print(f"\n[{wire} {topology}] {results[0]}")
     assert results[0]["cases"] > 0 and 0 < results[0]["worst_fraction_of_bound"] <= 1
 
@@ -89,7 +90,7 @@ def halving_exact(compress_intra: bool) -> dict:
     Every partial sum of integers in [-8, 8] over at most 8 ranks is exact in
     fp16, so the only way to a wrong bit is a transfer that ran out of order
     (a send before the sums it forwards were complete, a receive into data
-    still being sent). Several rounds, sizes from empty to many pipeline
+    still being sent). Two rounds, sizes from empty to many pipeline
     chunks, SUM / AVG / MAX, allreduce and reduce_scatter.
     """
     import os
@@ -117,9 +118,15 @@ def halving_exact(compress_intra: bool) -> dict:
         capture.seek(0)
         log = capture.read().decode()
 
+    def summed(n, salt):  # every rank's data(n, r, salt), added in float64
+        acc = torch.zeros(n, dtype=torch.float64)
+        for r in range(world):
+            acc += data(n, r, salt)
+        return acc
+
     cases = 0
-    for salt in range(3):
-        for n in (0, 1, 5, 7, 1001, 65_537, 300_007):
+    for salt in range(2):  # a second round finds what the first left behind
+        for n in (0, 1, 7, 1001, 65_537, 300_007):
             stack = torch.stack([data(n, r, salt).double() for r in range(world)])
             for op in ("SUM", "AVG", "MAX"):
                 exact = {"SUM": stack.sum(0), "AVG": stack.mean(0), "MAX": stack.amax(0)}[op]
@@ -128,18 +135,21 @@ def halving_exact(compress_intra: bool) -> dict:
                 assert torch.equal(t.double(), exact), (
                     f"all_reduce {op} n={n} round {salt}: {(t.double() != exact).sum().item()} wrong")
                 cases += 1
-            full = torch.stack([data(n * world, r, salt).double() for r in range(world)]).sum(0)
-            out = torch.empty(n)
-            dist.reduce_scatter_tensor(out, data(n * world, rank, salt), group=group)
-            assert torch.equal(out.double(), full[rank * n:(rank + 1) * n]), f"reduce_scatter n={n} round {salt}"
+            # reduce_scatter of about n elements in all: a block of n / world each
+            blk = -(-n // world)
+            full = summed(blk * world, salt)
+            out = torch.empty(blk)
+            dist.reduce_scatter_tensor(out, data(blk * world, rank, salt), group=group)
+            assert torch.equal(out.double(), full[rank * blk:(rank + 1) * blk]), (
+                f"reduce_scatter n={blk * world} round {salt}")
             cases += 1
-            sizes = [n + 3 * r for r in range(world)]  # an uneven input list
+            sizes = [blk + 3 * r for r in range(world)]  # an uneven input list
             start, total = sum(sizes[:rank]), sum(sizes)
-            full = torch.stack([data(total, r, salt + 5).double() for r in range(world)]).sum(0)
+            full = summed(total, salt + 5)
             out = torch.empty(sizes[rank])
             dist.reduce_scatter(out, list(data(total, rank, salt + 5).split(sizes)), group=group)
             assert torch.equal(out.double(), full[start:start + sizes[rank]]), (
-                f"reduce_scatter(uneven list) n={n} round {salt}")
+                f"reduce_scatter(uneven list) n={total} round {salt}")
             cases += 1
     decisions = [line.split(" -> ")[1].split(";")[0].split()[0]
                  for line in log.splitlines() if "(16-bit wire) -> " in line]
@@ -367,10 +377,13 @@ def test_ddp_hooks_match_float32_ddp():
 # 16-bit hop. Where no hop of the collective is compressed (one node,
 # compress_intra off) nothing may be rounded: the result must be bitwise the
 # uncompressed group's. Each case runs the same collective on both groups in
-# one spawn, at sizes that reach recursive doubling and the ring (and, forced,
-# every other schedule), and through the fused and coalesced paths.
+# one spawn, at sizes that reach recursive doubling and the ring (the
+# automatic choice runs both), and through the fused and coalesced paths.
+# Across nodes the flat ring and two-level recursive doubling run forced too.
+# Every schedule forced on every shape runs in-process, in
+# tests/cpp/test_wire_rounding.cpp and test_algorithm_matrix.cpp.
 
-ROUNDING_ALGOS = ("auto", "ring", "rd", "two_level", "two_level_rd")
+ROUNDING_ALGOS = {False: ("auto",), True: ("auto", "ring", "two_level_rd")}  # by several_nodes
 ROUNDING_SIZES = (7, 1001, 65_537, 300_007, 1_048_579)  # rd .. ring / pipelined two-level
 
 
@@ -487,7 +500,7 @@ def wire_rounding_matrix() -> dict:
                     rounded_something[(wire, intra)] = True
 
     decisions = ""  # the engine's algorithm decisions (SMDCCL_DEBUG=INFO) of the automatic pass
-    for algo in ROUNDING_ALGOS:
+    for algo in ROUNDING_ALGOS[several_nodes]:
         os.environ["SMDCCL_ALGO"] = algo  # read when a group is created
         plain = dist.new_group(backend="smdccl")
         groups = {(wire, intra): dist.new_group(

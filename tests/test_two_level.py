@@ -5,10 +5,10 @@ rank per node and shard crossing the network) are the reason smdccl exists,
 and their bookkeeping -- shard ownership on uneven nodes, the chunked
 pipeline, sub-communicators -- is where an off-by-one would hide. Each case
 forces one algorithm with ``SMDCCL_ALGO`` on one ``SMDCCL_TOPOLOGY`` and runs
-the reduction and data-movement sections of the collective matrix (every
-collective, ops, dtypes incl. fp16/bf16/ints/bool, sizes 0, 1, 7, 1001,
-300007 -- none divisible by the world size) plus the cross-rank bitwise
-check. ``SMDCCL_PIPELINE_CHUNK_KB=64`` cuts the larger messages into many
+the reduction and data-movement sections of the compact collective matrix
+(every collective and op; float32, fp16, bf16, int64, uint8, bool; sizes 0,
+1, 7, 1001, 300007 -- none divisible by the world size) plus the cross-rank
+bitwise check. ``SMDCCL_PIPELINE_CHUNK_KB=64`` cuts the larger messages into many
 pipeline chunks so the pipelining itself is exercised.
 
 Topologies: 2x3 (6 ranks) and 3+1 (uneven). The schedules themselves, on

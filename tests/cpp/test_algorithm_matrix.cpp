@@ -330,6 +330,9 @@ TEST(algorithm_matrix_16_bit_wire) {
   runWireMatrix({4}, Wire::F16, true, fail, cases);
   runWireMatrix({16}, Wire::F16, true, fail, cases);
   runWireMatrix({3, 3}, Wire::BF16, true, fail, cases);
+  // Eight ranks: halving across four nodes, and across eight.
+  runWireMatrix({2, 2, 2, 2}, Wire::F16, false, fail, cases);
+  runWireMatrix(std::vector<int>(8, 1), Wire::F16, false, fail, cases);
   report(fail, cases, "16-bit wire");
 }
 
