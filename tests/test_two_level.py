@@ -11,7 +11,9 @@ the reduction and data-movement sections of the compact collective matrix
 bitwise check. ``SMDCCL_PIPELINE_CHUNK_KB=64`` cuts the larger messages into many
 pipeline chunks so the pipelining itself is exercised.
 
-Topologies: 2x3 (6 ranks) and 3+1 (uneven). The schedules themselves, on
+Topologies: 2x3 (6 ranks) and 3+1 (uneven; two_level_rd is what the
+automatic choice runs there for small messages, in tests/test_topology.py).
+The schedules themselves, on
 2+2, 3+3, 3+1, 2+3+1, one rank per node and one node (where the two-level
 forms fall back to the flat ones), run in-process in
 tests/cpp/test_algorithm_matrix.cpp; these runs prove the backend drives
@@ -35,7 +37,6 @@ SECTIONS = ["reductions", "data_movement"]
 CASES = [
     ("2x3", 6, "two_level"),       # the pipeline, shards, 6 ranks
     ("3,1", 4, "two_level_tree"),  # uneven nodes, a double tree across them
-    ("3,1", 4, "two_level_rd"),
 ]
 
 
