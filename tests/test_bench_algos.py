@@ -88,6 +88,8 @@ def test_bench_algos_run(tmp_path):
     assert all(r["model_us"] and r["model_us"] > 0 for r in rows if r["model_algo"] != "-"), rows
 
     argv[argv.index("ring,halving,tree,two_level_tree,auto")] = "ring,fastest"
-    bad = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0  # 2 from each rank; torchrun reports 1
+    argv[argv.index("--nproc-per-node") + 1] = "1"  # refused before any group: one rank tells
+    bad = subprocess.run(argv, env=dict(env, SMDCCL_TOPOLOGY="1"), cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode != 0  # 2 from the rank; torchrun reports 1
     assert "unknown algorithm(s) fastest" in bad.stderr and "two_level_tree" in bad.stderr, bad.stderr
