@@ -84,9 +84,13 @@ class _StartMethod:
     def run_test(self, test_name: str, parent_pipe) -> None:
         # The driver's own check (tests/test_torch_conformance.py): a failure
         # on one rank of a named test must come out as that test's failure.
+        # The test runs first, so that its own failure would still show.
         if os.environ.get("SMDCCL_CONFORMANCE_INJECT_FAILURE") == test_name and self.rank == 1:
+            body = getattr(self, test_name)
+
             def fail():
-                raise AssertionError(f"failure injected into {test_name} on rank 1")
+                body()
+                raise AssertionError(f"failure injected into {test_name} on rank 1, after it passed")
 
             setattr(self, test_name, fail)
         super().run_test(test_name, parent_pipe)
