@@ -5,7 +5,8 @@ rank per node and shard crossing the network) are the reason smdccl exists,
 and their bookkeeping -- shard ownership on uneven nodes, the chunked
 pipeline, sub-communicators -- is where an off-by-one would hide. Each case
 forces one algorithm with ``SMDCCL_ALGO`` on one ``SMDCCL_TOPOLOGY`` and runs
-the reduction and data-movement sections of the compact collective matrix
+the reduction section (and on 3+1 the data-movement one) of the compact
+collective matrix
 (every collective and op; float32, fp16, bf16, int64, uint8, bool; sizes 0,
 1, 7, 1001, 300007 -- none divisible by the world size) plus the cross-rank
 bitwise check. ``SMDCCL_PIPELINE_CHUNK_KB=64`` cuts the larger messages into many
@@ -32,18 +33,19 @@ from test_collectives import collective_matrix
 
 pytestmark = pytest.mark.smdccl_only
 
-SECTIONS = ["reductions", "data_movement"]
-
+# (topology, ranks, forced algorithm, matrix sections). On 3+1 the forced
+# two_level_tree runs allreduce and broadcast, and its kin two_level the
+# allgather and reduce_scatter, so its data movement covers two_level's too.
 CASES = [
-    ("2x3", 6, "two_level"),       # the pipeline, shards, 6 ranks
-    ("3,1", 4, "two_level_tree"),  # uneven nodes, a double tree across them
+    ("2x3", 6, "two_level", ["reductions"]),                         # the pipeline, shards, 6 ranks
+    ("3,1", 4, "two_level_tree", ["reductions", "data_movement"]),  # uneven nodes, a double tree
 ]
 
 
-@pytest.mark.parametrize("topology,world_size,algo", CASES, ids=[f"{t}-{a}" for t, _, a in CASES])
-def test_two_level_matrix(topology, world_size, algo):
+@pytest.mark.parametrize("topology,world_size,algo,sections", CASES, ids=[f"{t}-{a}" for t, _, a, _ in CASES])
+def test_two_level_matrix(topology, world_size, algo, sections):
     env = {"SMDCCL_TOPOLOGY": topology, "SMDCCL_ALGO": algo, "SMDCCL_PIPELINE_CHUNK_KB": "64"}
-    results = run_ranks(world_size, collective_matrix, True, SECTIONS, env=env, timeout=420)
+    results = run_ranks(world_size, collective_matrix, True, sections, env=env, timeout=420)
     assert results[0]["cases"] > 0
     print(f"\n[{topology} {algo}] {results[0]['cases']} sub-cases; timings {results[0]['timings']}")
 
