@@ -276,15 +276,14 @@ def _assert_each_rank_ok_on_its_node(stdout: str, backend: str, report: str) -> 
 
 def test_allreduce_across_two_nodes_gloo(clean):
     """gloo through the same job and links (smdccl's run is the matrix above)."""
-    backend = "gloo"
     env = cli_env()
     res = subprocess.run(
         cli("--nodes", "2", "--procs-per-node", "2", "--link", "1gbit", "--timeout", "150",
-            "--", str(JOBS / "allreduce_check.py"), "--backend", backend, "--expect-nodes", "2"),
+            "--", str(JOBS / "allreduce_check.py"), "--backend", "gloo", "--expect-nodes", "2"),
         env=env, capture_output=True, text=True, timeout=200)
     report = f"stdout:\n{res.stdout}\nstderr:\n{res.stderr}"
     assert res.returncode == 0, report
-    _assert_each_rank_ok_on_its_node(res.stdout, backend, report)
+    _assert_each_rank_ok_on_its_node(res.stdout, "gloo", report)
 
 
 @pytest.mark.smdccl_only
