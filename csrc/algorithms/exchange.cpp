@@ -195,8 +195,10 @@ void Exchange::run() {
       continue;
     }
     if (allDone) break;
-    // Nothing moved: back off, gently at first.
-    if ((++polls & 63) != 0) {
+    // Nothing moved: back off, gently at first. Without a spin budget (the
+    // machine's cores are oversubscribed) a poll between yields is a recv
+    // syscall on the core the awaited rank needs: yield, then sleep.
+    if (ctx_.wait.spinUs > 0 && (++polls & 63) != 0) {
       cpuRelax();
       continue;
     }
