@@ -4,11 +4,14 @@
 // then sleeps (futex doorbell for shared memory, poll() for sockets), checks
 // the deadline and whether same-node peers are alive, and reports which
 // peer it was waiting for.
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/dtype.h"
 
 #include "algorithms/op_context.h"
+#include "algorithms/stage_device.h"
 #include "transport/futex.h"
 #include "transport/link.h"
 #include "transport/shm_node.h"
@@ -54,12 +57,17 @@ class Exchange {
   // An index that finishes once both `a` and `b` have (-1: nothing to wait
   // for): what a schedule returns when its end is on several links.
   int join(int a, int b);
+  // Work on a device between transfers (staged schedules: a copy to or
+  // from a host slot, a cast, a reduction): `queue` is called once the deps
+  // are done and returns the device's ticket; the step finishes when
+  // dev.done(ticket). Returns its index.
+  int device(StageDevice& dev, std::function<StageDevice::Ticket()> queue, Deps deps = {});
   int size() const { return static_cast<int>(t_.size()); }
   // Runs everything added since the last run() to completion.
   void run();
 
  private:
-  enum class Kind { Send, Recv, RecvReduce, Join };
+  enum class Kind { Send, Recv, RecvReduce, Join, Device };
   struct Transfer {
     Link* link;
     Kind kind;
@@ -86,7 +94,14 @@ class Exchange {
     // a received one is checked before any data is read.
     unsigned char* header = nullptr;
     size_t headerLeft = 0;
+    // Device: queued once its deps are done, finished when its ticket is.
+    StageDevice* dev = nullptr;
+    std::function<StageDevice::Ticket()> queue{};
+    StageDevice::Ticket ticket = 0;
+    bool queued = false;
   };
+  // A Device step's turn: queue it, or see whether it has run.
+  bool progressDevice(Transfer& t);
   Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps,
                 Wire wire = Wire::F32, Wire roundTo = Wire::F32);
   // A transfer's steps (plain bytes, or a 16-bit wire); return whether anything moved.
