@@ -108,6 +108,11 @@ void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tunin
   dispatch(Collective::Allreduce, c, reductionOf(buf, count, dt, op), count * elementSize(dt), dt, t);
 }
 
+const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const Tuning& given) {
+  Tuning t = forWire(c, dt, given);
+  return choose(Collective::Allreduce, count * elementSize(dt), situationOf(c, dt, t), t).algo;
+}
+
 void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t) {
   if (c.size() == 1) return;
   CollectiveArgs a = reductionOf(buf, 0, dt, op);

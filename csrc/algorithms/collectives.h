@@ -6,6 +6,10 @@
 namespace smdccl {
 
 void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t);
+// The algorithm allreduce() runs for `count` dt elements on c (SMDCCL_ALGO,
+// else the model): a staged device path runs its own ring only where this
+// is the ring, so that its results have the host path's bits.
+const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const Tuning& t);
 // buf holds the full input (size() blocks); on return block rank() holds the result.
 void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t);
 // On entry block rank() of buf is filled; on return all blocks are.

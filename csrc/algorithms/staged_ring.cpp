@@ -1,0 +1,142 @@
+#include "algorithms/staged_ring.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "common/error.h"
+
+namespace smdccl {
+
+namespace {
+
+// Ring position i owns logical block i+1 after the reduce-scatter; logical
+// block k is the data block of the rank at position k-1 (as appendRing).
+int dataBlockOf(const Comm& c, int logical) {
+  int p = c.size();
+  return c.ring[((logical - 1) % p + p) % p];
+}
+
+class StagedRing {
+ public:
+  StagedRing(Comm& c, StageDevice& d, char* dev, size_t count, DType dt, RedOp op, char* slots,
+             const StagePlan& plan)
+      : c_(c), d_(d), dev_(dev), dt_(dt), op_(op), plan_(plan), ex_(c.exchange()) {
+    const int p = c.size();
+    const int i = c.ringPosition();
+    next_ = c.ring[(i + 1) % p];
+    prev_ = c.ring[(i - 1 + p) % p];
+    const bool f32 = dt == DType::F32;
+    sendWire_ = f32 ? c.wireTo(next_) : Wire::F32;
+    recvWire_ = f32 ? c.wireTo(prev_) : Wire::F32;
+    es_ = elementSize(dt);
+    // Pieces are cut in device elements, the same on both ends of a hop
+    // whatever its wire (a 16-bit wire fills half of each slot).
+    pieceElems_ = std::max<size_t>(1, plan.slotBytes / es_);
+    count_ = count;
+    chunkElems_ = plan.chunkBytes ? std::max<size_t>(1, plan.chunkBytes / es_) : count;
+    sendSlots_ = slots;
+    recvSlots_ = slots + static_cast<size_t>(plan.slots) * plan.slotBytes;
+    sendFree_.assign(plan.slots, -1);
+    recvFree_.assign(plan.slots, -1);
+  }
+
+  void run() {
+    const int p = c_.size();
+    const int i = c_.ringPosition();
+    const Wire roundLast = c_.resultWire(dt_);
+    for (size_t at = 0; at < count_; at += chunkElems_) {
+      // One ring per chunk; the chunks share the slots and stream together.
+      base_ = dev_ + at * es_;
+      blocks_ = Blocks::even(std::min(chunkElems_, count_ - at), p, es_);
+      written_.assign(p, {});
+      for (int b = 0; b < p; ++b) written_[b].assign(piecesOf(b), -1);
+      // Reduce-scatter: step s sends logical block i-s and reduces block i-s-1.
+      for (int s = 0; s < p - 1; ++s)
+        step(dataBlockOf(c_, i - s), dataBlockOf(c_, i - s - 1), true,
+             s == p - 2 ? roundLast : Wire::F32);
+      // Allgather: step s sends block i+1-s (our own first) and receives block i-s.
+      for (int s = 0; s < p - 1; ++s)
+        step(dataBlockOf(c_, i + 1 - s), dataBlockOf(c_, i - s), false, Wire::F32);
+    }
+    ex_.run();
+  }
+
+ private:
+  size_t piecesOf(int block) const {
+    size_t n = blocks_.length[block] / es_;
+    return (n + pieceElems_ - 1) / pieceElems_;
+  }
+  size_t elemsOf(int block, size_t k) const {
+    return std::min(pieceElems_, blocks_.length[block] / es_ - k * pieceElems_);
+  }
+  char* at(int block, size_t k) const { return base_ + blocks_.offset[block] + k * pieceElems_ * es_; }
+
+  void step(int sendBlock, int recvBlock, bool reduce, Wire roundTo) {
+    Link& next = c_.link(next_);
+    Link& prev = c_.link(prev_);
+    for (size_t k = 0; k < piecesOf(sendBlock); ++k) {
+      const size_t n = elemsOf(sendBlock, k);
+      const int s = static_cast<int>(sendTurn_++ % plan_.slots);
+      char* slot = sendSlots_ + s * plan_.slotBytes;
+      const char* src = at(sendBlock, k);
+      // The piece is final here once its last write (an earlier step's
+      // receive) has landed, and the slot is free once its last send left.
+      int packed = ex_.device(
+          d_, [this, slot, src, n] { return d_.toHost(slot, src, n, dt_, sendWire_); },
+          {ex_.join(written_[sendBlock][k], sendFree_[s]), -1});
+      ex_.send(next, slot, n * StageDevice::wireElementSize(dt_, sendWire_), {packed, -1});
+      sendFree_[s] = ex_.size() - 1;
+    }
+    for (size_t k = 0; k < piecesOf(recvBlock); ++k) {
+      const size_t n = elemsOf(recvBlock, k);
+      const int s = static_cast<int>(recvTurn_++ % plan_.slots);
+      char* slot = recvSlots_ + s * plan_.slotBytes;
+      char* dst = at(recvBlock, k);
+      ex_.recv(prev, slot, n * StageDevice::wireElementSize(dt_, recvWire_), {recvFree_[s], -1});
+      int got = ex_.size() - 1;
+      const Wire wire = recvWire_;
+      int landed = ex_.device(
+          d_,
+          [this, dst, slot, n, wire, reduce, roundTo] {
+            return d_.fromHost(dst, slot, n, dt_, wire, reduce, op_, roundTo);
+          },
+          {ex_.join(got, written_[recvBlock][k]), -1});
+      recvFree_[s] = landed;
+      written_[recvBlock][k] = landed;
+    }
+  }
+
+  Comm& c_;
+  StageDevice& d_;
+  char* dev_;
+  DType dt_;
+  RedOp op_;
+  const StagePlan& plan_;
+  Exchange ex_;
+  int next_ = 0, prev_ = 0;
+  Wire sendWire_ = Wire::F32, recvWire_ = Wire::F32;
+  size_t es_ = 1, pieceElems_ = 1, count_ = 0, chunkElems_ = 1;
+  // The chunk being scheduled: its start and its ring's blocks.
+  char* base_ = nullptr;
+  Blocks blocks_;
+  char* sendSlots_ = nullptr;
+  char* recvSlots_ = nullptr;
+  size_t sendTurn_ = 0, recvTurn_ = 0;
+  // Per slot: the exchange index after which it may be filled again.
+  std::vector<int> sendFree_, recvFree_;
+  // Per block and piece of the chunk: the device step that last wrote it (-1: the input).
+  std::vector<std::vector<int>> written_;
+};
+
+}  // namespace
+
+void stagedRingAllreduce(Comm& c, StageDevice& device, char* dev, size_t count, DType dt,
+                         RedOp op, char* slots, const StagePlan& plan) {
+  SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(dt),
+                   "staged ring: need at least one slot of one element (slots ", plan.slots,
+                   ", slot bytes ", plan.slotBytes, ")");
+  if (count == 0 || c.size() == 1) return;
+  StagedRing(c, device, dev, count, dt, op, slots, plan).run();
+}
+
+}  // namespace smdccl
