@@ -10,9 +10,13 @@
 // GPU (their contexts are time-sliced, not concurrent).
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
+#include "algorithms/algorithm.h"
 #include "algorithms/collectives.h"
 #include "algorithms/slices.h"
+#include "algorithms/staged_ring.h"
+#include "algorithms/cuda/cuda_stage_device.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
 #include "common/log.h"
@@ -104,11 +108,55 @@ const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes) {
   return bytes <= g.tuning().oneShotBytes ? "ipc one-shot" : "ipc two-shot";
 }
 
+namespace {
+
+// The slots of the staged ring: a piece of at most 1 MiB per slot, so a
+// 4 MiB staging chunk still pipelines inside itself.
+constexpr size_t kRingSlotBytes = 1u << 20;
+
+bool isRing(const Algorithm* a) { return std::string(a->name()) == "ring"; }
+
+// Where the host path would run the ring on every staging chunk, the device
+// runs it (staged_ring.h): same bits, the 16-bit cast done by the GPU, half
+// the bytes over PCIe with a compressed wire, and copies out, network and
+// copies in overlapping per piece.
+bool stagedRingFits(const Comm& c, size_t count, size_t chunk, DType dt, const Tuning& t) {
+  if (!isRing(allreduceAlgorithm(c, std::min(chunk, count), dt, t))) return false;
+  size_t tail = count % chunk;
+  return count <= chunk || tail == 0 || isRing(allreduceAlgorithm(c, tail, dt, t));
+}
+
+void stagedRing(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
+                size_t chunkBytes) {
+  StagePlan plan;
+  plan.slotBytes = std::min(kRingSlotBytes, std::max(chunkBytes, elementSize(dt)));
+  plan.slots = static_cast<int>(kStageSlots);
+  plan.chunkBytes = chunkBytes;
+  // The previous op's copies are done: it waited for its stream at its end.
+  char* slots = g.staging().reserve(plan.hostBytes());
+  CudaStageDevice& d = g.stage();
+  d.begin(g.stream(), slots, plan, c.ctx);
+  try {
+    stagedRingAllreduce(c, d, dev, count, dt, op, slots, plan);
+  } catch (...) {
+    d.abandon();
+    throw;
+  }
+  d.finish();
+}
+
+}  // namespace
+
 void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
                      const Tuning& t) {
   if (count == 0 || c.size() == 1) return;
   const size_t es = elementSize(dt);
   const size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
+  if (stagedRingFits(c, count, chunk, dt, t)) {
+    stagedRing(c, g, dev, count, dt, op, chunk * es);
+    waitForStream(g.stream(), c.ctx, "the staged ring's copies into device memory");
+    return;
+  }
   const size_t chunks = (count + chunk - 1) / chunk;
   // Pinned memory for a few chunks, reused round-robin, not for the whole
   // tensor: pinning is slow and takes host memory away for good.

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "algorithms/collectives.h"
+#include "algorithms/cuda/cuda_stage_device.h"
 #include "algorithms/comm.h"
 #include "common/env.h"
 #include "common/error.h"
@@ -65,6 +66,11 @@ GpuContext::~GpuContext() {
   // Nothing of ours may still be running when the buffers go.
   cudaStreamSynchronize(stream_);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+CudaStageDevice& GpuContext::stage() {
+  if (!stage_) stage_ = std::make_unique<CudaStageDevice>();
+  return *stage_;
 }
 
 cudaEvent_t GpuContext::event(size_t i) {

@@ -26,6 +26,7 @@ struct GpuTuning {
 
 struct Comm;
 struct Tuning;
+class CudaStageDevice;
 
 class GpuContext {
  public:
@@ -35,6 +36,8 @@ class GpuContext {
   cudaStream_t stream() const { return stream_; }
   const GpuTuning& tuning() const { return tuning_; }
   PinnedBuffer& staging() { return staging_; }
+  // The device side of the staged ring (made at first use).
+  CudaStageDevice& stage();
   // `n` reusable events (timing off), recorded and waited on by one op at a time.
   cudaEvent_t event(size_t i);
   // The node's IPC buffers, mapped on first use: a collective over the node
@@ -55,6 +58,7 @@ class GpuContext {
   PinnedBuffer staging_;
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
+  std::unique_ptr<CudaStageDevice> stage_;
   bool tuningAgreed_ = false;
 };
 
