@@ -447,6 +447,38 @@ def test_cuda_two_level_fp16_wire():
                      pg_timeout=PG_TIMEOUT))
 
 
+def staged_allreduce_digests() -> dict:
+    """Large allreduces across two nodes (the staged ring's sizes) and one
+    small one (the host path's): their results' bytes, to compare runs."""
+    import hashlib
+    dev = _device()
+    rank = dist.get_rank()
+    out = {}
+    for n in (1001, 3_000_001, 5_242_880):
+        t = rank_input(rank, n, torch.float32, 7, "rand").to(dev)
+        dist.all_reduce(t)
+        out[n] = hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()
+    return {"digests": out}
+
+
+@needs_gpu
+@pytest.mark.parametrize("wire", ["fp16", "bf16", "none"])
+def test_cuda_staged_ring_has_the_host_paths_bits(wire):
+    """SMDCCL_CUDA_STAGED_RING=1 (the GPU packs and unpack-reduces, the proxy
+    ships) and =0 (host staging, host algorithm) give the same bits on every
+    rank, one rank per node and two-level alike."""
+    for topo, ipc in (("2x1", "1"), ("2x2", "1")):
+        runs = []
+        for staged in ("1", "0"):
+            env = {"SMDCCL_TOPOLOGY": topo, "SMDCCL_CUDA_IPC": ipc, "SMDCCL_CUDA_IPC_MB": "8",
+                   "SMDCCL_CUDA_STAGED_RING": staged, "SMDCCL_COMPRESSION": wire}
+            world = 2 if topo == "2x1" else 4
+            runs.append(run_ranks(world, staged_allreduce_digests, env=env, timeout=180,
+                                  pg_timeout=PG_TIMEOUT))
+        for rank, (a, b) in enumerate(zip(*runs)):
+            assert a["digests"] == b["digests"], f"{topo} {wire}: rank {rank}: staged ring bits differ"
+
+
 @needs_gpu
 @pytest.mark.parametrize("world_size", [2])
 def test_cuda_stream_semantics(world_size):

@@ -98,6 +98,12 @@ const std::vector<EnvVar>& envVars() {
        "CUDA tensors that cross nodes (or every CUDA collective with SMDCCL_CUDA_IPC=0) go "
        "through pinned host memory in chunks of this many KiB, so copies overlap the network.",
        EnvVar::Kind::Int, 64, 1 << 20},
+      {env::kCudaStagedRing, "1",
+       "CUDA allreduce across nodes: 1 lets the GPU run the staged ring where the host "
+       "algorithm would be the ring (the GPU packs pinned slots, cast to the 16-bit wire, and "
+       "unpack-reduces them; smdccl's thread ships them); 0 copies each chunk to pinned memory "
+       "for the host algorithm. Same results either way.",
+       EnvVar::Kind::Int, 0, 1},
       {env::kAutoload, "1",
        "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };

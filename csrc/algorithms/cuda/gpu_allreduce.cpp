@@ -152,7 +152,7 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
   if (count == 0 || c.size() == 1) return;
   const size_t es = elementSize(dt);
   const size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
-  if (stagedRingFits(c, count, chunk, dt, t)) {
+  if (g.tuning().stagedRing && stagedRingFits(c, count, chunk, dt, t)) {
     stagedRing(c, g, dev, count, dt, op, chunk * es);
     waitForStream(g.stream(), c.ctx, "the staged ring's copies into device memory");
     return;

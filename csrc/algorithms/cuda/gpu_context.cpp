@@ -21,21 +21,23 @@ GpuTuning GpuTuning::fromEnv() {
   t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
   t.stageChunkBytes =
       static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
+  t.stagedRing = envInt(env::kCudaStagedRing) != 0;
   return t;
 }
 
 std::string GpuTuning::describe() const {
   return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
                 ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
-                ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10);
+                ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10,
+                ", SMDCCL_CUDA_STAGED_RING=", stagedRing ? 1 : 0);
 }
 
 void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   if (tuningAgreed_ || c.size() == 1) return;
-  constexpr size_t kFields = 4;
+  constexpr size_t kFields = 5;
   auto fields = [](const GpuTuning& g) {
     return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u, g.ipcBytes, g.oneShotBytes,
-                                         g.stageChunkBytes};
+                                         g.stageChunkBytes, g.stagedRing ? 1u : 0u};
   };
   // A tiny allgather over the group: it carries this op's header, so a rank
   // that called another op (or passed CPU tensors) is named as such first.
@@ -51,6 +53,7 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
     theirs.ipcBytes = f[1];
     theirs.oneShotBytes = f[2];
     theirs.stageChunkBytes = f[3];
+    theirs.stagedRing = f[4] != 0;
     throw CommError(CommError::Kind::Mismatch,
                     strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ",
                            r, " has ", theirs.describe(), ", rank ", c.rank(), " has ",
