@@ -470,3 +470,33 @@ def test_debug_trace_logs_each_decision_and_timing():
             assert re.search(rf"allreduce #{seq} on group '\S+' \(rank {rank}\): allreduce of 4000 B -> \w+", log), log
             assert re.search(rf"allreduce #{seq} on group '\S+' \(rank {rank}\) allreduce\(Float, 1000 elements, sum\): "
                              rf"\d+ us", log), log
+
+
+def progress_and_copy_counters() -> dict:
+    """The counters a benchmark reads: the progress thread's CPU clock grows
+    with the async work it runs; CPU tensors copy nothing to or from a GPU."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+    before = backend.progress_cpu_seconds
+    x = torch.ones(1 << 20)
+    start = time.process_time()
+    for _ in range(20):
+        dist.all_reduce(x, async_op=True).wait()
+    used = time.process_time() - start
+    after = backend.progress_cpu_seconds
+    assert float(x[0]) == float(dist.get_world_size()) ** 20
+    return {"before": before, "after": after, "process": used,
+            "copied": dict(backend.device_copied_bytes)}
+
+
+def test_progress_cpu_seconds_and_device_copied_bytes():
+    for r in run_ranks(2, progress_and_copy_counters):
+        # 20 async allreduces of 4 MiB ran on the progress thread: it used CPU,
+        # but never more than the whole process did meanwhile.
+        assert r["after"] > r["before"], r
+        assert r["after"] - r["before"] <= r["process"] + 0.05, r
+        assert r["copied"] == {"to_host": 0, "from_host": 0}, r

@@ -203,6 +203,14 @@ class SmdcclBackend : public ::c10d::Backend {
   // collectives that carried them.
   uint64_t fusedAllreduces() const { return fusedOps_.load(); }
   uint64_t fusedCollectives() const { return fusedCollectives_.load(); }
+  // CPU seconds the group's progress thread has used (its thread clock).
+  double progressCpuSeconds() const { return progress_->cpuSeconds(); }
+  // Bytes this group's collectives on CUDA tensors copied to host memory
+  // and back ({to_host, from_host}; zero for CPU tensors).
+  std::pair<uint64_t, uint64_t> deviceCopiedBytes() const {
+    auto b = deviceOps_->copiedBytes();
+    return {b.toHost, b.fromHost};
+  }
 
  private:
   // split() and shrink(): ValueError unless `r` is a rank of this group.

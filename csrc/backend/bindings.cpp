@@ -81,6 +81,20 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("compressed_hops", &smdccl::SmdcclBackend::compressesSomeHop,
                              "Whether float32 reductions put 16 bits on some hop of the group "
                              "(it spans nodes, or compression_intra); where not, nothing is rounded")
+      .def_property_readonly("progress_cpu_seconds", &smdccl::SmdcclBackend::progressCpuSeconds,
+                             "CPU seconds used so far by the group's progress thread (the "
+                             "thread that runs async collectives), read after each of its tasks")
+      .def_property_readonly(
+          "device_copied_bytes",
+          [](const smdccl::SmdcclBackend& b) {
+            auto [toHost, fromHost] = b.deviceCopiedBytes();
+            py::dict d;
+            d["to_host"] = toHost;
+            d["from_host"] = fromHost;
+            return d;
+          },
+          "Bytes the group's collectives on CUDA tensors copied from the GPU to host memory "
+          "and back (PCIe traffic of the staged paths): {'to_host': n, 'from_host': m}")
       .def_property_readonly("listen_address", &smdccl::SmdcclBackend::listenAddress,
                              "ip:port of this process's TCP listener")
       .def_property_readonly("rejected_connections",

@@ -100,6 +100,12 @@ class DeviceOps {
     std::shared_ptr<DeviceCompletion> completion;
   };
   virtual HostLanding hostForRecv(const at::Tensor& dev) = 0;
+  // Bytes the group's collectives on device tensors copied to host memory
+  // and back (PCIe traffic of the staged paths); zero without a GPU.
+  struct CopiedBytes {
+    uint64_t toHost = 0, fromHost = 0;
+  };
+  virtual CopiedBytes copiedBytes() const { return {}; }
 };
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
                                          std::function<std::chrono::milliseconds()> timeout);

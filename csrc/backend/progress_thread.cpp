@@ -1,5 +1,7 @@
 #include "backend/progress_thread.h"
 
+#include <ctime>
+
 #include <pthread.h>
 #include <sched.h>
 
@@ -131,6 +133,9 @@ void ProgressThread::loop() {
     task();
     pending_.fetch_sub(1);
     dropOrLeak(task);  // it may hold the last reference to Python's tensors
+    timespec cpu{};
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
+      cpuNs_.store(static_cast<uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<uint64_t>(cpu.tv_nsec));
   }
 }
 

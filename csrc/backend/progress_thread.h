@@ -61,6 +61,8 @@ class ProgressThread {
   // Identifies this thread's tasks in runningKey(); never dereferenced.
   const void* key() const { return this; }
   size_t pending() const { return pending_.load(); }
+  // CPU time this thread has used (its clock, read after each task it ran).
+  double cpuSeconds() const { return static_cast<double>(cpuNs_.load()) * 1e-9; }
 
  private:
   void loop();
@@ -80,6 +82,7 @@ class ProgressThread {
   bool stop_ = false;
   std::atomic<bool> exiting_{false};  // stopWhenIdle() was called
   std::atomic<bool> stopped_{false};  // set under mu_, with the queue empty
+  std::atomic<uint64_t> cpuNs_{0};
   std::thread thread_;
 };
 

@@ -135,14 +135,17 @@ void stagedRing(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp
   // The previous op's copies are done: it waited for its stream at its end.
   char* slots = g.staging().reserve(plan.hostBytes());
   CudaStageDevice& d = g.stage();
+  const uint64_t out0 = d.bytesToHost(), in0 = d.bytesFromHost();
   d.begin(g.stream(), slots, plan, c.ctx);
   try {
     stagedRingAllreduce(c, d, dev, count, dt, op, slots, plan);
   } catch (...) {
     d.abandon();
+    g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
     throw;
   }
   d.finish();
+  g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
 }
 
 }  // namespace
@@ -170,6 +173,7 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
     checkCuda(cudaMemcpyAsync(slot(k), dev + k * chunk * es, elements(k) * es,
                               cudaMemcpyDeviceToHost, g.stream()),
               "copy to pinned host memory");
+    g.countCopies(elements(k) * es, 0);
     checkCuda(cudaEventRecord(g.event(k % slots), g.stream()), "cudaEventRecord");
   };
   for (size_t k = 0; k < slots; ++k) copyIn(k);
@@ -179,6 +183,7 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
     checkCuda(cudaMemcpyAsync(dev + k * chunk * es, slot(k), elements(k) * es,
                               cudaMemcpyHostToDevice, g.stream()),
               "copy from pinned host memory");
+    g.countCopies(0, elements(k) * es);
     // Queued behind that copy out of the slot, on the same stream.
     if (k + slots < chunks) copyIn(k + slots);
   }

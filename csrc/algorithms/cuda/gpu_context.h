@@ -4,6 +4,8 @@
 // their tuning (SMDCCL_CUDA_*). Torch-free: the backend hands in the stream.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +41,14 @@ class GpuContext {
   PinnedBuffer& staging() { return staging_; }
   // The device side of the staged ring (made at first use).
   CudaStageDevice& stage();
+  // Bytes the group's staged collectives copied from device to host memory
+  // and back (what crosses PCIe): counted by every staging path.
+  void countCopies(uint64_t toHost, uint64_t fromHost) {
+    bytesToHost_ += toHost;
+    bytesFromHost_ += fromHost;
+  }
+  uint64_t bytesToHost() const { return bytesToHost_.load(); }
+  uint64_t bytesFromHost() const { return bytesFromHost_.load(); }
   // `n` reusable events (timing off), recorded and waited on by one op at a time.
   cudaEvent_t event(size_t i);
   // The node's IPC buffers, mapped on first use: a collective over the node
@@ -60,6 +70,7 @@ class GpuContext {
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
   std::unique_ptr<CudaStageDevice> stage_;
+  std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};
   bool tuningAgreed_ = false;
 };
 

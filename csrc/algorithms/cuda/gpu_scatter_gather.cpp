@@ -24,6 +24,8 @@ bool oneNodeIpc(const Comm& c, const GpuContext& g) {
 void copyAndWait(Comm& c, GpuContext& g, void* dst, const void* src, size_t bytes,
                  cudaMemcpyKind kind, const char* what) {
   if (bytes) checkCuda(cudaMemcpyAsync(dst, src, bytes, kind, g.stream()), what);
+  if (kind == cudaMemcpyDeviceToHost) g.countCopies(bytes, 0);
+  if (kind == cudaMemcpyHostToDevice) g.countCopies(0, bytes);
   waitForStream(g.stream(), c.ctx, what);
 }
 

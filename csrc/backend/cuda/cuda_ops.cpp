@@ -257,7 +257,10 @@ class CudaOp : public DeviceOp {
     SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_.event, 0));
     if (copyIn_.empty()) return;
     c10::cuda::CUDAStreamGuard guard(s_->stream);
-    for (auto& [dev, h] : copyIn_) h.copy_(dev, /*non_blocking=*/true);
+    for (auto& [dev, h] : copyIn_) {
+      h.copy_(dev, /*non_blocking=*/true);
+      s_->gpu->countCopies(h.nbytes(), 0);
+    }
     waitForStream(s_->stream.stream(), ctx, "copy to host memory");
   }
 
@@ -265,7 +268,10 @@ class CudaOp : public DeviceOp {
     if (copyOut_.empty()) return;
     CaptureSafeScope captureSafe;
     c10::cuda::CUDAStreamGuard guard(s_->stream);
-    for (auto& [dev, h] : copyOut_) dev.copy_(h, /*non_blocking=*/true);
+    for (auto& [dev, h] : copyOut_) {
+      dev.copy_(h, /*non_blocking=*/true);
+      s_->gpu->countCopies(0, h.nbytes());
+    }
     // The pinned copies are freed with this op: the copies must be done.
     waitForStream(s_->stream.stream(), ctx, "copy back from host memory");
   }
@@ -446,8 +452,15 @@ class CudaDeviceOps : public DeviceOps {
 
   KVStore& store_;
   std::function<std::chrono::milliseconds()> timeout_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::shared_ptr<CudaState> state_;
+
+ public:
+  CopiedBytes copiedBytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!state_) return {};
+    return {state_->gpu->bytesToHost(), state_->gpu->bytesFromHost()};
+  }
 };
 
 }  // namespace
