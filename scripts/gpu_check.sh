@@ -6,7 +6,8 @@
 #      kernel unit tests; stream semantics; DDP vs gloo; FSDP2 on CUDA; the
 #      kernel benchmark; the 2-rank allreduce benchmark (the 3x-gloo target);
 #      every collective on CUDA tensors at 2 and 4 ranks sharing the GPU; the
-#      two-level, staged and fp16-wire tests; the benchmark of every
+#      two-level, staged and fp16-wire tests; the staged ring against host
+#      staging and gloo (scripts/cuda_staged_bench.py); the benchmark of every
 #      collective at 2 and 4 ranks (nccl too where there are >= 2 GPUs);
 #   3. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
 # A lent GPU machine gives one 10-minute command at a time, so the whole check
@@ -109,6 +110,14 @@ bench collectives-2ranks 2 allreduce 120
 # through host memory and TCP).
 pytest_step matrix 200 "one_node or settings_must_agree or code_compiled" tests/test_cuda.py
 pytest_step two-level 400 "two_level" tests/test_cuda.py
+pytest_step staged-ring 150 "staged_ring" tests/test_cuda.py
+# Issue 23's targets: 64 MB over the fp16 wire on 2 virtual nodes of 2 ranks,
+# the staged ring beside host staging and gloo, with PCIe bytes and the
+# progress thread's CPU time per call.
+SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 run_step staged-bench 120 "$PY" -m torch.distributed.run \
+  --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 4M,64M --json "$LOGS/staged-bench.json" \
+  > "$LOGS/staged-bench.txt" 2>&1 || tail -20 "$LOGS/staged-bench.txt"
+grep "^#.*x host staging" "$LOGS/staged-bench.txt"
 OTHER=$(tr , '\n' <<< "$COLLS" | grep -vx allreduce | paste -sd, -)
 [[ -n "$OTHER" ]] && bench collectives-2ranks-other 2 "$OTHER" 150
 for n in ${SMDCCL_GPU_CHECK_RANKS:-4}; do

@@ -1,0 +1,134 @@
+"""The staged CUDA allreduce across nodes, old path against new, beside gloo.
+
+Issue 23's targets, on one GPU shared by 4 ranks as 2 nodes x 2
+(SMDCCL_TOPOLOGY=2x2, the fp16 wire): a 64 MB float32 allreduce with the
+staged ring (SMDCCL_CUDA_STAGED_RING=1) >= 2x host staging (=0) and >= 3x
+gloo; bytes over PCIe per rank halved; the progress thread's CPU time per
+collective <= 30 % of host staging's. All three run in this one process
+group, in turn at each repetition: one smdccl group per setting (the
+setting is read when a group makes its first GPU collective), and gloo.
+
+Timing: per call, async_op=True then wait() and torch.cuda.synchronize()
+(so the progress thread runs it and the time includes the GPU's copies);
+median over calls on each rank, max over ranks. PCIe bytes and progress CPU
+come from the groups' own counters (device_copied_bytes,
+progress_cpu_seconds), per call, max over ranks.
+
+    SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 \\
+      python -m torch.distributed.run --nproc-per-node 4 scripts/cuda_staged_bench.py \\
+      --sizes 4M,64M --iters 10 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def smdccl_group(staged: str):
+    os.environ["SMDCCL_CUDA_STAGED_RING"] = staged
+    group = dist.new_group(backend="smdccl")
+    warm = torch.ones(1024, device="cuda")
+    dist.all_reduce(warm, group=group)  # the group reads SMDCCL_CUDA_* here
+    torch.cuda.synchronize()
+    return group
+
+
+def counters(group) -> tuple[float, int]:
+    backend = group._get_backend(torch.device("cuda"))
+    copied = backend.device_copied_bytes
+    return backend.progress_cpu_seconds, copied["to_host"] + copied["from_host"]
+
+
+def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool) -> dict:
+    times = []
+    cpu0, bytes0 = counters(group) if smdccl else (0.0, 0)
+    for _ in range(iters):
+        x.fill_(value)  # sums stay small: a growing tensor would overflow the fp16 wire
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dist.all_reduce(x, group=group, async_op=True).wait()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    cpu1, bytes1 = counters(group) if smdccl else (0.0, 0)
+    return {"s": statistics.median(times), "cpu_s": (cpu1 - cpu0) / iters,
+            "pcie_bytes": (bytes1 - bytes0) / iters}
+
+
+def max_over_ranks(values: list[float], ctrl) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
+    return t.tolist()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="4M,64M")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+
+    import smdccl  # noqa: F401 - registers the backend
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    ctrl = dist.new_group(backend="gloo")
+    paths = {"staged ring": smdccl_group("1"), "host staging": smdccl_group("0"),
+             "gloo": dist.new_group(backend="gloo")}
+    rows = []
+    for size in [parse_size(s) for s in args.sizes.split(",")]:
+        n = size // 4
+        value = 1.0 / (rank + 1)
+        x = torch.full((n,), value, device="cuda")
+        for name, group in paths.items():
+            for _ in range(args.warmup):
+                x.fill_(value)
+                dist.all_reduce(x, group=group)
+            torch.cuda.synchronize()
+        got = {name: timed_calls(paths[name], x, value, args.iters, name != "gloo") for name in paths}
+        for name, r in got.items():
+            s, cpu, pcie = max_over_ranks([r["s"], r["cpu_s"], r["pcie_bytes"]], ctrl)
+            rows.append({"path": name, "bytes": size, "time_us": s * 1e6, "cpu_us": cpu * 1e6,
+                         "pcie_mb": pcie / 1e6})
+    if rank == 0:
+        env = {k: v for k, v in os.environ.items() if k.startswith("SMDCCL_") and k != "SMDCCL_CUDA_STAGED_RING"}
+        print(f"# cuda_staged_bench: {dist.get_world_size()} ranks, {torch.cuda.get_device_name(0)}, "
+              f"torch {torch.__version__}, {env}")
+        print("# time: median per call (async_op + wait + cuda.synchronize), max over ranks; "
+              "cpu: progress thread per call; pcie: bytes copied GPU<->host per call and rank")
+        print(f"{'path':>14} {'bytes':>10} {'time(us)':>11} {'cpu(us)':>10} {'pcie(MB)':>9}")
+        for r in rows:
+            print(f"{r['path']:>14} {r['bytes']:>10} {r['time_us']:>11.1f} {r['cpu_us']:>10.1f} "
+                  f"{r['pcie_mb']:>9.2f}")
+        by = {(r["path"], r["bytes"]): r for r in rows}
+        for size in sorted({r["bytes"] for r in rows}):
+            new, old, gloo = by[("staged ring", size)], by[("host staging", size)], by[("gloo", size)]
+            print(f"# {size} B: staged ring {old['time_us'] / new['time_us']:.2f}x host staging, "
+                  f"{gloo['time_us'] / new['time_us']:.2f}x gloo; PCIe {new['pcie_mb']:.1f} vs "
+                  f"{old['pcie_mb']:.1f} MB; progress CPU {new['cpu_us'] / max(old['cpu_us'], 1e-9):.0%} "
+                  "of host staging's")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows, "env": env}, f, indent=1)
+        sys.stdout.flush()
+    dist.barrier(group=ctrl)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
