@@ -76,6 +76,10 @@ struct Blocks {
 // are final results: every rank must hold the same bits).
 int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
                bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
+// The data block a ring's step handles as logical block `logical` (ring
+// position i reduces logical block i-s-1 at reduce-scatter step s and ends
+// owning its own rank's block): one mapping for every ring schedule.
+int ringDataBlock(const Comm& c, int logical);
 // On return block r of buf holds the reduction of every rank's block r, on rank r.
 void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 // On entry block rank() of buf holds this rank's data; on return all blocks are filled.

@@ -13,17 +13,13 @@
 
 namespace smdccl {
 
-namespace {
-
 // Position i of the ring finishes the reduce-scatter owning logical block
 // (i+1) mod p; logical block k is mapped to the data block of the rank at ring
 // position k-1, so every rank ends up owning its own data block.
-int dataBlockOf(const Comm& c, int logical) {
+int ringDataBlock(const Comm& c, int logical) {
   int p = c.size();
   return c.ring[((logical - 1) % p + p) % p];
 }
-
-}  // namespace
 
 int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
                bool reduceScatter, bool allgather, int startAfter, bool finalReduce) {
@@ -60,12 +56,12 @@ int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedO
     // Step s sends logical block i-s (for s > 0: the one step s-1 reduced)
     // and reduces block i-s-1 into our copy.
     for (int s = 0; s < p - 1; ++s)
-      step(dataBlockOf(c, i - s), dataBlockOf(c, i - s - 1), /*reduce=*/true, /*forward=*/s > 0);
+      step(ringDataBlock(c, i - s), ringDataBlock(c, i - s - 1), /*reduce=*/true, /*forward=*/s > 0);
   }
   if (allgather) {
     // Step s sends block i+1-s (our own first, then what step s-1 received).
     for (int s = 0; s < p - 1; ++s)
-      step(dataBlockOf(c, i + 1 - s), dataBlockOf(c, i - s), /*reduce=*/false,
+      step(ringDataBlock(c, i + 1 - s), ringDataBlock(c, i - s), /*reduce=*/false,
            /*forward=*/s > 0 || reduceScatter);
   }
   return lastRecv;

@@ -9,13 +9,6 @@ namespace smdccl {
 
 namespace {
 
-// Ring position i owns logical block i+1 after the reduce-scatter; logical
-// block k is the data block of the rank at position k-1 (as appendRing).
-int dataBlockOf(const Comm& c, int logical) {
-  int p = c.size();
-  return c.ring[((logical - 1) % p + p) % p];
-}
-
 class StagedRing {
  public:
   StagedRing(Comm& c, StageDevice& d, char* dev, size_t count, DType dt, RedOp op, char* slots,
@@ -52,11 +45,11 @@ class StagedRing {
       for (int b = 0; b < p; ++b) written_[b].assign(piecesOf(b), -1);
       // Reduce-scatter: step s sends logical block i-s and reduces block i-s-1.
       for (int s = 0; s < p - 1; ++s)
-        step(dataBlockOf(c_, i - s), dataBlockOf(c_, i - s - 1), true,
+        step(ringDataBlock(c_, i - s), ringDataBlock(c_, i - s - 1), true,
              s == p - 2 ? roundLast : Wire::F32);
       // Allgather: step s sends block i+1-s (our own first) and receives block i-s.
       for (int s = 0; s < p - 1; ++s)
-        step(dataBlockOf(c_, i + 1 - s), dataBlockOf(c_, i - s), false, Wire::F32);
+        step(ringDataBlock(c_, i + 1 - s), ringDataBlock(c_, i - s), false, Wire::F32);
     }
     ex_.run();
   }
