@@ -37,6 +37,7 @@ CASES = [
     ("SMDCCL_PIPELINE_CHUNK_KB", "0", ["is out of range"]),
     ("SMDCCL_CUDA_IPC_MB", "0", ["is out of range"]),
     ("SMDCCL_CUDA_STAGED_RING", "2", ["SMDCCL_CUDA_STAGED_RING='2' is out of range", "from 0 to 1"]),
+    ("SMDCCL_CUDA_MAX_SMS", "-1", ["SMDCCL_CUDA_MAX_SMS='-1' is out of range"]),
     ("SMDCCL_DEBUG", "LOUD", ["SMDCCL_DEBUG='LOUD' is not one of: WARN, INFO, DETAIL, TRACE"]),
     ("SMDCCL_COMPRESSION", "int8", ["is not one of: none, fp16, bf16"]),
     ("SMDCCL_TOPOLOGY", "99999999999999999999,1", ["SMDCCL_TOPOLOGY", "from 1 to 1048576"]),

@@ -104,6 +104,11 @@ const std::vector<EnvVar>& envVars() {
        "unpack-reduces them; smdccl's thread ships them); 0 copies each chunk to pinned memory "
        "for the host algorithm. Same results either way.",
        EnvVar::Kind::Int, 0, 1},
+      {env::kCudaMaxSms, "0",
+       "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. A cap "
+       "leaves the rest to the training's own kernels so that collectives overlap with them; "
+       "it changes speed, never results. Per process.",
+       EnvVar::Kind::Int, 0, 4096},
       {env::kAutoload, "1",
        "0 stops the registration that runs at `import torch` (read by the Python package)."},
   };

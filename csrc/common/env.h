@@ -59,6 +59,7 @@ constexpr const char* kCudaIpcMB = "SMDCCL_CUDA_IPC_MB";
 constexpr const char* kCudaOneShotKB = "SMDCCL_CUDA_ONESHOT_KB";
 constexpr const char* kCudaStageChunkKB = "SMDCCL_CUDA_STAGE_CHUNK_KB";
 constexpr const char* kCudaStagedRing = "SMDCCL_CUDA_STAGED_RING";
+constexpr const char* kCudaMaxSms = "SMDCCL_CUDA_MAX_SMS";
 }  // namespace env
 
 }  // namespace smdccl

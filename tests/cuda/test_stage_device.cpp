@@ -19,6 +19,8 @@
 #include "algorithms/staged_ring.h"
 #include "check.h"
 #include "kernels/cpu/reduce.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/sm_cap.h"
 #include "memory_fabric.h"
 
 using namespace smdccl;
@@ -126,4 +128,29 @@ TEST(cuda_staged_ring_counts_fp16_overflows) {
   }, 60);
   CHECK(error.empty());
   CHECK(seen[0] > 0 || seen[1] > 0);
+}
+
+TEST(cuda_sm_cap_keeps_results) {
+  // One SM or all of them: the same sums, and the same fp16 packing.
+  const size_t n = (1u << 20) + 3;
+  std::vector<float> a(n), b(n), cpu(n), gpu(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = valueOf(0, i, 1.0f);
+    b[i] = valueOf(1, i, 1.0f);
+  }
+  reduceTo(cpu.data(), a.data(), b.data(), n, DType::F32, RedOp::Sum);
+  void *da = nullptr, *db = nullptr;
+  CHECK(cudaMalloc(&da, n * 4) == cudaSuccess && cudaMalloc(&db, n * 4) == cudaSuccess);
+  const int saved = cuda::maxSms();
+  for (int cap : {1, 0}) {
+    cuda::setMaxSms(cap);
+    CHECK(cudaMemcpy(da, a.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(db, b.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cuda::reduce2(da, da, db, n, DType::F32, RedOp::Sum, nullptr) == cudaSuccess);
+    CHECK(cudaMemcpy(gpu.data(), da, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::memcmp(gpu.data(), cpu.data(), n * 4) == 0);
+  }
+  cuda::setMaxSms(saved);
+  cudaFree(da);
+  cudaFree(db);
 }

@@ -6,6 +6,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/cuda/cuda_stage_device.h"
+#include "kernels/cuda/sm_cap.h"
 #include "algorithms/comm.h"
 #include "common/env.h"
 #include "common/error.h"
@@ -22,6 +23,7 @@ GpuTuning GpuTuning::fromEnv() {
   t.stageChunkBytes =
       static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
   t.stagedRing = envInt(env::kCudaStagedRing) != 0;
+  t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
   return t;
 }
 
@@ -63,7 +65,9 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
 }
 
 GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning)
-    : device_(device), stream_(stream), store_(store), tuning_(tuning) {}
+    : device_(device), stream_(stream), store_(store), tuning_(tuning) {
+  cuda::setMaxSms(tuning_.maxSms);
+}
 
 GpuContext::~GpuContext() {
   // Nothing of ours may still be running when the buffers go.

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "kernels/cuda/sm_cap.h"
 
 namespace smdccl::cuda::detail {
 
@@ -203,17 +204,16 @@ int blocksPerSm() {
   return n;
 }
 
+// The SMs smdccl's kernels may fill on the current device (sm_cap.h).
+inline int kernelSms() { return usableSms(smCount(), maxSms()); }
+
 // Blocks for `work` units of which each thread takes `perThread` per pass:
-// enough to cover the work, at most one full wave of kernel K (every SM
-// holding all the blocks it can), so the grid-stride loops stay balanced.
+// enough to cover the work, at most one full wave of kernel K (every usable
+// SM holding all the blocks it can), so the grid-stride loops stay balanced.
 template <auto K>
 unsigned gridFor(size_t work, size_t perThread) {
-  size_t perBlock = static_cast<size_t>(kThreads) * perThread;
-  size_t need = (work + perBlock - 1) / perBlock;
-  size_t cap = static_cast<size_t>(smCount()) * static_cast<size_t>(blocksPerSm<K>());
-  if (need > cap) need = cap;
-  if (need < 1) need = 1;
-  return static_cast<unsigned>(need);
+  return static_cast<unsigned>(
+      waveBlocks(work, static_cast<size_t>(kThreads) * perThread, kernelSms(), blocksPerSm<K>()));
 }
 
 }  // namespace smdccl::cuda::detail

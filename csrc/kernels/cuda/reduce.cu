@@ -254,7 +254,7 @@ cudaError_t gatherSlices(void* out, const void* const* in, const size_t* beginBy
   // One wave in all: the slices share the resident blocks.
   size_t perBlock = static_cast<size_t>(kThreads) * 16 * kGatherUnroll;
   size_t need = (longest + perBlock - 1) / perBlock;
-  size_t cap = static_cast<size_t>(smCount()) * blocksPerSm<gatherKernel>() / k;
+  size_t cap = static_cast<size_t>(kernelSms()) * blocksPerSm<gatherKernel>() / k;
   if (cap < 1) cap = 1;
   if (need > cap) need = cap;
   if (need < 1) need = 1;
