@@ -514,6 +514,35 @@ def test_cuda_settings_must_agree():
         assert got["seconds"] < PG_TIMEOUT / 2, f"rank {r} learnt it only after {got['seconds']:.1f} s"
 
 
+def ipc_buffer_too_large() -> dict:
+    """Every rank asks for a 64 GiB IPC buffer on the one shared GPU: they
+    cannot all have one. A rank that gets none first hands torch's cached
+    blocks back and retries; then every rank raises, the one that failed
+    naming SMDCCL_CUDA_IPC_MB, and the group's CPU work still runs."""
+    dev = _device()
+    torch.empty(1 << 28, device=dev)  # 1 GiB left cached by torch's allocator
+    t = torch.ones(1 << 16, device=dev)
+    t0 = time.perf_counter()
+    try:
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        error = None
+    except Exception as e:  # noqa: BLE001 - the test reports what it got
+        error = f"{type(e).__name__}: {e}"
+    return {"error": error, "seconds": time.perf_counter() - t0}
+
+
+@needs_gpu
+def test_cuda_ipc_buffer_out_of_memory_names_the_setting():
+    res = run_ranks(3, ipc_buffer_too_large, env={"SMDCCL_CUDA_IPC_MB": "65536"}, timeout=120,
+                    pg_timeout=PG_TIMEOUT)
+    errors = [r["error"] or "" for r in res]
+    assert all(errors), res
+    assert any("SMDCCL_CUDA_IPC_MB=65536" in e and "out of memory" in e and "released" in e
+               for e in errors), errors
+    assert all(r["seconds"] < PG_TIMEOUT / 2 for r in res), res
+
+
 def ddp_against_gloo(steps: int) -> dict:
     """DDP on CUDA: the same model, data and seed trained over smdccl and over
     gloo (which stages CUDA tensors through the host) end with the same

@@ -5,10 +5,12 @@
 #include "kernels/cuda/kernels.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
+#include "transport/cuda/ipc_space.h"
 
 namespace smdccl {
 
-CudaStageDevice::CudaStageDevice() {
+CudaStageDevice::CudaStageDevice(std::function<void()> freeCached)
+    : freeCached_(std::move(freeCached)) {
   for (Lane& l : lanes_) {
     SMDCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
     l.events.resize(kEvents);
@@ -51,9 +53,11 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
     if (scratch_) SMDCCL_CUDA_CHECK(cudaFree(scratch_));
     scratch_ = nullptr;
     scratchBytes_ = 0;
-    void* p = nullptr;
-    SMDCCL_CUDA_CHECK(cudaMalloc(&p, need));
-    scratch_ = static_cast<char*>(p);
+    int device = -1;
+    (void)cudaGetDevice(&device);
+    scratch_ = static_cast<char*>(
+        allocateDeviceMemory(need, device, freeCached_, "the staged ring's device scratch",
+                             "SMDCCL_CUDA_STAGED_RING=0 stages through host memory without it"));
     scratchBytes_ = need;
   }
   // Both lanes count fp16 overflows (packs out, roundings in): zero the

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "algorithms/op_context.h"
@@ -20,7 +21,8 @@ namespace smdccl {
 
 class CudaStageDevice final : public StageDevice {
  public:
-  CudaStageDevice();
+  // `freeCached`: see allocateDeviceMemory (transport/cuda/ipc_space.h).
+  explicit CudaStageDevice(std::function<void()> freeCached = nullptr);
   ~CudaStageDevice() override;
   CudaStageDevice(const CudaStageDevice&) = delete;
   CudaStageDevice& operator=(const CudaStageDevice&) = delete;
@@ -62,6 +64,7 @@ class CudaStageDevice final : public StageDevice {
   Lane lanes_[2];  // 0: out to host, 1: in from host
   char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes in
   size_t scratchBytes_ = 0;
+  std::function<void()> freeCached_;
   unsigned long long* overflowsDev_ = nullptr;
   unsigned long long* overflowsHost_ = nullptr;  // pinned
   cudaEvent_t start_ = nullptr;

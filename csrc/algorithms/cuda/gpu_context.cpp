@@ -64,8 +64,13 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   tuningAgreed_ = true;
 }
 
-GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning)
-    : device_(device), stream_(stream), store_(store), tuning_(tuning) {
+GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning,
+                       std::function<void()> freeCached)
+    : device_(device),
+      stream_(stream),
+      store_(store),
+      tuning_(tuning),
+      freeCached_(std::move(freeCached)) {
   cuda::setMaxSms(tuning_.maxSms);
 }
 
@@ -76,7 +81,7 @@ GpuContext::~GpuContext() {
 }
 
 CudaStageDevice& GpuContext::stage() {
-  if (!stage_) stage_ = std::make_unique<CudaStageDevice>();
+  if (!stage_) stage_ = std::make_unique<CudaStageDevice>(freeCached_);
   return *stage_;
 }
 
@@ -96,7 +101,7 @@ CudaIpcSpace& GpuContext::ipc(int node, int localRank, int localSize, Deadline d
         tuning_.ipcBytes,
         strCat("SMDCCL_CUDA_IPC_MB=", tuning_.ipcBytes >> 20,
                ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
-        deadline);
+        deadline, freeCached_);
   return *ipc_;
 }
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +35,10 @@ class CudaStageDevice;
 
 class GpuContext {
  public:
-  GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning);
+  // `freeCached`: hands torch's idle cached device blocks back to CUDA; run
+  // once before giving up on an allocation of smdccl's own (may be empty).
+  GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning,
+             std::function<void()> freeCached = nullptr);
   ~GpuContext();
 
   cudaStream_t stream() const { return stream_; }
@@ -71,6 +75,7 @@ class GpuContext {
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
   std::unique_ptr<CudaStageDevice> stage_;
+  std::function<void()> freeCached_;
   std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};
   bool tuningAgreed_ = false;
 };

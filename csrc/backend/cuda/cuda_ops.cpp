@@ -95,7 +95,10 @@ struct CudaState {
       : device(dev),
         raw(InternalStreams::take(dev)),
         stream(c10::cuda::getStreamFromExternal(raw, static_cast<c10::DeviceIndex>(dev))) {
-    gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv());
+    // Out of device memory, smdccl's own buffers first take back what
+    // torch's caching allocator holds idle, then retry once.
+    gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv(),
+                                       [] { c10::cuda::CUDACachingAllocator::emptyCache(); });
   }
   ~CudaState() {
     c10::cuda::CUDAGuard guard(device);

@@ -58,15 +58,39 @@ constexpr const char* kErrorTag = "error:";
 
 }  // namespace
 
+void* allocateDeviceMemory(size_t bytes, int device, const std::function<void()>& freeCached,
+                           const std::string& what, const std::string& advice) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation && freeCached) {
+    (void)cudaGetLastError();  // the failure is handled here, not by a later check
+    freeCached();
+    e = cudaMalloc(&p, bytes);
+  }
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t freeBytes = 0, total = 0;
+    cudaMemGetInfo(&freeBytes, &total);
+    throw CommError(CommError::Kind::System,
+                    strCat("could not allocate ", (bytes + (1 << 20) - 1) >> 20, " MiB on CUDA device ",
+                           device, " for ", what, ": out of memory",
+                           freeCached ? ", also after torch's cached blocks were released" : "",
+                           " (", freeBytes >> 20, " of ", total >> 20, " MiB free); ", advice));
+  }
+  if (e != cudaSuccess) throwCudaError(e, "cudaMalloc");
+  return p;
+}
+
 CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank,
                            int localSize, int device, size_t bytes, const std::string& settings,
-                           Deadline deadline)
+                           Deadline deadline, const std::function<void()>& freeCached)
     : localRank_(localRank), device_(device), bytes_(bytes), ptrs_(localSize, nullptr) {
   DeviceScope scope(device);
   std::string mine;
   try {
-    void* p = nullptr;
-    SMDCCL_CUDA_CHECK(cudaMalloc(&p, bytes));
+    void* p = allocateDeviceMemory(
+        bytes, device, freeCached, strCat("smdccl's CUDA IPC buffer (SMDCCL_CUDA_IPC_MB=", bytes >> 20, ")"),
+        "set SMDCCL_CUDA_IPC_MB lower, or SMDCCL_CUDA_IPC=0 to stage through host memory");
     ptrs_[localRank] = static_cast<char*>(p);
     cudaIpcMemHandle_t handle;
     SMDCCL_CUDA_CHECK(cudaIpcGetMemHandle(&handle, p));

@@ -5,6 +5,7 @@
 // barrier, and each then reads its peers' buffers directly (NVLink / the
 // same GPU's memory), with no host copy. Ranks may share one GPU.
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,13 @@
 #include "common/store.h"
 
 namespace smdccl {
+
+// cudaMalloc of `bytes` on the current device (`device`, for messages): out
+// of memory, `freeCached` runs (if given) and it is tried once more; a
+// second failure raises a CommError that names `what` the memory is for and
+// says `advice` (the setting to change).
+void* allocateDeviceMemory(size_t bytes, int device, const std::function<void()>& freeCached,
+                           const std::string& what, const std::string& advice);
 
 class CudaIpcSpace {
  public:
@@ -21,8 +29,12 @@ class CudaIpcSpace {
   // `settings` (no ':'): what every node-mate must have alike (the sizes
   // each uses to index the others' buffers); a difference is an error. A
   // rank that cannot allocate tells its node-mates, which fail at once.
+  // Out of memory, `freeCached` (torch's caching allocator handing its idle
+  // blocks back) runs and the allocation is tried once more; a second
+  // failure names SMDCCL_CUDA_IPC_MB, which sized the buffer.
   CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank, int localSize,
-               int device, size_t bytes, const std::string& settings, Deadline deadline);
+               int device, size_t bytes, const std::string& settings, Deadline deadline,
+               const std::function<void()>& freeCached = nullptr);
   ~CudaIpcSpace();
   CudaIpcSpace(const CudaIpcSpace&) = delete;
   CudaIpcSpace& operator=(const CudaIpcSpace&) = delete;
