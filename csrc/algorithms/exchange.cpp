@@ -327,15 +327,16 @@ void Exchange::sleepForProgress() {
     if (fd < 0) anyShm = true;
     else fds.push_back({fd, static_cast<short>(t.kind == Kind::Send ? POLLOUT : POLLIN), 0});
   }
-  if (!fds.empty()) {
-    // Shared-memory progress does not wake poll(): keep the nap short then.
-    poll(fds.data(), fds.size(), anyShm || anyDevice ? 1 : 20);
+  if (anyDevice) {
+    // A device ends its work without waking anything here; a piece's copy
+    // takes tens of microseconds: nap that long (sockets still wake it).
+    const timespec nap{0, 20000};
+    ppoll(fds.data(), fds.size(), &nap, nullptr);
     return;
   }
-  if (anyDevice) {
-    // Device work takes microseconds to milliseconds; a futex sleep would
-    // not end when it does.
-    sched_yield();
+  if (!fds.empty()) {
+    // Shared-memory progress does not wake poll(): keep the nap short then.
+    poll(fds.data(), fds.size(), anyShm ? 1 : 20);
     return;
   }
   if (!bell_) return;

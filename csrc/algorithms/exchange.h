@@ -60,7 +60,8 @@ class Exchange {
   // Work on a device between transfers (staged schedules: a copy to or
   // from a host slot, a cast, a reduction): `queue` is called once the deps
   // are done and returns the device's ticket; the step finishes when
-  // dev.done(ticket). Returns its index.
+  // dev.done(ticket). Returns its index. Only deps.after applies (a device
+  // step has no bytes to limit, nor to limit others by).
   int device(StageDevice& dev, std::function<StageDevice::Ticket()> queue, Deps deps = {});
   int size() const { return static_cast<int>(t_.size()); }
   // Runs everything added since the last run() to completion.
