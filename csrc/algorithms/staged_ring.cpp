@@ -9,6 +9,9 @@ namespace smdccl {
 
 namespace {
 
+// Chunks scheduled per exchange run (a bubble of one piece between runs).
+constexpr size_t kWindowChunks = 4;
+
 class StagedRing {
  public:
   StagedRing(Comm& c, StageDevice& d, char* dev, size_t count, DType dt, RedOp op, char* slots,
@@ -37,12 +40,27 @@ class StagedRing {
     const int p = c_.size();
     const int i = c_.ringPosition();
     const Wire roundLast = c_.resultWire(dt_);
+    size_t inWindow = 0;
     for (size_t at = 0; at < count_; at += chunkElems_) {
-      // One ring per chunk; the chunks share the slots and stream together.
+      // One ring per chunk; the chunks share the slots and stream together,
+      // kWindowChunks per exchange run: each pass of the exchange walks its
+      // open transfers, so a whole large message in one run would cost
+      // CPU on every pass.
+      if (inWindow == kWindowChunks) {
+        ex_.run();
+        std::fill(sendFree_.begin(), sendFree_.end(), -1);  // indices of the finished run
+        std::fill(recvFree_.begin(), recvFree_.end(), -1);
+        inWindow = 0;
+      }
+      ++inWindow;
       base_ = dev_ + at * es_;
       blocks_ = Blocks::even(std::min(chunkElems_, count_ - at), p, es_);
       written_.assign(p, {});
-      for (int b = 0; b < p; ++b) written_[b].assign(piecesOf(b), -1);
+      read_.assign(p, {});
+      for (int b = 0; b < p; ++b) {
+        written_[b].assign(piecesOf(b), -1);
+        read_[b].assign(piecesOf(b), -1);
+      }
       // Reduce-scatter: step s sends logical block i-s and reduces block i-s-1.
       for (int s = 0; s < p - 1; ++s)
         step(ringDataBlock(c_, i - s), ringDataBlock(c_, i - s - 1), true,
@@ -77,6 +95,7 @@ class StagedRing {
       int packed = ex_.device(
           d_, [this, slot, src, n] { return d_.toHost(slot, src, n, dt_, sendWire_); },
           {ex_.join(written_[sendBlock][k], sendFree_[s]), -1});
+      read_[sendBlock][k] = packed;
       ex_.send(next, slot, n * StageDevice::wireElementSize(dt_, sendWire_), {packed, -1});
       sendFree_[s] = ex_.size() - 1;
     }
@@ -93,7 +112,10 @@ class StagedRing {
           [this, dst, slot, n, wire, reduce, roundTo] {
             return d_.fromHost(dst, slot, n, dt_, wire, reduce, op_, roundTo);
           },
-          {ex_.join(got, written_[recvBlock][k]), -1});
+          // After the piece's last write, and after its last read: the
+          // allgather overwrites what the reduce-scatter packed (the ring's
+          // data flow orders them too; this keeps it local).
+          {ex_.join(got, ex_.join(written_[recvBlock][k], read_[recvBlock][k])), -1});
       recvFree_[s] = landed;
       written_[recvBlock][k] = landed;
     }
@@ -117,8 +139,9 @@ class StagedRing {
   size_t sendTurn_ = 0, recvTurn_ = 0;
   // Per slot: the exchange index after which it may be filled again.
   std::vector<int> sendFree_, recvFree_;
-  // Per block and piece of the chunk: the device step that last wrote it (-1: the input).
-  std::vector<std::vector<int>> written_;
+  // Per block and piece of the chunk: the device steps that last wrote and
+  // last read it (-1: none).
+  std::vector<std::vector<int>> written_, read_;
 };
 
 }  // namespace
