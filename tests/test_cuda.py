@@ -494,7 +494,11 @@ def tuning_mismatch() -> dict:
     if rank == 1:
         os.environ["SMDCCL_CUDA_IPC"] = "0"  # read at the group's first CUDA collective
     group = dist.new_group(backend="smdccl")
-    t = torch.ones(1 << 16, device=dev)
+    return _first_allreduce(torch.ones(1 << 16, device=dev), group)
+
+
+def _first_allreduce(t: torch.Tensor, group=None) -> dict:
+    """The error (None if none) and seconds of one all_reduce of `t`."""
     t0 = time.perf_counter()
     try:
         dist.all_reduce(t, group=group)
@@ -517,19 +521,11 @@ def test_cuda_settings_must_agree():
 def ipc_buffer_too_large() -> dict:
     """Every rank asks for a 64 GiB IPC buffer on the one shared GPU: they
     cannot all have one. A rank that gets none first hands torch's cached
-    blocks back and retries; then every rank raises, the one that failed
-    naming SMDCCL_CUDA_IPC_MB, and the group's CPU work still runs."""
+    blocks back and retries; then every rank raises, soon, the one that
+    failed naming SMDCCL_CUDA_IPC_MB."""
     dev = _device()
     torch.empty(1 << 28, device=dev)  # 1 GiB left cached by torch's allocator
-    t = torch.ones(1 << 16, device=dev)
-    t0 = time.perf_counter()
-    try:
-        dist.all_reduce(t)
-        torch.cuda.synchronize()
-        error = None
-    except Exception as e:  # noqa: BLE001 - the test reports what it got
-        error = f"{type(e).__name__}: {e}"
-    return {"error": error, "seconds": time.perf_counter() - t0}
+    return _first_allreduce(torch.ones(1 << 16, device=dev))
 
 
 @needs_gpu
