@@ -30,20 +30,10 @@ bool HostStageDevice::done(Ticket t) {
   return Q.ran >= numberOf(t);
 }
 
-void HostStageDevice::drain() {
-  for (Queue& Q : queues_)
-    while (!Q.pending.empty()) {
-      auto work = std::move(Q.pending.front());
-      Q.pending.pop_front();
-      work();
-      ++Q.ran;
-    }
-}
-
 StageDevice::Ticket HostStageDevice::queueToHost(void* slot, const char* src, size_t count,
                                                  DType dt, Wire wire) {
   return queue(0, [=] {
-    if (wireElementSize(dt, wire) == 2 && dt == DType::F32)
+    if (packed(dt, wire))
       packToWire(slot, reinterpret_cast<const float*>(src), count, wire);
     else
       std::memcpy(slot, src, count * elementSize(dt));
@@ -55,11 +45,10 @@ StageDevice::Ticket HostStageDevice::queueFromHost(char* dst, const void* slot, 
                                                    Wire roundTo) {
   return queue(1, [=] {
     float* f = reinterpret_cast<float*>(dst);
-    bool packed = wireElementSize(dt, wire) == 2 && dt == DType::F32;
     if (!reduce) {
-      if (packed) unpackFromWire(f, slot, count, wire);
+      if (packed(dt, wire)) unpackFromWire(f, slot, count, wire);
       else std::memcpy(dst, slot, count * elementSize(dt));
-    } else if (packed) {
+    } else if (packed(dt, wire)) {
       reduceFromWire(f, slot, count, wire, op, roundTo);
     } else {
       reduceInto(dst, slot, count, dt, op);

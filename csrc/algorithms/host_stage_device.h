@@ -19,8 +19,6 @@ class HostStageDevice final : public StageDevice {
  public:
   explicit HostStageDevice(bool deferred = false) : deferred_(deferred) {}
   bool done(Ticket t) override;
-  // Runs everything still queued (a device that drains its streams).
-  void drain();
 
  protected:
   Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) override;

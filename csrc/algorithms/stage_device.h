@@ -44,10 +44,10 @@ class StageDevice {
   uint64_t bytesToHost() const { return bytesToHost_; }
   uint64_t bytesFromHost() const { return bytesFromHost_; }
 
-  // Bytes of one element of dt data on `wire` (a 16-bit wire carries float32 only).
-  static size_t wireElementSize(DType dt, Wire wire) {
-    return dt == DType::F32 && wire != Wire::F32 ? 2 : elementSize(dt);
-  }
+  // Whether dt data is cast to 16 bits on `wire` (a 16-bit wire carries float32 only).
+  static bool packed(DType dt, Wire wire) { return dt == DType::F32 && wire != Wire::F32; }
+  // Bytes of one element of dt data on `wire`.
+  static size_t wireElementSize(DType dt, Wire wire) { return packed(dt, wire) ? 2 : elementSize(dt); }
 
  protected:
   virtual Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) = 0;

@@ -134,11 +134,11 @@ char* CudaStageDevice::scratch(int lane, size_t slot) const {
 StageDevice::Ticket CudaStageDevice::queueToHost(void* slot, const char* src, size_t count,
                                                  DType dt, Wire wire) {
   cudaStream_t s = lanes_[0].stream;
-  if (wireElementSize(dt, wire) == 2 && dt == DType::F32) {
-    char* packed = scratch(0, slotIndex(slot));
-    SMDCCL_CUDA_CHECK(cuda::packToWire(packed, reinterpret_cast<const float*>(src), count, wire,
+  if (packed(dt, wire)) {
+    char* out = scratch(0, slotIndex(slot));
+    SMDCCL_CUDA_CHECK(cuda::packToWire(out, reinterpret_cast<const float*>(src), count, wire,
                                        wire == Wire::F16 ? overflowsDev_ : nullptr, s));
-    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(slot, packed, count * 2, cudaMemcpyDeviceToHost, s));
+    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(slot, out, count * 2, cudaMemcpyDeviceToHost, s));
   } else {
     SMDCCL_CUDA_CHECK(cudaMemcpyAsync(slot, src, count * elementSize(dt), cudaMemcpyDeviceToHost, s));
   }
@@ -149,17 +149,17 @@ StageDevice::Ticket CudaStageDevice::queueFromHost(char* dst, const void* slot, 
                                                    DType dt, Wire wire, bool reduce, RedOp op,
                                                    Wire roundTo) {
   cudaStream_t s = lanes_[1].stream;
-  const bool packed = wireElementSize(dt, wire) == 2 && dt == DType::F32;
+  const bool is16 = packed(dt, wire);
   const size_t bytes = count * wireElementSize(dt, wire);
   float* f = reinterpret_cast<float*>(dst);
   char* in = scratch(1, slotIndex(slot));
-  if (!reduce && !packed) {
+  if (!reduce && !is16) {
     SMDCCL_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, s));
     return record(1);
   }
   SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyHostToDevice, s));
   if (!reduce) SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, wire, s));
-  else if (packed) SMDCCL_CUDA_CHECK(cuda::unpackReduceFromWire(f, in, count, wire, op, s));
+  else if (is16) SMDCCL_CUDA_CHECK(cuda::unpackReduceFromWire(f, in, count, wire, op, s));
   else SMDCCL_CUDA_CHECK(cuda::reduce2(dst, dst, in, count, dt, op, s));
   if (reduce && dt == DType::F32 && roundTo != Wire::F32) {
     // A final sum: round it to what the wire delivers (the peers hold

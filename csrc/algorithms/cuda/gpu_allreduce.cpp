@@ -10,7 +10,6 @@
 // GPU (their contexts are time-sliced, not concurrent).
 #include <algorithm>
 #include <cstdint>
-#include <string>
 
 #include "algorithms/algorithm.h"
 #include "algorithms/collectives.h"
@@ -114,7 +113,7 @@ namespace {
 // 4 MiB staging chunk still pipelines inside itself.
 constexpr size_t kRingSlotBytes = 1u << 20;
 
-bool isRing(const Algorithm* a) { return std::string(a->name()) == "ring"; }
+bool isRing(const Algorithm* a) { return a == findAlgorithm("ring"); }
 
 // Where the host path would run the ring on every staging chunk, the device
 // runs it (staged_ring.h): same bits, the 16-bit cast done by the GPU, half
