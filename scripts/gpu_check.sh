@@ -3,12 +3,15 @@
 #   1. builds the extension, the kernel tests and the kernel benchmark against
 #      the torch found here (architecture: this GPU's);
 #   2. runs, most telling first, each step under its own time limit:
-#      kernel unit tests; stream semantics; DDP vs gloo; FSDP2 on CUDA; the
-#      kernel benchmark; the 2-rank allreduce benchmark (the 3x-gloo target);
-#      every collective on CUDA tensors at 2 and 4 ranks sharing the GPU; the
-#      two-level, staged and fp16-wire tests; the staged ring against host
-#      staging and gloo (scripts/cuda_staged_bench.py); the benchmark of every
-#      collective at 2 and 4 ranks (nccl too where there are >= 2 GPUs);
+#      what the machine allows (NCCL version, network namespaces); kernel unit
+#      tests; stream semantics; allreduce beside NCCL on this one GPU (every
+#      rank a host to NCCL, --nccl-ranks-as-hosts) at 2 and 4 ranks and in
+#      smdccl's 2x2 layout; then side by side: DDP vs gloo, FSDP2 on CUDA,
+#      every collective at 2 and 4 ranks sharing the GPU, two-level / staged /
+#      fp16 wire, the staged ring; the IPC out-of-memory test (alone); the
+#      staged ring against host staging and gloo (scripts/cuda_staged_bench.py);
+#      NCCL and smdccl between emulated nodes on a shaped 10 Gbit/s link (where
+#      namespaces work); the kernel benchmark; every collective vs gloo;
 #   3. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
 # A lent GPU machine gives one 10-minute command at a time, so the whole check
 # runs under one budget (SMDCCL_GPU_CHECK_BUDGET seconds, default 570): a step
@@ -19,7 +22,9 @@
 # Usage: bash scripts/gpu_check.sh [--quick]   (PYTHON=... to pick the interpreter;
 #        SMDCCL_GPU_CHECK_OUT=dir for the results; logs go there too;
 #        SMDCCL_GPU_CHECK_TESTS=<pytest -k expression> narrows every test step;
-#        SMDCCL_GPU_CHECK_SKIP="step ..." leaves steps out, names as in steps.txt)
+#        SMDCCL_GPU_CHECK_SKIP="step ..." leaves steps out, names as in steps.txt;
+#        SMDCCL_GPU_CHECK_RESUME=1 goes on with an earlier command's check in the
+#        same results folder: steps with a result and the build are not redone)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -39,7 +44,7 @@ DATE=$(date -u +%F)
 STEM="$OUT/${GPU}-${DATE}"
 LOGS="$OUT/gpu-check-logs"
 mkdir -p "$LOGS"
-: > "$LOGS/steps.txt"  # one line per step: name, rc (124: stopped by its limit; skipped), seconds
+[[ "${SMDCCL_GPU_CHECK_RESUME:-0}" == 1 ]] || : > "$LOGS/steps.txt"  # one line per step: name, rc (124: stopped by its limit; skipped), seconds
 echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(torch.__version__)'), results $STEM.{json,md}, budget ${BUDGET} s"
 
 MIN_STEP=20  # a step with less time than this left is not started
@@ -56,8 +61,8 @@ if [[ -n "${SMDCCL_CXX:-}" ]]; then export CXX=$SMDCCL_CXX
 elif [[ -x /usr/bin/g++ ]]; then export CXX=/usr/bin/g++; fi
 export CUDAHOSTCXX=${CXX:-}
 BUILD=build/gpu-check
-rm -rf "$BUILD"  # a cached configure would keep an earlier compiler
 build() {
+  rm -rf "$BUILD"  # a cached configure would keep an earlier compiler
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSMDCCL_CUDA_ARCHS="$ARCH" \
     -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')" \
     -DPython3_EXECUTABLE="$(command -v "$PY")" -DSMDCCL_PYTHON_OUT_DIR="$PWD/python/smdccl" &&
@@ -70,23 +75,79 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import smdccl._C as C; b=C.build_info(); assert b['cuda'], b; print('built:', b)" || exit 1
 
 # 2. tests and benchmarks, most telling first.
+# What this machine allows, for the steps below and the report.
+probe() {
+  "$PY" -c "import torch; print('nccl', '.'.join(map(str, torch.cuda.nccl.version())))"
+  if ip netns add smdccl-probe 2>/dev/null; then ip netns del smdccl-probe; echo "netns yes"
+  else echo "netns no"; fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+}
+export -f probe
+run_step probe 30 bash -c probe > "$LOGS/probe.txt" 2>&1
+cat "$LOGS/probe.txt"
+
 run_step kernel-tests 60 "$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2>&1 ||
   grep -m20 FAIL "$LOGS/kernel-tests.txt"
 tail -1 "$LOGS/kernel-tests.txt"
 
-pytest_step stream 200 stream_semantics tests/test_cuda.py
+pytest_step stream 140 stream_semantics tests/test_cuda.py
 # A failed stream-semantics test is re-run once with CUDA's lazy module
 # loading off: a stream that waits on work not yet queued can deadlock
 # against a lazy load (which synchronizes the context), so the two outcomes
 # side by side tell that apart from an ordering bug (diagnosis only: the
 # check has failed either way).
-if grep -q "FAILED.*stream_semantics" "$LOGS/test_cuda-stream.txt"; then
+if grep -q "FAILED.*stream_semantics" "$LOGS/test_cuda-stream.txt" 2>/dev/null; then
   CUDA_MODULE_LOADING=EAGER PYTHONUNBUFFERED=1 run_step stream-eager 100 "$PY" -m pytest -q -rs \
     "tests/test_cuda.py::test_cuda_stream_semantics[2]" > "$LOGS/test_cuda_stream_eager.txt" 2>&1
   echo "stream semantics with CUDA_MODULE_LOADING=EAGER: $(tail -1 "$LOGS/test_cuda_stream_eager.txt")"
 fi
-pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py
-pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process
+
+# smdccl beside NCCL on this one GPU: every rank a host of its own to NCCL
+# (--nccl-ranks-as-hosts: its socket transport over loopback, as between
+# nodes), smdccl with every rank its own node, then smdccl's two-level layout
+# (2x2) beside NCCL's 4 hosts. Alone on the machine: these are timings.
+NCCL_SIZES=${SMDCCL_GPU_CHECK_NCCL_SIZES:-4K,64K,1M,16M,64M,256M}
+nccl_bench() {  # nccl_bench NAME RANKS BACKENDS CAP [VAR=VALUE...]
+  local name=$1 n=$2 backends=$3 cap=$4; shift 4
+  run_step "$name" "$cap" env "$@" "$PY" -m torch.distributed.run --nproc-per-node "$n" -m smdccl.bench \
+    --device cuda --nccl-ranks-as-hosts --backends "$backends" --collectives allreduce \
+    --sizes "$NCCL_SIZES" --target-time 0.2 --json "$LOGS/$name.json" --no-progress \
+    > "$LOGS/$name.txt" 2>&1 || tail -20 "$LOGS/$name.txt"
+  sed -n '/^# allreduce/,/^# avg/p' "$LOGS/$name.txt"
+}
+nccl_bench nccl-hosts-2ranks 2 nccl,smdccl,smdccl+fp16,gloo 90
+nccl_bench nccl-hosts-4ranks 4 nccl,smdccl,smdccl+fp16,gloo 110
+nccl_bench nccl-hosts-2x2 4 nccl,smdccl,smdccl+fp16 70 SMDCCL_TOPOLOGY=2x2
+
+# Correctness on CUDA tensors, the test steps side by side (16 cores; each
+# its own process groups on the shared GPU): DDP vs gloo, FSDP2, every
+# collective at 2 and 4 ranks, two-level / staged / fp16 wire, the staged ring.
+pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
+pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
+pytest_step matrix 200 "one_node or settings_must_agree or code_compiled" tests/test_cuda.py &
+pytest_step two-level 400 "two_level" tests/test_cuda.py &
+pytest_step staged-ring 150 "staged_ring" tests/test_cuda.py &
+wait
+# Alone: it takes every byte of the GPU's memory.
+pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
+
+# Issue 23's targets: 64 MB over the fp16 wire on 2 virtual nodes of 2 ranks,
+# the staged ring beside host staging and gloo, with PCIe bytes and the
+# progress thread's CPU time per call.
+SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 run_step staged-bench 120 "$PY" -m torch.distributed.run \
+  --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 4M,64M --json "$LOGS/staged-bench.json" \
+  > "$LOGS/staged-bench.txt" 2>&1 || tail -20 "$LOGS/staged-bench.txt"
+grep "^#.*x host staging" "$LOGS/staged-bench.txt"
+
+# The same comparison between emulated nodes joined by a shaped 10 Gbit/s
+# link (network namespaces, where this machine allows them).
+if grep -qx "netns yes" "$LOGS/probe.txt"; then
+  run_step cluster-10gbit 120 "$PY" -m smdccl.cluster --nodes 2 --procs-per-node 1 --link 10gbit \
+    --env NCCL_SOCKET_IFNAME=eth0 -- -m smdccl.bench --device cuda --nccl-ranks-as-hosts \
+    --backends nccl,smdccl,smdccl+fp16 --collectives allreduce --sizes 4K,1M,64M --target-time 0.2 \
+    --json "$LOGS/cluster-10gbit.json" --no-progress > "$LOGS/cluster-10gbit.txt" 2>&1 ||
+    tail -20 "$LOGS/cluster-10gbit.txt"
+fi
 
 ITERS=()
 [[ $QUICK == 1 ]] && ITERS=(--quick)
@@ -102,28 +163,14 @@ bench() {  # bench NAME RANKS COLLECTIVES CAP
     --backends "$BACKENDS" --collectives "$3" --sizes "$SIZES" --json "$LOGS/$1.json" --no-progress \
     > "$LOGS/$1.txt" 2>&1 || tail -20 "$LOGS/$1.txt"
 }
-# The 2-rank run holds the allreduce target; the other collectives follow the
-# correctness tests, so that a slow benchmark cannot take their time.
-bench collectives-2ranks 2 allreduce 120
-# Every collective on CUDA tensors at 2 and 4 ranks (fast), then the
-# inter-node paths: two-level, staged, fp16 wire (minutes: 4 ranks staging
-# through host memory and TCP).
-pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or out_of_memory" tests/test_cuda.py
-pytest_step two-level 400 "two_level" tests/test_cuda.py
-pytest_step staged-ring 150 "staged_ring" tests/test_cuda.py
-# Issue 23's targets: 64 MB over the fp16 wire on 2 virtual nodes of 2 ranks,
-# the staged ring beside host staging and gloo, with PCIe bytes and the
-# progress thread's CPU time per call.
-SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 run_step staged-bench 120 "$PY" -m torch.distributed.run \
-  --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 4M,64M --json "$LOGS/staged-bench.json" \
-  > "$LOGS/staged-bench.txt" 2>&1 || tail -20 "$LOGS/staged-bench.txt"
-grep "^#.*x host staging" "$LOGS/staged-bench.txt"
-OTHER=$(tr , '\n' <<< "$COLLS" | grep -vx allreduce | paste -sd, -)
-[[ -n "$OTHER" ]] && bench collectives-2ranks-other 2 "$OTHER" 150
+# Every collective on CUDA tensors, one node (CUDA IPC), beside gloo; the
+# 2-rank allreduce holds the 3x-gloo target.
+bench collectives-2ranks 2 "$COLLS" 150
 for n in ${SMDCCL_GPU_CHECK_RANKS:-4}; do
   [[ $n == 2 ]] && continue  # done above
   bench "collectives-${n}ranks" "$n" "$COLLS" 150
 done
+steps_failed && status=1
 
 # 3. report
 echo "gpu_check: steps (name rc seconds):"; cat "$LOGS/steps.txt"

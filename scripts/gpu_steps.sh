@@ -5,6 +5,9 @@
 # Each step appends "name rc seconds" to $LOGS/steps.txt; rc is the exit code
 # (124: stopped by its limit), "skipped" (SMDCCL_GPU_CHECK_SKIP) or "not-run"
 # (less than MIN_STEP seconds of the budget left).
+# SMDCCL_GPU_CHECK_RESUME=1 continues an earlier command's check in the same
+# LOGS: a step that has a result there (not not-run or skipped) is not run again,
+# so a check that needs more than one 10-minute command is run again as is.
 
 # kill_step_leftovers TAG: SIGKILLs the processes a step left behind. Test
 # ranks and torchrun's workers run in sessions of their own, which the limit's
@@ -25,6 +28,11 @@ run_step() {
   local name=$1 cap=$2; shift 2
   if [[ " ${SMDCCL_GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
     echo "$name skipped 0" >> "$LOGS/steps.txt"; return 0
+  fi
+  if [[ "${SMDCCL_GPU_CHECK_RESUME:-0}" == 1 ]] &&
+     awk -v n="$name" '$1 == n && $2 != "not-run" && $2 != "skipped" {found=1} END {exit !found}' "$LOGS/steps.txt"; then
+    echo "gpu_check: $name has a result from an earlier command: not run again" >&3
+    return 0
   fi
   local left=$(( BUDGET - REPORT_RESERVE - (SECONDS - START) ))
   local limit=$(( cap < left ? cap : left ))
@@ -61,4 +69,13 @@ pytest_step() {
   PYTHONUNBUFFERED=1 STEP_ALSO_OK=5 run_step "$name" "$cap" "$PY" -m pytest "${args[@]}" \
     > "$LOGS/test_cuda-$name.txt" 2>&1
   tail -4 "$LOGS/test_cuda-$name.txt"
+}
+
+# steps_failed: whether a step recorded in $LOGS/steps.txt failed (steps run in
+# the background cannot set status themselves). Passing: 0, pytest's 5 (no
+# test selected), skipped; where a step ran more than once (a resumed check),
+# its last line counts.
+steps_failed() {
+  awk '{rc[$1] = $2} END {for (n in rc) if (rc[n] != "0" && rc[n] != "5" && rc[n] != "skipped") bad = 1; exit !bad}' \
+    "$LOGS/steps.txt"
 }

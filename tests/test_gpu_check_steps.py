@@ -102,3 +102,35 @@ def test_report_reads_every_step(tmp_path):
     assert "[stream] test_cuda_stream_semantics[4]: failure" in md
     assert "test_cuda-ddp.xml unreadable" in md
     assert "30.0x -> MET" in md
+
+
+def test_resumed_check_runs_only_steps_without_a_result(tmp_path):
+    # a second 10-minute command goes on where the first ran out of budget
+    (tmp_path / "steps.txt").write_text("build 0 80\nstream 1 40\nmatrix not-run 0\nbench skipped 0\n")
+    script = f"""
+        LOGS={tmp_path}; START=$SECONDS; BUDGET=60; REPORT_RESERVE=1; MIN_STEP=3; PY={sys.executable}
+        status=0; exec 3>&1; SMDCCL_GPU_CHECK_RESUME=1
+        source {REPO}/scripts/gpu_steps.sh
+        run_step build 10 false; run_step stream 10 false
+        run_step matrix 10 true; run_step bench 10 true
+        echo "status: $status"
+        steps_failed && echo "a step failed"
+    """
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "status: 0" in out.stdout, out.stdout  # build and stream were not run again
+    assert "build has a result from an earlier command" in out.stdout
+    assert [s[:2] for s in _steps(tmp_path)][-2:] == [["matrix", "0"], ["bench", "0"]]
+    assert "a step failed" in out.stdout  # stream's 1 from the first command still counts
+
+
+def test_steps_failed_reads_each_steps_last_result(tmp_path):
+    script = f"""
+        LOGS={tmp_path}; source {REPO}/scripts/gpu_steps.sh
+        steps_failed && echo yes || echo no
+    """
+    for lines, want in (("a 0 1\nb 5 1\nc skipped 0\n", "no"), ("a 0 1\nb 124 9\n", "yes"),
+                        ("a not-run 0\na 0 5\n", "no"), ("a 0 1\nb not-run 0\n", "yes")):
+        (tmp_path / "steps.txt").write_text(lines)
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == want, (lines, out.stdout, out.stderr)
