@@ -1,5 +1,6 @@
 #include "algorithms/collectives.h"
 
+#include <cstdint>
 #include <cmath>
 #include <mutex>
 #include <set>

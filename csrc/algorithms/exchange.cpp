@@ -1,5 +1,6 @@
 #include "algorithms/exchange.h"
 
+#include <cstdint>
 #include <poll.h>
 #include <sched.h>
 

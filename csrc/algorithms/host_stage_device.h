@@ -8,6 +8,7 @@
 // direction (like the GPU's copy-out and copy-in streams) and runs a step
 // at a time as done() is polled, so the proxy sees work still pending and
 // must not touch a slot before its ticket is done.
+#include <cstdint>
 #include <deque>
 #include <functional>
 

@@ -1,5 +1,6 @@
 #include "algorithms/op_header.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <cstring>
 

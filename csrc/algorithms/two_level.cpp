@@ -12,6 +12,7 @@
 // dependency points to an earlier-added transfer and both ends of a link add
 // their halves in the same order, so the earliest unfinished transfer can
 // always move: no deadlock, whatever the speeds.
+#include <cstdint>
 #include <algorithm>
 
 #include "algorithms/algorithm.h"

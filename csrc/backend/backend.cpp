@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <cstdint>
 #include <sched.h>
 #include <unistd.h>
 

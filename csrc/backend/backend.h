@@ -2,6 +2,7 @@
 // smdccl as a c10d::Backend. The only layer (with bindings.cpp) that knows
 // torch: it validates arguments at call time, then queues each collective on
 // its progress thread and returns a Work at once.
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

@@ -1,5 +1,6 @@
 // The collectives of SmdcclBackend: argument checks on the caller's thread,
 // data movement on the progress thread (see enqueue()).
+#include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 

@@ -1,5 +1,6 @@
 // The Python module smdccl._C: the backend factory and introspection. The
 // only file (with backend/) that includes torch's Python headers.
+#include <cstdint>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 

@@ -17,6 +17,7 @@
 //   Work.wait()     once that event is recorded (the host waits for it), the
 //                   caller's current stream waits for it; the future is
 //                   CUDA-aware.
+#include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
 

@@ -1,5 +1,6 @@
 #include "backend/progress_thread.h"
 
+#include <cstdint>
 #include <ctime>
 
 #include <pthread.h>

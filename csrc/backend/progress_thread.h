@@ -5,6 +5,7 @@
 // a wake-up each. The thread is named "smdccl-progress" (/proc/PID/task/*/comm).
 // After a failure that leaves the group unusable, stopWhenIdle() ends it
 // once the queue is drained; post() then refuses new tasks.
+#include <cstdint>
 #include <atomic>
 #include <condition_variable>
 #include <deque>

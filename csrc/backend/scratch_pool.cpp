@@ -1,4 +1,5 @@
 #include "backend/scratch_pool.h"
+#include <cstdint>
 
 namespace smdccl {
 

@@ -1,5 +1,6 @@
 #include "backend/sparse_allreduce.h"
 
+#include <cstdint>
 #include <ATen/core/LegacyTypeDispatch.h>
 
 #include <cstring>

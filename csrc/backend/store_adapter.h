@@ -1,5 +1,6 @@
 #pragma once
 // KVStore over torch's c10d::Store (already prefixed with the group's name).
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "common/error.h"

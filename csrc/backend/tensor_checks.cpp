@@ -1,5 +1,6 @@
 #include "backend/tensor_checks.h"
 
+#include <cstdint>
 #include <c10/util/Exception.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 #pragma once
 // Validation of user arguments (raised at call time as ValueError with what
 // to fix) and the translation of torch types into the engine's.
+#include <cstdint>
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 

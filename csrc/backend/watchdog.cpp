@@ -1,5 +1,6 @@
 #include "backend/watchdog.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <sstream>
 #include <vector>

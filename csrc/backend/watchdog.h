@@ -5,6 +5,7 @@
 // not. It also answers such questions for its peers from its own thread, so
 // a rank busy elsewhere (computing, in Python, in another group) still says
 // which collective it reached last.
+#include <cstdint>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>

@@ -1,5 +1,6 @@
 #include "common/env.h"
 
+#include <cstdint>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>

@@ -1,5 +1,6 @@
 #include "common/monitored_barrier.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <thread>
 

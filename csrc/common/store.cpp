@@ -1,6 +1,7 @@
 #include "common/store.h"
 
 #include "common/error.h"
+#include <cstdint>
 
 namespace smdccl {
 

@@ -1,5 +1,6 @@
 #include "common/trace.h"
 
+#include <cstdint>
 #include <unistd.h>
 
 #include <atomic>

@@ -1,5 +1,6 @@
 #include "topology/topology.h"
 
+#include <cstdint>
 #include <algorithm>
 #include <map>
 #include <numeric>

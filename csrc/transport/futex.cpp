@@ -1,5 +1,6 @@
 #include "transport/futex.h"
 
+#include <cstdint>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>

@@ -2,6 +2,7 @@
 // Everything one rank of a group needs to reach its peers: shared memory for
 // ranks on its node, TCP for the rest (connected on first use), and the
 // point-to-point sockets used by send/recv.
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>

@@ -1,5 +1,6 @@
 #include "transport/p2p_engine.h"
 
+#include <cstdint>
 #include <poll.h>
 
 #include <algorithm>

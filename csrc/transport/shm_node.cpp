@@ -1,5 +1,6 @@
 #include "transport/shm_node.h"
 
+#include <cstdint>
 #include <signal.h>
 #include <unistd.h>
 

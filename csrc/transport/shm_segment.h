@@ -2,6 +2,7 @@
 // A POSIX shared-memory segment mapped by every rank of one node. The name is
 // unlinked as soon as all have mapped it, so nothing is left in /dev/shm even
 // if a process is killed later.
+#include <cstdint>
 #include <cstddef>
 #include <string>
 

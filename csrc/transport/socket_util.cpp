@@ -1,5 +1,6 @@
 #include "transport/socket_util.h"
 
+#include <cstdint>
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ifaddrs.h>

@@ -6,6 +6,7 @@
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
 #include "transport/cuda/ipc_space.h"
+#include <cstdint>
 
 namespace smdccl {
 

@@ -3,6 +3,7 @@
 // and the GPU allreduce (see device_op.h for the life of an op).
 // c10/cuda only: ATen/cuda headers pull in cuBLAS/cuSPARSE headers that a
 // toolkit without those libraries (CI's nvcc-only install) lacks.
+#include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>

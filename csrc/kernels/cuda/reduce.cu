@@ -1,6 +1,7 @@
 // reduce2, reduceMulti and gatherSlices (kernels.h).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include <cstdint>
 
 namespace smdccl::cuda {
 namespace {

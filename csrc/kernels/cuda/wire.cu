@@ -2,6 +2,7 @@
 // (kernels.h), bit for bit the CPU's wireKernels.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
+#include <cstdint>
 
 namespace smdccl::cuda {
 namespace {

@@ -1,5 +1,6 @@
 #include "transport/cuda/gpu_wait.h"
 
+#include <cstdint>
 #include <sched.h>
 
 #include <chrono>
