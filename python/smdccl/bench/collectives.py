@@ -129,6 +129,11 @@ class Case:
     run: Callable[[], None]
     fill: Callable[[], None]
     count_wrong: Callable[[], int]
+    # Puts back what fill() wrote before each timed call of an in-place
+    # reduction (None for the others): summed in place call after call, the
+    # values would double per call at 2 ranks and leave a 16-bit wire's range
+    # within 16 calls (nccl-tests times out of place for the same reason).
+    restore: Callable[[], None] | None = None
 
 
 def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
@@ -157,6 +162,9 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
             return torch.cat([values(r, torch.arange(count)) for r in range(world)])
         return torch.cat([values(r, rank * count + torch.arange(count)) for r in range(world)])
 
+    in_place_reduction = name in ("allreduce", "reduce")
+    pristine = torch.empty_like(inp) if in_place_reduction else None
+
     def fill() -> None:
         if name == "broadcast" and rank != 0:
             inp.zero_()
@@ -164,6 +172,11 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
             inp.copy_(values(rank, torch.arange(n_in)).to(dtype))
         if out is not inp:
             out.zero_()
+        if pristine is not None:
+            pristine.copy_(inp)
+
+    def restore() -> None:
+        inp.copy_(pristine)
 
     def count_wrong() -> int:
         if name == "reduce" and rank != 0:
@@ -183,4 +196,5 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
         "reduce": lambda: dist.reduce(inp, dst=0, op=redop, group=group),
         "alltoall": lambda: dist.all_to_all_single(out, inp, group=group),
     }
-    return Case(name, size, count, calls[name], fill, count_wrong)
+    return Case(name, size, count, calls[name], fill, count_wrong,
+                restore if in_place_reduction else None)
