@@ -83,3 +83,29 @@ def test_report_says_ranks_were_hosts():
     assert "# --nccl-ranks-as-hosts: every rank is a host of its own to NCCL" in text
     assert "NCCL_SOCKET_IFNAME=lo" in text and "SMDCCL_TOPOLOGY=1,1,1,1" in text
     assert "ranks-as-hosts" not in report.preamble(dict(info, nccl_ranks_as_hosts=False))
+
+
+def test_close_groups_destroys_each_in_order():
+    from smdccl.bench.backends import close_groups
+    seen = []
+    assert close_groups({"nccl": 1, "smdccl": 2}, seen.append, limit_s=5) == []
+    assert seen == [1, 2]
+
+
+def test_close_groups_gives_up_on_a_teardown_that_hangs():
+    import threading
+    import time
+
+    from smdccl.bench.backends import close_groups
+    release, seen = threading.Event(), []
+
+    def destroy(group):
+        seen.append(group)
+        if group == "hangs":
+            release.wait(30)
+
+    t0 = time.monotonic()
+    left = close_groups({"a": "ok", "b": "hangs", "c": "ok2"}, destroy, limit_s=0.5)
+    assert left == ["b", "c"] and seen == ["ok", "hangs"], (left, seen)
+    assert time.monotonic() - t0 < 5
+    release.set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -193,6 +194,32 @@ def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool =
     if (err := first_error(world, err)) is not None:
         return None, err
     return group, None
+
+
+CLOSE_LIMIT_S = 60.0
+
+
+def close_groups(groups: dict, destroy, limit_s: float = CLOSE_LIMIT_S) -> list[str]:
+    """Destroys each measured group in turn (``destroy(group)``, all ranks in
+    the same order), each under ``limit_s`` seconds; returns the names of the
+    groups left open: the one whose destruction did not return in time and
+    those after it. The results are written by then: a backend that hangs in
+    its teardown (seen once with nccl's socket transport) must not hold the
+    run forever."""
+    names = list(groups)
+    for i, name in enumerate(names):
+        done = threading.Event()
+
+        def run(group=groups[name]):
+            try:
+                destroy(group)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"close-{name}", daemon=True).start()
+        if not done.wait(limit_s):
+            return names[i:]
+    return []
 
 
 def with_algos(names: list[str], algos: list[str] | None) -> list[str]:

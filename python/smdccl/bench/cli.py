@@ -36,7 +36,8 @@ examples:
 Sizes, counts and busbw follow nccl-tests (doc/PERFORMANCE.md); see
 `pydoc smdccl.bench.collectives` and `pydoc smdccl.bench.sweep` for the
 definitions and the timing method. Exit code: 0 ok, 1 some #wrong > 0,
-2 usage error or a requested backend unavailable.
+2 usage error or a requested backend unavailable, 3 a backend's teardown
+did not return within 60 s (the results were written; the rank exits anyway).
 """
 
 
@@ -184,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from smdccl.bench import report
-    from smdccl.bench.backends import (default_backends, init_world, node_sizes, open_group,
-                                       ranks_as_hosts_env, with_algos, with_model)
+    from smdccl.bench.backends import (CLOSE_LIMIT_S, close_groups, default_backends, init_world,
+                                       node_sizes, open_group, ranks_as_hosts_env, with_algos,
+                                       with_model)
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if args.nccl_ranks_as_hosts:  # before any group exists: NCCL and smdccl read them at start
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         if lead:
             print(f"smdccl.bench: {msg}", file=sys.stderr, flush=True)
 
+    groups: dict = {}
     try:
         explicit = args.backends is not None
         names = args.backends if explicit else default_backends(
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             names = with_algos(names, args.algos)
             explicit = True  # a forced algorithm that cannot open is an error, not a skip
-        groups, unavailable = {}, {}
+        unavailable = {}
         for name in names:
             group, err = open_group(name, world, args.timeout, args.nccl_ranks_as_hosts)
             if group is None:
@@ -255,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
                          f", op {args.op}")
                 plot.plot(rows, args.plot, measured, args.collectives, title)
                 say(f"wrote {args.plot}")
+        dist.barrier(group=world.ctrl)  # every rank tears its groups down at once
         return 1 if any(r["wrong"] for r in rows) else 0
     finally:
+        left_open = close_groups(groups, dist.destroy_process_group)
+        if left_open:
+            print(f"smdccl.bench: rank {world.rank}: destroying the {left_open[0]!r} group did not "
+                  f"return within {CLOSE_LIMIT_S:.0f} s; exiting with "
+                  f"{', '.join(left_open)} still open", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(3)
         dist.destroy_process_group()
