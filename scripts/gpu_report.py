@@ -5,7 +5,10 @@ report), kernels.json (smdccl_cuda_kernel_bench --json) and
 collectives-<n>ranks.json (python -m smdccl.bench --json), and checks the
 targets of the CUDA work: reduce kernels at >= 85 % of the device-to-device
 copy bandwidth of the same run, and a 64 MiB allreduce of 2 ranks on one GPU
-at >= 3x gloo's in the same run.
+at >= 3x gloo's in the same run. Also reads probe.txt (what the machine
+allows), nccl-hosts-*.json (allreduce beside NCCL, every rank a host to it:
+smdccl's time <= NCCL's at 4 KiB and 64 MiB, smdccl+fp16 >= 1.6x NCCL's algbw
+at 64 MiB) and staged-bench.txt (the staged ring's summary lines).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 KERNEL_TARGET = 85.0
 ALLREDUCE_TARGET = 3.0
 BIG = 64 << 20
+SMALL = 4 << 10
+FP16_VS_NCCL_TARGET = 1.6
 
 
 def _read_json(p: Path):
@@ -113,6 +118,44 @@ def collectives(logs: Path) -> dict:
                                                       "met": ratio is not None and ratio >= ALLREDUCE_TARGET}}
 
 
+def nccl_hosts(logs: Path) -> dict:
+    """Each --nccl-ranks-as-hosts run (nccl-hosts-<layout>.json) and its targets."""
+    runs = {}
+    for p in sorted(logs.glob("nccl-hosts-*.json")):
+        d = _read_json(p)
+        if not d:
+            continue
+        rows = [r for r in d.get("rows", []) if r.get("collective") == "allreduce"]
+
+        def at(backend, size):
+            got = [r for r in rows if r["backend"] == backend and r["size"] == size]
+            return got[0] if got else None
+
+        targets = []
+        for size in (SMALL, BIG):
+            s, n = at("smdccl", size), at("nccl", size)
+            targets.append({"what": f"smdccl time <= nccl's at {size >> 10} KiB",
+                            "value": s["time_us"] / n["time_us"] if s and n else None,
+                            "unit": "x nccl's time", "met": bool(s and n and s["time_us"] <= n["time_us"])})
+        f, n = at("smdccl+fp16", BIG), at("nccl", BIG)
+        targets.append({"what": f"smdccl+fp16 algbw >= {FP16_VS_NCCL_TARGET}x nccl's at 64 MiB",
+                        "value": f["algbw"] / n["algbw"] if f and n else None, "unit": "x nccl's algbw",
+                        "met": bool(f and n and f["algbw"] >= FP16_VS_NCCL_TARGET * n["algbw"])})
+        runs[p.stem] = {"rows": rows, "header": d.get("header", {}), "targets": targets}
+    return runs
+
+
+def staged_bench(logs: Path) -> list[str]:
+    p = logs / "staged-bench.txt"
+    return [ln for ln in (p.read_text().splitlines() if p.exists() else []) if ln.startswith("# ")
+            and "host staging" in ln]
+
+
+def probe(logs: Path) -> list[str]:
+    p = logs / "probe.txt"
+    return p.read_text().splitlines() if p.exists() else []
+
+
 def gpu_info() -> dict:
     try:
         import torch
@@ -174,6 +217,28 @@ def markdown(rep: dict) -> str:
     a = c["allreduce_64MiB_2ranks"]
     lines.append(f"Target: 64 MiB allreduce, 2 ranks on one GPU, >= {ALLREDUCE_TARGET:.0f}x gloo: "
                  + (f"{a['ratio']:.1f}x -> {'MET' if a['met'] else 'MISSED'}" if a["ratio"] else "no data -> MISSED"))
+    if rep.get("probe"):
+        lines += ["", "## The machine", ""] + [f"- {ln}" for ln in rep["probe"]]
+    for name, run in rep.get("nccl_hosts", {}).items():
+        rows = run["rows"]
+        backends = [b for b in ("nccl", "smdccl", "smdccl+fp16", "gloo") if any(r["backend"] == b for r in rows)]
+        lines += ["", f"## {name}: float32 allreduce beside NCCL, every rank a host to NCCL "
+                      "(socket transport over loopback); time us (algbw GB/s), median of passes", "",
+                  "| size | " + " | ".join(backends) + " | smdccl / nccl time |",
+                  "|---|" + "---|" * (len(backends) + 1)]
+        for sz in sorted({r["size"] for r in rows}):
+            vals = {r["backend"]: r for r in rows if r["size"] == sz}
+            cells = [f"{vals[b]['time_us']:.0f} ({vals[b]['algbw']:.2f})" if b in vals else "-" for b in backends]
+            ratio = (f"{vals['smdccl']['time_us'] / vals['nccl']['time_us']:.2f}x"
+                     if "smdccl" in vals and "nccl" in vals else "-")
+            lines.append(f"| {sz >> 10} KiB | " + " | ".join(cells) + f" | {ratio} |")
+        lines.append("")
+        for t in run["targets"]:
+            val = f"{t['value']:.2f} {t['unit']}" if t["value"] is not None else "no data"
+            lines.append(f"- Target: {t['what']}: {val} -> {'MET' if t['met'] else 'MISSED'}")
+    if rep.get("staged_bench"):
+        lines += ["", "## Staged ring (2x2, fp16 wire) beside host staging and gloo", ""]
+        lines += [f"    {ln}" for ln in rep["staged_bench"]]
     return "\n".join(lines) + "\n"
 
 
@@ -182,6 +247,8 @@ def main() -> int:
     ap.add_argument("--logs", required=True, type=Path)
     ap.add_argument("--stem", required=True, help="output path without extension")
     ap.add_argument("--status", type=int, default=0, help="gpu_check.sh's status so far")
+    ap.add_argument("--gpu-json", type=Path, help="take the GPU's facts from this earlier report "
+                    "(to rewrite a report away from the GPU it ran on)")
     args = ap.parse_args()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -193,9 +260,12 @@ def main() -> int:
     rep = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
            "command": os.environ.get("SMDCCL_GPU_CHECK_COMMAND", "bash scripts/gpu_check.sh"),
            "commit": commit or "(not a git checkout)",
-           "gpu": gpu_info(), "kernel_tests": kernel_tests(args.logs), "tests": pytest_results(args.logs),
+           "gpu": (_read_json(args.gpu_json) or {}).get("gpu", {}) if args.gpu_json else gpu_info(),
+           "kernel_tests": kernel_tests(args.logs), "tests": pytest_results(args.logs),
            "steps": steps(args.logs),
-           "kernels": kernels(args.logs), "collectives": collectives(args.logs), "script_status": args.status}
+           "kernels": kernels(args.logs), "collectives": collectives(args.logs),
+           "probe": probe(args.logs), "nccl_hosts": nccl_hosts(args.logs), "staged_bench": staged_bench(args.logs),
+           "script_status": args.status}
     Path(args.stem + ".json").write_text(json.dumps(rep, indent=1))
     Path(args.stem + ".md").write_text(markdown(rep))
     ok = (args.status == 0 and rep["kernels"]["met"] and rep["collectives"]["allreduce_64MiB_2ranks"]["met"])

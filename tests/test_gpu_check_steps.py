@@ -88,9 +88,18 @@ def test_report_reads_every_step(tmp_path):
     rows = [{"backend": b, "collective": "allreduce", "size": 64 << 20, "algbw": bw, "time_us": 1e6}
             for b, bw in (("smdccl", 60.0), ("gloo", 2.0))]
     (logs / "collectives-2ranks.json").write_text(json.dumps({"rows": rows}))
+    (logs / "probe.txt").write_text("nccl 2.28.9\nnetns no\n")
+    (logs / "staged-bench.txt").write_text("W noise\n# 67108864 B: staged ring 0.66x host staging, 2.27x gloo\n")
+    hosts = [{"backend": b, "collective": "allreduce", "size": sz, "time_us": t, "algbw": sz / t / 1e3}
+             for b, sz, t in (("nccl", 4096, 4800.0), ("smdccl", 4096, 400.0), ("nccl", 64 << 20, 37000.0),
+                              ("smdccl", 64 << 20, 26000.0), ("smdccl+fp16", 64 << 20, 24000.0))]
+    (logs / "nccl-hosts-2ranks.json").write_text(json.dumps({"header": {}, "rows": hosts}))
+    gpu = tmp_path / "earlier.json"  # the GPU's facts from the report written on the GPU machine
+    gpu.write_text(json.dumps({"gpu": {"name": "NVIDIA H100 80GB HBM3", "count": 1}}))
     stem = tmp_path / "GPU-date"
     out = subprocess.run([sys.executable, str(REPO / "scripts/gpu_report.py"), "--logs", str(logs),
-                          "--stem", str(stem), "--status", "1"], capture_output=True, text=True, timeout=120)
+                          "--stem", str(stem), "--status", "1", "--gpu-json", str(gpu)],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr  # the script's status was a failure
     rep = json.loads((tmp_path / "GPU-date.json").read_text())
     assert [s["step"] for s in rep["steps"]][-2:] == ["collectives-2ranks", "matrix"]
@@ -102,6 +111,12 @@ def test_report_reads_every_step(tmp_path):
     assert "[stream] test_cuda_stream_semantics[4]: failure" in md
     assert "test_cuda-ddp.xml unreadable" in md
     assert "30.0x -> MET" in md
+    assert rep["gpu"]["name"] == "NVIDIA H100 80GB HBM3" and "- netns no" in md
+    assert "smdccl time <= nccl's at 4 KiB: 0.08 x nccl's time -> MET" in md
+    assert "smdccl time <= nccl's at 65536 KiB: 0.70 x nccl's time -> MET" in md
+    assert "smdccl+fp16 algbw >= 1.6x nccl's at 64 MiB: 1.54 x nccl's algbw -> MISSED" in md
+    assert "| 4 KiB | 4800 (0.00) | 400 (0.01) | - | 0.08x |" in md
+    assert "staged ring 0.66x host staging" in md and "W noise" not in md
 
 
 def test_resumed_check_runs_only_steps_without_a_result(tmp_path):
