@@ -447,6 +447,18 @@ def test_cuda_two_level_fp16_wire():
                      pg_timeout=PG_TIMEOUT))
 
 
+@needs_gpu
+@pytest.mark.parametrize("layout", ["1 node", "2x2"])
+def test_cuda_fusion_equals_per_tensor_allreduce(layout):
+    # Small async allreduces of CUDA tensors queued back to back are fused
+    # (one flat device buffer through the IPC / staged path), with the CPU
+    # test's checks: per-tensor results, futures, fusion really happened.
+    env = {"SMDCCL_TOPOLOGY": "2x2"} if layout == "2x2" else None
+    res = run_ranks(4, "test_fusion:fused_allreduces", "none", "cuda", env=env, timeout=180,
+                    pg_timeout=PG_TIMEOUT)
+    assert len({r["fused"] for r in res}) == 1, res
+
+
 def staged_allreduce_digests() -> dict:
     """Large allreduces across two nodes (the staged ring's sizes) and one
     small one (the host path's): their results' bytes, to compare runs."""

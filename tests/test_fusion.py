@@ -17,23 +17,26 @@ from harness import run_ranks
 pytestmark = pytest.mark.smdccl_only
 
 
-def fused_allreduces(compression: str) -> dict:
+def fused_allreduces(compression: str, device: str = "cpu") -> dict:
+    """Also run on CUDA tensors by tests/test_cuda.py (device "cuda")."""
     import torch
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cpu") if device == "cpu" else \
+        torch.device("cuda", rank % torch.cuda.device_count())
     group = dist.new_group(backend="smdccl", pg_options={"compression": compression})
-    backend = group._get_backend(torch.device("cpu"))
+    backend = group._get_backend(dev)
     before = backend.fused_allreduces
     sizes = [0, 1, 7, 100, 1001, 5000, 20000] * 8
     dtypes = [torch.float32, torch.int64]  # a dtype change ends a fusion run
-    head = torch.ones(4 << 20)  # > 1 MiB: never fused, keeps the queue filling
+    head = torch.ones(4 << 20, device=dev)  # > 1 MiB: never fused, keeps the queue filling
     works = [dist.all_reduce(head, group=group, async_op=True)]
     tensors = []
     for i, n in enumerate(sizes):
         dtype = dtypes[(i // 10) % 2]
         # small integers: exact in every dtype and on a bf16 wire (sums <= 256)
-        tensors.append(torch.arange(n, dtype=dtype) % 4 * (rank + 1) + i % 4)
+        tensors.append((torch.arange(n, dtype=dtype) % 4 * (rank + 1) + i % 4).to(dev))
         op = dist.ReduceOp.MAX if i % 7 == 3 else dist.ReduceOp.SUM  # an op change ends one too
         works.append(dist.all_reduce(tensors[-1], op=op, group=group, async_op=True))
     futures = [w.get_future() for w in works[1:5]]
@@ -45,7 +48,7 @@ def fused_allreduces(compression: str) -> dict:
             want = base * world + i % 4
         else:
             want = base * sum(r + 1 for r in range(world)) + i % 4 * world
-        assert torch.equal(t.double(), want), f"tensor {i} (n={n}, {t.dtype}) differs from per-tensor allreduce"
+        assert torch.equal(t.cpu().double(), want), f"tensor {i} (n={n}, {t.dtype}) differs from per-tensor allreduce"
     for f, t in zip(futures, tensors):
         assert f.value()[0] is not None and torch.equal(f.value()[0], t)
     assert torch.equal(head, torch.full_like(head, world))

@@ -544,6 +544,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   work.markStarted();
   watchdog_->opStarted(seq, name);
   riders_.clear();
+  riderDevices_.clear();
   OpContext ctx;
   ctx.op = name;
   ctx.group = &cfg_.groupName;
@@ -610,6 +611,8 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   std::vector<c10::intrusive_ptr<SmdcclWork>> riders;
   riders.swap(riders_);
   if (device) device->signal(seq);
+  for (auto& [d, riderSeq] : riderDevices_) d->signal(riderSeq);
+  riderDevices_.clear();
   work.complete(err);
   for (auto& w : riders) w->complete(err);
   dropOrLeak(riders);

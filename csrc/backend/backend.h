@@ -71,6 +71,7 @@ using OpNumber = std::shared_ptr<std::atomic<uint64_t>>;
 struct QueuedAllreduce : Fusable {
   at::Tensor tensor;
   ReduceSpec spec;
+  std::shared_ptr<DeviceOp> device;  // CUDA tensors: the op's device side (nullptr: CPU)
   c10::intrusive_ptr<SmdcclWork> work;
   OpNumber number;
 };
@@ -245,8 +246,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // reduce, post-divide, fp16 overflow check.
   void allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec, const std::shared_ptr<DeviceOp>& dev,
                     const Tuning& tuning);
-  // Allreduces tensors of one dtype and op as one flat buffer.
-  void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs);
+  // One allreduce over `ts` packed flat (same dtype and op): on the host, or
+  // on `dev`'s device for CUDA tensors.
+  void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
+                     const std::shared_ptr<DeviceOp>& dev);
   static constexpr size_t kFusableBytes = 1 << 20;  // "small": fused with its neighbours
   // After a failure: the first rank to fail records its cause in the store;
   // later ones (who may only see a peer's connection close) report it too.
@@ -314,6 +317,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // completes them with its own error if the fused collective fails. Touched
   // only by the task running (runMu_ of the progress thread serializes).
   std::vector<c10::intrusive_ptr<SmdcclWork>> riders_;
+  // The device sides of CUDA riders, with each rider's op number: runWork
+  // signals them after the fused op (also when it failed), before the riders
+  // complete, so that their waits are released.
+  std::vector<std::pair<std::shared_ptr<DeviceOp>, uint64_t>> riderDevices_;
   std::unique_ptr<DeviceOps> deviceOps_;       // CUDA tensors' streams and buffers
   std::unique_ptr<ProgressThread> progress_;  // last: stops first
 };

@@ -280,15 +280,16 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   // that agrees on the count), so it does not depend on async_op, which
   // ranks may choose differently for the same call.
   std::shared_ptr<QueuedAllreduce> fusable;
-  if (!dev && fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
+  if (fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
       !spec.preScaleTensor.defined()) {
     fusable = std::make_shared<QueuedAllreduce>();
     fusable->tensor = t;
     fusable->spec = spec;
+    fusable->device = dev;
     return enqueue(
         OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
         tensors, [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
-        opts.asyncOp, fusable);
+        opts.asyncOp, fusable, dev);
   }
   return enqueue(
       OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
@@ -335,7 +336,8 @@ void SmdcclBackend::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
 }
 
 void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
-                                  std::vector<ReduceSpec>& specs) {
+                                  std::vector<ReduceSpec>& specs,
+                                  const std::shared_ptr<DeviceOp>& dev) {
   DType dt = toDType(ts[0].scalar_type(), "allreduce");
   Wire wire = Wire::F32;
   int64_t total = 0;
@@ -345,11 +347,25 @@ void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
     total += ts[i].numel();
   }
   WireOverflowCheck overflow(wire);
-  at::Tensor flat = ts[0].is_cpu() ? scratch_.take(total, ts[0].scalar_type())
-                                   : at::empty({total}, ts[0].options());
-  packInto(bytesOf(flat), ts);
-  smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
-  unpackFrom(bytesOf(flat), ts);
+  if (!dev) {
+    at::Tensor flat = scratch_.take(total, ts[0].scalar_type());
+    packInto(bytesOf(flat), ts);
+    smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
+    unpackFrom(bytesOf(flat), ts);
+  } else {
+    // On the device, on the op's stream (the body's current stream): one
+    // flat buffer through the IPC / staged GPU allreduce, no host copy.
+    at::Tensor flat = at::empty({total}, ts[0].options());
+    std::vector<at::Tensor> parts;
+    int64_t at = 0;
+    for (auto& t : ts) {
+      parts.push_back(flat.narrow(0, at, t.numel()));
+      at += t.numel();
+    }
+    for (size_t i = 0; i < ts.size(); ++i) parts[i].copy_(ts[i].reshape({-1}));
+    dev->allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
+    for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
+  }
   for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
   overflow.finish(c);
 }
@@ -363,6 +379,7 @@ bool SmdcclBackend::ridersAgree(Comm& c, size_t count) {
     h.mix(static_cast<uint64_t>(q.tensor.numel()));
     h.mix(static_cast<uint64_t>(q.tensor.scalar_type()));
     h.mix(static_cast<uint64_t>(q.spec.op));
+    h.mix(q.device ? 1u : 0u);
     ++seen;
     return true;
   });
@@ -378,7 +395,7 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   auto sameKind = [&](const QueuedAllreduce& q) {
     return q.tensor.scalar_type() == first.tensor.scalar_type() && q.spec.op == first.spec.op &&
            q.spec.preScale == first.spec.preScale && q.spec.postDivide == first.spec.postDivide &&
-           !q.spec.preScaleTensor.defined();
+           !q.spec.preScaleTensor.defined() && (q.device != nullptr) == (first.device != nullptr);
   };
   size_t bytes = first.tensor.nbytes();
   std::vector<at::Tensor> batch{first.tensor};
@@ -410,20 +427,28 @@ void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
   if (count > 0 && !ridersAgree(c, static_cast<size_t>(count))) count = 0;
   auto taken = progress_->takeFusable(static_cast<size_t>(count));
   if (taken.empty()) {  // nothing to fuse: in place, without packing a flat copy
-    allreduceOne(c, first.tensor, first.spec, nullptr, tuning_);
+    allreduceOne(c, first.tensor, first.spec, first.device, tuning_);
     return;
   }
   std::vector<at::Tensor> ts{first.tensor};
   std::vector<ReduceSpec> specs{first.spec};
   for (auto& f : taken) {
     auto& q = static_cast<QueuedAllreduce&>(*f);
-    q.number->store(runSeq_.fetch_add(1) + 1);  // the same on every rank: they agreed on `count`
+    uint64_t seq = runSeq_.fetch_add(1) + 1;
+    q.number->store(seq);  // the same on every rank: they agreed on `count`
     q.work->markStarted();
     riders_.push_back(q.work);  // on failure runWork completes them with its error
     ts.push_back(q.tensor);
     specs.push_back(q.spec);
+    if (q.device) {
+      // CUDA: signalled by runWork after the fused op, also on failure.
+      riderDevices_.push_back({q.device, seq});
+      // The op's stream waits for the work the rider's caller queued before it.
+      q.device->prepare(c.ctx);
+    }
   }
-  allreduceFlat(c, ts, specs);
+  allreduceFlat(c, ts, specs, first.device);
+  for (auto& [d, seq] : riderDevices_) d->finishBody(c.ctx);
   // runWork completes the riders, after this op's end.
   fusedOps_ += taken.size() + 1;
   ++fusedCollectives_;
@@ -439,12 +464,12 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
   }
   auto dev = deviceOps_->begin(real, "allreduce_coalesced");
-  std::vector<at::Tensor> ts = hostOf(dev, real, true, true);
+  std::vector<at::Tensor> ts = real;  // CUDA tensors stay on the device (allreduceFlat)
   return enqueue(
       OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
       callOf(ts, ts[0].scalar_type(), numelOf(ts),
              redOpCode(opts.reduceOp)),
-      tensors, [this, ts, specs](Comm& c) mutable {
+      tensors, [this, ts, specs, dev](Comm& c) mutable {
         // One flat buffer per dtype: one collective each instead of one per tensor.
         std::map<at::ScalarType, std::vector<size_t>> byType;
         for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
@@ -455,7 +480,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
             group.push_back(ts[i]);
             groupSpecs.push_back(specs[i]);
           }
-          allreduceFlat(c, group, groupSpecs);
+          allreduceFlat(c, group, groupSpecs, dev);
         }
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
