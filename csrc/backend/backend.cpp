@@ -218,6 +218,9 @@ SmdcclBackend::~SmdcclBackend() {
   watchdog_.reset();
   p2p_.reset();
   mesh_.reset();
+  // Here, without the GIL: the CUDA IPC buffers wait (a store round) until
+  // every node-mate has unmapped them.
+  deviceOps_.reset();
   trace::flush();
 }
 

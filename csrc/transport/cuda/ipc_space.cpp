@@ -84,7 +84,12 @@ void* allocateDeviceMemory(size_t bytes, int device, const std::function<void()>
 CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank,
                            int localSize, int device, size_t bytes, const std::string& settings,
                            Deadline deadline, const std::function<void()>& freeCached)
-    : localRank_(localRank), device_(device), bytes_(bytes), ptrs_(localSize, nullptr) {
+    : store_(&store),
+      keyPrefix_(keyPrefix),
+      localRank_(localRank),
+      device_(device),
+      bytes_(bytes),
+      ptrs_(localSize, nullptr) {
   DeviceScope scope(device);
   std::string mine;
   try {
@@ -145,20 +150,47 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int loc
 }
 
 // Frees this rank's buffer and unmaps the peers' (errors ignored: this runs
-// in the destructor and on failure paths, also at process exit).
+// on failure paths, when no peer has mapped this rank's buffer yet or the
+// node's ranks all fail together).
 void CudaIpcSpace::release() noexcept {
+  unmapPeers();
+  int prev = -1;
+  bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+                 cudaSetDevice(device_) == cudaSuccess;
+  char*& own = ptrs_[static_cast<size_t>(localRank_)];
+  if (own) cudaFree(own);
+  own = nullptr;
+  if (restore) cudaSetDevice(prev);
+}
+
+void CudaIpcSpace::unmapPeers() noexcept {
   int prev = -1;
   bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
                  cudaSetDevice(device_) == cudaSuccess;
   for (size_t l = 0; l < ptrs_.size(); ++l) {
-    if (!ptrs_[l]) continue;
-    if (static_cast<int>(l) == localRank_) cudaFree(ptrs_[l]);
-    else cudaIpcCloseMemHandle(ptrs_[l]);
+    if (!ptrs_[l] || static_cast<int>(l) == localRank_) continue;
+    cudaIpcCloseMemHandle(ptrs_[l]);
     ptrs_[l] = nullptr;
   }
   if (restore) cudaSetDevice(prev);
 }
 
-CudaIpcSpace::~CudaIpcSpace() { release(); }
+CudaIpcSpace::~CudaIpcSpace() {
+  unmapPeers();
+  if (ptrs_.size() > 1 && ptrs_[static_cast<size_t>(localRank_)]) {
+    try {
+      allGatherStrings(*store_, keyPrefix_ + "/unmapped", localRank_, localSize(), "1",
+                       Deadline::after(kUnmapWait));
+    } catch (const std::exception& e) {
+      // Also at process exit without destroy_process_group (the store may be
+      // gone): the memory goes with the process.
+      SMDCCL_INFO("CUDA IPC: this rank's buffer of ", bytes_ >> 20, " MiB stays allocated until ",
+                  "exit: not every node-mate has unmapped it (", e.what(), ")");
+      ptrs_[static_cast<size_t>(localRank_)] = nullptr;
+      return;
+    }
+  }
+  release();
+}
 
 }  // namespace smdccl

@@ -4,6 +4,7 @@
 // A rank writes its data into its own buffer, the node's ranks meet at a
 // barrier, and each then reads its peers' buffers directly (NVLink / the
 // same GPU's memory), with no host copy. Ranks may share one GPU.
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -35,7 +36,14 @@ class CudaIpcSpace {
   CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank, int localSize,
                int device, size_t bytes, const std::string& settings, Deadline deadline,
                const std::function<void()>& freeCached = nullptr);
+  // Unmaps the peers' buffers, then frees this rank's own only once every
+  // node-mate has unmapped it (a store round under `keyPrefix`/unmapped, up
+  // to kUnmapWait): freeing memory that another process still maps is
+  // undefined in CUDA. A node-mate that does not say so in time (it died, or
+  // never destroys the group) leaves this rank's buffer allocated until the
+  // process exits. The store must outlive this object.
   ~CudaIpcSpace();
+  static constexpr std::chrono::seconds kUnmapWait{10};
   CudaIpcSpace(const CudaIpcSpace&) = delete;
   CudaIpcSpace& operator=(const CudaIpcSpace&) = delete;
 
@@ -49,7 +57,11 @@ class CudaIpcSpace {
 
  private:
   void release() noexcept;
+  // Unmaps the peers' buffers (this rank's own stays).
+  void unmapPeers() noexcept;
 
+  KVStore* store_ = nullptr;
+  std::string keyPrefix_;
   int localRank_ = 0;
   int device_ = 0;
   size_t bytes_ = 0;
