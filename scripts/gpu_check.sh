@@ -138,6 +138,14 @@ SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 run_step staged-bench 120 "$PY" -m t
   --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 4M,64M --json "$LOGS/staged-bench.json" \
   > "$LOGS/staged-bench.txt" 2>&1 || tail -20 "$LOGS/staged-bench.txt"
 grep "^#.*x host staging" "$LOGS/staged-bench.txt"
+# The staged ring makes more, smaller GPU steps than host staging; ranks
+# sharing one GPU time-slice it between processes, so each step may wait
+# for the others' slices. Larger chunks (fewer steps) tell how much of the
+# gap that is (2026-11-27: 0.66x host staging at 4 MiB chunks).
+SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 SMDCCL_CUDA_STAGE_CHUNK_KB=16384 run_step staged-bench-16m 90 \
+  "$PY" -m torch.distributed.run --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 64M \
+  --json "$LOGS/staged-bench-16m.json" > "$LOGS/staged-bench-16m.txt" 2>&1 || tail -20 "$LOGS/staged-bench-16m.txt"
+grep "^#.*x host staging" "$LOGS/staged-bench-16m.txt"
 
 # The same comparison between emulated nodes joined by a shaped 10 Gbit/s
 # link (network namespaces, where this machine allows them).

@@ -146,9 +146,12 @@ def nccl_hosts(logs: Path) -> dict:
 
 
 def staged_bench(logs: Path) -> list[str]:
-    p = logs / "staged-bench.txt"
-    return [ln for ln in (p.read_text().splitlines() if p.exists() else []) if ln.startswith("# ")
-            and "host staging" in ln]
+    """The summary lines of each staged-bench step (staged-bench*.txt), named by step."""
+    out = []
+    for p in sorted(logs.glob("staged-bench*.txt")):
+        out += [f"[{p.stem}] {ln[2:]}" for ln in p.read_text().splitlines()
+                if ln.startswith("# ") and "host staging" in ln]
+    return out
 
 
 def probe(logs: Path) -> list[str]:
