@@ -8,6 +8,24 @@
 
 namespace smdccl {
 
+namespace env {
+SMDCCL_ENV_TEXT(kAlgo, "SMDCCL_ALGO", "auto",
+                "Force algorithms: auto (cheapest by the cost model), a registered name for "
+                "every collective it runs (ring, rd, halving, tree, direct, chain, two_level, "
+                "two_level_rd, two_level_tree; a collective it does not run gets its kin, e.g. "
+                "ring -> chain for broadcast), and/or collective:name pairs, e.g. "
+                "allreduce:tree,allgather:ring. A two-level name on one node runs its flat form. "
+                "ring also keeps compressed reductions on the ring. docs/algorithms.md lists "
+                "them.");
+SMDCCL_ENV_TEXT(kTuneFile, "SMDCCL_TUNE_FILE", "",
+                "Cost-model profile written by `python -m smdccl.tune` (latency and bandwidth per "
+                "level); unset: built-in defaults.");
+SMDCCL_ENV_INT(kPipelineChunkKB, "SMDCCL_PIPELINE_CHUNK_KB", 4096, 1, 1 << 20,
+               "Chunk size of the pipelined two-level allreduces (and of the halving allreduce), "
+               "in KiB: while one chunk crosses the network the next is reduced inside the "
+               "node.");
+}  // namespace env
+
 Tuning Tuning::fromEnv() {
   Tuning t;
   t.force(envString(env::kAlgo));

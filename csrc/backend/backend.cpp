@@ -25,6 +25,35 @@
 
 namespace smdccl {
 
+namespace env {
+SMDCCL_ENV_TEXT(kTopology, "SMDCCL_TOPOLOGY", "",
+                "Override host detection: '2x2' (2 nodes of 2 ranks) or '3,1' (uneven nodes), by "
+                "global rank order. Ranks on different virtual nodes talk over TCP.");
+SMDCCL_ENV_INT(kShmRingKB, "SMDCCL_SHM_RING_KB", 1024, 4, 1 << 20,
+               "Shared-memory ring size per direction per peer pair, in KiB.");
+SMDCCL_ENV_INT(kSpinUs, "SMDCCL_SPIN_US", -1, -1, 10000000,
+               "Microseconds a waiting thread spins before yielding and then sleeping (-1: "
+               "chosen from the number of local ranks and cores).");
+SMDCCL_ENV_INT(kIdleSpinUs, "SMDCCL_IDLE_SPIN_US", -1, -1, 10000000,
+               "Microseconds the progress thread polls for new work before sleeping (-1: "
+               "automatic).");
+SMDCCL_ENV_INT(kFusionMB, "SMDCCL_FUSION_MB", 16, 0, 1024,
+               "Tensor fusion: async allreduces of up to 1 MiB queued back to back (same dtype "
+               "and op) are packed into one buffer of up to this many MiB and reduced as one "
+               "collective; 0 turns it off. Ranks agree on how many to fuse, and that their "
+               "sizes match, with two tiny extra rounds.");
+SMDCCL_ENV_INT(kNanCheck, "SMDCCL_NAN_CHECK", 0, 0, 1,
+               "1: before each collective, check the float inputs for NaN/Inf; the ranks agree "
+               "on whose inputs hold any and every rank raises ValueError naming them and the op "
+               "(the collective does not run). Costs a scan and one tiny round per collective; "
+               "turns fusion off.");
+SMDCCL_ENV_NUMBER(kWarnAfter, "SMDCCL_WARN_AFTER", 60, 0, 1e9,
+                  "Seconds a collective may wait before a warning lists which ranks of the group "
+                  "are in it, done with it, not arrived yet (with the last collective they "
+                  "reached) or not answering; 0: never. The group timeout still ends the wait "
+                  "with an error.");
+}  // namespace env
+
 namespace {
 
 std::string bootId() {

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <map>
 
+#include "algorithms/gpu_tuning.h"
 #include "algorithms/select.h"
 #include "backend/backend.h"
 #include "common/env.h"
@@ -15,6 +16,19 @@
 #include "kernels/cpu/reduce.h"
 
 namespace py = pybind11;
+
+namespace smdccl::env {
+SMDCCL_ENV_CHOICE(kCompression, "SMDCCL_COMPRESSION", "none", "none, fp16, bf16",
+                  "16-bit wire for float32 allreduce / reduce_scatter between nodes: none, fp16 "
+                  "or bf16. Every addition stays float32; the cast is fused into the send and the "
+                  "receive-and-reduce. Per group: pg_options={'compression': 'fp16'}.");
+SMDCCL_ENV_INT(kCompressionIntra, "SMDCCL_COMPRESSION_INTRA", 0, 0, 1,
+               "1: compress inside nodes too (shared memory), not only between nodes.");
+// Read by python/smdccl/_registration.py; declared here to be in the table.
+SMDCCL_ENV_TEXT(kAutoload, "SMDCCL_AUTOLOAD", "1",
+                "0 stops the registration that runs at `import torch` (read by the Python "
+                "package).");
+}  // namespace smdccl::env
 
 namespace {
 
@@ -121,6 +135,28 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& v : smdccl::envVars()) out.emplace_back(v.name, v.defaultValue, v.help);
     return out;
   }, "Every SMDCCL_* variable: (name, default, meaning)");
+  m.def("env_table", [] {
+    py::list out;
+    for (const auto& v : smdccl::envVars()) {
+      py::dict d;
+      d["name"] = v.name;
+      d["default"] = v.defaultValue;
+      d["help"] = v.help;
+      d["kind"] = v.kind == smdccl::EnvVar::Kind::Int      ? "int"
+                  : v.kind == smdccl::EnvVar::Kind::Number ? "number"
+                                                           : "text";
+      d["min"] = v.min;
+      d["max"] = v.max;
+      d["choices"] = v.choices;
+      d["declared_in"] = v.declaredIn;
+      out.append(d);
+    }
+    return out;
+  }, "Every SMDCCL_* variable's declaration (name, default, help, kind, min, max, choices, "
+     "declared_in), for docs/env.md");
+  m.def("cuda_settings", [] { return smdccl::GpuTuning::fromEnv().describe(); },
+        "The SMDCCL_CUDA_* settings a CUDA collective would use here (raises ValueError for a "
+        "bad value)");
 
   m.def(
       "plan",

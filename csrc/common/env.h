@@ -1,6 +1,9 @@
 #pragma once
-// Every SMDCCL_* environment variable is declared here, once, with its
-// default and meaning (printed by `python -m smdccl.info`, listed in README).
+// Every SMDCCL_* environment variable is declared once, beside the code that
+// reads it, with SMDCCL_ENV_TEXT / _CHOICE / _INT / _NUMBER: name, default,
+// values, help. The declarations register themselves in one table, from
+// which `python -m smdccl.info`, docs/env.md and the error messages for bad
+// values are made.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,47 +22,45 @@ struct EnvVar {
   double max = 0;
   // Text with a fixed set of values: them, separated by ", " ("" = any).
   const char* choices = "";
+  // The source file that declares (and reads) it, from csrc/.
+  const char* declaredIn = "";
 };
 
-// The declared variables, in a stable order.
+// Adds a declared variable to the table (at load time; see SMDCCL_ENV_*).
+struct EnvRegistration {
+  explicit EnvRegistration(const EnvVar& v);
+};
+
+// The declared variables, sorted by name.
 const std::vector<EnvVar>& envVars();
 
-// Reads a declared variable (throws std::logic_error for an undeclared one,
-// so a typo in our code cannot silently read nothing). envInt / envDouble
-// throw InvalidArgument, naming the variable and its range, for a value
-// that is not a number of the right kind or lies outside the range.
-std::string envString(const char* name);
-int64_t envInt(const char* name);
-double envDouble(const char* name);
+// Reads a declared variable. envInt / envDouble throw InvalidArgument,
+// naming the variable and its range, for a value that is not a number of
+// the right kind or lies outside the range.
+std::string envString(const EnvVar& v);
+int64_t envInt(const EnvVar& v);
+double envDouble(const EnvVar& v);
 
 // Reads every declared variable that is set, so that a bad value fails at
 // group creation (naming it) instead of at the first collective that reads it.
 void checkEnvironment();
 
-namespace env {
-constexpr const char* kDebug = "SMDCCL_DEBUG";
-constexpr const char* kAlgo = "SMDCCL_ALGO";
-constexpr const char* kTopology = "SMDCCL_TOPOLOGY";
-constexpr const char* kSocketIfname = "SMDCCL_SOCKET_IFNAME";
-constexpr const char* kShmRingKB = "SMDCCL_SHM_RING_KB";
-constexpr const char* kTuneFile = "SMDCCL_TUNE_FILE";
-constexpr const char* kPipelineChunkKB = "SMDCCL_PIPELINE_CHUNK_KB";
-constexpr const char* kTcpBufferKB = "SMDCCL_TCP_BUFFER_KB";
-constexpr const char* kSpinUs = "SMDCCL_SPIN_US";
-constexpr const char* kIdleSpinUs = "SMDCCL_IDLE_SPIN_US";
-constexpr const char* kAutoload = "SMDCCL_AUTOLOAD";
-constexpr const char* kCompression = "SMDCCL_COMPRESSION";
-constexpr const char* kCompressionIntra = "SMDCCL_COMPRESSION_INTRA";
-constexpr const char* kFusionMB = "SMDCCL_FUSION_MB";
-constexpr const char* kNanCheck = "SMDCCL_NAN_CHECK";
-constexpr const char* kWarnAfter = "SMDCCL_WARN_AFTER";
-constexpr const char* kTrace = "SMDCCL_TRACE";
-constexpr const char* kCudaIpc = "SMDCCL_CUDA_IPC";
-constexpr const char* kCudaIpcMB = "SMDCCL_CUDA_IPC_MB";
-constexpr const char* kCudaOneShotKB = "SMDCCL_CUDA_ONESHOT_KB";
-constexpr const char* kCudaStageChunkKB = "SMDCCL_CUDA_STAGE_CHUNK_KB";
-constexpr const char* kCudaStagedRing = "SMDCCL_CUDA_STAGED_RING";
-constexpr const char* kCudaMaxSms = "SMDCCL_CUDA_MAX_SMS";
-}  // namespace env
-
 }  // namespace smdccl
+
+// Declares `ident` (a constant EnvVar, usable from static initializers) for
+// variable `name` and registers it. One each, beside the code that reads it.
+#define SMDCCL_ENV_DECLARE_(ident, name, def, help, kind, lo, hi, choices)                 \
+  constexpr ::smdccl::EnvVar ident{name, def, help, kind, lo, hi, choices, __FILE__};      \
+  static const ::smdccl::EnvRegistration ident##Registration_(ident)
+// Free text; the empty default means unset.
+#define SMDCCL_ENV_TEXT(ident, name, def, help) \
+  SMDCCL_ENV_DECLARE_(ident, name, def, help, ::smdccl::EnvVar::Kind::Text, 0, 0, "")
+// One of `choices` (", "-separated, any case).
+#define SMDCCL_ENV_CHOICE(ident, name, def, choices, help) \
+  SMDCCL_ENV_DECLARE_(ident, name, def, help, ::smdccl::EnvVar::Kind::Text, 0, 0, choices)
+// An integer in [lo, hi].
+#define SMDCCL_ENV_INT(ident, name, def, lo, hi, help) \
+  SMDCCL_ENV_DECLARE_(ident, name, #def, help, ::smdccl::EnvVar::Kind::Int, lo, hi, "")
+// A number in [lo, hi].
+#define SMDCCL_ENV_NUMBER(ident, name, def, lo, hi, help) \
+  SMDCCL_ENV_DECLARE_(ident, name, #def, help, ::smdccl::EnvVar::Kind::Number, lo, hi, "")

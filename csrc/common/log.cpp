@@ -11,6 +11,13 @@
 
 namespace smdccl {
 
+namespace env {
+SMDCCL_ENV_CHOICE(kDebug, "SMDCCL_DEBUG", "WARN", "WARN, INFO, DETAIL, TRACE",
+                  "Log level: WARN, INFO, DETAIL (INFO plus a cross-rank check of every "
+                  "collective's full signature, tensor shapes included) or TRACE (to stderr, "
+                  "prefixed with the rank).");
+}  // namespace env
+
 static std::atomic<int> gRank{-1};
 
 LogLevel logLevel() {

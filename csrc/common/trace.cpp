@@ -14,6 +14,16 @@
 #include "common/env.h"
 #include "common/log.h"
 
+namespace smdccl {
+namespace env {
+SMDCCL_ENV_TEXT(kTrace, "SMDCCL_TRACE", "",
+                "Chrome-trace timeline (chrome://tracing, Perfetto) of every collective: queued, "
+                "run, its checks and the algorithm picked, one JSON file per rank ('{rank}' in "
+                "the path is replaced by the global rank, else '.rank<r>' goes before the "
+                "extension); written when a group is destroyed and at exit.");
+}  // namespace env
+}  // namespace smdccl
+
 namespace smdccl::trace {
 
 namespace {

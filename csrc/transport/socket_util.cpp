@@ -22,6 +22,15 @@
 
 namespace smdccl {
 
+namespace env {
+SMDCCL_ENV_TEXT(kSocketIfname, "SMDCCL_SOCKET_IFNAME", "",
+                "Network interface for the TCP transport (default: the interface that routes to "
+                "MASTER_ADDR).");
+SMDCCL_ENV_INT(kTcpBufferKB, "SMDCCL_TCP_BUFFER_KB", 4096, 0, 1 << 20,
+               "Socket send/receive buffer size for TCP links, in KiB (0: the system's "
+               "default).");
+}  // namespace env
+
 static std::string addressOfInterface(const std::string& ifname) {
   struct ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) throwSystemError("getifaddrs", errno);

@@ -8,31 +8,10 @@
 #include "algorithms/cuda/cuda_stage_device.h"
 #include "kernels/cuda/sm_cap.h"
 #include "algorithms/comm.h"
-#include "common/env.h"
 #include "common/error.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
-
-GpuTuning GpuTuning::fromEnv() {
-  GpuTuning t;
-  t.ipc = envInt(env::kCudaIpc) != 0;
-  // envInt range-checks these (env.cpp): no clamping here.
-  t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
-  t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
-  t.stageChunkBytes =
-      static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
-  t.stagedRing = envInt(env::kCudaStagedRing) != 0;
-  t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
-  return t;
-}
-
-std::string GpuTuning::describe() const {
-  return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
-                ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
-                ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10,
-                ", SMDCCL_CUDA_STAGED_RING=", stagedRing ? 1 : 0);
-}
 
 void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   if (tuningAgreed_ || c.size() == 1) return;

@@ -1,0 +1,54 @@
+#include "algorithms/gpu_tuning.h"
+
+#include "common/env.h"
+#include "common/error.h"
+
+namespace smdccl {
+
+namespace env {
+SMDCCL_ENV_INT(kCudaIpc, "SMDCCL_CUDA_IPC", 1, 0, 1,
+               "CUDA tensors: 1 moves data between the GPUs (or processes sharing a GPU) of a "
+               "node through CUDA IPC buffers; 0 stages everything through pinned host memory "
+               "and the CPU transports.");
+SMDCCL_ENV_INT(kCudaIpcMB, "SMDCCL_CUDA_IPC_MB", 64, 1, 1 << 16,
+               "Size of each rank's CUDA IPC buffer, in MiB (allocated on the first CUDA "
+               "allreduce); larger messages go through it in pieces of this size.");
+SMDCCL_ENV_INT(kCudaOneShotKB, "SMDCCL_CUDA_ONESHOT_KB", 256, 0, 1 << 20,
+               "CUDA allreduce inside one node: up to this many KiB every rank reduces all "
+               "peers' buffers at once (one-shot, fewer steps); above it each rank reduces a "
+               "slice and then gathers the others' (two-shot, less data read).");
+SMDCCL_ENV_INT(kCudaStageChunkKB, "SMDCCL_CUDA_STAGE_CHUNK_KB", 4096, 64, 1 << 20,
+               "CUDA tensors that cross nodes (or every CUDA collective with SMDCCL_CUDA_IPC=0) "
+               "go through pinned host memory in chunks of this many KiB, so copies overlap the "
+               "network.");
+SMDCCL_ENV_INT(kCudaStagedRing, "SMDCCL_CUDA_STAGED_RING", 1, 0, 1,
+               "CUDA allreduce across nodes: 1 lets the GPU run the staged ring where the host "
+               "algorithm would be the ring (the GPU packs pinned slots, cast to the 16-bit "
+               "wire, and unpack-reduces them; smdccl's thread ships them); 0 copies each chunk "
+               "to pinned memory for the host algorithm. Same results either way.");
+SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
+               "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
+               "A cap leaves the rest to the training's own kernels so that collectives overlap "
+               "with them; it changes speed, never results. Per process.");
+}  // namespace env
+
+GpuTuning GpuTuning::fromEnv() {
+  GpuTuning t;
+  t.ipc = envInt(env::kCudaIpc) != 0;
+  // envInt range-checks these: no clamping here.
+  t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
+  t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
+  t.stageChunkBytes = static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
+  t.stagedRing = envInt(env::kCudaStagedRing) != 0;
+  t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
+  return t;
+}
+
+std::string GpuTuning::describe() const {
+  return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
+                ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
+                ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10,
+                ", SMDCCL_CUDA_STAGED_RING=", stagedRing ? 1 : 0);
+}
+
+}  // namespace smdccl
