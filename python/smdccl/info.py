@@ -6,6 +6,10 @@ kernels use, the transports this host offers (shared memory, TCP and the
 interface TCP would listen on) and every SMDCCL_* variable that is set.
 ``--json`` prints the same as one JSON object. Meant to be pasted into a bug
 report; it starts no process group and opens no connection.
+
+``--env`` lists every SMDCCL_* variable the engine declares (default, values,
+meaning, the value set here); ``--env-markdown`` prints docs/env.md, which is
+made from the same declarations.
 """
 
 from __future__ import annotations
@@ -96,7 +100,60 @@ def collect() -> dict:
                     "SMDCCL_SOCKET_IFNAME": os.environ.get("SMDCCL_SOCKET_IFNAME")},
         },
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SMDCCL_")},
+        "cuda_settings": _cuda_settings(_C),
     }
+
+
+def _cuda_settings(c) -> str:
+    try:
+        return c.cuda_settings()
+    except ValueError as exc:  # a bad SMDCCL_CUDA_* value: say it, do not fail the report
+        return f"invalid: {exc}"
+
+
+def _values(v: dict) -> str:
+    """What a variable accepts, from its declaration."""
+    if v["kind"] in ("int", "number"):
+        return f"{'integer' if v['kind'] == 'int' else 'number'}, {v['min']:g} to {v['max']:g}"
+    return f"one of: {v['choices']}" if v["choices"] else "text"
+
+
+ENV_MD_HEADER = """\
+# Environment variables
+
+Every `SMDCCL_*` variable smdccl reads, as declared beside the code that reads
+it (`SMDCCL_ENV_*` in `csrc/`, the file in the last column). A value outside
+its range or choices fails when a process group is created, with an error that
+names the variable and what it accepts. Set a variable alike on every rank
+unless its text says otherwise.
+
+This file is generated: `python -m smdccl.info --env-markdown > docs/env.md`
+(`tests/test_env_docs.py` checks that it matches the declarations).
+
+| Variable | Default | Values | Meaning | Declared in |
+|---|---|---|---|---|
+"""
+
+
+def env_markdown(table: list) -> str:
+    """docs/env.md, from the engine's declarations (``_C.env_table()``)."""
+    rows = []
+    for v in table:
+        default = f"`{v['default']}`" if v["default"] else "(unset)"
+        meaning = v["help"].replace("|", "\\|")
+        rows.append(f"| `{v['name']}` | {default} | {_values(v)} | {meaning} | `{v['declared_in']}` |")
+    return ENV_MD_HEADER + "\n".join(rows) + "\n"
+
+
+def env_text(table: list, environ) -> str:
+    """Every declared variable with its default, values and meaning, and its value here."""
+    out = []
+    for v in table:
+        here = environ.get(v["name"])
+        out.append(f"{v['name']} = {here if here else '(unset)'}  [default "
+                   f"{v['default'] or '(unset)'}; {_values(v)}]")
+        out.append(f"    {v['help']}")
+    return "\n".join(out)
 
 
 def render(info: dict) -> str:
@@ -124,14 +181,26 @@ def render(info: dict) -> str:
         f"  tcp            interfaces: {ifaces}; SMDCCL_SOCKET_IFNAME "
         + (f"= {ifname}" if ifname else "unset (the route to MASTER_ADDR picks the address)"),
         "environment: " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else "no SMDCCL_* variable set"),
+        f"CUDA settings: {info['cuda_settings']}",
     ]
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m smdccl.info", description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    what.add_argument("--env", action="store_true",
+                      help="list every SMDCCL_* variable: default, values, meaning, value here")
+    what.add_argument("--env-markdown", action="store_true",
+                      help="print docs/env.md (the same list as a Markdown table)")
     args = p.parse_args(argv)
+    if args.env or args.env_markdown:
+        from smdccl import _C
+
+        table = _C.env_table()
+        print(env_markdown(table) if args.env_markdown else env_text(table, os.environ), end="")
+        return 0
     info = collect()
     print(json.dumps(info, indent=1) if args.json else render(info))
     return 0
