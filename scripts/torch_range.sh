@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build smdccl against a given torch release in a fresh virtual environment
 # and run a quick part of the suite there: the check that the oldest torch
-# smdccl supports (README, "Set up and run") still builds and works.
+# smdccl supports (docs/development.md) still builds and works.
 #
 #   scripts/torch_range.sh              # the oldest supported: torch 2.11.0
 #   scripts/torch_range.sh 2.13.0 2.15.0

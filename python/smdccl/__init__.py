@@ -4,8 +4,8 @@ backend for torch.distributed.
     import torch.distributed as dist
     dist.init_process_group(backend="smdccl")   # importing smdccl is optional
 
-See README.md for the algorithms, the SMDCCL_* environment variables and the
-benchmarks.
+README.md is the entry point; docs/ holds the reference (docs/env.md: every
+SMDCCL_* variable, also from `python -m smdccl.info --env`).
 """
 
 from smdccl._registration import BACKEND_NAME, is_registered, register
