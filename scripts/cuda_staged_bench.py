@@ -94,7 +94,7 @@ def main() -> int:
         n = size // 4
         value = 1.0 / (rank + 1)
         x = torch.full((n,), value, device="cuda")
-        for name, group in paths.items():
+        for group in paths.values():
             for _ in range(args.warmup):
                 x.fill_(value)
                 dist.all_reduce(x, group=group)

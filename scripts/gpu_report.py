@@ -17,7 +17,6 @@ import argparse
 import json
 import platform
 import re
-import statistics
 import subprocess
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
@@ -127,7 +126,7 @@ def nccl_hosts(logs: Path) -> dict:
             continue
         rows = [r for r in d.get("rows", []) if r.get("collective") == "allreduce"]
 
-        def at(backend, size):
+        def at(backend, size, rows=rows):
             got = [r for r in rows if r["backend"] == backend and r["size"] == size]
             return got[0] if got else None
 

@@ -26,7 +26,6 @@ failing check at once (spawning costs seconds here).
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from datetime import timedelta
 

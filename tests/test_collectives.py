@@ -179,7 +179,7 @@ def _reductions(ctx: Ctx) -> None:
                         shapes = [(n, 0), (3, 1), (1, 2)]
                         ts = [rank_input(rank, m, dtype, s, kind).clone() for m, s in shapes]
                         dist.all_reduce_coalesced(ts, op=rop())
-                        for (m, s), t in zip(shapes, ts):
+                        for (m, _s), t in zip(shapes, ts):
                             chk.digest(desc + f" {m}", t)
                         for (m, s), t in zip(shapes, ts):
                             assert_matches(t, ctx.ref(m, dtype, op, kind, seed=s), f"tensor of {m}")
@@ -193,7 +193,7 @@ def _reductions(ctx: Ctx) -> None:
                         with dist._coalescing_manager():
                             for t in ts:
                                 dist.all_reduce(t, op=rop())
-                        for (m, s), t in zip(shapes, ts):
+                        for (m, _s), t in zip(shapes, ts):
                             chk.digest(desc + f" {m}", t)
                         for (m, s), t in zip(shapes, ts):
                             assert_matches(t, ctx.ref(m, dtype, op, kind, seed=s), f"tensor of {m}")

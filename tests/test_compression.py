@@ -246,7 +246,7 @@ def ddp_hooks() -> dict:
 
     from smdccl.ddp import CompressionState, bf16_compress_hook, fp16_compress_hook
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
 
     def train(hook, steps=20):
         torch.manual_seed(0)

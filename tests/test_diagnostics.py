@@ -164,7 +164,7 @@ def detail_fingerprint() -> dict:
 
 def test_detail_fingerprint_catches_shapes_and_two_roots():
     results = run_ranks(2, detail_fingerprint, env={"SMDCCL_DEBUG": "DETAIL"}, timeout=240)
-    for rank, r in enumerate(results):
+    for r in results:
         assert "mismatched collectives" in r["shape"] and "different tensor shapes" in r["shape"], r["shape"]
         assert "mismatched collectives" in r["root"], r["root"]
         assert "root 0" in r["root"] and "root 1" in r["root"], r["root"]
@@ -322,7 +322,7 @@ def late_rank() -> str:
 def test_warn_after_names_who_has_not_arrived():
     logs = run_ranks(3, late_rank, env={"SMDCCL_WARN_AFTER": "1"}, timeout=120)
     for rank in (0, 1):
-        lines = [l for l in logs[rank].splitlines() if "has waited" in l]
+        lines = [line for line in logs[rank].splitlines() if "has waited" in line]
         assert len(lines) == 1, logs[rank]
         line = lines[0]
         assert "allreduce #2 on group" in line and "waiting in it: rank(s) 0, 1" in line, line
@@ -382,7 +382,7 @@ def late_p2p() -> list:
 
 def test_warn_after_says_what_a_late_recv_is_missing(late_p2p):
     r0 = late_p2p[0]
-    lines = [l for l in r0["log"].splitlines() if "has waited" in l]
+    lines = [line for line in r0["log"].splitlines() if "has waited" in line]
     expect = [
         "recv from rank 1 (tag 6, 16 bytes)", "rank 1 sent tag(s) 5 (1) that no receive took, not tag 6",
         "recv from any source (tag 7, 16 bytes)", "no rank has sent tag 7; rank 1 sent tag(s) 5 (1)",
@@ -398,7 +398,7 @@ def test_warn_after_says_what_a_late_recv_is_missing(late_p2p):
 
 def test_warn_after_says_what_a_late_send_is_stuck_on(late_p2p):
     r1 = late_p2p[1]
-    lines = [l for l in r1["log"].splitlines() if "has sent nothing" in l]
+    lines = [line for line in r1["log"].splitlines() if "has sent nothing" in line]
     assert len(lines) == 1, r1["log"]
     line = lines[0]
     print(f"\n{line}")

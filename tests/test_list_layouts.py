@@ -257,7 +257,7 @@ def _solo_group():
 
 
 def list_layouts() -> dict:
-    me, ws = dist.get_rank(), dist.get_world_size()
+    ws = dist.get_world_size()
     chk = Checker(f"(list layouts, {ws} ranks)")
     gloo = dist.new_group(backend="gloo")
     _all_gather_coalesced(chk, gloo, list(range(ws)))

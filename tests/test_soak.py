@@ -47,7 +47,6 @@ import random
 import time
 import warnings
 
-import pytest
 import torch
 import torch.distributed as dist
 

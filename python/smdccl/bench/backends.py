@@ -210,7 +210,7 @@ def close_groups(groups: dict, destroy, limit_s: float = CLOSE_LIMIT_S) -> list[
     for i, name in enumerate(names):
         done = threading.Event()
 
-        def run(group=groups[name]):
+        def run(group=groups[name], done=done):
             try:
                 destroy(group)
             finally:

@@ -229,7 +229,7 @@ def sweep(groups: dict, world: World, args, step: Callable[[str], None]) -> tupl
                         skipped.append({"backend": backend, "collective": name,
                                         "reason": err if nbytes == min(args.size_list)
                                         else f"from {human(nbytes)} on: {err}"})
-    for backend, group in groups.items():
+    for backend in groups:
         for name in args.collectives:
             for nbytes in args.size_list:
                 got = series[backend, name, nbytes]
