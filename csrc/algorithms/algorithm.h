@@ -36,12 +36,12 @@ struct Situation {
 // One call's arguments; each collective reads its own.
 struct CollectiveArgs {
   char* buf = nullptr;
-  size_t count = 0;              // allreduce, reduce: elements of dt
+  size_t count = 0;  // allreduce, reduce: elements of dt
   DType dt = DType::U8;
   RedOp op = RedOp::Sum;
   const Blocks* blocks = nullptr;  // reduce_scatter, allgather: one block per rank
-  size_t bytes = 0;              // broadcast
-  int root = -1;                 // broadcast, reduce
+  size_t bytes = 0;                // broadcast
+  int root = -1;                   // broadcast, reduce
 };
 
 class Algorithm {

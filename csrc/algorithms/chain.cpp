@@ -44,11 +44,13 @@ class Chain final : public Algorithm {
  public:
   const char* name() const override { return "chain"; }
   bool serves(Collective c) const override { return c == Collective::Broadcast; }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     const GroupShape& g = s.g;
     int p = g.ranks, crossings = g.nodes - 1;
     double hops = (p - 1 - crossings) * m.intra.alphaUs * 1e-6 + crossings * m.inter.alphaUs * 1e-6;
-    return hops + Costs{m, g}.bottleneck().bytesSeconds(bytes + (p - 2) * std::min<double>(bytes, kChunk));
+    return hops +
+           Costs{m, g}.bottleneck().bytesSeconds(bytes + (p - 2) * std::min<double>(bytes, kChunk));
   }
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     chainBroadcast(comm, a.buf, a.bytes, a.root);

@@ -53,7 +53,8 @@ void logDecision(Collective coll, size_t bytes, const Situation& s, const Choice
   int bucket = bytes ? static_cast<int>(std::log2(static_cast<double>(bytes))) : -1;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!seen.insert({static_cast<int>(coll), g.ranks, g.nodes, g.uniform, s.someHop16, bucket}).second)
+    if (!seen.insert({static_cast<int>(coll), g.ranks, g.nodes, g.uniform, s.someHop16, bucket})
+             .second)
       return;
   }
   size_t lo = bucket < 0 ? 0 : size_t{1} << bucket;
@@ -88,8 +89,9 @@ void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, size_t bytes, D
   logDecision(coll, bytes, s, choice, t);
   SMDCCL_TRACE(c.ctx.describe(), ": ", collectiveName(coll), " of ", bytes, " B -> ",
                choice.algo->name());
-  trace::Span span(trace::enabled() ? strCat(choice.algo->name(), ", ", bytes, " B") : std::string(),
-                   "algorithm", trackOf(c));
+  trace::Span span(
+      trace::enabled() ? strCat(choice.algo->name(), ", ", bytes, " B") : std::string(),
+      "algorithm", trackOf(c));
   choice.algo->run(coll, c, a, t);
 }
 
@@ -106,7 +108,8 @@ CollectiveArgs reductionOf(char* buf, size_t count, DType dt, RedOp op) {
 
 void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t) {
   if (c.size() == 1 || count == 0) return;
-  dispatch(Collective::Allreduce, c, reductionOf(buf, count, dt, op), count * elementSize(dt), dt, t);
+  dispatch(Collective::Allreduce, c, reductionOf(buf, count, dt, op), count * elementSize(dt), dt,
+           t);
 }
 
 const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const Tuning& given) {

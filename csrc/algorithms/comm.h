@@ -104,8 +104,8 @@ int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, R
                   bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
 // appendHalving where prefersHalving(c, dt) and a reduction is asked for, else appendRing.
 int appendReduceScatterAllgather(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt,
-                                 RedOp op, bool reduceScatter, bool allgather,
-                                 int startAfter = -1, bool finalReduce = true);
+                                 RedOp op, bool reduceScatter, bool allgather, int startAfter = -1,
+                                 bool finalReduce = true);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
 void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);
@@ -139,7 +139,8 @@ double doubleTreeSeconds(double bytes, int p, const LevelCost& link, double redu
 // allreduce reduces each shard across nodes.
 enum class AcrossNodes { Ring, DoubleTree };
 void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes,
-                       AcrossNodes across = AcrossNodes::Ring, const LevelCost* interLink = nullptr);
+                       AcrossNodes across = AcrossNodes::Ring,
+                       const LevelCost* interLink = nullptr);
 void twoLevelRdAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 // Uniform nodes only (every node the same number of ranks).
 void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);

@@ -73,7 +73,7 @@ CostModel CostModel::fromFile(const std::string& path) {
   // A profile is a few lines: anything but a small regular file (a device,
   // a FIFO, a huge file) is a wrong path, and reading it could block or eat
   // memory before the group's timeout applies.
-  struct stat st {};
+  struct stat st{};
   SMDCCL_CHECK_ARG(::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= (1 << 20),
                    "SMDCCL_TUNE_FILE='", path,
                    "' is not a readable profile (a regular file of at most 1 MiB); write one "

@@ -60,7 +60,8 @@ double gatherSeconds(double bytes, const Costs& k) {
   const GroupShape& g = k.g;
   int p = g.ranks;
   // Into the root's node: the other nodes' blocks through its uplink.
-  if (g.nodes > 1) return k.m.inter.secondsFor(bytes * (p - g.maxLocal) / p) + k.m.intra.alphaUs * 1e-6;
+  if (g.nodes > 1)
+    return k.m.inter.secondsFor(bytes * (p - g.maxLocal) / p) + k.m.intra.alphaUs * 1e-6;
   return k.m.intra.secondsFor(bytes * (p - 1) / p);
 }
 
@@ -95,7 +96,8 @@ class Direct final : public Algorithm {
  public:
   const char* name() const override { return "direct"; }
   bool serves(Collective c) const override { return c == Collective::Allgather; }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     const GroupShape& g = s.g;
     int p = g.ranks;
     const LevelCost& b = Costs{m, g}.bottleneck();

@@ -130,8 +130,9 @@ bool Exchange::moveWireRecv(Transfer& t) {
   bool moved = false;
   if (t.link->packsInPlace()) {
     while (t.done < t.bytes) {
-      size_t k = t.link->recvUnpacked(reinterpret_cast<float*>(t.buf + t.done), (t.bytes - t.done) / 4,
-                                      t.wire, t.kind == Kind::RecvReduce, t.op, t.roundTo);
+      size_t k =
+          t.link->recvUnpacked(reinterpret_cast<float*>(t.buf + t.done), (t.bytes - t.done) / 4,
+                               t.wire, t.kind == Kind::RecvReduce, t.op, t.roundTo);
       if (k == 0) break;
       t.done += k * 4;
       moved = true;
@@ -249,8 +250,7 @@ void Exchange::run() {
 
 bool Exchange::depsDone(const Transfer& t) const {
   return (t.deps.after < 0 || t_[t.deps.after].finished) &&
-         (t.after2 < 0 || t_[t.after2].finished) &&
-         (t.prevOnLink < 0 || t_[t.prevOnLink].finished);
+         (t.after2 < 0 || t_[t.after2].finished) && (t.prevOnLink < 0 || t_[t.prevOnLink].finished);
 }
 
 size_t Exchange::limitOf(const Transfer& t) const {
@@ -265,7 +265,8 @@ bool Exchange::moveHeader(Transfer& t) {
   bool moved = false;
   while (t.headerLeft > 0) {
     unsigned char* at = t.header + (kOpHeaderBytes - t.headerLeft);
-    size_t k = t.kind == Kind::Send ? t.link->send(at, t.headerLeft) : t.link->recv(at, t.headerLeft);
+    size_t k =
+        t.kind == Kind::Send ? t.link->send(at, t.headerLeft) : t.link->recv(at, t.headerLeft);
     if (k == 0) break;
     t.headerLeft -= k;
     moved = true;
@@ -277,8 +278,7 @@ bool Exchange::moveHeader(Transfer& t) {
 void Exchange::checkHeader(const Transfer& t) const {
   std::string why =
       opMismatch(ctx_, decodeOpHeader(t.header), t.link->peer(), ctx_.compareShapes, t.bytes);
-  if (!why.empty())
-    throw CommError(CommError::Kind::Mismatch, why);  // progressOnce() names the op
+  if (!why.empty()) throw CommError(CommError::Kind::Mismatch, why);  // progressOnce() names the op
 }
 
 bool Exchange::move(Transfer& t) {

@@ -45,15 +45,14 @@ class Exchange {
   // `bytes` always counts buf's bytes. With a 16-bit `wire`, buf holds
   // float32 and the link carries it rounded to fp16/bf16 (half the bytes):
   // the cast is fused into the send and the receive, never a separate pass.
-  Exchange& send(Link& link, const void* buf, size_t bytes, Deps deps = {},
-                 Wire wire = Wire::F32);
+  Exchange& send(Link& link, const void* buf, size_t bytes, Deps deps = {}, Wire wire = Wire::F32);
   Exchange& recv(Link& link, void* buf, size_t bytes, Deps deps = {}, Wire wire = Wire::F32);
   // Incoming bytes are combined into buf: buf = buf op incoming (float32
   // arithmetic for a 16-bit wire). `roundTo`: the sums are rounded to what
   // that wire delivers, so the rank holding a final result keeps exactly the
   // value its peers receive.
-  Exchange& recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
-                       Deps deps = {}, Wire wire = Wire::F32, Wire roundTo = Wire::F32);
+  Exchange& recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op, Deps deps = {},
+                       Wire wire = Wire::F32, Wire roundTo = Wire::F32);
   // An index that finishes once both `a` and `b` have (-1: nothing to wait
   // for): what a schedule returns when its end is on several links.
   int join(int a, int b);
@@ -78,7 +77,7 @@ class Exchange {
     DType dtype;
     RedOp op;
     Deps deps;
-    int prevOnLink;  // the transfer before this one on the same link and direction
+    int prevOnLink;   // the transfer before this one on the same link and direction
     int after2 = -1;  // Join: the second transfer it waits for (deps.after the first)
     Wire wire = Wire::F32;
     Wire roundTo = Wire::F32;

@@ -8,12 +8,12 @@
 namespace smdccl {
 
 struct GpuTuning {
-  bool ipc = true;                     // SMDCCL_CUDA_IPC
-  size_t ipcBytes = 64u << 20;         // SMDCCL_CUDA_IPC_MB: each rank's IPC buffer
-  size_t oneShotBytes = 256u << 10;    // SMDCCL_CUDA_ONESHOT_KB: one-shot up to this
-  size_t stageChunkBytes = 4u << 20;   // SMDCCL_CUDA_STAGE_CHUNK_KB: host staging pipeline
-  bool stagedRing = true;              // SMDCCL_CUDA_STAGED_RING
-  int maxSms = 0;                      // SMDCCL_CUDA_MAX_SMS: 0, all (speed only: not agreed)
+  bool ipc = true;                    // SMDCCL_CUDA_IPC
+  size_t ipcBytes = 64u << 20;        // SMDCCL_CUDA_IPC_MB: each rank's IPC buffer
+  size_t oneShotBytes = 256u << 10;   // SMDCCL_CUDA_ONESHOT_KB: one-shot up to this
+  size_t stageChunkBytes = 4u << 20;  // SMDCCL_CUDA_STAGE_CHUNK_KB: host staging pipeline
+  bool stagedRing = true;             // SMDCCL_CUDA_STAGED_RING
+  int maxSms = 0;                     // SMDCCL_CUDA_MAX_SMS: 0, all (speed only: not agreed)
   static GpuTuning fromEnv();
   // "SMDCCL_CUDA_IPC=1, SMDCCL_CUDA_IPC_MB=64, ..."
   std::string describe() const;

@@ -121,7 +121,8 @@ int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, R
       Wire roundTo = m == 1 ? roundFinal : Wire::F32;
       int sendLo = firstBlock(keepLow ? mid : lo), sendHi = firstBlock(keepLow ? hi : mid);
       int keepLo = firstBlock(keepLow ? lo : mid), keepHi = firstBlock(keepLow ? mid : hi);
-      for (const Run& s : runsOf(b, sendLo, sendHi)) ex.send(link, buf + s.offset, s.length, {last, -1}, w);
+      for (const Run& s : runsOf(b, sendLo, sendHi))
+        ex.send(link, buf + s.offset, s.length, {last, -1}, w);
       int stepLast = last;
       for (const Run& k : runsOf(b, keepLo, keepHi)) {
         stepLast = ex.size();
@@ -229,14 +230,16 @@ class Halving final : public Algorithm {
   bool serves(Collective c) const override {
     return c == Collective::Allreduce || c == Collective::ReduceScatter || c == Collective::Reduce;
   }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     Costs k{m, s.g};
     int p = s.g.ranks;
     double rs = halvingPhase(bytes, k, true);
     switch (c) {
       case Collective::Allreduce: {
         // Pipelined in chunks: each more chunk costs its steps' messages.
-        double K = static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), s.pipelineChunkBytes));
+        double K =
+            static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), s.pipelineChunkBytes));
         return foldSeconds(bytes, bytes, k) + rs + halvingPhase(bytes, k, false) +
                (K - 1) * 2 * floorLog2(p) * kPerMessageUs * 1e-6;
       }
@@ -250,8 +253,12 @@ class Halving final : public Algorithm {
       case Collective::Allreduce:
         halvingAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes);
         break;
-      case Collective::ReduceScatter: halvingReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op); break;
-      default: reduceScatterThenGather(comm, a.buf, a.count, a.dt, a.op, a.root, appendHalving); break;
+      case Collective::ReduceScatter:
+        halvingReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op);
+        break;
+      default:
+        reduceScatterThenGather(comm, a.buf, a.count, a.dt, a.op, a.root, appendHalving);
+        break;
     }
   }
   const char* kin(Collective c) const override {

@@ -33,10 +33,8 @@ bool HostStageDevice::done(Ticket t) {
 StageDevice::Ticket HostStageDevice::queueToHost(void* slot, const char* src, size_t count,
                                                  DType dt, Wire wire) {
   return queue(0, [=] {
-    if (packed(dt, wire))
-      packToWire(slot, reinterpret_cast<const float*>(src), count, wire);
-    else
-      std::memcpy(slot, src, count * elementSize(dt));
+    if (packed(dt, wire)) packToWire(slot, reinterpret_cast<const float*>(src), count, wire);
+    else std::memcpy(slot, src, count * elementSize(dt));
   });
 }
 

@@ -20,12 +20,12 @@ struct WaitPolicy {
 struct OpSignature {
   static constexpr uint64_t kAnyCount = ~uint64_t{0};
   std::string name = "?";
-  int dtype = -1;               // torch's ScalarType code; -1: none
-  std::string dtypeName;        // "Float", for messages
-  int redop = -1;               // torch's ReduceOp::RedOpType code; -1: not a reduction
-  int root = -1;                // -1: no root
-  uint64_t count = kAnyCount;   // elements every rank passes; kAnyCount: ranks may differ
-  uint64_t shapeHash = 0;       // shapes every rank passes (compared under DETAIL); 0: any
+  int dtype = -1;              // torch's ScalarType code; -1: none
+  std::string dtypeName;       // "Float", for messages
+  int redop = -1;              // torch's ReduceOp::RedOpType code; -1: not a reduction
+  int root = -1;               // -1: no root
+  uint64_t count = kAnyCount;  // elements every rank passes; kAnyCount: ranks may differ
+  uint64_t shapeHash = 0;      // shapes every rank passes (compared under DETAIL); 0: any
 
   // "allreduce(float32, 1000 elements, sum)"
   std::string describe() const;
@@ -39,7 +39,7 @@ struct OpContext {
   Deadline deadline = Deadline::never();
   WaitPolicy wait;
   OpSignature sig;
-  bool compareShapes = false;   // full fingerprint (SMDCCL_DEBUG=DETAIL)
+  bool compareShapes = false;  // full fingerprint (SMDCCL_DEBUG=DETAIL)
   // Set when the group is aborted (ProcessGroup.abort()): every wait of the
   // op gives up at its next check. nullptr: never.
   const std::atomic<bool>* cancel = nullptr;

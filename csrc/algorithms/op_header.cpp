@@ -33,8 +33,8 @@ T get(const unsigned char* at) {
 
 // torch's c10d::ReduceOp::RedOpType, in its order.
 const char* torchRedOpName(int code) {
-  static const char* names[] = {"sum", "avg", "product", "min", "max",
-                                "band", "bor", "bxor", "premul_sum"};
+  static const char* names[] = {"sum",  "avg", "product", "min",       "max",
+                                "band", "bor", "bxor",    "premul_sum"};
   return code >= 0 && code < 9 ? names[code] : "?";
 }
 
@@ -94,8 +94,8 @@ DecodedOpHeader decodeOpHeader(const unsigned char* b) {
 std::string opMismatch(const OpContext& ctx, const DecodedOpHeader& theirs, int peerRank,
                        bool compareShapes, uint64_t expectedBytes) {
   if (!theirs.valid)
-    return strCat("rank ", peerRank, " sent data where the header of ", ctx.sig.name, " #",
-                  ctx.seq, " was due: the ranks' streams are out of step (a collective that "
+    return strCat("rank ", peerRank, " sent data where the header of ", ctx.sig.name, " #", ctx.seq,
+                  " was due: the ranks' streams are out of step (a collective that "
                   "only some ranks called, or different sizes, earlier on this group)");
   const OpSignature& a = ctx.sig;
   const OpSignature& b = theirs.sig;
@@ -106,8 +106,10 @@ std::string opMismatch(const OpContext& ctx, const DecodedOpHeader& theirs, int 
               (!compareShapes || a.shapeHash == b.shapeHash);
   if (same && theirs.messageBytes == expectedBytes) return "";
   if (same)
-    return strCat("rank ", peerRank, " sends ", theirs.messageBytes, " bytes where this rank "
-                  "expects ", expectedBytes, " in ", a.describe(), " #", ctx.seq,
+    return strCat("rank ", peerRank, " sends ", theirs.messageBytes,
+                  " bytes where this rank "
+                  "expects ",
+                  expectedBytes, " in ", a.describe(), " #", ctx.seq,
                   a.count == OpSignature::kAnyCount
                       ? ": the ranks' split sizes (what one sends the other) disagree"
                       : ": the ranks disagree on the sizes of the data");

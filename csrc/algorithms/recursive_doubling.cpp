@@ -72,7 +72,8 @@ class RecursiveDoubling final : public Algorithm {
   bool serves(Collective c) const override {
     return c == Collective::Allreduce || c == Collective::ReduceScatter;
   }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     return Costs{m, s.g}.rd(bytes);  // reduce-scatter: an allreduce of everything
   }
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
@@ -83,7 +84,8 @@ class RecursiveDoubling final : public Algorithm {
     // Tiny reduce-scatter: one latency-optimal allreduce of everything beats
     // p-1 ring steps. Blocks are consecutive here (the backend packs them).
     const Blocks& b = *a.blocks;
-    recursiveDoublingAllreduce(comm, a.buf + b.offset[0], b.total() / elementSize(a.dt), a.dt, a.op);
+    recursiveDoublingAllreduce(comm, a.buf + b.offset[0], b.total() / elementSize(a.dt), a.dt,
+                               a.op);
   }
   const char* kin(Collective c) const override {
     switch (c) {

@@ -37,7 +37,8 @@ const Algorithm* findAlgorithm(const std::string& name) {
 
 std::string algorithmNames() {
   std::string out;
-  for (const Algorithm* a : registeredAlgorithms()) out += (out.empty() ? "" : ", ") + std::string(a->name());
+  for (const Algorithm* a : registeredAlgorithms())
+    out += (out.empty() ? "" : ", ") + std::string(a->name());
   return out;
 }
 

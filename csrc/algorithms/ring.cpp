@@ -56,7 +56,8 @@ int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedO
     // Step s sends logical block i-s (for s > 0: the one step s-1 reduced)
     // and reduces block i-s-1 into our copy.
     for (int s = 0; s < p - 1; ++s)
-      step(ringDataBlock(c, i - s), ringDataBlock(c, i - s - 1), /*reduce=*/true, /*forward=*/s > 0);
+      step(ringDataBlock(c, i - s), ringDataBlock(c, i - s - 1), /*reduce=*/true,
+           /*forward=*/s > 0);
   }
   if (allgather) {
     // Step s sends block i+1-s (our own first, then what step s-1 received).
@@ -110,7 +111,8 @@ class Ring final : public Algorithm {
   bool autoCandidate(Collective c, const Situation& s) const override {
     return c == Collective::Allgather || !(s.everyHop16 && s.g.ranks > 2);
   }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     Costs k{m, s.g};
     int p = s.g.ranks;
     switch (c) {
@@ -129,7 +131,9 @@ class Ring final : public Algorithm {
       default: ringReduce(comm, a.buf, a.count, a.dt, a.op, a.root); break;
     }
   }
-  const char* kin(Collective c) const override { return c == Collective::Broadcast ? "chain" : nullptr; }
+  const char* kin(Collective c) const override {
+    return c == Collective::Broadcast ? "chain" : nullptr;
+  }
 };
 
 }  // namespace

@@ -46,9 +46,9 @@ std::string servedBy(const Algorithm& a) {
 }
 
 [[noreturn]] void badSpec(const std::string& spec, const std::string& why) {
-  throw InvalidArgument(strCat("SMDCCL_ALGO='", spec, "': ", why, ". Give one of: auto, ",
-                               algorithmNames(),
-                               "; or collective:algorithm pairs, e.g. allreduce:tree,allgather:ring"));
+  throw InvalidArgument(
+      strCat("SMDCCL_ALGO='", spec, "': ", why, ". Give one of: auto, ", algorithmNames(),
+             "; or collective:algorithm pairs, e.g. allreduce:tree,allgather:ring"));
 }
 
 }  // namespace
@@ -73,8 +73,9 @@ void Tuning::force(const std::string& spec) {
     std::string coll = item.substr(0, colon), name = item.substr(colon + 1);
     Collective c;
     if (!collectiveFromName(coll, &c))
-      badSpec(spec, strCat("'", coll, "' is not a collective (allreduce, reduce_scatter, "
-                                      "allgather, broadcast, reduce)"));
+      badSpec(spec, strCat("'", coll,
+                           "' is not a collective (allreduce, reduce_scatter, "
+                           "allgather, broadcast, reduce)"));
     if (name == "auto") {
       forced[static_cast<int>(c)] = nullptr;
       continue;
@@ -97,7 +98,8 @@ std::vector<std::pair<const Algorithm*, double>> estimates(Collective c, double 
 }
 
 Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t) {
-  for (const Algorithm* a = t.forcedFor(c); a; a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
+  for (const Algorithm* a = t.forcedFor(c); a;
+       a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
     if (a->serves(c) && a->canRun(c, s)) return {a, true};
   Choice best;
   double bestT = std::numeric_limits<double>::infinity();

@@ -47,7 +47,9 @@ class StageDevice {
   // Whether dt data is cast to 16 bits on `wire` (a 16-bit wire carries float32 only).
   static bool packed(DType dt, Wire wire) { return dt == DType::F32 && wire != Wire::F32; }
   // Bytes of one element of dt data on `wire`.
-  static size_t wireElementSize(DType dt, Wire wire) { return packed(dt, wire) ? 2 : elementSize(dt); }
+  static size_t wireElementSize(DType dt, Wire wire) {
+    return packed(dt, wire) ? 2 : elementSize(dt);
+  }
 
  protected:
   virtual Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) = 0;

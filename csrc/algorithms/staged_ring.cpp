@@ -80,7 +80,9 @@ class StagedRing {
   size_t elemsOf(int block, size_t k) const {
     return std::min(pieceElems_, blocks_.length[block] / es_ - k * pieceElems_);
   }
-  char* at(int block, size_t k) const { return base_ + blocks_.offset[block] + k * pieceElems_ * es_; }
+  char* at(int block, size_t k) const {
+    return base_ + blocks_.offset[block] + k * pieceElems_ * es_;
+  }
 
   void step(int sendBlock, int recvBlock, bool reduce, Wire roundTo) {
     Link& next = c_.link(next_);
@@ -92,9 +94,9 @@ class StagedRing {
       const char* src = at(sendBlock, k);
       // The piece is final here once its last write (an earlier step's
       // receive) has landed, and the slot is free once its last send left.
-      int packed = ex_.device(
-          d_, [this, slot, src, n] { return d_.toHost(slot, src, n, dt_, sendWire_); },
-          {ex_.join(written_[sendBlock][k], sendFree_[s]), -1});
+      int packed =
+          ex_.device(d_, [this, slot, src, n] { return d_.toHost(slot, src, n, dt_, sendWire_); },
+                     {ex_.join(written_[sendBlock][k], sendFree_[s]), -1});
       read_[sendBlock][k] = packed;
       ex_.send(next, slot, n * StageDevice::wireElementSize(dt_, sendWire_), {packed, -1});
       sendFree_[s] = ex_.size() - 1;
@@ -107,15 +109,15 @@ class StagedRing {
       ex_.recv(prev, slot, n * StageDevice::wireElementSize(dt_, recvWire_), {recvFree_[s], -1});
       int got = ex_.size() - 1;
       const Wire wire = recvWire_;
-      int landed = ex_.device(
-          d_,
-          [this, dst, slot, n, wire, reduce, roundTo] {
-            return d_.fromHost(dst, slot, n, dt_, wire, reduce, op_, roundTo);
-          },
-          // After the piece's last write, and after its last read: the
-          // allgather overwrites what the reduce-scatter packed (the ring's
-          // data flow orders them too; this keeps it local).
-          {ex_.join(got, ex_.join(written_[recvBlock][k], read_[recvBlock][k])), -1});
+      int landed =
+          ex_.device(d_,
+                     [this, dst, slot, n, wire, reduce, roundTo] {
+                       return d_.fromHost(dst, slot, n, dt_, wire, reduce, op_, roundTo);
+                     },
+                     // After the piece's last write, and after its last read: the
+                     // allgather overwrites what the reduce-scatter packed (the ring's
+                     // data flow orders them too; this keeps it local).
+                     {ex_.join(got, ex_.join(written_[recvBlock][k], read_[recvBlock][k])), -1});
       recvFree_[s] = landed;
       written_[recvBlock][k] = landed;
     }
@@ -146,8 +148,8 @@ class StagedRing {
 
 }  // namespace
 
-void stagedRingAllreduce(Comm& c, StageDevice& device, char* dev, size_t count, DType dt,
-                         RedOp op, char* slots, const StagePlan& plan) {
+void stagedRingAllreduce(Comm& c, StageDevice& device, char* dev, size_t count, DType dt, RedOp op,
+                         char* slots, const StagePlan& plan) {
   SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(dt),
                    "staged ring: need at least one slot of one element (slots ", plan.slots,
                    ", slot bytes ", plan.slotBytes, ")");

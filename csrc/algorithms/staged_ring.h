@@ -33,7 +33,7 @@ struct StagePlan {
 // In-place allreduce of `count` dt elements at device address `dev` over
 // c's ranks. `slots` is host memory of plan.hostBytes() (pinned on a GPU).
 // Returns when every piece has been copied back into device memory.
-void stagedRingAllreduce(Comm& c, StageDevice& device, char* dev, size_t count, DType dt,
-                         RedOp op, char* slots, const StagePlan& plan);
+void stagedRingAllreduce(Comm& c, StageDevice& device, char* dev, size_t count, DType dt, RedOp op,
+                         char* slots, const StagePlan& plan);
 
 }  // namespace smdccl

@@ -192,7 +192,8 @@ void treeReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root) 
     if (vr + m < p) {
       int child = (vr + m + root) % p;
       int idx = ex.size();
-      ex.recvReduce(c.link(child), buf, bytes, dt, op, {last, -1}, f32 ? c.wireTo(child) : Wire::F32);
+      ex.recvReduce(c.link(child), buf, bytes, dt, op, {last, -1},
+                    f32 ? c.wireTo(child) : Wire::F32);
       last = idx;
     }
   }
@@ -207,7 +208,8 @@ class Tree final : public Algorithm {
   bool serves(Collective c) const override {
     return c == Collective::Allreduce || c == Collective::Broadcast || c == Collective::Reduce;
   }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     Costs k{m, s.g};
     switch (c) {
       case Collective::Allreduce:
@@ -223,7 +225,8 @@ class Tree final : public Algorithm {
         const LevelCost& link =
             comm.levels && comm.levels->numNodes() > 1 ? t.model.inter : t.model.intra;
         Exchange ex = comm.exchange();
-        appendDoubleTree(ex, comm, a.buf, a.count, a.dt, a.op, doubleTreeChunks(bytes, comm.size(), link));
+        appendDoubleTree(ex, comm, a.buf, a.count, a.dt, a.op,
+                         doubleTreeChunks(bytes, comm.size(), link));
         ex.run();
         break;
       }
@@ -232,7 +235,9 @@ class Tree final : public Algorithm {
     }
   }
   const char* kin(Collective c) const override {
-    return c == Collective::ReduceScatter ? "halving" : c == Collective::Allgather ? "ring" : nullptr;
+    return c == Collective::ReduceScatter ? "halving"
+           : c == Collective::Allgather   ? "ring"
+                                          : nullptr;
   }
 };
 

@@ -24,7 +24,6 @@ namespace smdccl {
 
 namespace {
 
-
 // Shard ownership inside one node of `local` ranks when chunks are cut into
 // `shards` (the largest node's rank count): local rank l owns the
 // contiguous shards [firstShard(l), firstShard(l+1)).
@@ -103,9 +102,10 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, siz
         int last;
         if (acrossNodes == AcrossNodes::DoubleTree) {
           size_t shardBytes = shardsOf[k].length[s];
-          size_t pieces = interLink ? doubleTreeChunks(static_cast<double>(shardBytes), n, *interLink) : 1;
-          last = appendDoubleTree(ex, across[s - myFirst], buf + shardsOf[k].offset[s], shardBytes / es,
-                                  dt, op, pieces, done);
+          size_t pieces =
+              interLink ? doubleTreeChunks(static_cast<double>(shardBytes), n, *interLink) : 1;
+          last = appendDoubleTree(ex, across[s - myFirst], buf + shardsOf[k].offset[s],
+                                  shardBytes / es, dt, op, pieces, done);
         } else {
           Blocks parts = Blocks::even(shardsOf[k].length[s] / es, n, es);
           for (auto& o : parts.offset) o += shardsOf[k].offset[s];
@@ -135,8 +135,9 @@ void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp 
   // over the nodes: each ends with its own block, fully reduced.
   int intraDone = -1;
   for (const auto& node : h.nodes)  // all of them, on whatever links they ended
-    intraDone = ex.join(intraDone, appendReduceScatterAllgather(ex, local, buf, pick(b, node), dt, op,
-                                                                true, false, -1, /*finalReduce=*/false));
+    intraDone =
+        ex.join(intraDone, appendReduceScatterAllgather(ex, local, buf, pick(b, node), dt, op, true,
+                                                        false, -1, /*finalReduce=*/false));
   appendReduceScatterAllgather(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), dt, op, true,
                                false, intraDone);
   ex.run();
@@ -150,8 +151,8 @@ void twoLevelAllgather(Comm& c, char* buf, const Blocks& b) {
   Exchange ex = c.exchange();
   // Across nodes first (each rank's block crosses once per node), then every
   // node's blocks are spread inside each node.
-  int interDone =
-      appendRing(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), DType::U8, RedOp::Sum, false, true);
+  int interDone = appendRing(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), DType::U8,
+                             RedOp::Sum, false, true);
   for (const auto& node : h.nodes)
     appendRing(ex, local, buf, pick(b, node), DType::U8, RedOp::Sum, false, true, interDone);
   ex.run();
@@ -162,9 +163,11 @@ namespace {
 double twoLevelRingSeconds(double bytes, const Costs& k, size_t chunkBytes) {
   const CostModel& m = k.m;
   int L = k.g.maxLocal, n = k.g.nodes;
-  double A = m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) + k.reduceSeconds((L - 1.0) / L * bytes);
+  double A =
+      m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) + k.reduceSeconds((L - 1.0) / L * bytes);
   // Each node's uplink carries 2(n-1)/n of the message, whatever L is.
-  double E = m.inter.bytesSeconds(2.0 * (n - 1) / n * bytes) + k.reduceSeconds((n - 1.0) / n * bytes / L);
+  double E =
+      m.inter.bytesSeconds(2.0 * (n - 1) / n * bytes) + k.reduceSeconds((n - 1.0) / n * bytes / L);
   double K = static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), chunkBytes));
   double latency = 2 * (L - 1) * m.intra.alphaUs * 1e-6 + 2 * (n - 1) * m.inter.alphaUs * 1e-6;
   return latency + std::max(A, E) + std::min(A, E) / K +
@@ -175,14 +178,16 @@ class TwoLevel final : public Algorithm {
  public:
   const char* name() const override { return "two_level"; }
   bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::ReduceScatter || c == Collective::Allgather;
+    return c == Collective::Allreduce || c == Collective::ReduceScatter ||
+           c == Collective::Allgather;
   }
   // Several nodes with several ranks; reduce-scatter and allgather need
   // every node the same size.
   bool canRun(Collective c, const Situation& s) const override {
     return s.g.nodes > 1 && s.g.maxLocal > 1 && (c == Collective::Allreduce || s.g.uniform);
   }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     Costs k{m, s.g};
     int L = s.g.maxLocal, n = s.g.nodes;
     switch (c) {
@@ -190,7 +195,8 @@ class TwoLevel final : public Algorithm {
       case Collective::ReduceScatter:
         return (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds((L - 1.0) / L * bytes) +
                k.reduceSeconds((L - 1.0) / L * bytes) + (n - 1) * m.inter.alphaUs * 1e-6 +
-               m.inter.bytesSeconds((n - 1.0) / n * bytes) + k.reduceSeconds((n - 1.0) / n * bytes / L);
+               m.inter.bytesSeconds((n - 1.0) / n * bytes) +
+               k.reduceSeconds((n - 1.0) / n * bytes / L);
       default:
         return (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds((L - 1.0) / L * bytes) +
                (n - 1) * m.inter.alphaUs * 1e-6 + m.inter.bytesSeconds((n - 1.0) / n * bytes);
@@ -201,7 +207,9 @@ class TwoLevel final : public Algorithm {
       case Collective::Allreduce:
         twoLevelAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes);
         break;
-      case Collective::ReduceScatter: twoLevelReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op); break;
+      case Collective::ReduceScatter:
+        twoLevelReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op);
+        break;
       default: twoLevelAllgather(comm, a.buf, *a.blocks); break;
     }
   }

@@ -37,7 +37,8 @@ class TwoLevelRd final : public Algorithm {
   bool canRun(Collective c, const Situation& s) const override {
     return s.g.nodes > 1 && s.g.maxLocal > 1;
   }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     const GroupShape& g = s.g;
     Costs k{m, g};
     int n = g.nodes, R = floorLog2(n);

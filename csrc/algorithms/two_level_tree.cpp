@@ -44,27 +44,31 @@ class TwoLevelTree final : public Algorithm {
   bool canRun(Collective c, const Situation& s) const override {
     return s.g.nodes > 1 && s.g.maxLocal > 1;
   }
-  double estimate(Collective c, double bytes, const Situation& s, const CostModel& m) const override {
+  double estimate(Collective c, double bytes, const Situation& s,
+                  const CostModel& m) const override {
     const GroupShape& g = s.g;
     int L = g.maxLocal, n = g.nodes;
     if (c == Collective::Broadcast)
       return ceilLog2(n) * m.inter.secondsFor(bytes) + ceilLog2(L) * m.intra.secondsFor(bytes);
     Costs k{m, g};
-    double K = static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), s.pipelineChunkBytes));
-    double A = m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) + k.reduceSeconds((L - 1.0) / L * bytes);
+    double K =
+        static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), s.pipelineChunkBytes));
+    double A =
+        m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) + k.reduceSeconds((L - 1.0) / L * bytes);
     // L shard trees share the uplink: together they move what one tree of
     // the whole chunk would.
     double E = doubleTreeSeconds(bytes / K, n, m.inter, m.reduceGbps) * K;
     double latency = 2 * (L - 1) * m.intra.alphaUs * 1e-6;
-    return latency + std::max(A, E) + std::min(A, E) / K + (K - 1) * 2 * (L - 1) * kPerMessageUs * 1e-6;
+    return latency + std::max(A, E) + std::min(A, E) / K +
+           (K - 1) * 2 * (L - 1) * kPerMessageUs * 1e-6;
   }
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     if (c == Collective::Broadcast) {
       twoLevelBroadcast(comm, a.buf, a.bytes, a.root);
       return;
     }
-    twoLevelAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes, AcrossNodes::DoubleTree,
-                      &t.model.inter);
+    twoLevelAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes,
+                      AcrossNodes::DoubleTree, &t.model.inter);
   }
   const char* fallback() const override { return "tree"; }
   const char* kin(Collective c) const override {

@@ -100,11 +100,11 @@ std::vector<std::string> gatherHostKeys(KVStore& store, const BackendConfig& cfg
   try {
     return allGatherStrings(store, "smdccl/host", cfg.rank, cfg.size, hostKey(), deadline);
   } catch (const CommError& e) {  // the first rendezvous of a group: say what usually causes it
-    throw CommError(e.kind(),
-                    strCat("smdccl: creating group '", cfg.groupName, "' as rank ", cfg.rank, " of ",
-                           cfg.size, ": ", e.what(), "; every one of its ", cfg.size,
-                           " ranks must create it within the timeout, with the same world size "
-                           "and members"));
+    throw CommError(
+        e.kind(), strCat("smdccl: creating group '", cfg.groupName, "' as rank ", cfg.rank, " of ",
+                         cfg.size, ": ", e.what(), "; every one of its ", cfg.size,
+                         " ranks must create it within the timeout, with the same world size "
+                         "and members"));
   }
 }
 
@@ -122,7 +122,8 @@ int ranksOnThisMachine(const std::vector<std::string>& hostKeys, int myRank) {
   std::string suffix = mine.substr(mine.rfind('/'));  // "/<boot id>"
   int n = 0;
   for (const auto& k : hostKeys)
-    if (k.size() >= suffix.size() && k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0)
+    if (k.size() >= suffix.size() &&
+        k.compare(k.size() - suffix.size(), suffix.size(), suffix) == 0)
       ++n;
   return std::max(n, 1);
 }
@@ -182,7 +183,8 @@ c10::intrusive_ptr<::c10d::Store> incarnationStore(const c10::intrusive_ptr<::c1
   Fnv1a members;  // of the members' global ranks
   members.mix(static_cast<uint64_t>(cfg.size));
   for (int r = 0; r < cfg.size; ++r)
-    members.mix(static_cast<uint64_t>(cfg.globalRanks.empty() ? r : cfg.globalRanks[static_cast<size_t>(r)]));
+    members.mix(static_cast<uint64_t>(
+        cfg.globalRanks.empty() ? r : cfg.globalRanks[static_cast<size_t>(r)]));
   char tag[17];
   std::snprintf(tag, sizeof tag, "%016llx", static_cast<unsigned long long>(members.value));
   int64_t joined = store->add(strCat("smdccl/joined/", tag, "/", cfg.rank), 1);
@@ -220,18 +222,20 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   mesh_ = std::make_unique<Mesh>(*store_, mc, deadline);
   ring_ = mc.topology.ringOrder();
   levels_ = hierarchyOf(mc.topology, cfg_.rank);
-  p2p_ = std::make_unique<P2PEngine>(*mesh_, cfg_.groupName,
-                                     [this] { return std::chrono::milliseconds(timeoutMs_.load()); },
-                                     envDouble(env::kWarnAfter));
+  p2p_ = std::make_unique<P2PEngine>(
+      *mesh_, cfg_.groupName, [this] { return std::chrono::milliseconds(timeoutMs_.load()); },
+      envDouble(env::kWarnAfter));
   int machineRanks = ranksOnThisMachine(hostKeys, cfg_.rank);
   waitPolicy_ = pickWaitPolicy(machineRanks);
-  deviceOps_ = makeDeviceOps(*store_, [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
+  deviceOps_ =
+      makeDeviceOps(*store_, [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
   watchdog_ = std::make_unique<Watchdog>(store_, cfg_.rank, cfg_.size, cfg_.groupName,
                                          envDouble(env::kWarnAfter));
   SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",
               mc.topology.describe(), "; ", machineRanks, " ranks share this machine's ",
-              usableCores(), " cores; spin ", waitPolicy_.spinUs, " us, yield ", waitPolicy_.yieldUs, " us; cost model: ", tuning_.model.describe());
+              usableCores(), " cores; spin ", waitPolicy_.spinUs, " us, yield ",
+              waitPolicy_.yieldUs, " us; cost model: ", tuning_.model.describe());
 }
 
 SmdcclBackend::~SmdcclBackend() {
@@ -265,14 +269,10 @@ std::chrono::milliseconds SmdcclBackend::effectiveTimeout(std::chrono::milliseco
   return std::chrono::milliseconds(timeoutMs_.load());
 }
 
-c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, const char* name,
-                                                        OpCall call,
-                                                        std::vector<at::Tensor> outputs,
-                                                        std::function<void(Comm&)> body,
-                                                        std::chrono::milliseconds opTimeout,
-                                                        bool asyncOp,
-                                                        std::shared_ptr<QueuedAllreduce> fusable,
-                                                        std::shared_ptr<DeviceOp> device) {
+c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(
+    ::c10d::OpType type, const char* name, OpCall call, std::vector<at::Tensor> outputs,
+    std::function<void(Comm&)> body, std::chrono::milliseconds opTimeout, bool asyncOp,
+    std::shared_ptr<QueuedAllreduce> fusable, std::shared_ptr<DeviceOp> device) {
   seq_.fetch_add(1);
   auto number = std::make_shared<std::atomic<uint64_t>>(0);
   auto what = [name, number, group = cfg_.groupName] {
@@ -291,7 +291,8 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
   call.sig.name = name;
   // CPU and CUDA tensors may take different paths (allreduce): under the
   // full fingerprint a CPU rank and a CUDA rank of one call do not match.
-  if (device && call.sig.shapeHash) call.sig.shapeHash = (call.sig.shapeHash ^ 1) * 1099511628211ull;
+  if (device && call.sig.shapeHash)
+    call.sig.shapeHash = (call.sig.shapeHash ^ 1) * 1099511628211ull;
   int64_t queued = trace::enabled() ? trace::nowUs() : 0;
   // Issued by a completion callback, on the progress thread itself: DDP's
   // PowerSGD hook all_reduces in its future callbacks and waits for the
@@ -304,9 +305,9 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(::c10d::OpType type, con
     return work;
   }
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
-  if (!asyncOp &&
-      progress_->tryRunInline(
-          [&] { runWork(*work, call, body, *number, name, timeout, queued, device.get()); }))
+  if (!asyncOp && progress_->tryRunInline([&] {
+        runWork(*work, call, body, *number, name, timeout, queued, device.get());
+      }))
     return work;
   auto task = [this, work, call = std::move(call), body = std::move(body), number, name, timeout,
                queued, device] {
@@ -391,8 +392,8 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
   std::vector<int> seen;
   for (int r : ranks) {
     checkRankOfGroup("split_group", r);
-    SMDCCL_CHECK_ARG(std::find(seen.begin(), seen.end(), r) == seen.end(),
-                     "split_group: rank ", r, " is listed twice");
+    SMDCCL_CHECK_ARG(std::find(seen.begin(), seen.end(), r) == seen.end(), "split_group: rank ", r,
+                     " is listed twice");
     seen.push_back(r);
   }
   auto mine = std::find(ranks.begin(), ranks.end(), rank_);
@@ -408,12 +409,12 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
                                         [](const auto& e) { return e.second.expired(); }),
                          splitChildren_.end());
   }
-  BackendConfig child = childConfig(
-      ranks,
-      opts && !opts->group_name.empty()
-          ? opts->group_name
-          : strCat(cfg_.groupName, ":split:", ranks.size(), "@", ranks.front()),
-      opts);
+  BackendConfig child =
+      childConfig(ranks,
+                  opts && !opts->group_name.empty()
+                      ? opts->group_name
+                      : strCat(cfg_.groupName, ":split:", ranks.size(), "@", ranks.front()),
+                  opts);
   c10::intrusive_ptr<SmdcclBackend> backend;
   {
     GilReleasedIfHeld released;  // construction rendezvouses through the store
@@ -441,11 +442,11 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::shrink(
   for (int r = 0; r < size_; ++r)
     if (!excluded[static_cast<size_t>(r)]) remaining.push_back(r);
   uint64_t n = ++shrinks_;
-  BackendConfig child = childConfig(
-      remaining,
-      opts && !opts->group_name.empty() ? opts->group_name
+  BackendConfig child = childConfig(remaining,
+                                    opts && !opts->group_name.empty()
+                                        ? opts->group_name
                                         : strCat(cfg_.groupName, ":shrunk", n > 1 ? strCat(n) : ""),
-      opts);
+                                    opts);
   if (shrinkFlags == kShrinkAbort) abort();
   auto store = c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/shrink/", n), c10dStore_);
   GilReleasedIfHeld released;  // construction rendezvouses through the store
@@ -474,9 +475,7 @@ void SmdcclBackend::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wa
     smdccl::monitoredBarrier(*store_, call, [this](const std::vector<int>& late) {
       return watchdog_->describeRanks(late, std::chrono::seconds(2));
     });
-  } catch (...) {
-    std::rethrow_exception(toTorchError(std::current_exception()));
-  }
+  } catch (...) { std::rethrow_exception(toTorchError(std::current_exception())); }
 }
 
 ::c10d::ErrorType SmdcclBackend::getError() {
@@ -552,9 +551,8 @@ std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kin
 }
 
 void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
-                            const std::function<void(Comm&)>& body,
-                            std::atomic<uint64_t>& number, const char* name,
-                            std::chrono::milliseconds timeout, int64_t queuedUs,
+                            const std::function<void(Comm&)>& body, std::atomic<uint64_t>& number,
+                            const char* name, std::chrono::milliseconds timeout, int64_t queuedUs,
                             DeviceOp* device) {
   const uint64_t seq = ++runSeq_;
   number.store(seq);
@@ -594,11 +592,12 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
     trace::record(strCat(name, " #", seq, " queued"), "queue", track, queuedUs, now - queuedUs);
   }
   const bool tracing = trace::enabled();
-  trace::Span span(tracing ? strCat(name, " #", seq) : std::string(), "collective", track,
-                   tracing ? strCat("\"seq\":", seq, ",\"call\":\"", call.sig.describe(), "\"")
-                           : std::string());
+  trace::Span span(
+      tracing ? strCat(name, " #", seq) : std::string(), "collective", track,
+      tracing ? strCat("\"seq\":", seq, ",\"call\":\"", call.sig.describe(), "\"") : std::string());
   const bool timing = logEnabled(LogLevel::Trace);
-  auto started = timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  auto started =
+      timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   try {
     if (device) device->prepare(ctx);
     if (detailChecks_) {
@@ -625,14 +624,13 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
     err = failGroup(ctx, CommError::Kind::System, e.what_without_backtrace());
   } catch (const std::exception& e) {
     err = failGroup(ctx, CommError::Kind::System, e.what());
-  } catch (...) {
-    err = failGroup(ctx, CommError::Kind::System, "an exception of unknown type");
-  }
+  } catch (...) { err = failGroup(ctx, CommError::Kind::System, "an exception of unknown type"); }
   watchdog_->opFinished(seq);
   if (timing)
     SMDCCL_TRACE(ctx.describe(), " ", call.sig.describe(), ": ",
                  std::chrono::duration_cast<std::chrono::microseconds>(
-                     std::chrono::steady_clock::now() - started).count(),
+                     std::chrono::steady_clock::now() - started)
+                     .count(),
                  " us", riders_.empty() ? "" : strCat(" (", riders_.size(), " fused in)"),
                  err ? " (failed)" : "");
   // Allreduces fused into this one complete with its outcome, after it: in

@@ -227,8 +227,7 @@ class SmdcclBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, OpCall call,
                                            std::vector<at::Tensor> outputs,
                                            std::function<void(Comm&)> body,
-                                           std::chrono::milliseconds opTimeout,
-                                           bool asyncOp = true,
+                                           std::chrono::milliseconds opTimeout, bool asyncOp = true,
                                            std::shared_ptr<QueuedAllreduce> fusable = nullptr,
                                            std::shared_ptr<DeviceOp> device = nullptr);
   // Runs `first` and, when every rank has more fusable allreduces queued
@@ -258,13 +257,14 @@ class SmdcclBackend : public ::c10d::Backend {
   // happened on this rank, in op `ctx`): records it as the group's cause,
   // aborts the links so that peers fail at once, fails what is queued.
   // Returns the error the op's work completes with.
-  std::exception_ptr failGroup(const OpContext& ctx, CommError::Kind kind, const std::string& cause);
+  std::exception_ptr failGroup(const OpContext& ctx, CommError::Kind kind,
+                               const std::string& cause);
   // `queuedUs`: when the caller queued it (trace::nowUs(); 0 when not tracing).
   // `device`: the op's CUDA side (nullptr for CPU tensors). `number` gets
   // the op's place in the run order.
   void runWork(SmdcclWork& work, const OpCall& call, const std::function<void(Comm&)>& body,
-               std::atomic<uint64_t>& number, const char* name,
-               std::chrono::milliseconds timeout, int64_t queuedUs, DeviceOp* device);
+               std::atomic<uint64_t>& number, const char* name, std::chrono::milliseconds timeout,
+               int64_t queuedUs, DeviceOp* device);
   // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);
@@ -286,7 +286,8 @@ class SmdcclBackend : public ::c10d::Backend {
   c10::intrusive_ptr<::c10d::Store> c10dStore_;
   // split()'s children, by the store torch handed them (see split()).
   std::mutex splitMu_;
-  std::vector<std::pair<const ::c10d::Store*, c10::weak_intrusive_ptr<SmdcclBackend>>> splitChildren_;
+  std::vector<std::pair<const ::c10d::Store*, c10::weak_intrusive_ptr<SmdcclBackend>>>
+      splitChildren_;
   std::shared_ptr<KVStore> store_;  // shared with the watchdog's thread
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Mesh> mesh_;
@@ -305,8 +306,8 @@ class SmdcclBackend : public ::c10d::Backend {
   // (runMu_ of the progress thread serializes), or by a caller once the
   // thread has stopped after a failure (hence atomic).
   std::atomic<uint64_t> runSeq_{0};
-  size_t fusionBytes_ = 0;  // SMDCCL_FUSION_MB; 0: no fusion
-  bool nanCheck_ = false;   // SMDCCL_NAN_CHECK
+  size_t fusionBytes_ = 0;     // SMDCCL_FUSION_MB; 0: no fusion
+  bool nanCheck_ = false;      // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL
   std::atomic<uint64_t> fusedOps_{0}, fusedCollectives_{0};
   std::mutex fatalMu_;
@@ -321,7 +322,7 @@ class SmdcclBackend : public ::c10d::Backend {
   // signals them after the fused op (also when it failed), before the riders
   // complete, so that their waits are released.
   std::vector<std::pair<std::shared_ptr<DeviceOp>, uint64_t>> riderDevices_;
-  std::unique_ptr<DeviceOps> deviceOps_;       // CUDA tensors' streams and buffers
+  std::unique_ptr<DeviceOps> deviceOps_;      // CUDA tensors' streams and buffers
   std::unique_ptr<ProgressThread> progress_;  // last: stops first
 };
 

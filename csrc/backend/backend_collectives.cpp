@@ -85,8 +85,9 @@ void unpackFrom(const char* src, std::vector<at::Tensor>& ts) {
 void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* op,
                   const char* name) {
   if (lists.size() == 1) return;
-  bool transposed = lists.size() == static_cast<size_t>(size) && size > 1 &&
-                    std::all_of(lists.begin(), lists.end(), [](const auto& l) { return l.size() == 1; });
+  bool transposed =
+      lists.size() == static_cast<size_t>(size) && size > 1 &&
+      std::all_of(lists.begin(), lists.end(), [](const auto& l) { return l.size() == 1; });
   TORCH_CHECK_VALUE(false, "smdccl: ", op, ": expected one ", name, " (torch's layout: [", name,
                     "], ", name, "[r] for rank r), got ", lists.size(), " lists",
                     transposed ? "; they hold one tensor per rank each, which is that layout "
@@ -109,8 +110,8 @@ std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lis
                                  const at::Tensor& ref, int rank, int root, int size,
                                  const char* op, const char* name) {
   if (rank != root) {
-    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "smdccl: ", op,
-                      ": only the root (rank ", root, ") passes ", name);
+    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "smdccl: ", op, ": only the root (rank ",
+                      root, ") passes ", name);
     return {};
   }
   checkOneList(lists, size, op, name);
@@ -144,11 +145,13 @@ void checkPerRankLists(const std::vector<std::vector<at::Tensor>>& lists,
       "torch's layout (gloo's and NCCL's) is one list per rank, output_tensor_lists[r][i] "
       "receiving rank r's input_tensor_list[i]";
   if (fits(n, ranks, /*transposed=*/true))
-    TORCH_CHECK_VALUE(false, "smdccl: ", op, ": output_tensor_lists holds one list per input tensor (",
-                      n, ") of one tensor per rank (", size, "): the transpose of ", layout,
+    TORCH_CHECK_VALUE(false, "smdccl: ", op,
+                      ": output_tensor_lists holds one list per input tensor (", n,
+                      ") of one tensor per rank (", size, "): the transpose of ", layout,
                       "; pass [list(t) for t in zip(*output_tensor_lists)]");
-  TORCH_CHECK_VALUE(lists.size() == ranks, "smdccl: ", op, ": output_tensor_lists must hold one list per rank (",
-                    size, "), got ", lists.size(), "; ", layout);
+  TORCH_CHECK_VALUE(lists.size() == ranks, "smdccl: ", op,
+                    ": output_tensor_lists must hold one list per rank (", size, "), got ",
+                    lists.size(), "; ", layout);
   for (size_t r = 0; r < lists.size(); ++r)
     TORCH_CHECK_VALUE(lists[r].size() == n, "smdccl: ", op, ": output_tensor_lists[", r,
                       "] must hold one tensor per input tensor (", n, "), got ", lists[r].size(),
@@ -287,13 +290,14 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     fusable->spec = spec;
     fusable->device = dev;
     return enqueue(
-        OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
-        tensors, [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
+        OpType::ALLREDUCE, "allreduce",
+        callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)), tensors,
+        [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
         opts.asyncOp, fusable, dev);
   }
   return enqueue(
-      OpType::ALLREDUCE, "allreduce", callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
-      tensors,
+      OpType::ALLREDUCE, "allreduce",
+      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)), tensors,
       [this, t, spec, tuning, dev](Comm& c) mutable { allreduceOne(c, t, spec, dev, tuning); },
       opts.timeout, opts.asyncOp, nullptr, dev);
 }
@@ -467,9 +471,8 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
   std::vector<at::Tensor> ts = real;  // CUDA tensors stay on the device (allreduceFlat)
   return enqueue(
       OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
-      callOf(ts, ts[0].scalar_type(), numelOf(ts),
-             redOpCode(opts.reduceOp)),
-      tensors, [this, ts, specs, dev](Comm& c) mutable {
+      callOf(ts, ts[0].scalar_type(), numelOf(ts), redOpCode(opts.reduceOp)), tensors,
+      [this, ts, specs, dev](Comm& c) mutable {
         // One flat buffer per dtype: one collective each instead of one per tensor.
         std::map<at::ScalarType, std::vector<size_t>> byType;
         for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
@@ -497,8 +500,11 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
   auto dev = deviceOps_->begin({t}, "reduce");
   return enqueue(
       OpType::REDUCE, "reduce",
-      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp), static_cast<int>(opts.rootRank)),
-      tensors, [this, t, spec, dt, isRoot, tuning, dev, root = static_cast<int>(opts.rootRank)](Comm& c) mutable {
+      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp),
+             static_cast<int>(opts.rootRank)),
+      tensors,
+      [this, t, spec, dt, isRoot, tuning, dev,
+       root = static_cast<int>(opts.rootRank)](Comm& c) mutable {
         // Non-roots reduce a scratch copy: their input stays as it was.
         at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
         WireOverflowCheck overflow(useWire(c, dt, spec));
@@ -506,7 +512,8 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
         if (dev)  // CUDA tensors: the device path's allreduce
           allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
         else
-          smdccl::reduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, root, tuning);
+          smdccl::reduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, root,
+                         tuning);
         if (isRoot) applyPostDivide(buf, spec);
         overflow.finish(c);
       },
@@ -609,9 +616,8 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
   Tuning tuning = tuning_;
   return enqueue(
       OpType::ALLGATHER_COALESCED, "allgather_coalesced",
-      callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(),
-             numelOf(ins)),
-      allOutputs, [ins, outs, tuning](Comm& c) {
+      callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)), allOutputs,
+      [ins, outs, tuning](Comm& c) {
         allgatherPacked(c, ins, tuning, [&](size_t i, int r) { return bytesOf(outs[r][i]); });
       },
       opts.timeout, opts.asyncOp, nullptr, dev);
@@ -638,10 +644,8 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
   Tuning tuning = tuning_;
   return enqueue(
       OpType::COALESCED, "allgather_into_tensor_coalesced",
-      callOf(ins, ins.empty() ? at::kByte
-                              : ins[0].scalar_type(),
-             numelOf(ins)),
-      outputs, [ins, outs, tuning](Comm& c) {
+      callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)), outputs,
+      [ins, outs, tuning](Comm& c) {
         allgatherPacked(c, ins, tuning,
                         [&](size_t i, int r) { return bytesOf(outs[i]) + ins[i].nbytes() * r; });
       },
@@ -655,13 +659,14 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor in = checkSingle(inputs, "gather");
   checkRank(opts.rootRank, size_, "gather", "root rank");
   int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> devOuts = rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
+  std::vector<at::Tensor> devOuts =
+      rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
   auto dev = deviceOps_->begin(allOf(devOuts, {in}), "gather");
   std::vector<at::Tensor> outs = hostOf(dev, devOuts, false, true);
   at::Tensor hin = hostOf(dev, in, true, false);
   return enqueue(
-      OpType::GATHER, "gather", callOf({hin}, in.scalar_type(), in.numel(), -1, root),
-      devOuts, [in = hin, outs, root](Comm& c) mutable {
+      OpType::GATHER, "gather", callOf({hin}, in.scalar_type(), in.numel(), -1, root), devOuts,
+      [in = hin, outs, root](Comm& c) mutable {
         if (c.rank() != root) return gatherInto(c, in, nullptr, root);
         at::Tensor flat = at::empty({static_cast<int64_t>(in.nbytes() * c.size())}, at::kByte);
         gatherInto(c, in, bytesOf(flat), root);
@@ -686,8 +691,9 @@ WorkPtr SmdcclBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
     TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "smdccl: ", op, ": the output has ",
                       output.numel(), " elements; it needs world_size (", size_, ") x the input's ",
                       input.numel());
-    TORCH_CHECK_VALUE(!overlaps(output, input) || bytesOf(input) == bytesOf(output) + input.nbytes() * root,
-                      "smdccl: ", op, ": the input overlaps the output other than as the root's own block");
+    TORCH_CHECK_VALUE(
+        !overlaps(output, input) || bytesOf(input) == bytesOf(output) + input.nbytes() * root,
+        "smdccl: ", op, ": the input overlaps the output other than as the root's own block");
     devOuts.push_back(output);
   }
   auto dev = deviceOps_->begin(allOf(devOuts, {input}), op);
@@ -707,7 +713,8 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
   at::Tensor out = checkSingle(outputs, "scatter");
   checkRank(opts.rootRank, size_, "scatter", "root rank");
   int root = static_cast<int>(opts.rootRank);
-  std::vector<at::Tensor> devIns = rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
+  std::vector<at::Tensor> devIns =
+      rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
   auto dev = deviceOps_->begin(allOf(devIns, {out}), "scatter");
   std::vector<at::Tensor> ins = hostOf(dev, devIns, true, false);
   at::Tensor hout = hostOf(dev, out, false, true);
@@ -777,7 +784,8 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   Blocks blocks =  // in bytes: the same for complex tensors and their real views
       checkBlockList(inputs[0], out, rank_, size_, "reduce_scatter", "input_list", "output");
   out = realView(out, opts.reduceOp, "reduce_scatter", "output");
-  std::vector<at::Tensor> real = realViews(inputs[0], opts.reduceOp, "reduce_scatter", "input_list");
+  std::vector<at::Tensor> real =
+      realViews(inputs[0], opts.reduceOp, "reduce_scatter", "input_list");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
   auto dev = deviceOps_->begin(allOf(real, {out}), "reduce_scatter");
   std::vector<at::Tensor> ins = hostOf(dev, real, true, false);
@@ -808,8 +816,8 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
   TORCH_CHECK_VALUE(input.numel() == output.numel() * size_,
                     "smdccl: reduce_scatter_tensor: input must have world_size (", size_,
                     ") x output elements = ", output.numel() * size_, ", got ", input.numel());
-  ReduceSpec spec = toReduceSpec(opts.reduceOp, output.scalar_type(), size_,
-                                 "reduce_scatter_tensor");
+  ReduceSpec spec =
+      toReduceSpec(opts.reduceOp, output.scalar_type(), size_, "reduce_scatter_tensor");
   auto dev = deviceOps_->begin({input, output}, "reduce_scatter_tensor");
   OpCall call = callOf({output}, output.scalar_type(), output.numel(), redOpCode(opts.reduceOp));
   call.inputs = {input};
@@ -863,14 +871,13 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
   std::vector<at::Tensor> realOuts =
       realViews(outputs, opts.reduceOp, "reduce_scatter_tensor_coalesced", "output");
   for (const auto& o : realOuts)
-    specs.push_back(toReduceSpec(opts.reduceOp, o.scalar_type(), size_,
-                                 "reduce_scatter_tensor_coalesced"));
+    specs.push_back(
+        toReduceSpec(opts.reduceOp, o.scalar_type(), size_, "reduce_scatter_tensor_coalesced"));
   auto dev = deviceOps_->begin(allOf(realIns, realOuts), "reduce_scatter_tensor_coalesced");
   std::vector<at::Tensor> ins = hostOf(dev, realIns, true, false);
   std::vector<at::Tensor> outs = hostOf(dev, realOuts, false, true);
-  OpCall call = callOf(outs, outs.empty() ? at::kByte
-                                          : outs[0].scalar_type(),
-                       numelOf(outs), redOpCode(opts.reduceOp));
+  OpCall call = callOf(outs, outs.empty() ? at::kByte : outs[0].scalar_type(), numelOf(outs),
+                       redOpCode(opts.reduceOp));
   call.inputs = ins;
   return enqueue(
       OpType::COALESCED, "reduce_scatter_tensor_coalesced", std::move(call), outputs,
@@ -891,23 +898,21 @@ static std::vector<size_t> splitBytes(const std::vector<int64_t>& splits, const 
   size_t rowBytes = rows ? t.nbytes() / rows : 0;
   std::vector<size_t> out;
   if (splits.empty()) {
-    TORCH_CHECK_VALUE(rows % size == 0, "smdccl: all_to_all_single: ", which,
-                      " dim 0 (", rows, ") must divide by the world size (", size,
-                      ") when no split sizes are given");
+    TORCH_CHECK_VALUE(rows % size == 0, "smdccl: all_to_all_single: ", which, " dim 0 (", rows,
+                      ") must divide by the world size (", size, ") when no split sizes are given");
     out.assign(size, rowBytes * (rows / size));
     return out;
   }
-  TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == size, "smdccl: all_to_all_single: ",
-                    which, " split sizes need one entry per rank (", size, "), got ",
-                    splits.size());
+  TORCH_CHECK_VALUE(static_cast<int>(splits.size()) == size, "smdccl: all_to_all_single: ", which,
+                    " split sizes need one entry per rank (", size, "), got ", splits.size());
   int64_t sum = 0;
   for (int64_t s : splits) {
     TORCH_CHECK_VALUE(s >= 0, "smdccl: all_to_all_single: negative split size ", s);
     sum += s;
     out.push_back(rowBytes * static_cast<size_t>(s));
   }
-  TORCH_CHECK_VALUE(sum == rows, "smdccl: all_to_all_single: ", which, " split sizes sum to ",
-                    sum, " but dim 0 is ", rows);
+  TORCH_CHECK_VALUE(sum == rows, "smdccl: all_to_all_single: ", which, " split sizes sum to ", sum,
+                    " but dim 0 is ", rows);
   return out;
 }
 
@@ -932,8 +937,8 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
   // Split sizes may differ between ranks: only the dtype is compared.
   return enqueue(
       OpType::ALLTOALL_BASE, "all_to_all_single",
-      callOf({in}, in.scalar_type(), OpSignature::kAnyCount),
-      {output}, [in, out, sendB, recvB](Comm& c) {
+      callOf({in}, in.scalar_type(), OpSignature::kAnyCount), {output},
+      [in, out, sendB, recvB](Comm& c) {
         // Sending from memory that is being received into would corrupt it.
         at::Tensor src = overlaps(in, out) ? in.clone() : in;
         directAlltoall(c, bytesOf(src), sendB, bytesOf(out), recvB);
@@ -943,10 +948,10 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
 
 WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                 const ::c10d::AllToAllOptions& opts) {
-  TORCH_CHECK_VALUE(static_cast<int>(inputs.size()) == size_ &&
-                        static_cast<int>(outputs.size()) == size_,
-                    "smdccl: all_to_all needs one input and one output tensor per rank (", size_,
-                    "), got ", inputs.size(), " and ", outputs.size());
+  TORCH_CHECK_VALUE(
+      static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_,
+      "smdccl: all_to_all needs one input and one output tensor per rank (", size_, "), got ",
+      inputs.size(), " and ", outputs.size());
   std::vector<size_t> sendLen, recvLen;
   for (int r = 0; r < size_; ++r) {
     checkTensor(inputs[r], "all_to_all", "input");
@@ -966,8 +971,8 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
   std::vector<at::Tensor> outs = hostOf(dev, outputs, false, true);
   Blocks sendB = Blocks::fromLengths(sendLen), recvB = Blocks::fromLengths(recvLen);
   return enqueue(
-      OpType::ALLTOALL, "all_to_all",
-      callOf(ins, ins[0].scalar_type(), OpSignature::kAnyCount), outputs,
+      OpType::ALLTOALL, "all_to_all", callOf(ins, ins[0].scalar_type(), OpSignature::kAnyCount),
+      outputs,
       [ins, outs, sendB, recvB](Comm& c) mutable {
         at::Tensor in = at::empty({static_cast<int64_t>(sendB.total())}, at::kByte);
         at::Tensor out = at::empty({static_cast<int64_t>(recvB.total())}, at::kByte);
@@ -981,17 +986,19 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
 // ---------------------------------------------------------------- barrier, send/recv
 
 WorkPtr SmdcclBackend::barrier(const ::c10d::BarrierOptions& opts) {
-  return enqueue(OpType::BARRIER, "barrier", OpCall{}, {}, [](Comm& c) { smdccl::barrier(c); },
-                 opts.timeout, opts.asyncOp);
+  return enqueue(
+      OpType::BARRIER, "barrier", OpCall{}, {}, [](Comm& c) { smdccl::barrier(c); }, opts.timeout,
+      opts.asyncOp);
 }
 
 WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   at::Tensor t = checkSingle(tensors, "send");
   checkRank(dstRank, size_, "send", "destination rank");
   TORCH_CHECK_VALUE(dstRank != rank_, "smdccl: send: a rank cannot send to itself");
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, OpType::SEND, tensors, [dstRank, tag, group = cfg_.groupName] {
-    return strCat("send to rank ", dstRank, " tag ", tag, " on group '", group, "'");
-  });
+  auto work = c10::make_intrusive<SmdcclWork>(
+      rank_, OpType::SEND, tensors, [dstRank, tag, group = cfg_.groupName] {
+        return strCat("send to rank ", dstRank, " tag ", tag, " on group '", group, "'");
+      });
   work->markStarted();
   bool onGpu = deviceOps_->deviceOf({t}, "send") >= 0;
   Deadline deadline = Deadline::after(std::chrono::milliseconds(timeoutMs_.load()));
@@ -1016,9 +1023,10 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
   DeviceOps::HostCopy copy{t, nullptr};
   if (onGpu) copy = deviceOps_->hostCopyForSend(t);
   at::Tensor h = copy.host;
-  p2p_->send(dstRank, h.data_ptr(), h.nbytes(), tag, deadline,
-             [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); },
-             std::move(copy.ready));
+  p2p_->send(
+      dstRank, h.data_ptr(), h.nbytes(), tag, deadline,
+      [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); },
+      std::move(copy.ready));
   return work;
 }
 
@@ -1031,18 +1039,21 @@ WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int t
 
 WorkPtr SmdcclBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   at::Tensor t = checkSingle(tensors, "recv");
-  TORCH_CHECK_VALUE(size_ > 1, "smdccl: recv from any source on a group of one rank: there is "
+  TORCH_CHECK_VALUE(size_ > 1,
+                    "smdccl: recv from any source on a group of one rank: there is "
                     "no other rank to receive from");
   return postRecv(t, -1, tag);
 }
 
 WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
   std::vector<at::Tensor> tensors{t};
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, srcRank < 0 ? OpType::RECVANYSOURCE : OpType::RECV,
-                                              tensors, [srcRank, tag, group = cfg_.groupName] {
-    return strCat("recv from ", srcRank < 0 ? std::string("any source") : strCat("rank ", srcRank),
-                  " tag ", tag, " on group '", group, "'");
-  });
+  auto work = c10::make_intrusive<SmdcclWork>(
+      rank_, srcRank < 0 ? OpType::RECVANYSOURCE : OpType::RECV, tensors,
+      [srcRank, tag, group = cfg_.groupName] {
+        return strCat("recv from ",
+                      srcRank < 0 ? std::string("any source") : strCat("rank ", srcRank), " tag ",
+                      tag, " on group '", group, "'");
+      });
   work->markStarted();
   // A receive from a named rank knows its source from the start (gloo code
   // reads _source_rank() of every receive); an any-source one learns it.
@@ -1062,11 +1073,11 @@ WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
     }
     work->complete(e ? toTorchError(e) : nullptr);
   };
-  if (srcRank >= 0)
-    p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag, deadline, std::move(done));
+  if (srcRank >= 0) p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag, deadline, std::move(done));
   else
-    p2p_->recvAny(h.data_ptr(), h.nbytes(), tag, deadline,
-                  [work](int from) { work->setSourceRank(from); }, std::move(done));
+    p2p_->recvAny(
+        h.data_ptr(), h.nbytes(), tag, deadline, [work](int from) { work->setSourceRank(from); },
+        std::move(done));
   return work;
 }
 

@@ -48,8 +48,10 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000.0));
   cfg.masterAddr = masterAddr;
   cfg.worldSize = worldSize;
-  std::string wire = compression.empty() ? smdccl::envString(smdccl::env::kCompression) : compression;
-  for (auto& ch : wire) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));  // FP16 too
+  std::string wire =
+      compression.empty() ? smdccl::envString(smdccl::env::kCompression) : compression;
+  for (auto& ch : wire)
+    ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));  // FP16 too
   if (wire == "fp16") cfg.wire = smdccl::Wire::F16;
   else if (wire == "bf16") cfg.wire = smdccl::Wire::BF16;
   else if (wire != "none")
@@ -76,9 +78,7 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     } catch (const c10::Error& e) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-    } catch (const smdccl::CommError& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    }
+    } catch (const smdccl::CommError& e) { PyErr_SetString(PyExc_RuntimeError, e.what()); }
   });
 
   py::class_<smdccl::SmdcclBackend, ::c10d::Backend, c10::intrusive_ptr<smdccl::SmdcclBackend>>(
@@ -93,9 +93,10 @@ PYBIND11_MODULE(_C, m) {
                              "Collectives that carried fused allreduces")
       .def_property_readonly("compression", &smdccl::SmdcclBackend::compression,
                              "What float32 reductions travel as between nodes: fp32, fp16 or bf16")
-      .def_property_readonly("compressed_hops", &smdccl::SmdcclBackend::compressesSomeHop,
-                             "Whether float32 reductions put 16 bits on some hop of the group "
-                             "(it spans nodes, or compression_intra); where not, nothing is rounded")
+      .def_property_readonly(
+          "compressed_hops", &smdccl::SmdcclBackend::compressesSomeHop,
+          "Whether float32 reductions put 16 bits on some hop of the group "
+          "(it spans nodes, or compression_intra); where not, nothing is rounded")
       .def_property_readonly("progress_cpu_seconds", &smdccl::SmdcclBackend::progressCpuSeconds,
                              "CPU seconds used so far by the group's progress thread (the "
                              "thread that runs async collectives), read after each of its tasks")
@@ -112,15 +113,15 @@ PYBIND11_MODULE(_C, m) {
           "and back (PCIe traffic of the staged paths): {'to_host': n, 'from_host': m}")
       .def_property_readonly("listen_address", &smdccl::SmdcclBackend::listenAddress,
                              "ip:port of this process's TCP listener")
-      .def_property_readonly("rejected_connections",
-                             &smdccl::SmdcclBackend::rejectedConnections,
+      .def_property_readonly("rejected_connections", &smdccl::SmdcclBackend::rejectedConnections,
                              "Connections this process's listener dropped for a bad handshake")
       // new_group() on a default group bound to a device splits it where the
       // backend supportsSplitting, and has the ranks left out call this (NCCL
       // needs every parent rank in ncclCommSplit). smdccl's child groups
       // rendezvous among their members only: nothing to do.
-      .def("perform_nocolor_split", [](smdccl::SmdcclBackend&, const py::object& /*device*/) {},
-           py::arg("device"), "A no-op: smdccl's split children need only their members");
+      .def(
+          "perform_nocolor_split", [](smdccl::SmdcclBackend&, const py::object& /*device*/) {},
+          py::arg("device"), "A no-op: smdccl's split children need only their members");
 
   m.def("_create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_seconds"),
@@ -130,33 +131,40 @@ PYBIND11_MODULE(_C, m) {
   // atexit (see common/exit_fence.h): waits for our threads without the GIL.
   m.def("_mark_process_exiting", &smdccl::markProcessExiting,
         py::call_guard<py::gil_scoped_release>());
-  m.def("env_vars", [] {
-    std::vector<std::tuple<std::string, std::string, std::string>> out;
-    for (const auto& v : smdccl::envVars()) out.emplace_back(v.name, v.defaultValue, v.help);
-    return out;
-  }, "Every SMDCCL_* variable: (name, default, meaning)");
-  m.def("env_table", [] {
-    py::list out;
-    for (const auto& v : smdccl::envVars()) {
-      py::dict d;
-      d["name"] = v.name;
-      d["default"] = v.defaultValue;
-      d["help"] = v.help;
-      d["kind"] = v.kind == smdccl::EnvVar::Kind::Int      ? "int"
-                  : v.kind == smdccl::EnvVar::Kind::Number ? "number"
-                                                           : "text";
-      d["min"] = v.min;
-      d["max"] = v.max;
-      d["choices"] = v.choices;
-      d["declared_in"] = v.declaredIn;
-      out.append(d);
-    }
-    return out;
-  }, "Every SMDCCL_* variable's declaration (name, default, help, kind, min, max, choices, "
-     "declared_in), for docs/env.md");
-  m.def("cuda_settings", [] { return smdccl::GpuTuning::fromEnv().describe(); },
-        "The SMDCCL_CUDA_* settings a CUDA collective would use here (raises ValueError for a "
-        "bad value)");
+  m.def(
+      "env_vars",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string>> out;
+        for (const auto& v : smdccl::envVars()) out.emplace_back(v.name, v.defaultValue, v.help);
+        return out;
+      },
+      "Every SMDCCL_* variable: (name, default, meaning)");
+  m.def(
+      "env_table",
+      [] {
+        py::list out;
+        for (const auto& v : smdccl::envVars()) {
+          py::dict d;
+          d["name"] = v.name;
+          d["default"] = v.defaultValue;
+          d["help"] = v.help;
+          d["kind"] = v.kind == smdccl::EnvVar::Kind::Int      ? "int"
+                      : v.kind == smdccl::EnvVar::Kind::Number ? "number"
+                                                               : "text";
+          d["min"] = v.min;
+          d["max"] = v.max;
+          d["choices"] = v.choices;
+          d["declared_in"] = v.declaredIn;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every SMDCCL_* variable's declaration (name, default, help, kind, min, max, choices, "
+      "declared_in), for docs/env.md");
+  m.def(
+      "cuda_settings", [] { return smdccl::GpuTuning::fromEnv().describe(); },
+      "The SMDCCL_CUDA_* settings a CUDA collective would use here (raises ValueError for a "
+      "bad value)");
 
   m.def(
       "plan",
@@ -164,11 +172,12 @@ PYBIND11_MODULE(_C, m) {
          bool uniform, const std::string& tuneFile, bool wire16) {
         smdccl::Collective c;
         if (!smdccl::collectiveFromName(collective, &c))
-          throw smdccl::InvalidArgument("unknown collective '" + collective +
-                                        "' (allreduce, reduce_scatter, allgather, broadcast, reduce)");
-        SMDCCL_CHECK_ARG(ranks >= 1 && nodes >= 1 && maxLocal >= 1 && nodes <= ranks &&
-                             maxLocal <= ranks,
-                         "plan: inconsistent group shape");
+          throw smdccl::InvalidArgument(
+              "unknown collective '" + collective +
+              "' (allreduce, reduce_scatter, allgather, broadcast, reduce)");
+        SMDCCL_CHECK_ARG(
+            ranks >= 1 && nodes >= 1 && maxLocal >= 1 && nodes <= ranks && maxLocal <= ranks,
+            "plan: inconsistent group shape");
         SMDCCL_CHECK_ARG(bytes >= 0 && bytes < 4.6e18, "plan: bytes must be in [0, 2^62), got ",
                          bytes);
         smdccl::Tuning t = smdccl::Tuning::fromEnv();
@@ -199,48 +208,55 @@ PYBIND11_MODULE(_C, m) {
       "SMDCCL_TUNE_FILE (or tune_file) and SMDCCL_PIPELINE_CHUNK_KB; wire16: float32 reductions "
       "cross nodes as 16 bits.");
 
-  m.def("algorithms", [] {
-    std::vector<std::pair<std::string, std::vector<std::string>>> out;
-    for (const smdccl::Algorithm* a : smdccl::registeredAlgorithms()) {
-      std::vector<std::string> colls;
-      for (int k = 0; k < smdccl::kCollectives; ++k)
-        if (a->serves(static_cast<smdccl::Collective>(k)))
-          colls.push_back(smdccl::collectiveName(static_cast<smdccl::Collective>(k)));
-      out.emplace_back(a->name(), colls);
-    }
-    return out;
-  }, "The registered algorithms, in registration order: [(name, [collectives it runs])]");
+  m.def(
+      "algorithms",
+      [] {
+        std::vector<std::pair<std::string, std::vector<std::string>>> out;
+        for (const smdccl::Algorithm* a : smdccl::registeredAlgorithms()) {
+          std::vector<std::string> colls;
+          for (int k = 0; k < smdccl::kCollectives; ++k)
+            if (a->serves(static_cast<smdccl::Collective>(k)))
+              colls.push_back(smdccl::collectiveName(static_cast<smdccl::Collective>(k)));
+          out.emplace_back(a->name(), colls);
+        }
+        return out;
+      },
+      "The registered algorithms, in registration order: [(name, [collectives it runs])]");
 
-  m.def("build_info", [] {
-    std::map<std::string, py::object> out;
+  m.def(
+      "build_info",
+      [] {
+        std::map<std::string, py::object> out;
 #if defined(__clang__)
-    out["compiler"] = py::str(std::string("clang ") + __clang_version__);
+        out["compiler"] = py::str(std::string("clang ") + __clang_version__);
 #elif defined(__GNUC__)
-    out["compiler"] = py::str(std::string("gcc ") + __VERSION__);
+        out["compiler"] = py::str(std::string("gcc ") + __VERSION__);
 #else
-    out["compiler"] = py::str("unknown");
+        out["compiler"] = py::str("unknown");
 #endif
 #ifdef NDEBUG
-    out["build_type"] = py::str("optimized (NDEBUG)");
+        out["build_type"] = py::str("optimized (NDEBUG)");
 #else
-    out["build_type"] = py::str("debug (assertions on)");
+        out["build_type"] = py::str("debug (assertions on)");
 #endif
 #ifdef SMDCCL_WITH_CUDA
-    out["cuda"] = py::bool_(true);
+        out["cuda"] = py::bool_(true);
 #else
-    out["cuda"] = py::bool_(false);
+        out["cuda"] = py::bool_(false);
 #endif
-    std::string san;
+        std::string san;
 #if defined(__SANITIZE_ADDRESS__)
-    san += "address";
+        san += "address";
 #endif
 #if defined(SMDCCL_UBSAN)
-    san += san.empty() ? "undefined" : ",undefined";
+        san += san.empty() ? "undefined" : ",undefined";
 #endif
-    out["sanitizers"] = py::str(san);
-    return out;
-  }, "How the engine was built: compiler, build type, CUDA kernels compiled in, sanitizers");
+        out["sanitizers"] = py::str(san);
+        return out;
+      },
+      "How the engine was built: compiler, build type, CUDA kernels compiled in, sanitizers");
 
-  m.def("reduce_isa", [] { return std::string(smdccl::reduceIsa()); },
-        "Instruction set the CPU reductions use on this machine");
+  m.def(
+      "reduce_isa", [] { return std::string(smdccl::reduceIsa()); },
+      "Instruction set the CPU reductions use on this machine");
 }

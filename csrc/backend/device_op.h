@@ -50,17 +50,15 @@ class DeviceOp {
   // that nothing waits for it forever).
   virtual void signal(uint64_t seq) noexcept = 0;
   // In-place allreduce of device memory (CUDA IPC / staged).
-  virtual void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op,
-                         const Tuning& t) = 0;
+  virtual void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op, const Tuning& t) = 0;
   // Reduce-scatter of device memory: `in` holds c.size() blocks of `each`
   // elements, `out` gets this rank's block reduced; `in` is left as it was.
   virtual void reduceScatter(Comm& c, const char* in, char* out, size_t each, DType dt, RedOp op,
                              const Tuning& t) = 0;
   // Allgather of device memory: `in` (eachBytes) and every peer's block into `out`.
-  virtual void allgather(Comm& c, const char* in, char* out, size_t eachBytes,
-                         const Tuning& t) = 0;
-  // What the op's Work waits on. `what` names the op in errors ("allreduce #7 on group '0'"); `timeout`:
-  // the op's (its deadline, from when it starts).
+  virtual void allgather(Comm& c, const char* in, char* out, size_t eachBytes, const Tuning& t) = 0;
+  // What the op's Work waits on. `what` names the op in errors ("allreduce #7 on group '0'");
+  // `timeout`: the op's (its deadline, from when it starts).
   virtual std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
                                                        std::chrono::milliseconds timeout) = 0;
 };

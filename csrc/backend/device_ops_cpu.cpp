@@ -14,10 +14,11 @@ class CpuOnlyDeviceOps : public DeviceOps {
   }
   int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) override {
     for (const auto& t : tensors)
-      TORCH_CHECK_VALUE(!t.defined() || t.device().is_cpu(), "smdccl: ", op, ": a tensor is on ", t.device(),
-                         "; this build of smdccl has no CUDA support (it was built without "
-                         "nvcc or against a CPU build of torch): move it with .cpu(), or "
-                         "rebuild smdccl where nvcc and a CUDA torch are found");
+      TORCH_CHECK_VALUE(!t.defined() || t.device().is_cpu(), "smdccl: ", op, ": a tensor is on ",
+                        t.device(),
+                        "; this build of smdccl has no CUDA support (it was built without "
+                        "nvcc or against a CPU build of torch): move it with .cpu(), or "
+                        "rebuild smdccl where nvcc and a CUDA torch are found");
     return -1;
   }
   HostCopy hostCopyForSend(const at::Tensor& t) override { return {t, nullptr}; }

@@ -136,7 +136,8 @@ void ProgressThread::loop() {
     dropOrLeak(task);  // it may hold the last reference to Python's tensors
     timespec cpu{};
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0)
-      cpuNs_.store(static_cast<uint64_t>(cpu.tv_sec) * 1000000000ull + static_cast<uint64_t>(cpu.tv_nsec));
+      cpuNs_.store(static_cast<uint64_t>(cpu.tv_sec) * 1000000000ull +
+                   static_cast<uint64_t>(cpu.tv_nsec));
   }
 }
 

@@ -30,8 +30,8 @@ constexpr int64_t kMaxDims = 1024;
 size_t roundUp8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 size_t checkedMul(size_t a, size_t b, const OpContext& ctx) {
-  SMDCCL_CHECK_ARG(b == 0 || a <= std::numeric_limits<size_t>::max() / b, "smdccl: ",
-                   ctx.describe(), ": sparse tensor sizes overflow");
+  SMDCCL_CHECK_ARG(b == 0 || a <= std::numeric_limits<size_t>::max() / b,
+                   "smdccl: ", ctx.describe(), ": sparse tensor sizes overflow");
   return a * b;
 }
 
@@ -68,11 +68,10 @@ std::vector<SparseMeta> allgatherMeta(Comm& c, const at::Tensor& in, const Tunin
     m.sparseDim = f[r * kMetaFields + 0];
     m.denseDim = f[r * kMetaFields + 1];
     m.nnz = f[r * kMetaFields + 2];
-    SMDCCL_CHECK_ARG(m.sparseDim >= 0 && m.denseDim >= 0 && m.nnz >= 0 &&
-                         m.sparseDim + m.denseDim <= kMaxDims,
-                     "smdccl: ", c.ctx.describe(), ": rank ", r,
-                     " sent invalid sparse metadata (sparse_dim ", m.sparseDim, ", dense_dim ",
-                     m.denseDim, ", nnz ", m.nnz, ")");
+    SMDCCL_CHECK_ARG(
+        m.sparseDim >= 0 && m.denseDim >= 0 && m.nnz >= 0 && m.sparseDim + m.denseDim <= kMaxDims,
+        "smdccl: ", c.ctx.describe(), ": rank ", r, " sent invalid sparse metadata (sparse_dim ",
+        m.sparseDim, ", dense_dim ", m.denseDim, ", nnz ", m.nnz, ")");
     lengths.push_back(static_cast<size_t>(m.sparseDim + m.denseDim) * sizeof(int64_t));
   }
   // The shapes, so that a disagreement names every rank's.
@@ -80,8 +79,10 @@ std::vector<SparseMeta> allgatherMeta(Comm& c, const at::Tensor& in, const Tunin
   Blocks b;
   at::Tensor all = allgatherBlocks(c, {&mySizes}, lengths, tuning, b);
   for (int r = 0; r < n; ++r) {
-    const auto* s = reinterpret_cast<const int64_t*>(bytesOf(all) + b.offset[static_cast<size_t>(r)]);
-    meta[static_cast<size_t>(r)].sizes.assign(s, s + b.length[static_cast<size_t>(r)] / sizeof(int64_t));
+    const auto* s =
+        reinterpret_cast<const int64_t*>(bytesOf(all) + b.offset[static_cast<size_t>(r)]);
+    meta[static_cast<size_t>(r)].sizes.assign(
+        s, s + b.length[static_cast<size_t>(r)] / sizeof(int64_t));
   }
   return meta;
 }
@@ -104,7 +105,8 @@ void checkSameShape(const OpContext& ctx, const std::vector<SparseMeta>& meta) {
       all += strCat(q ? "; " : "", "rank ", q, ": ", describeShape(meta[q]));
     throw InvalidArgument(strCat("smdccl: ", ctx.describe(),
                                  ": every rank must pass a sparse tensor of the same shape and "
-                                 "sparse/dense split, got ", all));
+                                 "sparse/dense split, got ",
+                                 all));
   }
 }
 
@@ -139,8 +141,9 @@ void sparseAllreduce(Comm& c, at::Tensor& t, bool average, const Tuning& tuning)
     char* block = bytesOf(all) + b.offset[static_cast<size_t>(r)];
     allIndices.push_back(at::from_blob(block, {in.sparse_dim(), nnz}, at::kLong));
     valueShape[0] = nnz;
-    allValues.push_back(at::from_blob(block + static_cast<size_t>(nnz) * sparseDim * sizeof(int64_t),
-                                      valueShape, values.options()));
+    allValues.push_back(
+        at::from_blob(block + static_cast<size_t>(nnz) * sparseDim * sizeof(int64_t), valueShape,
+                      values.options()));
   }
   at::Tensor summands = at::cat(allValues, 0);
   // AVG: 16-bit values are scaled before the sum (as the dense path does:

@@ -109,11 +109,11 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
         const at::Tensor& f = sup->tensor_factor;
         // Checked here, at the call: applying it later on the progress
         // thread would fail there with torch's own message.
-        SMDCCL_VALUE_CHECK(f.device().is_cpu() && f.numel() == 1 &&
-                               at::isFloatingType(f.scalar_type()),
-                           op, ": the PREMUL_SUM factor must be a real floating-point CPU tensor "
-                           "of one element (or a Python number), got a ", f.scalar_type(),
-                           " tensor of ", f.numel(), " element(s) on ", f.device());
+        SMDCCL_VALUE_CHECK(
+            f.device().is_cpu() && f.numel() == 1 && at::isFloatingType(f.scalar_type()), op,
+            ": the PREMUL_SUM factor must be a real floating-point CPU tensor "
+            "of one element (or a Python number), got a ",
+            f.scalar_type(), " tensor of ", f.numel(), " element(s) on ", f.device());
         s.preScaleTensor = f;
       } else {
         s.preScale = sup->double_factor;
@@ -121,7 +121,8 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
       break;
     }
     default:
-      SMDCCL_VALUE_CHECK(false, op, " does not support this ReduceOp (supported: SUM, AVG, MIN, "
+      SMDCCL_VALUE_CHECK(false, op,
+                         " does not support this ReduceOp (supported: SUM, AVG, MIN, "
                          "MAX, PRODUCT, PREMUL_SUM, BAND, BOR, BXOR)");
   }
   return s;
@@ -132,11 +133,11 @@ at::Tensor realView(const at::Tensor& t, const ::c10d::ReduceOp& rop, const char
   if (!t.defined() || !t.is_complex()) return t;
   checkTensor(t, op, what);  // view_as_real needs a dense, contiguous one
   auto k = rop.op_;
-  SMDCCL_VALUE_CHECK(k == ::c10d::ReduceOp::SUM || k == ::c10d::ReduceOp::AVG ||
-                         k == ::c10d::ReduceOp::PREMUL_SUM,
-                     op, ": ", what, " is ", torchDtypeName(t.scalar_type()),
-                     ": complex tensors reduce with SUM, AVG or PREMUL_SUM (the other ops are "
-                     "not defined on complex numbers part by part)");
+  SMDCCL_VALUE_CHECK(
+      k == ::c10d::ReduceOp::SUM || k == ::c10d::ReduceOp::AVG || k == ::c10d::ReduceOp::PREMUL_SUM,
+      op, ": ", what, " is ", torchDtypeName(t.scalar_type()),
+      ": complex tensors reduce with SUM, AVG or PREMUL_SUM (the other ops are "
+      "not defined on complex numbers part by part)");
   return at::view_as_real(t);
 }
 
@@ -151,17 +152,19 @@ std::vector<at::Tensor> realViews(const std::vector<at::Tensor>& ts, const ::c10
 void checkTensor(const at::Tensor& t, const char* op, const char* what) {
   SMDCCL_VALUE_CHECK(t.defined(), op, ": ", what, " is undefined");
 #ifdef SMDCCL_WITH_CUDA
-  SMDCCL_VALUE_CHECK(t.device().is_cpu() || t.is_cuda(), op, ": ", what, " is on ", t.device(),
-                     "; smdccl runs collectives on CPU and CUDA tensors (move it with .cpu() or .cuda())");
+  SMDCCL_VALUE_CHECK(
+      t.device().is_cpu() || t.is_cuda(), op, ": ", what, " is on ", t.device(),
+      "; smdccl runs collectives on CPU and CUDA tensors (move it with .cpu() or .cuda())");
 #else
   SMDCCL_VALUE_CHECK(t.device().is_cpu(), op, ": ", what, " is on ", t.device(),
                      "; this build of smdccl has no CUDA support (built without nvcc or against "
                      "a CPU build of torch): move it with .cpu(), or rebuild smdccl where nvcc "
                      "and a CUDA torch are found");
 #endif
-  SMDCCL_VALUE_CHECK(t.layout() == at::kStrided, op, ": ", what,
-                     " must be a dense (strided) tensor (of the collectives, only all_reduce takes a "
-                     "sparse COO tensor)");
+  SMDCCL_VALUE_CHECK(
+      t.layout() == at::kStrided, op, ": ", what,
+      " must be a dense (strided) tensor (of the collectives, only all_reduce takes a "
+      "sparse COO tensor)");
   SMDCCL_VALUE_CHECK(t.is_contiguous(), op, ": ", what,
                      " must be contiguous; call .contiguous() on it first");
   // Any dtype: collectives that only move data (broadcast, all_gather,
@@ -192,8 +195,8 @@ void checkRank(int64_t r, int size, const char* op, const char* what) {
 std::string nonFiniteReport(const at::Tensor& t) {
   // The reduction dtypes only: isfinite has no kernel for float8 and the like.
   auto type = t.scalar_type();
-  bool checked = type == at::kFloat || type == at::kDouble || type == at::kHalf ||
-                 type == at::kBFloat16;
+  bool checked =
+      type == at::kFloat || type == at::kDouble || type == at::kHalf || type == at::kBFloat16;
   if (!checked || t.numel() == 0) return "";
   at::Tensor bad = at::isfinite(t.reshape({-1})).logical_not_().nonzero();
   if (bad.numel() == 0) return "";
@@ -225,15 +228,11 @@ std::exception_ptr toTorchError(std::exception_ptr e) {
   } catch (const InvalidArgument& ex) {
     try {
       C10_THROW_ERROR(ValueError, ex.what());
-    } catch (...) {
-      return std::current_exception();
-    }
+    } catch (...) { return std::current_exception(); }
   } catch (const std::exception& ex) {
     try {
       C10_THROW_ERROR(DistBackendError, ex.what());
-    } catch (...) {
-      return std::current_exception();
-    }
+    } catch (...) { return std::current_exception(); }
   }
   return e;
 }

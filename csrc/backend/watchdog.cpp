@@ -25,7 +25,7 @@ struct Watchdog::State {
   double warnAfterS = 0;
 
   std::mutex answerMu;  // answer(): one writer of this rank's status at a time
-  std::mutex mu;  // guards the fields below and wakes the thread
+  std::mutex mu;        // guards the fields below and wakes the thread
   std::condition_variable cv;
   bool stop = false, exited = false;
   uint64_t started = 0, finished = 0, warnedFor = 0;
@@ -50,7 +50,8 @@ struct Watchdog::State {
   // Posts a question, answers it, and collects the ranks' answers, waiting
   // up to `answerWait` for those of `needed` (all ranks if empty); a rank
   // without an answer has request -1.
-  std::vector<Status> ask(std::chrono::milliseconds answerWait, const std::vector<int>& needed = {});
+  std::vector<Status> ask(std::chrono::milliseconds answerWait,
+                          const std::vector<int>& needed = {});
   void warn(uint64_t seq, const std::string& name, double waitedS);
 };
 
@@ -143,8 +144,9 @@ std::string Watchdog::describeRanks(const std::vector<int>& ranks,
       out += strCat("no answer within ", answerWait.count(),
                     " ms (dead, its process stuck, or its watchdog busy)");
     else if (s.started == 0) out += "has run no collective on this group";
-    else out += strCat("last ran ", s.name, " #", s.started,
-                       s.finished >= s.started ? ", finished" : ", still running");
+    else
+      out += strCat("last ran ", s.name, " #", s.started,
+                    s.finished >= s.started ? ", finished" : ", still running");
   }
   return out;
 }
@@ -164,8 +166,9 @@ void Watchdog::State::warn(uint64_t seq, const std::string& name, double waitedS
     if (s.request < 0) add(silent, strCat(r));
     else if (s.finished >= seq) add(done, strCat(r));
     else if (s.started >= seq) add(in, strCat(r));
-    else add(missing, strCat(r, " (last: #", s.started, " ", s.name,
-                             s.finished >= s.started ? ", finished" : ", running", ")"));
+    else
+      add(missing, strCat(r, " (last: #", s.started, " ", s.name,
+                          s.finished >= s.started ? ", finished" : ", running", ")"));
   }
   std::string msg = strCat(name, " #", seq, " on group '", group, "' has waited ",
                            static_cast<int64_t>(waitedS), " s (SMDCCL_WARN_AFTER=", warnAfterS,
@@ -189,8 +192,8 @@ void Watchdog::State::loop() {
       std::unique_lock<std::mutex> lock(mu);
       if (cv.wait_for(lock, interval, [&] { return stop; })) return;
       if (warnAfterS > 0 && started > finished && warnedFor != started) {
-        waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - runningSince)
-                     .count();
+        waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - runningSince).count();
         if (waited >= warnAfterS) {
           seq = warnedFor = started;
           name = runningName;
@@ -210,7 +213,8 @@ void Watchdog::State::loop() {
     } catch (const std::exception& e) {
       // The store lives in rank 0's process: once it is gone there is no one
       // to ask. Say so once, then keep quiet (and back off, above).
-      if (++failures == 3) SMDCCL_INFO("watchdog of group '", group, "': store unreachable: ", e.what());
+      if (++failures == 3)
+        SMDCCL_INFO("watchdog of group '", group, "': store unreachable: ", e.what());
     }
   }
 }

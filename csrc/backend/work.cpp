@@ -15,7 +15,9 @@ c10::intrusive_ptr<c10::ivalue::Future> newTensorListFuture(const DeviceCompleti
   static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
   // A CUDA-aware future: completed while the internal stream is current, it
   // records an event there; wait() and then() make the user's stream wait on it.
-  if (device) return c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{device->device()});
+  if (device)
+    return c10::make_intrusive<c10::ivalue::Future>(type,
+                                                    std::vector<c10::Device>{device->device()});
   return c10::make_intrusive<c10::ivalue::Future>(type);
 }
 // Completes a CUDA work's future with the internal stream current, so the
@@ -70,11 +72,10 @@ void SmdcclWork::complete(std::exception_ptr error) {
   }
 }
 
-
-
 int SmdcclWork::sourceRank() const {
   int r = sourceRank_.load(std::memory_order_acquire);
-  TORCH_CHECK(r >= 0, "smdccl: this work has no source rank (a recv has one: from a named rank at "
+  TORCH_CHECK(r >= 0,
+              "smdccl: this work has no source rank (a recv has one: from a named rank at "
               "once, from any source once it has completed)");
   return r;
 }
@@ -110,9 +111,9 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
     if (timeout <= std::chrono::milliseconds(0)) {  // torch's kNoTimeout
       cv_.wait(lock, ready);
     } else if (!cv_.wait_until(lock, waitStart + timeout, ready)) {  // one budget for both waits
-      C10_THROW_ERROR(DistBackendError,
-                      "smdccl " + what_() + " did not complete within " +
-                          std::to_string(timeout.count()) + " ms given to wait()");
+      C10_THROW_ERROR(DistBackendError, "smdccl " + what_() + " did not complete within " +
+                                            std::to_string(timeout.count()) +
+                                            " ms given to wait()");
     }
   }
   if (auto e = exception()) std::rethrow_exception(e);

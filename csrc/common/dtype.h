@@ -11,7 +11,9 @@ enum class DType : uint8_t { F32, F64, F16, BF16, I8, I32, I64, U8, Bool };
 // engine only knows the associative operators. The bitwise ones (as gloo
 // has them) take integer and bool data only: their kernels exist for those.
 enum class RedOp : uint8_t { Sum, Prod, Min, Max, BAnd, BOr, BXor };
-inline bool isBitwise(RedOp op) { return op == RedOp::BAnd || op == RedOp::BOr || op == RedOp::BXor; }
+inline bool isBitwise(RedOp op) {
+  return op == RedOp::BAnd || op == RedOp::BOr || op == RedOp::BXor;
+}
 
 // What float32 data travels as over a link: itself, or rounded to 16 bits
 // (added back in float32 on arrival).
@@ -21,16 +23,12 @@ const char* wireName(Wire w);
 inline size_t elementSize(DType t) {
   switch (t) {
     case DType::F64:
-    case DType::I64:
-      return 8;
+    case DType::I64: return 8;
     case DType::F32:
-    case DType::I32:
-      return 4;
+    case DType::I32: return 4;
     case DType::F16:
-    case DType::BF16:
-      return 2;
-    default:
-      return 1;
+    case DType::BF16: return 2;
+    default: return 1;
   }
 }
 

@@ -26,9 +26,8 @@ EnvRegistration::EnvRegistration(const EnvVar& v) {
   // __FILE__ may be absolute: keep the path from csrc/ on.
   if (const char* at = std::strstr(entry.declaredIn, "csrc/")) entry.declaredIn = at;
   auto& vars = table();
-  auto pos = std::find_if(vars.begin(), vars.end(), [&](const EnvVar& e) {
-    return std::strcmp(e.name, entry.name) > 0;
-  });
+  auto pos = std::find_if(vars.begin(), vars.end(),
+                          [&](const EnvVar& e) { return std::strcmp(e.name, entry.name) > 0; });
   vars.insert(pos, entry);  // a name declared twice stays twice: tests look for that
 }
 

@@ -49,8 +49,8 @@ void checkEnvironment();
 
 // Declares `ident` (a constant EnvVar, usable from static initializers) for
 // variable `name` and registers it. One each, beside the code that reads it.
-#define SMDCCL_ENV_DECLARE_(ident, name, def, help, kind, lo, hi, choices)                 \
-  constexpr ::smdccl::EnvVar ident{name, def, help, kind, lo, hi, choices, __FILE__};      \
+#define SMDCCL_ENV_DECLARE_(ident, name, def, help, kind, lo, hi, choices)            \
+  constexpr ::smdccl::EnvVar ident{name, def, help, kind, lo, hi, choices, __FILE__}; \
   static const ::smdccl::EnvRegistration ident##Registration_(ident)
 // Free text; the empty default means unset.
 #define SMDCCL_ENV_TEXT(ident, name, def, help) \

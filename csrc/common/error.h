@@ -35,7 +35,7 @@ std::string strCat(const Args&... args) {
 
 }  // namespace smdccl
 
-#define SMDCCL_CHECK_ARG(cond, ...)                                   \
-  do {                                                                \
+#define SMDCCL_CHECK_ARG(cond, ...)                                              \
+  do {                                                                           \
     if (!(cond)) throw ::smdccl::InvalidArgument(::smdccl::strCat(__VA_ARGS__)); \
   } while (0)

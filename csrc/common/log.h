@@ -19,8 +19,8 @@ bool torchDebugDetail();
 
 }  // namespace smdccl
 
-#define SMDCCL_LOG(level, ...)                                                   \
-  do {                                                                           \
+#define SMDCCL_LOG(level, ...)                                                                   \
+  do {                                                                                           \
     if (::smdccl::logEnabled(level)) ::smdccl::logMessage(level, ::smdccl::strCat(__VA_ARGS__)); \
   } while (0)
 #define SMDCCL_WARN(...) SMDCCL_LOG(::smdccl::LogLevel::Warn, __VA_ARGS__)

@@ -29,7 +29,8 @@ bool appears(KVStore& store, const std::string& key, Deadline deadline) {
   auto pause = std::chrono::milliseconds(1);
   while (!store.check(key)) {
     if (deadline.expired()) return false;
-    std::this_thread::sleep_for(std::min(pause, std::max(deadline.remaining(), std::chrono::milliseconds(1))));
+    std::this_thread::sleep_for(
+        std::min(pause, std::max(deadline.remaining(), std::chrono::milliseconds(1))));
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
   }
   return true;
@@ -93,8 +94,7 @@ void monitoredBarrier(KVStore& store, const MonitoredBarrierCall& call,
   try {
     for (int r = 1; r < call.size; ++r) store.remove(arrivedKey(call.seq, r));
     if (call.seq > 1) store.remove(verdictKey(call.seq - 1));
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
 }
 
 }  // namespace smdccl

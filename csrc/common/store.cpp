@@ -17,7 +17,8 @@ std::vector<std::string> allGatherStrings(KVStore& store, const std::string& pre
     try {
       out[r] = store.get(prefix + "/" + std::to_string(r), deadline);
     } catch (const CommError& e) {
-      throw CommError(e.kind(), strCat("rank ", r, " of ", size, " did not arrive (", e.what(), ")"));
+      throw CommError(e.kind(),
+                      strCat("rank ", r, " of ", size, " did not arrive (", e.what(), ")"));
     }
   }
   return out;

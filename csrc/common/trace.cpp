@@ -28,7 +28,8 @@ namespace smdccl::trace {
 
 namespace {
 
-constexpr size_t kMaxEvents = 1 << 20;  // ~100 MB of JSON at most; later spans are counted, not kept
+constexpr size_t kMaxEvents =
+    1 << 20;  // ~100 MB of JSON at most; later spans are counted, not kept
 
 struct Event {
   std::string name;
@@ -69,7 +70,8 @@ std::string pathFor(int rank) {
   if (at != std::string::npos) return path.replace(at, 6, r);
   auto slash = path.find_last_of('/');
   auto dot = path.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return path + ".rank" + r;
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+    return path + ".rank" + r;
   return path.substr(0, dot) + ".rank" + r + path.substr(dot);
 }
 
@@ -120,21 +122,28 @@ void flush() {
     SMDCCL_WARN("SMDCCL_TRACE: cannot write ", tmp);
     return;
   }
-  std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"dropped_spans\":%llu},"
-               "\"traceEvents\":[\n", rank, static_cast<unsigned long long>(r.dropped));
-  std::fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
-               rank, rank);
+  std::fprintf(f,
+               "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"dropped_spans\":%llu},"
+               "\"traceEvents\":[\n",
+               rank, static_cast<unsigned long long>(r.dropped));
+  std::fprintf(
+      f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+      rank, rank);
   for (const auto& [name, tid] : r.tracks)
-    std::fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,"
-                 "\"args\":{\"name\":\"group %s\"}}", rank, tid, jsonEscape(name).c_str());
+    std::fprintf(f,
+                 ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,"
+                 "\"args\":{\"name\":\"group %s\"}}",
+                 rank, tid, jsonEscape(name).c_str());
   for (const auto& e : r.events)
-    std::fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,"
+    std::fprintf(f,
+                 ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,"
                  "\"ts\":%lld,\"dur\":%lld,\"args\":{%s}}",
                  jsonEscape(e.name).c_str(), e.category, rank, e.track,
                  static_cast<long long>(e.start), static_cast<long long>(e.dur), e.args.c_str());
   std::fprintf(f, "\n]}\n");
   bool ok = std::fclose(f) == 0;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) SMDCCL_WARN("SMDCCL_TRACE: cannot write ", path);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
+    SMDCCL_WARN("SMDCCL_TRACE: cannot write ", path);
 }
 
 }  // namespace smdccl::trace

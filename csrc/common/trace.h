@@ -32,7 +32,8 @@ class Span {
     start_ = nowUs();
   }
   ~Span() {
-    if (on_) record(std::move(name_), category_, *track_, start_, nowUs() - start_, std::move(args_));
+    if (on_)
+      record(std::move(name_), category_, *track_, start_, nowUs() - start_, std::move(args_));
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;

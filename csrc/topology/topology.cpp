@@ -20,8 +20,7 @@ std::vector<int> Topology::localRanks(int rank) const {
 std::vector<int> Topology::ringOrder() const {
   std::vector<int> order(nodeOf.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return nodeOf[a] < nodeOf[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return nodeOf[a] < nodeOf[b]; });
   return order;
 }
 
@@ -84,7 +83,8 @@ static int parsePositive(const std::string& tok, const std::string& spec) {
                    "per node (e.g. 3,1)");
   // Digits only (checked above): a count beyond 2^20 is a typo, not a machine.
   SMDCCL_CHECK_ARG(tok.size() <= 7 && std::stol(tok) > 0 && std::stol(tok) <= (1 << 20),
-                   "SMDCCL_TOPOLOGY='", spec, "': node and rank counts must be from 1 to ", 1 << 20);
+                   "SMDCCL_TOPOLOGY='", spec, "': node and rank counts must be from 1 to ",
+                   1 << 20);
   return static_cast<int>(std::stol(tok));
 }
 
@@ -122,7 +122,8 @@ Topology topologyFromHostKeys(const std::vector<std::string>& hostKeys) {
 Topology topologyFromSpec(const std::vector<int>& nodeSizes, const std::vector<int>& globalRanks,
                           bool isWholeWorld) {
   int64_t sum = std::accumulate(nodeSizes.begin(), nodeSizes.end(), int64_t{0});
-  SMDCCL_CHECK_ARG(sum <= (1 << 24), "SMDCCL_TOPOLOGY describes ", sum, " ranks: more than any world");
+  SMDCCL_CHECK_ARG(sum <= (1 << 24), "SMDCCL_TOPOLOGY describes ", sum,
+                   " ranks: more than any world");
   int total = static_cast<int>(sum);
   if (isWholeWorld)
     SMDCCL_CHECK_ARG(total == static_cast<int>(globalRanks.size()), "SMDCCL_TOPOLOGY describes ",

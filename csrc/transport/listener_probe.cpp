@@ -21,8 +21,7 @@ int ListenerProbe::attempt(const std::string& address) {
   try {
     // So that the listener knows a member asked; the answer was the accept.
     sendAll(fd, wire.data(), wire.size(), Deadline::after(timing_.attemptWait), address);
-  } catch (const CommError&) {
-  }
+  } catch (const CommError&) {}
   close(fd);
   return 0;
 }

@@ -39,8 +39,12 @@ struct ListenerProbeTiming {
 class ListenerProbe {
  public:
   ListenerProbe(const GroupToken& token, int myRank, int peerRank, ListenerProbeTiming timing = {})
-      : token_(token), myRank_(myRank), peerRank_(peerRank), timing_(timing),
-        interval_(timing.every), refused_(timing.refusedMeansGone) {}
+      : token_(token),
+        myRank_(myRank),
+        peerRank_(peerRank),
+        timing_(timing),
+        interval_(timing.every),
+        refused_(timing.refusedMeansGone) {}
 
   // Why the peer is gone, or "" while there is no sign of it. Waits ask
   // between their attempts (at least every timing.every; a longer pause starts a
@@ -63,7 +67,7 @@ class ListenerProbe {
   std::chrono::steady_clock::time_point nextAttempt_{};
   std::chrono::milliseconds interval_;
   std::chrono::steady_clock::time_point lastAsked_{};  // a new wait after a pause
-  RefusalSpan refused_;  // within the current wait
+  RefusalSpan refused_;                                // within the current wait
   std::string verdict_;
 };
 

@@ -12,8 +12,13 @@
 namespace smdccl {
 
 Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
-    : store_(store), cfg_(cfg), links_(cfg.size), p2pOut_(cfg.size, -1), p2pIn_(cfg.size, -1),
-      addrCache_(cfg.size), collectiveFds_(new std::atomic<int>[static_cast<size_t>(cfg.size)]) {
+    : store_(store),
+      cfg_(cfg),
+      links_(cfg.size),
+      p2pOut_(cfg.size, -1),
+      p2pIn_(cfg.size, -1),
+      addrCache_(cfg.size),
+      collectiveFds_(new std::atomic<int>[static_cast<size_t>(cfg.size)]) {
   for (int r = 0; r < cfg.size; ++r) collectiveFds_[r].store(-1);
   // Rank 0 draws the group's secret; every connection must present it.
   if (cfg_.rank == 0) store_.set("smdccl/token", tokenToHex(randomToken()));
@@ -38,8 +43,13 @@ Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
 
 Mesh::Mesh(KVStore& store, const MeshConfig& cfg, std::vector<std::unique_ptr<Link>> links,
            Doorbell* myBell)
-    : store_(store), cfg_(cfg), links_(std::move(links)), givenBell_(myBell), p2pOut_(cfg.size, -1),
-      p2pIn_(cfg.size, -1), addrCache_(cfg.size),
+    : store_(store),
+      cfg_(cfg),
+      links_(std::move(links)),
+      givenBell_(myBell),
+      p2pOut_(cfg.size, -1),
+      p2pIn_(cfg.size, -1),
+      addrCache_(cfg.size),
       collectiveFds_(new std::atomic<int>[static_cast<size_t>(cfg.size)]) {
   for (int r = 0; r < cfg.size; ++r) collectiveFds_[r].store(-1);
   links_.resize(cfg.size);
@@ -112,7 +122,8 @@ std::string Mesh::peerGone(int peer) const {
   // Peeks at the connection's state only: nothing is read.
   pollfd p{fd, POLLRDHUP, 0};
   if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
-    return strCat("rank ", peer, " closed its connection (its process exited, or a collective "
+    return strCat("rank ", peer,
+                  " closed its connection (its process exited, or a collective "
                   "failed there)");
   return "";
 }
@@ -124,10 +135,9 @@ Link& Mesh::link(int peer, Deadline deadline) {
     } else {
       // The lower rank dials, the higher one accepts: one socket per pair.
       bool weConnect = cfg_.rank < peer;
-      int fd = connectOrAccept(peer, Channel::Collective, weConnect, deadline,
-                               [this, peer, weConnect] {
-                                 return connectionWaitGone(peer, !weConnect);
-                               });
+      int fd =
+          connectOrAccept(peer, Channel::Collective, weConnect, deadline,
+                          [this, peer, weConnect] { return connectionWaitGone(peer, !weConnect); });
       links_[peer] = std::make_unique<TcpLink>(fd, peer);
       collectiveFds_[peer].store(fd, std::memory_order_release);
       SMDCCL_INFO("TCP link to rank ", peer, " (", peerAddressOf(fd), ")");
@@ -149,9 +159,7 @@ int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
   // A peer that is gone, or whose group failed, never connects or accepts:
   // notice that instead of waiting for the deadline.
   int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline,
-                           [this, peer, outgoing] {
-                             return connectionWaitGone(peer, !outgoing);
-                           });
+                           [this, peer, outgoing] { return connectionWaitGone(peer, !outgoing); });
   tuneDataSocket(fd);
   std::lock_guard<std::mutex> lock(p2pMu_);
   slot[peer] = fd;

@@ -72,7 +72,9 @@ void discardPayload(int fd, uint64_t bytes, Deadline deadline, const std::string
 
 P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
                      std::function<std::chrono::milliseconds()> timeout, double warnAfterS)
-    : mesh_(mesh), group_(std::move(groupName)), timeout_(std::move(timeout)),
+    : mesh_(mesh),
+      group_(std::move(groupName)),
+      timeout_(std::move(timeout)),
       // Off unless a sane positive number of seconds (NaN, inf, 1e10 would
       // overflow the clock arithmetic below).
       warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0) {}
@@ -135,8 +137,8 @@ void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadl
     done(p.failed);
     return;
   }
-  p.sends.push_back({nextSendId_++, buf, bytes, tag, deadline, std::move(done), std::move(ready),
-                     flags});
+  p.sends.push_back(
+      {nextSendId_++, buf, bytes, tag, deadline, std::move(done), std::move(ready), flags});
   if (!p.sender.joinable()) p.sender = std::thread([this, rank, &p] { senderLoop(rank, p); });
   p.cv.notify_all();
 }
@@ -280,11 +282,12 @@ void P2PEngine::expireLate(int rank, Peer& p) {
     std::string from = r.source ? std::string("any source") : strCat("rank ", rank);
     std::string what = r.source ? std::string("no rank sent a message with this tag")
                                 : strCat("rank ", rank, " sent no message with this tag");
-    finish(r, -1, std::make_exception_ptr(CommError(
-                      CommError::Kind::Timeout,
-                      strCat("smdccl: recv from ", from, " (tag ", r.tag, ", ", r.bytes,
-                             " bytes) on group '", group_, "' timed out: ", what,
-                             ". Did it call send with the same tag?"))));
+    finish(
+        r, -1,
+        std::make_exception_ptr(CommError(
+            CommError::Kind::Timeout,
+            strCat("smdccl: recv from ", from, " (tag ", r.tag, ", ", r.bytes, " bytes) on group '",
+                   group_, "' timed out: ", what, ". Did it call send with the same tag?"))));
     dropOrLeak(r);  // it may hold the last reference to Python's tensors
   }
 }
@@ -334,12 +337,13 @@ void P2PEngine::warnLate(int rank, Peer& p, bool connected) {
                               : strCat("no rank has sent tag ", r.tag, "; ", other,
                                        " that no receive took (a tag mismatch?)");
       } else if (!connected) {
-        state = strCat("rank ", rank, " has not connected for send/recv yet (no send to this rank)");
+        state =
+            strCat("rank ", rank, " has not connected for send/recv yet (no send to this rank)");
       } else {
         std::string other = buffered(rank, p);
-        state = other.empty() ? strCat("rank ", rank, " has sent nothing with tag ", r.tag)
-                              : strCat(other, " that no receive took, not tag ", r.tag,
-                                       " (a tag mismatch?)");
+        state = other.empty()
+                    ? strCat("rank ", rank, " has sent nothing with tag ", r.tag)
+                    : strCat(other, " that no receive took, not tag ", r.tag, " (a tag mismatch?)");
       }
       lines.push_back(strCat("smdccl: recv from ", from, " (tag ", r.tag, ", ", r.bytes,
                              " bytes) on group '", group_, "' has waited ",
@@ -372,18 +376,20 @@ void P2PEngine::completeFromBuffer(int rank, RecvReq& req, const Arrived& msg) {
 
 void P2PEngine::failFromSender(int rank, RecvReq& req, uint32_t flags,
                                const std::vector<char>& report) const {
-  std::string head = strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '",
-                            group_, "': ");
+  std::string head =
+      strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '", group_, "': ");
   std::string why(report.begin(), report.end());
   if (flags & P2PHeader::kNonFinite)
-    finish(req, rank, std::make_exception_ptr(InvalidArgument(
-        strCat(head, "SMDCCL_NAN_CHECK: rank ", rank, " did not send its tensor: ", why,
-               ". This tensor was left as it was"))));
+    finish(req, rank,
+           std::make_exception_ptr(InvalidArgument(strCat(head, "SMDCCL_NAN_CHECK: rank ", rank,
+                                                          " did not send its tensor: ", why,
+                                                          ". This tensor was left as it was"))));
   else  // the link is fine: only this message is lost
-    finish(req, rank, std::make_exception_ptr(CommError(
-        CommError::Kind::PeerFailure,
-        strCat(head, "rank ", rank, " could not send its tensor: ", why,
-               ". This tensor was left as it was"))));
+    finish(req, rank,
+           std::make_exception_ptr(
+               CommError(CommError::Kind::PeerFailure,
+                         strCat(head, "rank ", rank, " could not send its tensor: ", why,
+                                ". This tensor was left as it was"))));
 }
 
 InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const {
@@ -464,10 +470,10 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
       sendWatched(rank, fd, req, payload, head.bytes, &progress);
     } catch (const std::exception& e) {
       SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
-      failAll(p, std::make_exception_ptr(CommError(
-                     CommError::Kind::PeerFailure,
-                     strCat("smdccl: send to rank ", rank, " (tag ", req.tag, ") on group '",
-                            group_, "' failed: ", e.what()))));
+      failAll(p, std::make_exception_ptr(
+                     CommError(CommError::Kind::PeerFailure,
+                               strCat("smdccl: send to rank ", rank, " (tag ", req.tag,
+                                      ") on group '", group_, "' failed: ", e.what()))));
       return;
     }
     // failAll (the receiver failing, abort()) may have completed this
@@ -489,7 +495,8 @@ void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, const void* bu
   std::string what = strCat("rank ", rank);
   const char* at = static_cast<const char*>(buf);
   size_t left = n;
-  auto window = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(warnAfterS_));
+  auto window =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(warnAfterS_));
   while (true) {
     // Watched in quarter-window slices: a slice that moved bytes is
     // progress (a large message to a slow link is not stuck).
@@ -513,12 +520,13 @@ void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, const void* bu
     if (sent > 0) progress->lastMoved = now;
     if (now - progress->lastMoved < window) continue;
     progress->warned = true;
-    SMDCCL_WARN("smdccl: send to rank ", rank, " (tag ", req.tag, ", ", req.bytes,
-                " bytes) on group '", group_, "' has sent nothing for ",
-                static_cast<int64_t>(std::chrono::duration<double>(now - progress->lastMoved).count()),
-                " s (SMDCCL_WARN_AFTER=", warnAfterS_, "): ", progress->sent, " of ",
-                progress->total, " bytes (with the header) are out and rank ", rank,
-                " is not reading them (has it posted a recv from this rank?)");
+    SMDCCL_WARN(
+        "smdccl: send to rank ", rank, " (tag ", req.tag, ", ", req.bytes, " bytes) on group '",
+        group_, "' has sent nothing for ",
+        static_cast<int64_t>(std::chrono::duration<double>(now - progress->lastMoved).count()),
+        " s (SMDCCL_WARN_AFTER=", warnAfterS_, "): ", progress->sent, " of ", progress->total,
+        " bytes (with the header) are out and rank ", rank,
+        " is not reading them (has it posted a recv from this rank?)");
   }
 }
 

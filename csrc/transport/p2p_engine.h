@@ -39,8 +39,8 @@ struct P2PHeader {
   static bool carriesReport(uint32_t flags) { return flags & (kNonFinite | kSenderFailed); }
   uint32_t magic;
   uint32_t flags;
-  int64_t tag;        // any value: user tags
-  uint64_t bytes;     // payload length
+  int64_t tag;     // any value: user tags
+  uint64_t bytes;  // payload length
 };
 static_assert(sizeof(P2PHeader) == 24, "P2PHeader is a wire format");
 
@@ -115,10 +115,10 @@ class P2PEngine {
     int64_t tag = 0;
     Deadline deadline = Deadline::never();
     Completion done;
-    uint64_t posted = 0;               // post order over all receives
-    std::function<void(int)> source;   // recvAny: told the sender's rank
+    uint64_t posted = 0;              // post order over all receives
+    std::function<void(int)> source;  // recvAny: told the sender's rank
     std::chrono::steady_clock::time_point postedAt = std::chrono::steady_clock::now();
-    bool warned = false;               // SMDCCL_WARN_AFTER: said once
+    bool warned = false;  // SMDCCL_WARN_AFTER: said once
   };
   // A message read before a receive for it was posted.
   struct Arrived {
@@ -131,8 +131,8 @@ class P2PEngine {
     std::mutex mu;  // sends, failed, the threads; taken after matchMu_
     std::condition_variable cv;
     std::deque<SendReq> sends;
-    std::deque<RecvReq> recvs;                     // under matchMu_
-    EarlyMap early;  // under matchMu_: arrived before a recv, by tag
+    std::deque<RecvReq> recvs;  // under matchMu_
+    EarlyMap early;             // under matchMu_: arrived before a recv, by tag
     std::thread sender, receiver;
     std::exception_ptr failed;  // sticky: the peer is gone
   };

@@ -17,7 +17,7 @@
 namespace smdccl {
 
 namespace {
-constexpr size_t kAlign = 16;          // every message starts 16-byte aligned
+constexpr size_t kAlign = 16;            // every message starts 16-byte aligned
 constexpr size_t kMaxPiece = 128 << 10;  // bytes per call: keeps both directions moving, in cache
 size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 }  // namespace
@@ -48,11 +48,13 @@ ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vecto
       ringBytes_ = std::max(minRing, roundUp(ringBytes_ / 2, 4096));
     if (ringBytes_ != asked)
       SMDCCL_WARN("/dev/shm has ", freeBytes >> 20, " MiB free: this node's ", L * L,
-                  " shared-memory rings get ", ringBytes_ >> 10, " KiB each instead of ", asked >> 10,
+                  " shared-memory rings get ", ringBytes_ >> 10, " KiB each instead of ",
+                  asked >> 10,
                   " (SMDCCL_SHM_RING_KB); enlarge /dev/shm (e.g. docker run --shm-size=1g) for "
                   "full bandwidth");
     total = dataOffset_ + L * L * ringBytes_;
-    ShmSegment::unlink(name);  // a stale one from a crashed job with the same token: impossible, but harmless
+    ShmSegment::unlink(
+        name);  // a stale one from a crashed job with the same token: impossible, but harmless
     try {
       segment_ = ShmSegment::create(name, total);
     } catch (const std::exception& e) {
@@ -68,7 +70,8 @@ ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vecto
                              published.substr(1)));
     size_t space = published.find(' ');
     if (space == std::string::npos)
-      throw CommError(CommError::Kind::Protocol, strCat("bad shared-memory record '", published, "'"));
+      throw CommError(CommError::Kind::Protocol,
+                      strCat("bad shared-memory record '", published, "'"));
     ringBytes_ = static_cast<size_t>(std::stoull(published.substr(0, space)));
     name = published.substr(space + 1);
     total = dataOffset_ + L * L * ringBytes_;
@@ -78,8 +81,8 @@ ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vecto
   // Once every local rank has mapped it, the name is no longer needed.
   storeBarrier(store, key + "/mapped", static_cast<int>(L), deadline);
   ShmSegment::unlink(name);
-  SMDCCL_INFO("shared memory ", name, ": ", L, " local ranks, ", ringBytes_ >> 10,
-              " KiB rings, ", total >> 20, " MiB mapped");
+  SMDCCL_INFO("shared memory ", name, ": ", L, " local ranks, ", ringBytes_ >> 10, " KiB rings, ",
+              total >> 20, " MiB mapped");
 }
 
 int ShmNode::localIndex(int groupRank) const {
@@ -107,7 +110,8 @@ std::string ShmNode::peerGone(int groupRank) const {
   if (ctl(i)->failed.load(std::memory_order_acquire))
     return strCat("rank ", groupRank, " (same node) stopped: a collective failed there");
   int32_t pid = ctl(i)->pid;
-  if (!processAlive(pid)) return strCat("rank ", groupRank, " (pid ", pid, ", same node) has exited");
+  if (!processAlive(pid))
+    return strCat("rank ", groupRank, " (pid ", pid, ", same node) has exited");
   return "";
 }
 
@@ -139,7 +143,12 @@ ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)
 
 ShmLink::ShmLink(int peerRank, ShmRingHeader* out, ShmRingHeader* in, char* outData, char* inData,
                  Doorbell* peerBell, size_t ringBytes)
-    : peer_(peerRank), out_(out), in_(in), outData_(outData), inData_(inData), peerBell_(peerBell),
+    : peer_(peerRank),
+      out_(out),
+      in_(in),
+      outData_(outData),
+      inData_(inData),
+      peerBell_(peerBell),
       cap_(ringBytes) {}
 
 size_t ShmLink::send(const void* buf, size_t n) {

@@ -23,7 +23,7 @@ static void* mapFd(int fd, size_t bytes, const std::string& name) {
 }
 
 uint64_t ShmSegment::freeBytes() {
-  struct statvfs vfs {};
+  struct statvfs vfs{};
   if (statvfs("/dev/shm", &vfs) != 0) return UINT64_MAX;
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }

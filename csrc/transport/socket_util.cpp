@@ -217,8 +217,7 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
     bool retry = err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == EAGAIN ||
                  err == ENETUNREACH || err == EHOSTUNREACH;
     if (!retry || deadline.expired()) {
-      auto waitedMs =
-          std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count();
+      auto waitedMs = std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count();
       std::string why = err == ETIMEDOUT
                             ? strCat("no answer in ", waitedMs,
                                      " ms (is a firewall dropping the packets, or the host down?)")
@@ -309,7 +308,9 @@ std::string peerAddressOf(int fd) {
   return joinHostPort(buf, ntohs(a.sin_port));
 }
 
-std::string joinHostPort(const std::string& ip, int port) { return ip + ":" + std::to_string(port); }
+std::string joinHostPort(const std::string& ip, int port) {
+  return ip + ":" + std::to_string(port);
+}
 
 void splitHostPort(const std::string& hp, std::string* ip, int* port) {
   auto colon = hp.rfind(':');

@@ -108,7 +108,8 @@ std::string tokenToHex(const GroupToken& t) {
 GroupToken tokenFromHex(const std::string& hex) {
   if (hex.size() != 32) throw CommError(CommError::Kind::Protocol, "malformed group token");
   GroupToken t;
-  for (size_t i = 0; i < 16; ++i) t[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  for (size_t i = 0; i < 16; ++i)
+    t[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   return t;
 }
 
@@ -170,8 +171,8 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Dea
     if (cancel && cancel->load())
       throw CommError(CommError::Kind::Protocol, "shut down while waiting for " + what);
     if (deadline.expired())
-      throw CommError(CommError::Kind::Timeout, strCat("timed out waiting for ", what,
-                                                       " to connect"));
+      throw CommError(CommError::Kind::Timeout,
+                      strCat("timed out waiting for ", what, " to connect"));
     if (gone) {  // may ask the store: not under the lock every group's accepts share
       lock.unlock();
       throwIfGone(gone);
@@ -270,7 +271,9 @@ void TcpListener::acceptLoop() {
     int timeoutMs = 200;
     if (paused)
       timeoutMs = static_cast<int>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(acceptPausedUntil - before).count() + 1);
+          std::chrono::duration_cast<std::chrono::milliseconds>(acceptPausedUntil - before)
+              .count() +
+          1);
     poll(fds.data(), fds.size(), timeoutMs);
     auto now = Clock::now();
     if (fds[0].revents & POLLIN) {
@@ -287,8 +290,8 @@ void TcpListener::acceptLoop() {
                           (err == EMFILE ? " (this process is at its open-file limit: raise "
                                            "`ulimit -n`)"
                                          : ""),
-                          "; peers wait in the backlog, retrying every ",
-                          kAcceptPause.count(), " ms");
+                          "; peers wait in the backlog, retrying every ", kAcceptPause.count(),
+                          " ms");
             }
           }
           break;
@@ -325,8 +328,8 @@ void TcpListener::acceptLoop() {
   }
 }
 
-int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank,
-                  int peerRank, Channel channel, Deadline deadline, const std::string& what,
+int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank, int peerRank,
+                  Channel channel, Deadline deadline, const std::string& what,
                   const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
   std::string ip;
   int port = 0;

@@ -132,8 +132,8 @@ class TcpListener {
 };
 
 // Opens our side of a pair: connects to the peer's listener and sends Hello.
-int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank,
-                  int peerRank, Channel channel, Deadline deadline, const std::string& what,
+int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank, int peerRank,
+                  Channel channel, Deadline deadline, const std::string& what,
                   const std::atomic<bool>* cancel = nullptr, const PeerGoneProbe& gone = {});
 
 }  // namespace smdccl

@@ -25,26 +25,24 @@ struct ChildRegistrar {
   ChildRegistrar(const char* n, ChildMain f) { childRegistry().push_back({n, std::move(f)}); }
 };
 
-#define TEST(name)                                          \
-  static void test_##name();                                \
-  static TestRegistrar reg_##name(#name, test_##name);      \
+#define TEST(name)                                     \
+  static void test_##name();                           \
+  static TestRegistrar reg_##name(#name, test_##name); \
   static void test_##name()
 
-#define CHECK(cond)                                                               \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    if (!(cond)) {                                                                    \
       std::fprintf(stderr, "  %s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++gFailures;                                                                \
-    }                                                                             \
+      ++gFailures;                                                                    \
+    }                                                                                 \
   } while (0)
 
-#define CHECK_THROWS(expr, ExType)        \
-  do {                                    \
-    bool thrown = false;                  \
-    try {                                 \
-      expr;                               \
-    } catch (const ExType&) {             \
-      thrown = true;                      \
-    }                                     \
+#define CHECK_THROWS(expr, ExType)             \
+  do {                                         \
+    bool thrown = false;                       \
+    try {                                      \
+      expr;                                    \
+    } catch (const ExType&) { thrown = true; } \
     CHECK(thrown && #expr " throws " #ExType); \
   } while (0)

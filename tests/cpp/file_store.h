@@ -25,7 +25,8 @@ class FileStore : public smdccl::KVStore {
   }
   std::string get(const std::string& k, smdccl::Deadline d) override {
     while (!check(k)) {
-      if (d.expired()) throw smdccl::CommError(smdccl::CommError::Kind::Timeout, "store timeout " + k);
+      if (d.expired())
+        throw smdccl::CommError(smdccl::CommError::Kind::Timeout, "store timeout " + k);
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     std::ifstream in(path(k), std::ios::binary);

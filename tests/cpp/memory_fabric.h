@@ -76,10 +76,11 @@ class MemoryFabric {
             char* outData = data.data() + ring(r, q) * ringBytes_;
             char* inData = data.data() + ring(q, r) * ringBytes_;
             if (topo_.sameNode(r, q))
-              links[q] = std::make_unique<ShmLink>(q, out, in, outData, inData, &bells[q], ringBytes_);
+              links[q] =
+                  std::make_unique<ShmLink>(q, out, in, outData, inData, &bells[q], ringBytes_);
             else
-              links[q] = std::make_unique<CrossNodeMemoryLink>(q, out, in, outData, inData, &bells[q],
-                                                               ringBytes_);
+              links[q] = std::make_unique<CrossNodeMemoryLink>(q, out, in, outData, inData,
+                                                               &bells[q], ringBytes_);
           }
           MeshConfig mc;
           mc.rank = r;

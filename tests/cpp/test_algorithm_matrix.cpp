@@ -39,7 +39,11 @@ struct Kind {
 // Encodes an integer-valued number as dt.
 void put(char* at, DType dt, double v) {
   switch (dt) {
-    case DType::F32: { float f = static_cast<float>(v); std::memcpy(at, &f, 4); break; }
+    case DType::F32: {
+      float f = static_cast<float>(v);
+      std::memcpy(at, &f, 4);
+      break;
+    }
     case DType::F64: std::memcpy(at, &v, 8); break;
     case DType::F16:
     case DType::BF16: {
@@ -49,10 +53,25 @@ void put(char* at, DType dt, double v) {
       std::memcpy(at, &h, 2);
       break;
     }
-    case DType::I32: { int32_t i = static_cast<int32_t>(v); std::memcpy(at, &i, 4); break; }
-    case DType::I64: { int64_t i = static_cast<int64_t>(v); std::memcpy(at, &i, 8); break; }
-    case DType::I8: { int8_t i = static_cast<int8_t>(v); std::memcpy(at, &i, 1); break; }
-    default: { uint8_t u = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff); std::memcpy(at, &u, 1); }
+    case DType::I32: {
+      int32_t i = static_cast<int32_t>(v);
+      std::memcpy(at, &i, 4);
+      break;
+    }
+    case DType::I64: {
+      int64_t i = static_cast<int64_t>(v);
+      std::memcpy(at, &i, 8);
+      break;
+    }
+    case DType::I8: {
+      int8_t i = static_cast<int8_t>(v);
+      std::memcpy(at, &i, 1);
+      break;
+    }
+    default: {
+      uint8_t u = static_cast<uint8_t>(static_cast<int64_t>(v) & 0xff);
+      std::memcpy(at, &u, 1);
+    }
   }
 }
 
@@ -62,9 +81,11 @@ std::vector<char> inputOf(int r, size_t n, Kind k, int seed) {
   size_t es = elementSize(k.dt);
   std::vector<char> v(n * es);
   for (size_t i = 0; i < n; ++i) {
-    uint64_t h = i * 2654435761u + static_cast<uint64_t>(r) * 40503u + static_cast<uint64_t>(seed) * 97u;
+    uint64_t h =
+        i * 2654435761u + static_cast<uint64_t>(r) * 40503u + static_cast<uint64_t>(seed) * 97u;
     double x;
-    if (k.op == RedOp::Prod) x = (i % 17 == static_cast<size_t>(r)) ? 2 : ((i + r) % 3 == 0 ? -1 : 1);
+    if (k.op == RedOp::Prod)
+      x = (i % 17 == static_cast<size_t>(r)) ? 2 : ((i + r) % 3 == 0 ? -1 : 1);
     else if (isBitwise(k.op)) x = static_cast<double>((h >> 3) & 0x7f);
     else x = static_cast<double>(h % 7) - 3;
     put(v.data() + i * es, k.dt, x);
@@ -100,7 +121,9 @@ std::string shapeName(const std::vector<int>& nodes) {
   return s;
 }
 
-bool sameBytes(const char* a, const char* b, size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
+bool sameBytes(const char* a, const char* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n) == 0;
+}
 
 // The cases one rank runs, in the same order on every rank.
 struct Matrix {
@@ -171,7 +194,8 @@ void runMatrix(const Matrix& m, Failures& fail, std::atomic<int>& cases) {
                 allgather(c, mine.data(), b, t);
                 for (int q = 0; q < p && ok; ++q) {
                   std::vector<char> theirs = inputOf(q, n, k, seed);
-                  ok = sameBytes(mine.data() + b.offset[q], theirs.data() + b.offset[q], b.length[q]);
+                  ok = sameBytes(mine.data() + b.offset[q], theirs.data() + b.offset[q],
+                                 b.length[q]);
                 }
                 break;
               }
@@ -202,7 +226,8 @@ void runWireMatrix(const std::vector<int>& nodes, Wire wire, bool intra, Failure
   const int p = fabric.size();
   const size_t sizes[] = {1, 1021, 16411};
   auto valueOf = [](int r, size_t i) {
-    uint64_t h = (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(r) + 7) * 0xc2b2ae3d27d4eb4full;
+    uint64_t h =
+        (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(r) + 7) * 0xc2b2ae3d27d4eb4full;
     return static_cast<float>(static_cast<int64_t>(h >> 40) % 20001 - 10000) / 997.0f;
   };
   struct Result {
@@ -217,7 +242,8 @@ void runWireMatrix(const std::vector<int>& nodes, Wire wire, bool intra, Failure
     Situation s = situationOf(c, DType::F32, Tuning{});
     size_t index = 0;
     for (const Algorithm* algo : registeredAlgorithms()) {
-      for (Collective coll : {Collective::Allreduce, Collective::ReduceScatter, Collective::Reduce}) {
+      for (Collective coll :
+           {Collective::Allreduce, Collective::ReduceScatter, Collective::Reduce}) {
         if (!algo->serves(coll) || !algo->canRun(coll, s)) continue;
         Tuning t;
         t.pipelineChunkBytes = 16 << 10;
@@ -236,7 +262,8 @@ void runWireMatrix(const std::vector<int>& nodes, Wire wire, bool intra, Failure
           int root = static_cast<int>(n % p);
           char* at = reinterpret_cast<char*>(buf.data());
           if (coll == Collective::Allreduce) allreduce(c, at, n, DType::F32, RedOp::Sum, t);
-          else if (coll == Collective::ReduceScatter) reduceScatter(c, at, b, DType::F32, RedOp::Sum, t);
+          else if (coll == Collective::ReduceScatter)
+            reduceScatter(c, at, b, DType::F32, RedOp::Sum, t);
           else reduce(c, at, n, DType::F32, RedOp::Sum, root, t);
           size_t lo = 0, hi = n;
           if (coll == Collective::ReduceScatter) {
@@ -245,8 +272,9 @@ void runWireMatrix(const std::vector<int>& nodes, Wire wire, bool intra, Failure
           }
           if (coll == Collective::Reduce && r != root) hi = lo;
           double u = wire == Wire::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
-          std::string what = shapeName(nodes) + " " + wireName(wire) + (intra ? " intra" : "") + " " +
-                             algo->name() + " " + collectiveName(coll) + " n=" + std::to_string(n);
+          std::string what = shapeName(nodes) + " " + wireName(wire) + (intra ? " intra" : "") +
+                             " " + algo->name() + " " + collectiveName(coll) +
+                             " n=" + std::to_string(n);
           for (size_t i = lo; i < hi; ++i) {
             // Each hop rounds a partial sum no larger than sum |x|; at most
             // p + 2 roundings on any path (folds and the final one included).
@@ -291,11 +319,12 @@ void report(Failures& fail, int cases, const char* what) {
   CHECK(cases > 0);
 }
 
-const std::vector<Kind> kAllKinds = {
-    {DType::F32, RedOp::Sum}, {DType::F64, RedOp::Max}, {DType::I32, RedOp::Sum},
-    {DType::I64, RedOp::Prod}, {DType::U8, RedOp::BXor}, {DType::BF16, RedOp::Sum},
-    {DType::F16, RedOp::Min}, {DType::I8, RedOp::BAnd}};
-const std::vector<Kind> kFewKinds = {{DType::F32, RedOp::Sum}, {DType::I64, RedOp::Prod}, {DType::BF16, RedOp::Sum}};
+const std::vector<Kind> kAllKinds = {{DType::F32, RedOp::Sum}, {DType::F64, RedOp::Max},
+                                     {DType::I32, RedOp::Sum}, {DType::I64, RedOp::Prod},
+                                     {DType::U8, RedOp::BXor}, {DType::BF16, RedOp::Sum},
+                                     {DType::F16, RedOp::Min}, {DType::I8, RedOp::BAnd}};
+const std::vector<Kind> kFewKinds = {
+    {DType::F32, RedOp::Sum}, {DType::I64, RedOp::Prod}, {DType::BF16, RedOp::Sum}};
 
 }  // namespace
 
@@ -303,21 +332,31 @@ TEST(algorithm_matrix_flat_groups) {
   Failures fail;
   std::atomic<int> cases{0};
   for (int p : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16})
-    runMatrix({{p}, {0, 1, 7, 1021, 16411}, p <= 5 ? kAllKinds : kFewKinds, p == 4 || p == 7}, fail, cases);
+    runMatrix({{p}, {0, 1, 7, 1021, 16411}, p <= 5 ? kAllKinds : kFewKinds, p == 4 || p == 7}, fail,
+              cases);
   report(fail, cases, "flat groups");
 }
 
 TEST(algorithm_matrix_several_nodes) {
   Failures fail;
   std::atomic<int> cases{0};
-  const std::vector<std::vector<int>> shapes = {
-      {2, 2}, {3, 3}, {2, 2, 2}, {4, 4}, {2, 2, 2, 2},  // uniform
-      {3, 1}, {2, 3, 1}, {1, 4, 2},                     // uneven
-      {1, 1, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1}, std::vector<int>(12, 1)};  // one per node
+  const std::vector<std::vector<int>> shapes = {{2, 2},
+                                                {3, 3},
+                                                {2, 2, 2},
+                                                {4, 4},
+                                                {2, 2, 2, 2},  // uniform
+                                                {3, 1},
+                                                {2, 3, 1},
+                                                {1, 4, 2},  // uneven
+                                                {1, 1, 1},
+                                                {1, 1, 1, 1, 1},
+                                                {1, 1, 1, 1, 1, 1, 1, 1},
+                                                std::vector<int>(12, 1)};  // one per node
   for (const auto& nodes : shapes) {
     bool first = &nodes == &shapes.front();
-    runMatrix({nodes, {0, 1, 7, 1021, 16411}, first ? kAllKinds : kFewKinds, first || nodes.size() == 8},
-              fail, cases);
+    runMatrix(
+        {nodes, {0, 1, 7, 1021, 16411}, first ? kAllKinds : kFewKinds, first || nodes.size() == 8},
+        fail, cases);
   }
   report(fail, cases, "several nodes");
 }
@@ -325,7 +364,8 @@ TEST(algorithm_matrix_several_nodes) {
 TEST(algorithm_matrix_16_bit_wire) {
   Failures fail;
   std::atomic<int> cases{0};
-  for (const auto& nodes : std::vector<std::vector<int>>{{2, 2}, {2, 3, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 1}})
+  for (const auto& nodes :
+       std::vector<std::vector<int>>{{2, 2}, {2, 3, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 1}})
     for (Wire w : {Wire::F16, Wire::BF16}) runWireMatrix(nodes, w, false, fail, cases);
   runWireMatrix({4}, Wire::F16, true, fail, cases);
   runWireMatrix({16}, Wire::F16, true, fail, cases);
@@ -387,9 +427,11 @@ TEST(bytes_per_rank_by_schedule) {
       double maxPerRank;  // in units of b
     };
     const std::vector<Case> cases = {
-        {"ring", Collective::Allreduce, 2.0 * (p - 1) / p}, {"tree", Collective::Allreduce, 2.0},
+        {"ring", Collective::Allreduce, 2.0 * (p - 1) / p},
+        {"tree", Collective::Allreduce, 2.0},
         {"halving", Collective::Allreduce, 3.0 * (p - 1) / p + 1},  // + the fold's whole message
-        {"ring", Collective::Reduce, 1.0}, {"tree", Collective::Reduce, 1.0},
+        {"ring", Collective::Reduce, 1.0},
+        {"tree", Collective::Reduce, 1.0},
         {"halving", Collective::Reduce, 2.0}};
     std::vector<std::vector<uint64_t>> sent(cases.size(), std::vector<uint64_t>(p, 0));
     std::string error = fabric.run([&](int r, Comm& c) {
@@ -402,8 +444,7 @@ TEST(bytes_per_rank_by_schedule) {
         c.ctx.sentBytes = &count;
         if (cases[i].coll == Collective::Allreduce)
           allreduce(c, reinterpret_cast<char*>(buf.data()), n, DType::F32, RedOp::Sum, t);
-        else
-          reduce(c, reinterpret_cast<char*>(buf.data()), n, DType::F32, RedOp::Sum, 0, t);
+        else reduce(c, reinterpret_cast<char*>(buf.data()), n, DType::F32, RedOp::Sum, 0, t);
         c.ctx.sentBytes = nullptr;
         sent[i][r] = count;
       }
@@ -414,12 +455,14 @@ TEST(bytes_per_rank_by_schedule) {
       uint64_t most = *std::max_element(sent[i].begin(), sent[i].end());
       uint64_t total = 0;
       for (uint64_t v : sent[i]) total += v;
-      std::fprintf(stderr, "  %s %s on %d ranks: max %.2f b per rank, %.2f b in all\n", cases[i].algo,
-                   collectiveName(cases[i].coll), p, most / b, total / b);
+      std::fprintf(stderr, "  %s %s on %d ranks: max %.2f b per rank, %.2f b in all\n",
+                   cases[i].algo, collectiveName(cases[i].coll), p, most / b, total / b);
       CHECK(most <= cases[i].maxPerRank * b + 64 * p);  // + block rounding
       CHECK(total > 0);
-      if (cases[i].coll == Collective::Reduce && std::string(cases[i].algo) == "ring") reduceMax = most;
-      if (cases[i].coll == Collective::Allreduce && std::string(cases[i].algo) == "ring") allreduceMax = most;
+      if (cases[i].coll == Collective::Reduce && std::string(cases[i].algo) == "ring")
+        reduceMax = most;
+      if (cases[i].coll == Collective::Allreduce && std::string(cases[i].algo) == "ring")
+        allreduceMax = most;
     }
     CHECK(reduceMax < allreduceMax);
   }

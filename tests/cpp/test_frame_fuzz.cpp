@@ -211,8 +211,7 @@ Bytes garbageHello(std::mt19937_64& rng, const Registry& reg, const std::vector<
     return t;
   };
   switch (rng() % 9) {
-    case 0:
-      return randomBytes(rng, rng() % 80);
+    case 0: return randomBytes(rng, rng() % 80);
     case 1: {  // valid magic and version, random rest
       Bytes b = randomBytes(rng, sizeof(Hello));
       std::memcpy(b.data(), base.data(), 6);
@@ -251,8 +250,7 @@ Bytes garbageHello(std::mt19937_64& rng, const Registry& reg, const std::vector<
       for (auto& x : t) x = static_cast<uint8_t>(rng());
       return helloBytes(Hello::kMagic, Hello::kVersion, 1, 0, 1, t);
     }
-    default:
-      return havoc(base, rng);
+    default: return havoc(base, rng);
   }
 }
 
@@ -280,7 +278,8 @@ TEST(frame_fuzz_hello_parser) {
   }
   // Truncated at every length.
   for (auto& v : valid)
-    for (size_t n = 0; n < v.size(); ++n) runHelloCase(Bytes(v.begin(), v.begin() + n), reg, st, "truncated");
+    for (size_t n = 0; n < v.size(); ++n)
+      runHelloCase(Bytes(v.begin(), v.begin() + n), reg, st, "truncated");
   // Every single-bit flip, and every byte set to 0, 0xff, +1, -1.
   for (auto& v : valid) {
     for (size_t bit = 0; bit < v.size() * 8; ++bit) {
@@ -296,18 +295,19 @@ TEST(frame_fuzz_hello_parser) {
       }
   }
   // Field boundaries: every combination of extreme ranks, channels, versions and magics.
-  const uint32_t magics[] = {Hello::kMagic, 0x534d4443, Hello::kMagic + 1, Hello::kMagic - 1, 0,
-                             0xffffffff};
+  const uint32_t magics[] = {Hello::kMagic,     0x534d4443, Hello::kMagic + 1,
+                             Hello::kMagic - 1, 0,          0xffffffff};
   const uint16_t versions[] = {0, 1, 2, 0xffff};
   const uint16_t channels[] = {0, 1, 2, 3, 0x7fff, 0xffff};
   for (auto& [tok, g] : reg) {
-    std::vector<int32_t> ranks = {INT32_MIN, INT32_MIN + 1, -1, 0, g.size - 1, g.size, g.size + 1,
-                                  g.myRank, INT32_MAX};
+    std::vector<int32_t> ranks = {INT32_MIN, INT32_MIN + 1, -1,       0,        g.size - 1,
+                                  g.size,    g.size + 1,    g.myRank, INT32_MAX};
     for (uint32_t m : magics)
       for (uint16_t ver : versions)
         for (uint16_t ch : channels)
           for (int32_t s : ranks)
-            for (int32_t d : ranks) runHelloCase(helloBytes(m, ver, ch, s, d, tok), reg, st, "boundary");
+            for (int32_t d : ranks)
+              runHelloCase(helloBytes(m, ver, ch, s, d, tok), reg, st, "boundary");
   }
   // The token off by one in every byte, and each group's token with another's ranks.
   for (auto& v : valid)
@@ -318,8 +318,10 @@ TEST(frame_fuzz_hello_parser) {
         runHelloCase(b, reg, st, "token off by one");
       }
   // Seeded random frames, structured garbage and havoc mutations.
-  for (size_t i = 0; i < 20000 * scale; ++i) runHelloCase(randomBytes(rng, rng() % 72), reg, st, "random");
-  for (size_t i = 0; i < 20000 * scale; ++i) runHelloCase(garbageHello(rng, reg, valid), reg, st, "garbage");
+  for (size_t i = 0; i < 20000 * scale; ++i)
+    runHelloCase(randomBytes(rng, rng() % 72), reg, st, "random");
+  for (size_t i = 0; i < 20000 * scale; ++i)
+    runHelloCase(garbageHello(rng, reg, valid), reg, st, "garbage");
   for (size_t i = 0; i < 20000 * scale; ++i)
     runHelloCase(havoc(valid[rng() % valid.size()], rng), reg, st, "havoc");
 
@@ -380,12 +382,21 @@ TEST(frame_fuzz_p2p_header_parser) {
   const int64_t tags[] = {0, 1, -1, 7, INT64_MIN, INT64_MAX, 123456789};
   // Length fields: 0, small, the limit and one past it, "negative" (two's
   // complement of small negatives and INT64_MIN), huge and the maximum.
-  const uint64_t lengths[] = {0,         1,           4096,           kMax - 1,
-                              kMax,      kMax + 1,    kMax * 2,       uint64_t(INT64_MAX),
-                              uint64_t(1) << 63,      UINT64_MAX,     UINT64_MAX - 1,
-                              uint64_t(-4096),        uint64_t(1) << 32};
-  const uint32_t magics[] = {P2PHeader::kMagic, 0x53503250, P2PHeader::kMagic ^ 1, 0, 0xffffffff,
-                             Hello::kMagic};
+  const uint64_t lengths[] = {0,
+                              1,
+                              4096,
+                              kMax - 1,
+                              kMax,
+                              kMax + 1,
+                              kMax * 2,
+                              uint64_t(INT64_MAX),
+                              uint64_t(1) << 63,
+                              UINT64_MAX,
+                              UINT64_MAX - 1,
+                              uint64_t(-4096),
+                              uint64_t(1) << 32};
+  const uint32_t magics[] = {P2PHeader::kMagic, 0x53503250,   P2PHeader::kMagic ^ 1, 0,
+                             0xffffffff,        Hello::kMagic};
   std::vector<Bytes> valid;
   for (uint32_t m : magics)
     for (int64_t t : tags)
@@ -401,7 +412,8 @@ TEST(frame_fuzz_p2p_header_parser) {
     CHECK(!p.ok && p.why != nullptr);
   }
   for (auto& v : valid) {
-    for (size_t n = 0; n < v.size(); ++n) runP2PCase(Bytes(v.begin(), v.begin() + n), st, "truncated");
+    for (size_t n = 0; n < v.size(); ++n)
+      runP2PCase(Bytes(v.begin(), v.begin() + n), st, "truncated");
     for (size_t bit = 0; bit < v.size() * 8; ++bit) {
       Bytes b = v;
       b[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
@@ -420,7 +432,8 @@ TEST(frame_fuzz_p2p_header_parser) {
     }
     runP2PCase(b, st, "magic+random");
   }
-  for (size_t i = 0; i < 20000 * scale; ++i) runP2PCase(havoc(valid[rng() % valid.size()], rng), st, "havoc");
+  for (size_t i = 0; i < 20000 * scale; ++i)
+    runP2PCase(havoc(valid[rng() % valid.size()], rng), st, "havoc");
 
   std::printf("  p2p header parser: %zu cases, %zu accepted, rejected:", st.cases, st.accepted);
   for (auto& [why, n] : st.why) std::printf(" %s=%zu;", why.c_str(), n);
@@ -435,7 +448,8 @@ TEST(frame_fuzz_p2p_header_parser) {
 struct SocketPair {
   SocketPair() {
     int fds[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) throwSystemError("socketpair", errno);
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+      throwSystemError("socketpair", errno);
     reader = fds[0];
     writer = fds[1];
   }
@@ -577,7 +591,8 @@ size_t countLines(const std::string& log, const std::string& needle, const std::
     nl = log.find('\n', at);
     if (nl == std::string::npos) nl = log.size();
     std::string line = log.substr(at, nl - at);
-    if (line.find(needle) != std::string::npos && (also.empty() || line.find(also) != std::string::npos))
+    if (line.find(needle) != std::string::npos &&
+        (also.empty() || line.find(also) != std::string::npos))
       ++n;
   }
   return n;
@@ -643,7 +658,8 @@ TEST(frame_fuzz_listener_over_sockets) {
     close(fd);
   }
   CHECK(notDropped == 0);
-  CHECK(waitFor([&] { return listener.rejectedCount() - rejectedBefore == uint64_t(kGarbage); }, 5000));
+  CHECK(waitFor([&] { return listener.rejectedCount() - rejectedBefore == uint64_t(kGarbage); },
+                5000));
 
   // 2. Idle connections do not hold up a real peer: handshakes are not serial.
   std::vector<int> idle;
@@ -653,7 +669,8 @@ TEST(frame_fuzz_listener_over_sockets) {
                          Deadline::after(std::chrono::seconds(3)), "test peer");
   int taken = listener.take(token, 0, Channel::Collective, Deadline::after(std::chrono::seconds(3)),
                             "test peer");
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(ms < 1000);
   close(fd);
   close(taken);
@@ -724,8 +741,11 @@ TEST(frame_fuzz_listener_over_sockets) {
   }
   // Nothing is left open on either side.
   CHECK(waitFor([&] { return openFds() == fdsBefore; }, 2000));
-  std::printf("  listener: %d garbage connections, %zu idle; %llu rejected, %zu of them at WARN; fds %d -> %d\n",
-              kGarbage, idle.size(), static_cast<unsigned long long>(rejected), warned, fdsBefore, openFds());
+  std::printf(
+      "  listener: %d garbage connections, %zu idle; %llu rejected, %zu of them at WARN; fds %d -> "
+      "%d\n",
+      kGarbage, idle.size(), static_cast<unsigned long long>(rejected), warned, fdsBefore,
+      openFds());
   listener.unregisterGroup(token);
 }
 

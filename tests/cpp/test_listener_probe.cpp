@@ -81,8 +81,8 @@ TEST(listener_probe_of_a_live_rank_is_no_sign_and_not_a_rejection) {
   // the group as a connection.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK(listener.rejectedCount() == rejectedBefore);
-  CHECK_THROWS(listener.take(token, 0, Channel::Probe, Deadline::after(std::chrono::milliseconds(200)),
-                             "rank 0"),
+  CHECK_THROWS(listener.take(token, 0, Channel::Probe,
+                             Deadline::after(std::chrono::milliseconds(200)), "rank 0"),
                CommError);
   CHECK_THROWS(listener.take(token, 0, Channel::Collective,
                              Deadline::after(std::chrono::milliseconds(200)), "rank 0"),
@@ -109,7 +109,12 @@ TEST(listener_probe_waits_before_its_first_attempt) {
   // not even an unanswerable address is asked for.
   ListenerProbe probe(probeToken(), 0, 1, fastTiming());
   int asked = 0;
-  auto ask = [&] { return probe.check([&] { ++asked; return std::string(); }); };
+  auto ask = [&] {
+    return probe.check([&] {
+      ++asked;
+      return std::string();
+    });
+  };
   auto start = Clock::now();
   while (secondsSince(start) < 0.4 * kScale) {
     CHECK(ask().empty());

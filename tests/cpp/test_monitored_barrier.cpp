@@ -56,7 +56,9 @@ std::vector<Outcome> runBarrier(MemoryStore& store, int size, const std::vector<
   return out;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 

@@ -36,9 +36,7 @@ struct Outcome {
       if (e) {
         try {
           std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          what = ex.what();
-        }
+        } catch (const std::exception& ex) { what = ex.what(); }
         if (what.empty()) what = "(error without a message)";
       }
       promise.set_value(what);

@@ -73,7 +73,8 @@ TEST(reduce_bitwise_ops) {
   CHECK(o[0] == -1 && o[1] == 0x7e && o[2] == -1);
   reduceTo(o, a, b, 3, DType::I8, RedOp::BXor);
   CHECK(o[0] == static_cast<int8_t>(0xf0) && o[1] == 0x66 && o[2] == -1);
-  int64_t c[2] = {std::numeric_limits<int64_t>::min(), 0x00ff00ff00ff00ffLL}, d[2] = {-1, 0x0ff00ff00ff00ff0LL};
+  int64_t c[2] = {std::numeric_limits<int64_t>::min(), 0x00ff00ff00ff00ffLL},
+          d[2] = {-1, 0x0ff00ff00ff00ff0LL};
   reduceInto(c, d, 2, DType::I64, RedOp::BXor);
   CHECK(c[0] == std::numeric_limits<int64_t>::max() && c[1] == 0x0f0f0f0f0f0f0f0fLL);
   // bool: logical, on any nonzero byte, results 0/1
@@ -89,9 +90,7 @@ TEST(reduce_bitwise_ops) {
   bool threw = false;
   try {
     reduceInto(f, f, 2, DType::F32, RedOp::BOr);
-  } catch (const InvalidArgument&) {
-    threw = true;
-  }
+  } catch (const InvalidArgument&) { threw = true; }
   CHECK(threw);
 }
 
@@ -111,7 +110,9 @@ TEST(reduce_f16_sum) {
     b[i] = static_cast<_Float16>(1000.0f);
   }
   reduceInto(a, b, 9, DType::F16, RedOp::Sum);
-  for (int i = 0; i < 9; ++i) CHECK(static_cast<float>(a[i]) == static_cast<float>(static_cast<_Float16>(1000.0f + i * 0.5f)));
+  for (int i = 0; i < 9; ++i)
+    CHECK(static_cast<float>(a[i]) ==
+          static_cast<float>(static_cast<_Float16>(1000.0f + i * 0.5f)));
 }
 
 TEST(blocks_even_split) {
@@ -140,10 +141,16 @@ TEST(reduce_16bit_vector_and_tail_agree_with_scalar_rounding) {
       reduceTo(hout.data(), ha.data(), hb.data(), n, DType::F16, op);
       for (size_t i = 0; i < n; ++i) {
         float x = fromBf16(a[i]), y = fromBf16(b[i]);
-        float r = op == RedOp::Sum ? x + y : op == RedOp::Prod ? x * y : op == RedOp::Min ? std::min(x, y) : std::max(x, y);
+        float r = op == RedOp::Sum    ? x + y
+                  : op == RedOp::Prod ? x * y
+                  : op == RedOp::Min  ? std::min(x, y)
+                                      : std::max(x, y);
         CHECK(bf[i] == toBf16(r));
         float hx = static_cast<float>(ha[i]), hy = static_cast<float>(hb[i]);
-        float hr = op == RedOp::Sum ? hx + hy : op == RedOp::Prod ? hx * hy : op == RedOp::Min ? std::min(hx, hy) : std::max(hx, hy);
+        float hr = op == RedOp::Sum    ? hx + hy
+                   : op == RedOp::Prod ? hx * hy
+                   : op == RedOp::Min  ? std::min(hx, hy)
+                                       : std::max(hx, hy);
         CHECK(static_cast<float>(hout[i]) == static_cast<float>(static_cast<_Float16>(hr)));
       }
     }

@@ -38,8 +38,7 @@ void withTwoRanksNode(size_t ringBytes,
   for (auto& t : threads) t.join();
 }
 
-void withTwoRanks(size_t ringBytes,
-                  const std::function<void(int, Link&, Doorbell&)>& body) {
+void withTwoRanks(size_t ringBytes, const std::function<void(int, Link&, Doorbell&)>& body) {
   withTwoRanksNode(ringBytes, [&](int r, Link& l, Doorbell& b, ShmNode&) { body(r, l, b); });
 }
 
@@ -91,13 +90,12 @@ TEST(exchange_times_out_naming_the_peer) {
     std::string msg;
     try {
       Exchange(ctx, &bell).recv(link, buf, 8).recv(link, buf + 8, 8).run();
-    } catch (const CommError& e) {
-      msg = e.what();
-    }
+    } catch (const CommError& e) { msg = e.what(); }
     CHECK(msg.find("timed out") != std::string::npos);
     CHECK(msg.find("allreduce") != std::string::npos);
     // transfers to one peer are summed up, not listed one by one
-    CHECK(msg.find("receiving from rank 1 (0 of 16 bytes in 2 transfers, shm)") != std::string::npos);
+    CHECK(msg.find("receiving from rank 1 (0 of 16 bytes in 2 transfers, shm)") !=
+          std::string::npos);
   });
 }
 
@@ -119,9 +117,7 @@ TEST(exchange_fails_at_once_when_a_local_peer_gave_up) {
     auto t0 = std::chrono::steady_clock::now();
     try {
       Exchange(ctx, &bell, &node).recv(link, buf, sizeof buf).run();
-    } catch (const CommError& e) {
-      msg = e.what();
-    }
+    } catch (const CommError& e) { msg = e.what(); }
     auto took = std::chrono::steady_clock::now() - t0;
     CHECK(msg.find("rank 1 (same node) stopped") != std::string::npos);
     CHECK(msg.find("allreduce") != std::string::npos);

@@ -12,7 +12,7 @@ TEST(slices_cover_in_order_aligned) {
         CHECK(static_cast<int>(s.begin.size()) == parts && s.end.size() == s.begin.size());
         size_t at = 0;
         for (int q = 0; q < parts; ++q) {
-          CHECK(s.begin[q] == at);        // no gap, no overlap
+          CHECK(s.begin[q] == at);  // no gap, no overlap
           CHECK(s.end[q] >= s.begin[q]);
           // every boundary inside the buffer is on 16 bytes
           if (s.begin[q] < count) CHECK((s.begin[q] * es) % 16 == 0);

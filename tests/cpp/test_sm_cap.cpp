@@ -7,10 +7,10 @@
 using namespace smdccl::cuda;
 
 TEST(sm_cap_usable_sms) {
-  CHECK(usableSms(132, 0) == 132);   // no cap: every SM
+  CHECK(usableSms(132, 0) == 132);  // no cap: every SM
   CHECK(usableSms(132, 16) == 16);
-  CHECK(usableSms(132, 500) == 132); // a cap above the device is no cap
-  CHECK(usableSms(0, 0) == 1);       // a device query that failed: one SM, not none
+  CHECK(usableSms(132, 500) == 132);  // a cap above the device is no cap
+  CHECK(usableSms(0, 0) == 1);        // a device query that failed: one SM, not none
 }
 
 TEST(sm_cap_wave_blocks) {

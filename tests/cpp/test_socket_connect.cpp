@@ -84,8 +84,8 @@ TEST(connect_to_silent_host_ends_when_peer_is_gone) {
   PeerGoneProbe gone = [&]() -> std::string {
     return secondsSince(start) > 0.3 ? "rank 1 recorded a failure" : "";
   };
-  Ending e = dialExpectingFailure(silent.port, Deadline::after(std::chrono::seconds(60)), nullptr,
-                                  gone);
+  Ending e =
+      dialExpectingFailure(silent.port, Deadline::after(std::chrono::seconds(60)), nullptr, gone);
   CHECK(e.kind == CommError::Kind::PeerFailure);
   CHECK(e.message == "rank 1 recorded a failure");
   CHECK(e.seconds < 3.0);

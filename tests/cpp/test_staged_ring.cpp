@@ -35,7 +35,8 @@ struct Case {
 };
 
 double valueOf(int r, size_t i) {
-  uint64_t h = (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(r) + 3) * 0xc2b2ae3d27d4eb4full;
+  uint64_t h =
+      (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(r) + 3) * 0xc2b2ae3d27d4eb4full;
   return static_cast<double>(static_cast<int64_t>(h >> 40) % 20001 - 10000) / 997.0;
 }
 
@@ -66,9 +67,9 @@ std::string caseName(const Case& k, DType dt, RedOp op, size_t n, const StagePla
 }  // namespace
 
 TEST(staged_ring_matches_host_ring_bits) {
-  const std::vector<Case> cases = {
-      {{4}, Wire::F32, false},      {{2, 2}, Wire::F16, false}, {{1, 1, 1}, Wire::BF16, false},
-      {{3, 2}, Wire::F16, false},   {{5}, Wire::F16, true},     {{1, 1}, Wire::F32, false}};
+  const std::vector<Case> cases = {{{4}, Wire::F32, false},        {{2, 2}, Wire::F16, false},
+                                   {{1, 1, 1}, Wire::BF16, false}, {{3, 2}, Wire::F16, false},
+                                   {{5}, Wire::F16, true},         {{1, 1}, Wire::F32, false}};
   const size_t sizes[] = {1, 7, 1021, 16411};
   // A piece per 16 elements in one slot; 1 KiB pieces in 2 slots, 8 KiB
   // chunks (each its own ring); everything in one piece.
@@ -102,12 +103,14 @@ TEST(staged_ring_matches_host_ring_bits) {
             c.ctx.sentBytes = nullptr;
             std::string what = caseName(k, dt, op, n, plan, deferred);
             std::string why;
-            if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0) why = "bits differ from the host ring";
+            if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
+              why = "bits differ from the host ring";
             // Every byte on the wire was packed by the device, every byte
             // received was unpacked by it; a ring receives what it sends
             // give or take one element per block.
             else if (device.bytesToHost() != sent) why = "bytes to host != bytes sent";
-            else if (n >= static_cast<size_t>(c.size()) && device.bytesFromHost() == 0) why = "nothing came back";
+            else if (n >= static_cast<size_t>(c.size()) && device.bytesFromHost() == 0)
+              why = "nothing came back";
             if (!why.empty()) {
               std::lock_guard<std::mutex> lock(mu);
               failures.push_back("rank " + std::to_string(r) + ": " + what + ": " + why);
@@ -119,7 +122,8 @@ TEST(staged_ring_matches_host_ring_bits) {
     });
     if (!error.empty()) failures.push_back(error);
   }
-  for (size_t i = 0; i < failures.size() && i < 10; ++i) std::fprintf(stderr, "  FAIL %s\n", failures[i].c_str());
+  for (size_t i = 0; i < failures.size() && i < 10; ++i)
+    std::fprintf(stderr, "  FAIL %s\n", failures[i].c_str());
   CHECK(failures.empty());
   CHECK(checked == static_cast<int>(cases.size() * 3 * 4 * 3));
 }
@@ -172,8 +176,8 @@ class FailingDevice final : public StageDevice {
       throw CommError(CommError::Kind::System, "test device: copy to host failed");
     return inner_.toHost(slot, src, n, dt, w);
   }
-  Ticket queueFromHost(char* dst, const void* slot, size_t n, DType dt, Wire w, bool reduce, RedOp op,
-                       Wire roundTo) override {
+  Ticket queueFromHost(char* dst, const void* slot, size_t n, DType dt, Wire w, bool reduce,
+                       RedOp op, Wire roundTo) override {
     return inner_.fromHost(dst, slot, n, dt, w, reduce, op, roundTo);
   }
 
@@ -191,7 +195,9 @@ class StuckDevice final : public StageDevice {
 
  protected:
   Ticket queueToHost(void*, const char*, size_t, DType, Wire) override { return 1; }
-  Ticket queueFromHost(char*, const void*, size_t, DType, Wire, bool, RedOp, Wire) override { return 2; }
+  Ticket queueFromHost(char*, const void*, size_t, DType, Wire, bool, RedOp, Wire) override {
+    return 2;
+  }
 };
 
 }  // namespace
@@ -199,20 +205,22 @@ class StuckDevice final : public StageDevice {
 TEST(staged_ring_device_failure_mid_pipeline_fails_every_rank) {
   MemoryFabric fabric({2, 2});
   std::atomic<int> failed{0};
-  std::string error = fabric.run([&](int r, Comm& c) {
-    c.wire = Wire::F16;
-    const size_t n = 50000;
-    StagePlan plan{4 << 10, 2};  // many pieces: the failure comes mid-pipeline
-    std::vector<char> slots(plan.hostBytes()), buf;
-    fill(buf, DType::F32, r, n);
-    FailingDevice device(r == 1, 9);
-    try {
-      stagedRingAllreduce(c, device, buf.data(), n, DType::F32, RedOp::Sum, slots.data(), plan);
-    } catch (const CommError&) {
-      ++failed;
-      throw;
-    }
-  }, 20);
+  std::string error = fabric.run(
+      [&](int r, Comm& c) {
+        c.wire = Wire::F16;
+        const size_t n = 50000;
+        StagePlan plan{4 << 10, 2};  // many pieces: the failure comes mid-pipeline
+        std::vector<char> slots(plan.hostBytes()), buf;
+        fill(buf, DType::F32, r, n);
+        FailingDevice device(r == 1, 9);
+        try {
+          stagedRingAllreduce(c, device, buf.data(), n, DType::F32, RedOp::Sum, slots.data(), plan);
+        } catch (const CommError&) {
+          ++failed;
+          throw;
+        }
+      },
+      20);
   CHECK(error.find("test device: copy to host failed") != std::string::npos ||
         error.find("aborted") != std::string::npos);
   CHECK(failed.load() == 4);  // nobody finished, nobody hung
@@ -222,21 +230,25 @@ TEST(staged_ring_stuck_device_times_out_naming_it) {
   MemoryFabric fabric({1, 1});
   std::mutex mu;
   std::vector<std::string> errors;
-  std::string error = fabric.run([&](int r, Comm& c) {
-    std::vector<char> buf(4096 * 4), slots(StagePlan{1024, 2}.hostBytes());
-    StuckDevice device;
-    try {
-      stagedRingAllreduce(c, device, buf.data(), 4096, DType::F32, RedOp::Sum, slots.data(),
-                          StagePlan{1024, 2});
-    } catch (const CommError& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      errors.push_back(std::string("rank ") + std::to_string(r) + ": " + e.what());
-      throw;
-    }
-  }, 1);
+  std::string error = fabric.run(
+      [&](int r, Comm& c) {
+        std::vector<char> buf(4096 * 4), slots(StagePlan{1024, 2}.hostBytes());
+        StuckDevice device;
+        try {
+          stagedRingAllreduce(c, device, buf.data(), 4096, DType::F32, RedOp::Sum, slots.data(),
+                              StagePlan{1024, 2});
+        } catch (const CommError& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          errors.push_back(std::string("rank ") + std::to_string(r) + ": " + e.what());
+          throw;
+        }
+      },
+      1);
   CHECK(!errors.empty());
   bool named = false;
-  for (const auto& e : errors) named |= e.find("timed out") != std::string::npos && e.find("the device (") != std::string::npos;
+  for (const auto& e : errors)
+    named |=
+        e.find("timed out") != std::string::npos && e.find("the device (") != std::string::npos;
   if (!named)
     for (const auto& e : errors) std::fprintf(stderr, "  got: %s\n", e.c_str());
   CHECK(named);
@@ -257,10 +269,12 @@ TEST(staged_ring_op_header_rides_the_first_slot) {
     fill(buf, DType::F32, r, 3000);
     ref = buf;
     HostStageDevice device(true);
-    stagedRingAllreduce(c, device, buf.data(), 3000, DType::F32, RedOp::Sum, slots.data(), StagePlan{2048, 2});
+    stagedRingAllreduce(c, device, buf.data(), 3000, DType::F32, RedOp::Sum, slots.data(),
+                        StagePlan{2048, 2});
     c.ctx.seq = 6;
     ringAllreduce(c, ref.data(), 3000, DType::F32, RedOp::Sum);
-    if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0) throw std::runtime_error("bits differ");
+    if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
+      throw std::runtime_error("bits differ");
   });
   if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
   CHECK(error.empty());
@@ -271,9 +285,11 @@ TEST(staged_ring_rejects_a_plan_without_slots) {
   std::string error = fabric.run([&](int, Comm& c) {
     HostStageDevice device;
     std::vector<char> buf(16);
-    CHECK_THROWS(stagedRingAllreduce(c, device, buf.data(), 4, DType::F32, RedOp::Sum, nullptr, StagePlan{1024, 0}),
+    CHECK_THROWS(stagedRingAllreduce(c, device, buf.data(), 4, DType::F32, RedOp::Sum, nullptr,
+                                     StagePlan{1024, 0}),
                  std::exception);
-    CHECK_THROWS(stagedRingAllreduce(c, device, buf.data(), 4, DType::F64, RedOp::Sum, nullptr, StagePlan{4, 1}),
+    CHECK_THROWS(stagedRingAllreduce(c, device, buf.data(), 4, DType::F64, RedOp::Sum, nullptr,
+                                     StagePlan{4, 1}),
                  std::exception);
   });
   CHECK(error.empty());

@@ -32,7 +32,8 @@ Deadline soon() { return Deadline::after(std::chrono::seconds(60)); }
 // Runs body(rank, comm) on one thread per rank of a group on nodes of
 // `nodeSizes` ranks; comm is the whole group, wire F32. Returns the first
 // error a rank raised ("" if none).
-std::string withGroup(const std::vector<int>& nodeSizes, const std::function<void(int, Comm&)>& body) {
+std::string withGroup(const std::vector<int>& nodeSizes,
+                      const std::function<void(int, Comm&)>& body) {
   std::mutex mu;
   std::string error;
   int size = 0;
@@ -78,8 +79,9 @@ std::string withGroup(const std::vector<int>& nodeSizes, const std::function<voi
 std::vector<float> inputOf(int r, size_t n) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i)
-    v[i] = static_cast<float>(static_cast<int64_t>((i * 2654435761u + r * 40503u) % 20001) - 10000) /
-           37.0f;
+    v[i] =
+        static_cast<float>(static_cast<int64_t>((i * 2654435761u + r * 40503u) % 20001) - 10000) /
+        37.0f;
   return v;
 }
 
@@ -114,10 +116,11 @@ std::vector<Schedule> schedules(size_t n) {
     s.push_back({std::string("reduce_scatter ") + algo + " n=" + std::to_string(n),
                  [t, n](Comm& c, std::vector<float> v) {
                    Blocks b = Blocks::even(n, c.size(), sizeof(float));
-                   reduceScatter(c, reinterpret_cast<char*>(v.data()), b, DType::F32, RedOp::Sum, t);
-                   return std::vector<float>(v.begin() + b.offset[c.rank()] / sizeof(float),
-                                             v.begin() + (b.offset[c.rank()] + b.length[c.rank()]) /
-                                                             sizeof(float));
+                   reduceScatter(c, reinterpret_cast<char*>(v.data()), b, DType::F32, RedOp::Sum,
+                                 t);
+                   return std::vector<float>(
+                       v.begin() + b.offset[c.rank()] / sizeof(float),
+                       v.begin() + (b.offset[c.rank()] + b.length[c.rank()]) / sizeof(float));
                  },
                  false});
   }
@@ -144,7 +147,8 @@ std::vector<Schedule> schedules(size_t n) {
                true});
   s.push_back({"twoLevelRdAllreduce n=" + std::to_string(n),
                [n](Comm& c, std::vector<float> v) {
-                 twoLevelRdAllreduce(c, reinterpret_cast<char*>(v.data()), n, DType::F32, RedOp::Sum);
+                 twoLevelRdAllreduce(c, reinterpret_cast<char*>(v.data()), n, DType::F32,
+                                     RedOp::Sum);
                  return v;
                },
                true});
@@ -244,8 +248,10 @@ TEST(wire_one_node_with_compress_intra_rounds_alike_on_every_rank) {
             std::vector<float> onWire = v;
             roundToWire(onWire.data(), onWire.size(), wire);
             if (!sameBits(onWire, v)) {
-              std::fprintf(stderr, "  %d ranks, %s wire, %s, rank %d: a result is not at the "
-                           "wire's precision\n", ranks, wireName(wire), s.name.c_str(), r);
+              std::fprintf(stderr,
+                           "  %d ranks, %s wire, %s, rank %d: a result is not at the "
+                           "wire's precision\n",
+                           ranks, wireName(wire), s.name.c_str(), r);
               CHECK(false);
             }
           }

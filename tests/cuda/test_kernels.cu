@@ -43,8 +43,8 @@ const RequireGpu gRequireGpu;
 #define CK(expr) CHECK((expr) == cudaSuccess)
 
 constexpr RedOp kOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max};
-constexpr RedOp kAllOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Min,  RedOp::Max,
-                             RedOp::BAnd, RedOp::BOr, RedOp::BXor};
+constexpr RedOp kAllOps[] = {RedOp::Sum,  RedOp::Prod, RedOp::Min, RedOp::Max,
+                             RedOp::BAnd, RedOp::BOr,  RedOp::BXor};
 
 // The ops a dtype's kernels take: the bitwise ones only for integers and bool.
 std::vector<RedOp> opsFor(DType t) {
@@ -437,8 +437,8 @@ TEST(cuda_reduce_multi_rounds_once) {
 
 // ---------------------------------------------------------------- gatherSlices
 
-void checkGather(int k, size_t total, const std::vector<size_t>& cuts, size_t outOff,
-                 size_t inOff, bool outIsIn0, std::mt19937_64& rng) {
+void checkGather(int k, size_t total, const std::vector<size_t>& cuts, size_t outOff, size_t inOff,
+                 bool outIsIn0, std::mt19937_64& rng) {
   // cuts: k+1 boundaries; slice q = [cuts[q], cuts[q+1]) (may be empty).
   std::vector<std::vector<unsigned char>> host(k, std::vector<unsigned char>(total));
   std::vector<DevBuf*> bufs;
@@ -468,8 +468,8 @@ void checkGather(int k, size_t total, const std::vector<size_t>& cuts, size_t ou
   size_t bad = 0;
   for (size_t i = 0; i < total; ++i) bad += got[i] != want[i];
   if (bad)
-    std::fprintf(stderr, "  gatherSlices k=%d total=%zu outOff=%zu inOff=%zu: %zu bytes wrong\n",
-                 k, total, outOff, inOff, bad);
+    std::fprintf(stderr, "  gatherSlices k=%d total=%zu outOff=%zu inOff=%zu: %zu bytes wrong\n", k,
+                 total, outOff, inOff, bad);
   CHECK(bad == 0);
   for (DevBuf* d : bufs) delete d;
 }
@@ -477,7 +477,8 @@ void checkGather(int k, size_t total, const std::vector<size_t>& cuts, size_t ou
 TEST(cuda_gather_slices) {
   std::mt19937_64 rng(42);
   for (int k : {1, 2, 3, 4, 7, 8, 16}) {
-    for (size_t total : {size_t(1), size_t(100), size_t(4099), size_t(1) << 20, (size_t(3) << 20) + 13}) {
+    for (size_t total :
+         {size_t(1), size_t(100), size_t(4099), size_t(1) << 20, (size_t(3) << 20) + 13}) {
       // Uneven random cuts (some slices empty when total is small).
       std::vector<size_t> cuts(k + 1);
       cuts[0] = 0;
@@ -486,10 +487,10 @@ TEST(cuda_gather_slices) {
       for (int q = 1; q < k; ++q) inner.push_back(rng() % (total + 1));
       std::sort(inner.begin(), inner.end());
       for (int q = 1; q < k; ++q) cuts[q] = inner[q - 1];
-      checkGather(k, total, cuts, 0, 0, false, rng);   // aligned bases
-      checkGather(k, total, cuts, 5, 5, false, rng);   // equally misaligned
-      checkGather(k, total, cuts, 3, 8, false, rng);   // differently misaligned
-      checkGather(k, total, cuts, 0, 0, true, rng);    // out is peer 0's buffer
+      checkGather(k, total, cuts, 0, 0, false, rng);  // aligned bases
+      checkGather(k, total, cuts, 5, 5, false, rng);  // equally misaligned
+      checkGather(k, total, cuts, 3, 8, false, rng);  // differently misaligned
+      checkGather(k, total, cuts, 0, 0, true, rng);   // out is peer 0's buffer
     }
   }
   // Slices that do not cover the buffer: the rest is left alone.
@@ -506,13 +507,13 @@ std::vector<float> wireFloats(size_t n, std::mt19937_64& rng) {
     unsigned pick = static_cast<unsigned>(rng() % 64);
     float f;
     if (pick < 48) f = nd(rng);
-    else if (pick == 48) f = 65519.0f;   // rounds to 65504: not an overflow
-    else if (pick == 49) f = 65520.0f;   // rounds to inf: overflow
-    else if (pick == 50) f = -1e6f;      // overflow
-    else if (pick == 51) f = INFINITY;   // already inf: not counted
+    else if (pick == 48) f = 65519.0f;  // rounds to 65504: not an overflow
+    else if (pick == 49) f = 65520.0f;  // rounds to inf: overflow
+    else if (pick == 50) f = -1e6f;     // overflow
+    else if (pick == 51) f = INFINITY;  // already inf: not counted
     else if (pick == 52) f = -NAN;
     else if (pick == 53) f = 3.4028235e38f;  // overflow in fp16; bf16 rounds to inf
-    else if (pick == 54) f = 1e-8f;      // fp16 subnormal / zero
+    else if (pick == 54) f = 1e-8f;          // fp16 subnormal / zero
     else if (pick == 55) f = -0.0f;
     else {
       uint32_t u = static_cast<uint32_t>(rng());

@@ -29,7 +29,8 @@ using smdccl::testing::MemoryFabric;
 namespace {
 
 float valueOf(int r, size_t i, float scale) {
-  uint64_t h = (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(r) + 5) * 0xc2b2ae3d27d4eb4full;
+  uint64_t h =
+      (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(r) + 5) * 0xc2b2ae3d27d4eb4full;
   return scale * static_cast<float>(static_cast<int64_t>(h >> 40) % 20001 - 10000) / 997.0f;
 }
 
@@ -66,13 +67,15 @@ std::string compareOnGpu(Comm& c, int r, size_t n, const StagePlan& plan, float 
     cudaOk(cudaStreamSynchronize(stream), "sync");
     *overflowsSeen = tlsFp16Overflows - before;
     cudaOk(cudaMemcpy(back.data(), dev, n * 4, cudaMemcpyDeviceToHost), "copy out");
-    if (std::memcmp(back.data(), ref.data(), n * 4) != 0) why = "GPU staged ring bits differ from the host ring";
+    if (std::memcmp(back.data(), ref.data(), n * 4) != 0)
+      why = "GPU staged ring bits differ from the host ring";
     size_t wireBytes = c.wire == Wire::F32 ? 4 : 2;
     // 2 (p-1)/p of the data each way, give or take an element per block and chunk.
     double expect = 2.0 * (c.size() - 1) / c.size() * n * wireBytes;
     double slack = 2.0 * c.size() * ((n + chunk - 1) / chunk) * wireBytes;
     if (why.empty() && std::fabs(static_cast<double>(d.bytesToHost()) - expect) > slack)
-      why = "bytes to host " + std::to_string(d.bytesToHost()) + ", expected about " + std::to_string(expect);
+      why = "bytes to host " + std::to_string(d.bytesToHost()) + ", expected about " +
+            std::to_string(expect);
   }
   cudaFree(dev);
   cudaFreeHost(slots);
@@ -94,21 +97,25 @@ TEST(cuda_staged_ring_has_the_host_rings_bits) {
   std::vector<std::string> failures;
   for (const Shape& s : shapes) {
     MemoryFabric fabric(s.nodes);
-    std::string error = fabric.run([&](int r, Comm& c) {
-      c.wire = s.wire;
-      for (const StagePlan& plan : plans)
-        for (size_t n : sizes) {
-          if (plan.slotBytes < 1024 && n > 100000) continue;  // a million tiny pieces: slow, not new
-          uint64_t overflows = 0;
-          std::string why = compareOnGpu(c, r, n, plan, 1.0f, &overflows);
-          if (!why.empty()) {
-            std::lock_guard<std::mutex> lock(mu);
-            failures.push_back(std::string(wireName(s.wire)) + " p=" + std::to_string(c.size()) +
-                               " n=" + std::to_string(n) + " slot " + std::to_string(plan.slotBytes) +
-                               ": rank " + std::to_string(r) + ": " + why);
-          }
-        }
-    }, 120);
+    std::string error = fabric.run(
+        [&](int r, Comm& c) {
+          c.wire = s.wire;
+          for (const StagePlan& plan : plans)
+            for (size_t n : sizes) {
+              if (plan.slotBytes < 1024 && n > 100000)
+                continue;  // a million tiny pieces: slow, not new
+              uint64_t overflows = 0;
+              std::string why = compareOnGpu(c, r, n, plan, 1.0f, &overflows);
+              if (!why.empty()) {
+                std::lock_guard<std::mutex> lock(mu);
+                failures.push_back(std::string(wireName(s.wire)) +
+                                   " p=" + std::to_string(c.size()) + " n=" + std::to_string(n) +
+                                   " slot " + std::to_string(plan.slotBytes) + ": rank " +
+                                   std::to_string(r) + ": " + why);
+              }
+            }
+        },
+        120);
     if (!error.empty()) failures.push_back(error);
   }
   for (const auto& f : failures) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
@@ -120,12 +127,14 @@ TEST(cuda_staged_ring_counts_fp16_overflows) {
   // turn them into inf, as the host pack would; the count must say so.
   MemoryFabric fabric({1, 1});
   std::vector<uint64_t> seen(2);
-  std::string error = fabric.run([&](int r, Comm& c) {
-    c.wire = Wire::F16;
-    uint64_t overflows = 0;
-    compareOnGpu(c, r, 4096, StagePlan{4096, 2, 0}, 60000.0f, &overflows);
-    seen[r] = overflows;
-  }, 60);
+  std::string error = fabric.run(
+      [&](int r, Comm& c) {
+        c.wire = Wire::F16;
+        uint64_t overflows = 0;
+        compareOnGpu(c, r, 4096, StagePlan{4096, 2, 0}, 60000.0f, &overflows);
+        seen[r] = overflows;
+      },
+      60);
   CHECK(error.empty());
   CHECK(seen[0] > 0 || seen[1] > 0);
 }

@@ -141,7 +141,8 @@ StageDevice::Ticket CudaStageDevice::queueToHost(void* slot, const char* src, si
                                        wire == Wire::F16 ? overflowsDev_ : nullptr, s));
     SMDCCL_CUDA_CHECK(cudaMemcpyAsync(slot, out, count * 2, cudaMemcpyDeviceToHost, s));
   } else {
-    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(slot, src, count * elementSize(dt), cudaMemcpyDeviceToHost, s));
+    SMDCCL_CUDA_CHECK(
+        cudaMemcpyAsync(slot, src, count * elementSize(dt), cudaMemcpyDeviceToHost, s));
   }
   return record(0);
 }
@@ -165,8 +166,8 @@ StageDevice::Ticket CudaStageDevice::queueFromHost(char* dst, const void* slot, 
   if (reduce && dt == DType::F32 && roundTo != Wire::F32) {
     // A final sum: round it to what the wire delivers (the peers hold
     // that), through the scratch, as the host's roundToWire does.
-    SMDCCL_CUDA_CHECK(cuda::packToWire(in, f, count, roundTo,
-                                       roundTo == Wire::F16 ? overflowsDev_ : nullptr, s));
+    SMDCCL_CUDA_CHECK(
+        cuda::packToWire(in, f, count, roundTo, roundTo == Wire::F16 ? overflowsDev_ : nullptr, s));
     SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, roundTo, s));
   }
   return record(1);

@@ -61,7 +61,7 @@ class CudaStageDevice final : public StageDevice {
   char* scratch(int lane, size_t slot) const;
   void joinInto(cudaStream_t s);
 
-  Lane lanes_[2];  // 0: out to host, 1: in from host
+  Lane lanes_[2];            // 0: out to host, 1: in from host
   char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes in
   size_t scratchBytes_ = 0;
   std::function<void()> freeCached_;

@@ -47,16 +47,16 @@ struct IpcStep {
   }
   void stageIn(const char* dev, size_t n) {
     if (n)
-      checkCuda(cudaMemcpyAsync(space.buffer(space.localRank()), dev, n * es, cudaMemcpyDeviceToDevice,
-                            g.stream()),
-            "copy into the IPC buffer");
+      checkCuda(cudaMemcpyAsync(space.buffer(space.localRank()), dev, n * es,
+                                cudaMemcpyDeviceToDevice, g.stream()),
+                "copy into the IPC buffer");
     sync("copy into the IPC buffer");
   }
   void oneShot(char* dev, size_t n) {
     stageIn(dev, n);
     auto in = peers(0);
     checkCuda(cuda::reduceMulti(dev, in.data(), space.localSize(), n, dt, op, g.stream()),
-          "one-shot reduce");
+              "one-shot reduce");
     sync("one-shot reduce");
   }
   // Reduce-scatter: this rank's slice of every buffer, reduced into its own.
@@ -65,9 +65,9 @@ struct IpcStep {
     size_t n = s.end[me] - s.begin[me];
     auto in = peers(s.begin[me] * es);
     if (n)
-      checkCuda(cuda::reduceMulti(space.buffer(me) + s.begin[me] * es, in.data(), space.localSize(), n,
-                              dt, op, g.stream()),
-            "two-shot reduce-scatter");
+      checkCuda(cuda::reduceMulti(space.buffer(me) + s.begin[me] * es, in.data(), space.localSize(),
+                                  n, dt, op, g.stream()),
+                "two-shot reduce-scatter");
     sync("two-shot reduce-scatter");
   }
   // Allgather: slice q from rank q's buffer into the output.
@@ -84,7 +84,8 @@ struct IpcStep {
     bool misaligned = false;
     for (size_t q = 0; q < b.size(); ++q)
       misaligned |= ((reinterpret_cast<uintptr_t>(dev + b[q]) ^
-                      reinterpret_cast<uintptr_t>(static_cast<const char*>(in[q]) + b[q])) & 15u) != 0;
+                      reinterpret_cast<uintptr_t>(static_cast<const char*>(in[q]) + b[q])) &
+                     15u) != 0;
     if (misaligned) {
       for (size_t q = 0; q < b.size(); ++q)
         if (e[q] > b[q])
@@ -92,8 +93,9 @@ struct IpcStep {
                                     cudaMemcpyDeviceToDevice, g.stream()),
                     "two-shot allgather (copies)");
     } else {
-      checkCuda(cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
-                "two-shot allgather");
+      checkCuda(
+          cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
+          "two-shot allgather");
     }
     sync("two-shot allgather");
   }
@@ -195,8 +197,8 @@ void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, Red
   g.agreeOnTuning(c, t);
   size_t es = elementSize(dt);
   const char* path = gpuAllreducePath(c, g, count * es);
-  trace::Span span(trace::enabled() ? strCat("cuda allreduce: ", path) : std::string(),
-                   "algorithm", *c.ctx.group);
+  trace::Span span(trace::enabled() ? strCat("cuda allreduce: ", path) : std::string(), "algorithm",
+                   *c.ctx.group);
   if (!ipcUsable(c, g)) {
     stagedAllreduce(c, g, dev, count, dt, op, t);
     return;

@@ -35,10 +35,11 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
     theirs.oneShotBytes = f[2];
     theirs.stageChunkBytes = f[3];
     theirs.stagedRing = f[4] != 0;
-    throw CommError(CommError::Kind::Mismatch,
-                    strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ",
-                           r, " has ", theirs.describe(), ", rank ", c.rank(), " has ",
-                           tuning_.describe(), "; set SMDCCL_CUDA_* alike on every rank"));
+    throw CommError(
+        CommError::Kind::Mismatch,
+        strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ", r,
+               " has ", theirs.describe(), ", rank ", c.rank(), " has ", tuning_.describe(),
+               "; set SMDCCL_CUDA_* alike on every rank"));
   }
   tuningAgreed_ = true;
 }

@@ -140,13 +140,14 @@ void gpuAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t each
                   const Tuning& t) {
   if (eachBytes == 0) return;
   if (c.size() == 1) {
-    if (out != in) copyAndWait(c, g, out, in, eachBytes, cudaMemcpyDeviceToDevice, "copy to the output");
+    if (out != in)
+      copyAndWait(c, g, out, in, eachBytes, cudaMemcpyDeviceToDevice, "copy to the output");
     return;
   }
   g.agreeOnTuning(c, t);
-  trace::Span span(trace::enabled() ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g))
-                                    : std::string(),
-                   "algorithm", *c.ctx.group);
+  trace::Span span(
+      trace::enabled() ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g)) : std::string(),
+      "algorithm", *c.ctx.group);
   if (oneNodeIpc(c, g)) ipcAllgather(c, g, in, out, eachBytes);
   else stagedAllgather(c, g, in, out, eachBytes, t);
 }

@@ -196,16 +196,16 @@ class CudaCompletion : public DeviceCompletion {
     // being gone. Time spent queued behind earlier ops does not count (each
     // of those has its deadline too).
     const bool given = timeout.count() > 0;
-    const int64_t limitNs = given ? std::chrono::nanoseconds(timeout).count()
-                                  : timeoutNs_ + 1'000'000'000;
+    const int64_t limitNs =
+        given ? std::chrono::nanoseconds(timeout).count() : timeoutNs_ + 1'000'000'000;
     const int64_t waitStartNs = steadyNowNs();
     while (!end_->recorded.load(std::memory_order_acquire)) {
       int64_t since = given ? waitStartNs : end_->startedNs.load(std::memory_order_acquire);
       if (since > 0 && steadyNowNs() - since >= limitNs)
-        C10_THROW_ERROR(DistBackendError,
-                        strCat("smdccl: ", what_(), " was not queued on the GPU within ",
-                               limitNs / 1000000, given ? " ms given to wait()"
-                                                        : " ms of its start (the group timeout)"));
+        C10_THROW_ERROR(
+            DistBackendError,
+            strCat("smdccl: ", what_(), " was not queued on the GPU within ", limitNs / 1000000,
+                   given ? " ms given to wait()" : " ms of its start (the group timeout)"));
       if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -215,8 +215,8 @@ class CudaCompletion : public DeviceCompletion {
     CaptureSafeScope captureSafe;
     cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device_).stream();
     cudaError_t e = cudaStreamWaitEvent(cur, end_->event, 0);
-    TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after ", what_(), ": ",
-                cudaGetErrorString(e));
+    TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after ", what_(),
+                ": ", cudaGetErrorString(e));
   }
   c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
   c10::Stream stream() const override { return stream_; }
@@ -232,9 +232,7 @@ class CudaCompletion : public DeviceCompletion {
 class CudaOp : public DeviceOp {
  public:
   explicit CudaOp(std::shared_ptr<CudaState> s)
-      : s_(std::move(s)),
-        end_(std::make_shared<OpEnd>(s_->device)),
-        ready_(s_->device) {
+      : s_(std::move(s)), end_(std::make_shared<OpEnd>(s_->device)), ready_(s_->device) {
     // Ordered after what the caller queued on its current stream.
     c10::cuda::CUDAGuard guard(s_->device);
     CaptureSafeScope captureSafe;
@@ -306,9 +304,8 @@ class CudaOp : public DeviceOp {
   }
 
   std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
-                                              std::chrono::milliseconds timeout) override {
-    return std::make_shared<CudaCompletion>(s_->device, s_->stream, end_, std::move(what),
-                                            timeout);
+                                               std::chrono::milliseconds timeout) override {
+    return std::make_shared<CudaCompletion>(s_->device, s_->stream, end_, std::move(what), timeout);
   }
 
  private:

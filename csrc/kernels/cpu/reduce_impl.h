@@ -18,8 +18,12 @@ namespace SMDCCL_REDUCE_NS {
 
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
-struct Half16 { uint16_t bits; };
-struct BFloat16 { uint16_t bits; };
+struct Half16 {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
 
 static inline float bf16ToFloat(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -99,7 +103,8 @@ static inline __m256 bf16x8ToFloat(const uint16_t* p) {
 static inline void floatToBf16x8(uint16_t* p, __m256 f) {
   __m256i u = _mm256_castps_si256(f);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
   __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
   __m256 isNan = _mm256_cmp_ps(f, f, _CMP_UNORD_Q);
   __m256i r = _mm256_castps_si256(
@@ -136,8 +141,10 @@ static void intLoop(void* out, const void* a, const void* b, size_t n) {
   const T* x = static_cast<const T*>(a);
   const T* y = static_cast<const T*>(b);
   for (size_t i = 0; i < n; ++i) {
-    if constexpr (OP == RedOp::Sum) o[i] = static_cast<T>(static_cast<U>(x[i]) + static_cast<U>(y[i]));
-    else if constexpr (OP == RedOp::Prod) o[i] = static_cast<T>(static_cast<U>(x[i]) * static_cast<U>(y[i]));
+    if constexpr (OP == RedOp::Sum)
+      o[i] = static_cast<T>(static_cast<U>(x[i]) + static_cast<U>(y[i]));
+    else if constexpr (OP == RedOp::Prod)
+      o[i] = static_cast<T>(static_cast<U>(x[i]) * static_cast<U>(y[i]));
     else if constexpr (OP == RedOp::Min) o[i] = y[i] < x[i] ? y[i] : x[i];
     else if constexpr (OP == RedOp::Max) o[i] = y[i] > x[i] ? y[i] : x[i];
     else if constexpr (OP == RedOp::BAnd) o[i] = static_cast<T>(x[i] & y[i]);
@@ -153,7 +160,8 @@ static void boolLoop(void* out, const void* a, const void* b, size_t n) {
   const uint8_t* y = static_cast<const uint8_t*>(b);
   for (size_t i = 0; i < n; ++i) {
     // Any nonzero byte is true; results are 0/1 (XOR: of the truth values).
-    if constexpr (OP == RedOp::Sum || OP == RedOp::Max || OP == RedOp::BOr) o[i] = (x[i] | y[i]) ? 1 : 0;
+    if constexpr (OP == RedOp::Sum || OP == RedOp::Max || OP == RedOp::BOr)
+      o[i] = (x[i] | y[i]) ? 1 : 0;
     else if constexpr (OP == RedOp::BXor) o[i] = (x[i] != 0) != (y[i] != 0) ? 1 : 0;
     else o[i] = (x[i] && y[i]) ? 1 : 0;
   }
@@ -194,9 +202,13 @@ using PackFn = void (*)(uint16_t*, const float*, size_t);
 using UnpackFn = void (*)(float*, const uint16_t*, size_t);
 
 template <bool BF>
-static inline uint16_t toWire(float f) { return BF ? floatToBf16(f) : floatToF16(f); }
+static inline uint16_t toWire(float f) {
+  return BF ? floatToBf16(f) : floatToF16(f);
+}
 template <bool BF>
-static inline float fromWire(uint16_t h) { return BF ? bf16ToFloat(h) : f16ToFloat(h); }
+static inline float fromWire(uint16_t h) {
+  return BF ? bf16ToFloat(h) : f16ToFloat(h);
+}
 
 #if defined(SMDCCL_REDUCE_AVX2)
 template <bool BF>
@@ -207,7 +219,8 @@ static inline __m256 load8(const uint16_t* p) {
 template <bool BF>
 static inline void store8(uint16_t* p, __m256 f) {
   if constexpr (BF) floatToBf16x8(p, f);
-  else _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
+  else
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT));
 }
 #endif
 
@@ -232,8 +245,8 @@ static void packLoop(uint16_t* o, const float* x, size_t n) {
     for (; i + 8 <= n; i += 8) {
       __m256 v = _mm256_loadu_ps(x + i);
       __m256 a = _mm256_and_ps(v, absMask);
-      bad = _mm256_or_ps(bad, _mm256_and_ps(_mm256_cmp_ps(a, lo, _CMP_GE_OQ),
-                                            _mm256_cmp_ps(a, hi, _CMP_LE_OQ)));
+      bad = _mm256_or_ps(
+          bad, _mm256_and_ps(_mm256_cmp_ps(a, lo, _CMP_GE_OQ), _mm256_cmp_ps(a, hi, _CMP_LE_OQ)));
       store8<BF>(o + i, v);
     }
     overflow = _mm256_movemask_ps(bad) != 0;

@@ -30,8 +30,8 @@ cudaError_t reduce2(void* out, const void* a, const void* b, size_t count, DType
 // 0..k-1 (16-bit types in float32, rounded once at the end), 1 <= k <=
 // kMaxReduceInputs. `in` is a host array of device pointers (peers' buffers
 // mapped through CUDA IPC); out may alias any of them.
-cudaError_t reduceMulti(void* out, const void* const* in, int k, size_t count, DType dt,
-                        RedOp op, cudaStream_t stream);
+cudaError_t reduceMulti(void* out, const void* const* in, int k, size_t count, DType dt, RedOp op,
+                        cudaStream_t stream);
 
 // out[i] = in[q][i] for i in [begin[q], end[q]) for each q < k: the allgather
 // half of a two-shot allreduce (each peer's reduced slice into one output).

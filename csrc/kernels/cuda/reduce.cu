@@ -27,8 +27,8 @@ __host__ __device__ constexpr int unrollFor() {
 // Every pointer 16-byte aligned: vectors for count / V elements, then the
 // last count % V elements one per thread of the first threads.
 template <DType D, RedOp OP, int K>
-__global__ void __launch_bounds__(kThreads, 2) reduceVecKernel(const __grid_constant__ InPtrs in, int k, void* out,
-                                                            size_t count) {
+__global__ void __launch_bounds__(kThreads, 2)
+    reduceVecKernel(const __grid_constant__ InPtrs in, int k, void* out, size_t count) {
   using E = Elem<D>;
   using T = typename E::T;
   using A = typename E::A;
@@ -93,15 +93,16 @@ __global__ void __launch_bounds__(kThreads, 2) reduceVecKernel(const __grid_cons
   if (tid < tail) {
     const size_t idx = nvec * V + tid;
     A acc = E::widen(static_cast<const T*>(in.p[0])[idx]);
-    for (int j = 1; j < n; ++j) acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[idx]));
+    for (int j = 1; j < n; ++j)
+      acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[idx]));
     static_cast<T*>(out)[idx] = E::narrow(acc);
   }
 }
 
 // The same, element by element (some pointer not 16-byte aligned).
 template <DType D, RedOp OP, int K>
-__global__ void __launch_bounds__(kThreads) reduceScalarKernel(const __grid_constant__ InPtrs in, int k, void* out,
-                                                               size_t count) {
+__global__ void __launch_bounds__(kThreads)
+    reduceScalarKernel(const __grid_constant__ InPtrs in, int k, void* out, size_t count) {
   using E = Elem<D>;
   using T = typename E::T;
   using A = typename E::A;
@@ -110,7 +111,8 @@ __global__ void __launch_bounds__(kThreads) reduceScalarKernel(const __grid_cons
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += nth) {
     A acc = E::widen(static_cast<const T*>(in.p[0])[i]);
 #pragma unroll(K > 0 ? K : 1)
-    for (int j = 1; j < n; ++j) acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[i]));
+    for (int j = 1; j < n; ++j)
+      acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[i]));
     static_cast<T*>(out)[i] = E::narrow(acc);
   }
 }
@@ -151,8 +153,8 @@ cudaError_t byOp(RedOp op, const InPtrs& in, int k, void* out, size_t count, boo
 }
 
 template <int K>
-cudaError_t byType(DType dt, RedOp op, const InPtrs& in, int k, void* out, size_t count,
-                   bool vec, cudaStream_t s) {
+cudaError_t byType(DType dt, RedOp op, const InPtrs& in, int k, void* out, size_t count, bool vec,
+                   cudaStream_t s) {
   switch (dt) {
     case DType::F32: return byOp<DType::F32, K>(op, in, k, out, count, vec, s);
     case DType::F64: return byOp<DType::F64, K>(op, in, k, out, count, vec, s);

@@ -28,7 +28,8 @@ inline int usableSms(int deviceSms, int cap) {
 // of `sms`), so grid-stride loops stay balanced; at least one.
 inline size_t waveBlocks(size_t work, size_t perBlock, int sms, int blocksPerSm) {
   size_t need = perBlock ? (work + perBlock - 1) / perBlock : 1;
-  size_t wave = static_cast<size_t>(sms > 0 ? sms : 1) * static_cast<size_t>(blocksPerSm > 0 ? blocksPerSm : 1);
+  size_t wave = static_cast<size_t>(sms > 0 ? sms : 1) *
+                static_cast<size_t>(blocksPerSm > 0 ? blocksPerSm : 1);
   if (need > wave) need = wave;
   return need < 1 ? 1 : need;
 }

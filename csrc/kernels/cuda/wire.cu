@@ -35,8 +35,8 @@ union H8 {  // 8 16-bit values = 16 bytes
 // when `vec`, then the tail; element by element otherwise. fp16: finite
 // values that became inf are counted, one atomicAdd per block.
 template <bool BF>
-__global__ void __launch_bounds__(kThreads) packKernel(uint16_t* dst, const float* src, size_t n,
-                                                       bool vec, unsigned long long* overflows) {
+__global__ void __launch_bounds__(kThreads)
+    packKernel(uint16_t* dst, const float* src, size_t n, bool vec, unsigned long long* overflows) {
   constexpr bool kCount = !BF;
   __shared__ unsigned long long blockCount;
   if (kCount && overflows != nullptr) {
@@ -91,15 +91,16 @@ __global__ void __launch_bounds__(kThreads) packKernel(uint16_t* dst, const floa
   }
   if (kCount && overflows != nullptr) {
     cnt = __reduce_add_sync(0xffffffffu, cnt);
-    if ((threadIdx.x & 31u) == 0 && cnt != 0) atomicAdd(&blockCount, static_cast<unsigned long long>(cnt));
+    if ((threadIdx.x & 31u) == 0 && cnt != 0)
+      atomicAdd(&blockCount, static_cast<unsigned long long>(cnt));
     __syncthreads();
     if (threadIdx.x == 0 && blockCount != 0) atomicAdd(overflows, blockCount);
   }
 }
 
 template <bool BF>
-__global__ void __launch_bounds__(kThreads) unpackKernel(float* dst, const uint16_t* src, size_t n,
-                                                         bool vec) {
+__global__ void __launch_bounds__(kThreads)
+    unpackKernel(float* dst, const uint16_t* src, size_t n, bool vec) {
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
   size_t start = 0;
@@ -136,8 +137,8 @@ __global__ void __launch_bounds__(kThreads) unpackKernel(float* dst, const uint1
 }
 
 template <bool BF, RedOp OP>
-__global__ void __launch_bounds__(kThreads) unpackReduceKernel(float* dst, const uint16_t* src,
-                                                               size_t n, bool vec) {
+__global__ void __launch_bounds__(kThreads)
+    unpackReduceKernel(float* dst, const uint16_t* src, size_t n, bool vec) {
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
   size_t start = 0;
@@ -184,14 +185,16 @@ cudaError_t launchPack(void* dst16, const float* src, size_t n, unsigned long lo
                        cudaStream_t stream) {
   const bool vec = aligned16(dst16) && aligned16(src);
   unsigned grid = vec ? gridFor<packKernel<BF>>(n / 8, kWireUnroll) : gridFor<packKernel<BF>>(n, 4);
-  packKernel<BF><<<grid, kThreads, 0, stream>>>(static_cast<uint16_t*>(dst16), src, n, vec, overflows);
+  packKernel<BF>
+      <<<grid, kThreads, 0, stream>>>(static_cast<uint16_t*>(dst16), src, n, vec, overflows);
   return cudaGetLastError();
 }
 
 template <bool BF>
 cudaError_t launchUnpack(float* dst, const void* src16, size_t n, cudaStream_t stream) {
   const bool vec = aligned16(dst) && aligned16(src16);
-  unsigned grid = vec ? gridFor<unpackKernel<BF>>(n / 8, kWireUnroll) : gridFor<unpackKernel<BF>>(n, 4);
+  unsigned grid =
+      vec ? gridFor<unpackKernel<BF>>(n / 8, kWireUnroll) : gridFor<unpackKernel<BF>>(n, 4);
   unpackKernel<BF><<<grid, kThreads, 0, stream>>>(dst, static_cast<const uint16_t*>(src16), n, vec);
   return cudaGetLastError();
 }
@@ -201,8 +204,8 @@ cudaError_t launchUnpackReduce(float* dst, const void* src16, size_t n, cudaStre
   const bool vec = aligned16(dst) && aligned16(src16);
   unsigned grid = vec ? gridFor<unpackReduceKernel<BF, OP>>(n / 8, kWireUnroll)
                       : gridFor<unpackReduceKernel<BF, OP>>(n, 4);
-  unpackReduceKernel<BF, OP><<<grid, kThreads, 0, stream>>>(dst, static_cast<const uint16_t*>(src16),
-                                                             n, vec);
+  unpackReduceKernel<BF, OP>
+      <<<grid, kThreads, 0, stream>>>(dst, static_cast<const uint16_t*>(src16), n, vec);
   return cudaGetLastError();
 }
 

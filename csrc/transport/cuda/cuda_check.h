@@ -8,9 +8,8 @@
 namespace smdccl {
 
 [[noreturn]] inline void throwCudaError(cudaError_t e, const char* what) {
-  throw CommError(CommError::Kind::System,
-                  strCat("CUDA error in ", what, ": ", cudaGetErrorName(e), " (",
-                         cudaGetErrorString(e), ")"));
+  throw CommError(CommError::Kind::System, strCat("CUDA error in ", what, ": ", cudaGetErrorName(e),
+                                                  " (", cudaGetErrorString(e), ")"));
 }
 
 // The result of a status query (cudaEventQuery, cudaStreamQuery), passed
@@ -23,8 +22,8 @@ inline cudaError_t queried(cudaError_t e) {
 
 }  // namespace smdccl
 
-#define SMDCCL_CUDA_CHECK(expr)                                  \
-  do {                                                           \
-    cudaError_t smdccl_err_ = (expr);                            \
+#define SMDCCL_CUDA_CHECK(expr)                                                   \
+  do {                                                                            \
+    cudaError_t smdccl_err_ = (expr);                                             \
     if (smdccl_err_ != cudaSuccess) ::smdccl::throwCudaError(smdccl_err_, #expr); \
   } while (0)

@@ -27,10 +27,10 @@ void pollUntilDone(Query query, Deadline deadline, Message timedOut, const char*
     if (e != cudaErrorNotReady) throwCudaError(e, what);
     if ((i & 63) == 0 && deadline.expired()) throw CommError(CommError::Kind::Timeout, timedOut());
     if ((i & 63) == 0 && ctx && ctx->cancel && ctx->cancel->load(std::memory_order_relaxed))
-      throw CommError(CommError::Kind::System,
-                      strCat("smdccl: ", ctx->describe(),
-                             ": the group was aborted on this rank (while waiting for the GPU: ",
-                             what, ")"));
+      throw CommError(
+          CommError::Kind::System,
+          strCat("smdccl: ", ctx->describe(),
+                 ": the group was aborted on this rank (while waiting for the GPU: ", what, ")"));
     auto waited = Clock::now() - start;
     if (waited < std::chrono::microseconds(50)) continue;
     if (waited < std::chrono::milliseconds(2)) sched_yield();

@@ -72,8 +72,8 @@ void* allocateDeviceMemory(size_t bytes, int device, const std::function<void()>
     size_t freeBytes = 0, total = 0;
     cudaMemGetInfo(&freeBytes, &total);
     throw CommError(CommError::Kind::System,
-                    strCat("could not allocate ", (bytes + (1 << 20) - 1) >> 20, " MiB on CUDA device ",
-                           device, " for ", what, ": out of memory",
+                    strCat("could not allocate ", (bytes + (1 << 20) - 1) >> 20,
+                           " MiB on CUDA device ", device, " for ", what, ": out of memory",
                            freeCached ? ", also after torch's cached blocks were released" : "",
                            " (", freeBytes >> 20, " of ", total >> 20, " MiB free); ", advice));
   }
@@ -94,7 +94,8 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int loc
   std::string mine;
   try {
     void* p = allocateDeviceMemory(
-        bytes, device, freeCached, strCat("smdccl's CUDA IPC buffer (SMDCCL_CUDA_IPC_MB=", bytes >> 20, ")"),
+        bytes, device, freeCached,
+        strCat("smdccl's CUDA IPC buffer (SMDCCL_CUDA_IPC_MB=", bytes >> 20, ")"),
         "set SMDCCL_CUDA_IPC_MB lower, or SMDCCL_CUDA_IPC=0 to stage through host memory");
     ptrs_[localRank] = static_cast<char*>(p);
     cudaIpcMemHandle_t handle;
@@ -109,8 +110,8 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int loc
     throw;
   }
   try {
-    std::vector<std::string> all = allGatherStrings(store, keyPrefix, localRank, localSize, mine,
-                                                    deadline);
+    std::vector<std::string> all =
+        allGatherStrings(store, keyPrefix, localRank, localSize, mine, deadline);
     for (int l = 0; l < localSize; ++l) {
       if (l == localRank) continue;
       const std::string& v = all[static_cast<size_t>(l)];
@@ -123,10 +124,10 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int loc
       std::string theirs = v.substr(settingsAt, colon - settingsAt);
       // Each rank indexes its peers' buffers with its own sizes: they must agree.
       if (theirs != settings)
-        throw CommError(CommError::Kind::Mismatch,
-                        strCat("CUDA IPC settings differ on this node: local rank ", l, " has ",
-                               theirs, ", this rank ", settings,
-                               "; set SMDCCL_CUDA_* alike on every rank"));
+        throw CommError(
+            CommError::Kind::Mismatch,
+            strCat("CUDA IPC settings differ on this node: local rank ", l, " has ", theirs,
+                   ", this rank ", settings, "; set SMDCCL_CUDA_* alike on every rank"));
       cudaIpcMemHandle_t peer;
       fromHex(v.substr(colon + 1), &peer, sizeof peer);
       void* p = nullptr;
