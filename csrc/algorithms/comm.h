@@ -25,12 +25,14 @@ struct Comm {
   // values (and inside nodes too with wireIntra); see wireTo().
   Wire wire = Wire::F32;
   bool wireIntra = false;
+  // The group's per-peer exchange state (op headers); shared by sub-Comms.
+  ExchangeBook* book = nullptr;
 
   int rank() const { return members.empty() ? mesh.rank() : myIndex; }
   int size() const { return members.empty() ? mesh.size() : static_cast<int>(members.size()); }
   int groupRank(int r) const { return members.empty() ? r : members[r]; }
   Link& link(int peer) { return mesh.link(groupRank(peer), ctx.deadline); }
-  Exchange exchange() { return Exchange(ctx, mesh.myBell(), mesh.shmNode()); }
+  Exchange exchange() { return Exchange(ctx, mesh.myBell(), mesh.shmNode(), book); }
   int ringPosition() const;
   // What float32 reduction data to `peer` travels as.
   Wire wireTo(int peer) const;

@@ -14,10 +14,6 @@
 
 namespace smdccl {
 
-// Link keeps the header buffers (transport cannot see op_header.h): same size.
-static_assert(std::tuple_size_v<decltype(Link::headerOut)> == kOpHeaderBytes &&
-              std::tuple_size_v<decltype(Link::headerIn)> == kOpHeaderBytes);
-
 std::string OpContext::describe() const {
   return strCat(op, " #", seq, " on group '", group ? *group : std::string("?"), "' (rank ", rank,
                 ")");
@@ -36,12 +32,15 @@ Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dt
   t.wire = wire;
   t.roundTo = roundTo;
   // This op's first message on the link in this direction carries its header.
-  uint64_t& stamped = kind == Kind::Send ? link.headerSentFor : link.headerRecvFor;
-  if (ctx_.seq != 0 && stamped != ctx_.seq) {
-    stamped = ctx_.seq;
-    if (kind == Kind::Send) link.headerOut = encodeOpHeader(ctx_.sig, ctx_.seq, ctx_.rank, bytes);
-    t.header = kind == Kind::Send ? link.headerOut.data() : link.headerIn.data();
-    t.headerLeft = kOpHeaderBytes;
+  if (ctx_.seq != 0) {
+    ExchangeBook::Peer& p = book_->of(link.peer());
+    uint64_t& stamped = kind == Kind::Send ? p.headerSentFor : p.headerRecvFor;
+    if (stamped != ctx_.seq) {
+      stamped = ctx_.seq;
+      if (kind == Kind::Send) p.headerOut = encodeOpHeader(ctx_.sig, ctx_.seq, ctx_.rank, bytes);
+      t.header = kind == Kind::Send ? p.headerOut.data() : p.headerIn.data();
+      t.headerLeft = kOpHeaderBytes;
+    }
   }
   last = index;
   return *this;
@@ -96,11 +95,14 @@ constexpr size_t kWireStageElems = 32 << 10;  // 64 KiB of 16-bit values per tra
 
 bool Exchange::moveWireSend(Transfer& t, size_t limit) {
   bool moved = false;
-  if (t.link->packsInPlace()) {
+  if (t.link->inPlace()) {
+    // Cast straight into the link's buffer: no staging copy.
     while (t.done + 4 <= limit) {
-      size_t k = t.link->sendPacked(reinterpret_cast<const float*>(t.buf + t.done),
-                                    (limit - t.done) / 4, t.wire);
+      char* at = nullptr;
+      size_t k = std::min((limit - t.done) / 4, t.link->writable(&at) / 2);
       if (k == 0) break;
+      packToWire(at, reinterpret_cast<const float*>(t.buf + t.done), k, t.wire);
+      t.link->commit(k * 2);
       t.done += k * 4;
       moved = true;
     }
@@ -128,12 +130,18 @@ bool Exchange::moveWireSend(Transfer& t, size_t limit) {
 
 bool Exchange::moveWireRecv(Transfer& t) {
   bool moved = false;
-  if (t.link->packsInPlace()) {
+  if (t.link->inPlace()) {
+    // Unpack (and reduce) straight out of the link's buffer.
     while (t.done < t.bytes) {
-      size_t k =
-          t.link->recvUnpacked(reinterpret_cast<float*>(t.buf + t.done), (t.bytes - t.done) / 4,
-                               t.wire, t.kind == Kind::RecvReduce, t.op, t.roundTo);
+      const char* at = nullptr;
+      size_t k = std::min((t.bytes - t.done) / 4, t.link->readable(&at) / 2);
       if (k == 0) break;
+      float* dst = reinterpret_cast<float*>(t.buf + t.done);
+      if (t.kind == Kind::RecvReduce)
+        reduceFromWire(dst, at, k, t.wire, t.op, t.roundTo);
+      else
+        unpackFromWire(dst, at, k, t.wire);
+      t.link->consume(k * 2);
       t.done += k * 4;
       moved = true;
     }
@@ -302,7 +310,7 @@ bool Exchange::moveRaw(Transfer& t, size_t limit) {
       case Kind::Send: k = t.link->send(t.buf + t.done, left); break;
       case Kind::Recv: k = t.link->recv(t.buf + t.done, left); break;
       default:
-        k = t.link->recvReduce(t.buf + t.done, left, t.dtype, t.op);
+        k = recvReduceSome(t, left);
         roundToWire(reinterpret_cast<float*>(t.buf + t.done), k / 4, t.roundTo);  // F32: no-op
         break;
     }
@@ -311,6 +319,37 @@ bool Exchange::moveRaw(Transfer& t, size_t limit) {
     moved = true;
   }
   return moved;
+}
+
+namespace {
+constexpr size_t kReduceStaging = 256 << 10;  // per peer, for links read through recv()
+}
+
+size_t Exchange::recvReduceSome(Transfer& t, size_t n) {
+  const size_t es = elementSize(t.dtype);
+  char* dst = t.buf + t.done;
+  if (t.link->inPlace()) {
+    // Reduce straight out of the link's buffer: no copy.
+    const char* at = nullptr;
+    size_t k = std::min(n, t.link->readable(&at)) / es * es;
+    if (k == 0) return 0;
+    reduceInto(dst, at, k / es, t.dtype, t.op);
+    t.link->consume(k);
+    return k;
+  }
+  // Received into the peer's staging; bytes short of a whole element wait
+  // there for the rest (also into the next transfer from that peer).
+  ExchangeBook::Peer& p = book_->of(t.link->peer());
+  if (p.reduceStaging.empty()) p.reduceStaging.resize(kReduceStaging);
+  char* stage = p.reduceStaging.data();
+  size_t want = std::min(n, kReduceStaging) - p.reduceStaged;
+  p.reduceStaged += t.link->recv(stage + p.reduceStaged, want);
+  size_t whole = p.reduceStaged / es * es;
+  if (whole == 0) return 0;
+  reduceInto(dst, stage, whole / es, t.dtype, t.op);
+  p.reduceStaged -= whole;
+  if (p.reduceStaged) std::memmove(stage, stage + whole, p.reduceStaged);
+  return whole;
 }
 
 void Exchange::sleepForProgress() {

@@ -10,6 +10,7 @@
 
 #include "common/dtype.h"
 
+#include "algorithms/exchange_book.h"
 #include "algorithms/op_context.h"
 #include "algorithms/stage_device.h"
 #include "transport/futex.h"
@@ -37,8 +38,22 @@ class Exchange {
  public:
   // `node`: this rank's shared-memory node, if any; its ranks are checked for
   // liveness while waiting.
-  Exchange(const OpContext& ctx, Doorbell* myBell, const ShmNode* node = nullptr)
-      : ctx_(ctx), bell_(myBell), node_(node) {}
+  // `book`: the group's per-peer state (op headers); needed when ctx.seq
+  // is set, else the exchange keeps one of its own.
+  Exchange(const OpContext& ctx, Doorbell* myBell, const ShmNode* node = nullptr,
+           ExchangeBook* book = nullptr)
+      : ctx_(ctx), bell_(myBell), node_(node), book_(book ? book : &ownBook_) {}
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+  Exchange(Exchange&& o) noexcept
+      : ctx_(o.ctx_),
+        bell_(o.bell_),
+        node_(o.node_),
+        t_(std::move(o.t_)),
+        firstOpen_(o.firstOpen_),
+        tails_(std::move(o.tails_)),
+        ownBook_(std::move(o.ownBook_)),
+        book_(o.book_ == &o.ownBook_ ? &ownBook_ : o.book_) {}
 
   using Deps = ExchangeDeps;
 
@@ -109,6 +124,9 @@ class Exchange {
   bool moveHeader(Transfer& t);
   void checkHeader(const Transfer& t) const;
   bool moveRaw(Transfer& t, size_t limit);
+  // A receive-and-reduce of plain elements: in place from the link's
+  // buffer, or through the peer's staging.
+  size_t recvReduceSome(Transfer& t, size_t n);
   bool moveWireSend(Transfer& t, size_t limit);
   bool moveWireRecv(Transfer& t);
   bool progressOnce(bool* allDone);
@@ -132,6 +150,8 @@ class Exchange {
     int lastSend, lastRecv;
   };
   std::vector<LinkTail> tails_;  // few links per exchange: a linear search is cheapest
+  ExchangeBook ownBook_;
+  ExchangeBook* book_;
 };
 
 }  // namespace smdccl

@@ -586,6 +586,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   ctx.compareShapes = detailChecks_;
   ctx.cancel = mesh_->cancelFlag();
   Comm c{*mesh_, ctx, ring_, &levels_, /*members: the whole group*/ {}};
+  c.book = &exchangeBook_;
   const std::string& track = cfg_.groupName;
   if (queuedUs) {
     int64_t now = trace::nowUs();

@@ -294,6 +294,8 @@ class SmdcclBackend : public ::c10d::Backend {
   std::unique_ptr<P2PEngine> p2p_;
   std::vector<int> ring_;
   Hierarchy levels_;
+  // Per peer, what the collectives' exchanges keep between ops (op headers).
+  ExchangeBook exchangeBook_;
   Tuning tuning_;
   ScratchPool scratch_;  // host copies for ops that leave their input as it was
   WaitPolicy waitPolicy_;

@@ -12,7 +12,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "kernels/cpu/reduce.h"
 
 namespace smdccl {
 
@@ -151,16 +150,26 @@ ShmLink::ShmLink(int peerRank, ShmRingHeader* out, ShmRingHeader* in, char* outD
       peerBell_(peerBell),
       cap_(ringBytes) {}
 
-size_t ShmLink::send(const void* buf, size_t n) {
+size_t ShmLink::writable(char** at) {
   uint64_t tail = out_->tail.value.load(std::memory_order_acquire);
   size_t space = cap_ - static_cast<size_t>(sendPos_ - tail);
   size_t off = sendPos_ % cap_;
-  size_t k = std::min({n, space, cap_ - off, kMaxPiece});
-  if (k == 0) return 0;
-  std::memcpy(outData_ + off, buf, k);
+  *at = outData_ + off;
+  return std::min({space, cap_ - off, kMaxPiece});
+}
+
+void ShmLink::commit(size_t k) {
   sendPos_ += k;
   out_->head.value.store(sendPos_, std::memory_order_release);
   peerBell_->ring();
+}
+
+size_t ShmLink::send(const void* buf, size_t n) {
+  char* at = nullptr;
+  size_t k = std::min(n, writable(&at));
+  if (k == 0) return 0;
+  std::memcpy(at, buf, k);
+  commit(k);
   return k;
 }
 
@@ -172,52 +181,18 @@ size_t ShmLink::readable(const char** at) {
   return std::min({static_cast<size_t>(head - recvPos_), cap_ - off, kMaxPiece});
 }
 
+void ShmLink::consume(size_t k) {
+  recvPos_ += k;
+  in_->tail.value.store(recvPos_, std::memory_order_release);
+  peerBell_->ring();
+}
+
 size_t ShmLink::recv(void* buf, size_t n) {
   const char* at = nullptr;
   size_t k = std::min(n, readable(&at));
   if (k == 0) return 0;
   std::memcpy(buf, at, k);
-  recvPos_ += k;
-  in_->tail.value.store(recvPos_, std::memory_order_release);
-  peerBell_->ring();
-  return k;
-}
-
-size_t ShmLink::recvReduce(void* dst, size_t n, DType dtype, RedOp op) {
-  const char* at = nullptr;
-  size_t es = elementSize(dtype);
-  size_t k = std::min(n, readable(&at)) / es * es;
-  if (k == 0) return 0;
-  reduceInto(dst, at, k / es, dtype, op);
-  recvPos_ += k;
-  in_->tail.value.store(recvPos_, std::memory_order_release);
-  peerBell_->ring();
-  return k;
-}
-
-size_t ShmLink::sendPacked(const float* src, size_t elems, Wire wire) {
-  uint64_t tail = out_->tail.value.load(std::memory_order_acquire);
-  size_t space = cap_ - static_cast<size_t>(sendPos_ - tail);
-  size_t off = sendPos_ % cap_;
-  size_t k = std::min({elems * 2, space, cap_ - off, kMaxPiece}) / 2;
-  if (k == 0) return 0;
-  packToWire(outData_ + off, src, k, wire);
-  sendPos_ += k * 2;
-  out_->head.value.store(sendPos_, std::memory_order_release);
-  peerBell_->ring();
-  return k;
-}
-
-size_t ShmLink::recvUnpacked(float* dst, size_t elems, Wire wire, bool reduce, RedOp op,
-                             Wire roundTo) {
-  const char* at = nullptr;
-  size_t k = std::min(elems * 2, readable(&at)) / 2;
-  if (k == 0) return 0;
-  if (reduce) reduceFromWire(dst, at, k, wire, op, roundTo);
-  else unpackFromWire(dst, at, k, wire);
-  recvPos_ += k * 2;
-  in_->tail.value.store(recvPos_, std::memory_order_release);
-  peerBell_->ring();
+  consume(k);
   return k;
 }
 

@@ -77,18 +77,17 @@ class ShmLink : public Link {
   int peer() const override { return peer_; }
   size_t send(const void* buf, size_t n) override;
   size_t recv(void* buf, size_t n) override;
-  size_t recvReduce(void* dst, size_t n, DType dtype, RedOp op) override;
-  bool packsInPlace() const override { return true; }
-  size_t sendPacked(const float* src, size_t elems, Wire wire) override;
-  size_t recvUnpacked(float* dst, size_t elems, Wire wire, bool reduce, RedOp op,
-                      Wire roundTo) override;
+  bool inPlace() const override { return true; }
+  // The ring itself: bytes contiguous at recvPos_ / free space at sendPos_.
+  size_t readable(const char** at) override;
+  void consume(size_t k) override;
+  size_t writable(char** at) override;
+  void commit(size_t k) override;
   void endSend() override;
   void endRecv() override;
   const char* kind() const override { return "shm"; }
 
  private:
-  // Readable bytes contiguous in the ring at recvPos_.
-  size_t readable(const char** at);
 
   std::shared_ptr<ShmNode> node_;
   int peer_;

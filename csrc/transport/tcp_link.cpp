@@ -8,16 +8,11 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "kernels/cpu/reduce.h"
 #include "transport/socket_util.h"
 
 namespace smdccl {
 
-namespace {
-constexpr size_t kStaging = 256 << 10;
-}
-
-TcpLink::TcpLink(int fd, int peerRank) : fd_(fd), peer_(peerRank), staging_(new char[kStaging]) {
+TcpLink::TcpLink(int fd, int peerRank) : fd_(fd), peer_(peerRank) {
   setNonBlocking(fd_, true);
   tuneDataSocket(fd_);
 }
@@ -47,19 +42,6 @@ size_t TcpLink::recv(void* buf, size_t n) {
   if (k == 0) fail("receiving from", 0);
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
   fail("receiving from", errno);
-}
-
-size_t TcpLink::recvReduce(void* dst, size_t n, DType dtype, RedOp op) {
-  size_t es = elementSize(dtype);
-  size_t want = std::min(n, kStaging) - stagingFill_;
-  size_t got = recv(staging_.get() + stagingFill_, want);
-  stagingFill_ += got;
-  size_t whole = stagingFill_ / es * es;
-  if (whole == 0) return 0;
-  reduceInto(dst, staging_.get(), whole / es, dtype, op);
-  stagingFill_ -= whole;
-  if (stagingFill_) std::memmove(staging_.get(), staging_.get() + whole, stagingFill_);
-  return whole;
 }
 
 }  // namespace smdccl

@@ -1,7 +1,5 @@
 #pragma once
 // A Link over one non-blocking TCP socket.
-#include <memory>
-
 #include "transport/link.h"
 
 namespace smdccl {
@@ -13,7 +11,6 @@ class TcpLink : public Link {
   int peer() const override { return peer_; }
   size_t send(const void* buf, size_t n) override;
   size_t recv(void* buf, size_t n) override;
-  size_t recvReduce(void* dst, size_t n, DType dtype, RedOp op) override;
   int pollFd() const override { return fd_; }
   const char* kind() const override { return "tcp"; }
 
@@ -21,9 +18,6 @@ class TcpLink : public Link {
   [[noreturn]] void fail(const char* what, int err) const;
   int fd_;
   int peer_;
-  // Bytes that arrived for recvReduce but do not yet fill a whole element.
-  std::unique_ptr<char[]> staging_;
-  size_t stagingFill_ = 0;
 };
 
 }  // namespace smdccl

@@ -26,7 +26,7 @@ namespace smdccl::testing {
 class CrossNodeMemoryLink final : public ShmLink {
  public:
   using ShmLink::ShmLink;
-  bool packsInPlace() const override { return false; }
+  bool inPlace() const override { return false; }  // read and written through send() / recv()
   const char* kind() const override { return "memory"; }
 };
 
@@ -93,7 +93,9 @@ class MemoryFabric {
           ctx.rank = r;
           ctx.deadline = Deadline::after(std::chrono::seconds(timeoutSec));
           ctx.cancel = &aborted;
+          ExchangeBook book;
           Comm c{mesh, ctx, topo_.ringOrder(), &levels, {}};
+          c.book = &book;
           body(r, c);
         } catch (const std::exception& e) {
           std::lock_guard<std::mutex> lock(mu);

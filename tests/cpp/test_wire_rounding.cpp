@@ -59,7 +59,9 @@ std::string withGroup(const std::vector<int>& nodeSizes,
         ctx.op = "wire rounding test";
         ctx.rank = r;
         ctx.deadline = soon();
+        ExchangeBook book;
         Comm c{*mesh, ctx, topo.ringOrder(), &levels, {}};
+        c.book = &book;
         body(r, c);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
