@@ -137,10 +137,8 @@ bool Exchange::moveWireRecv(Transfer& t) {
       size_t k = std::min((t.bytes - t.done) / 4, t.link->readable(&at) / 2);
       if (k == 0) break;
       float* dst = reinterpret_cast<float*>(t.buf + t.done);
-      if (t.kind == Kind::RecvReduce)
-        reduceFromWire(dst, at, k, t.wire, t.op, t.roundTo);
-      else
-        unpackFromWire(dst, at, k, t.wire);
+      if (t.kind == Kind::RecvReduce) reduceFromWire(dst, at, k, t.wire, t.op, t.roundTo);
+      else unpackFromWire(dst, at, k, t.wire);
       t.link->consume(k * 2);
       t.done += k * 4;
       moved = true;

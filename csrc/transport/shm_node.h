@@ -88,7 +88,6 @@ class ShmLink : public Link {
   const char* kind() const override { return "shm"; }
 
  private:
-
   std::shared_ptr<ShmNode> node_;
   int peer_;
   ShmRingHeader* out_;
