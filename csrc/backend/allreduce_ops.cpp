@@ -1,0 +1,281 @@
+// SmdcclBackend's reducing collectives: allreduce (dense, sparse,
+// coalesced, fused) and reduce. Checks on the caller's thread, data
+// movement on the progress thread (see enqueue()).
+#include <cstdint>
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <map>
+
+#include "algorithms/collectives.h"
+#include "backend/backend.h"
+#include "backend/call_checks.h"
+#include "backend/host_buffers.h"
+#include "backend/sparse_allreduce.h"
+#include "backend/tensor_checks.h"
+#include "backend/wire_overflow_check.h"
+#include "common/error.h"
+#include "common/exit_fence.h"
+#include "common/hash.h"
+#include "common/trace.h"
+#include "kernels/cpu/reduce.h"
+
+namespace smdccl {
+
+using ::c10d::OpType;
+using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
+
+// ---------------------------------------------------------------- allreduce
+
+WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                 const ::c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
+    return allreduceSparse(tensors[0], opts);
+  at::Tensor t = realView(checkSingle(tensors, "allreduce"), opts.reduceOp, "allreduce", "tensor");
+  ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
+  toDType(t.scalar_type(), "allreduce");  // an unsupported dtype raises here, at the call
+  Tuning tuning = tuning_;
+  auto dev = deviceOps_->begin({t}, "allreduce");
+  // Small allreduces may be fused with those queued right behind them. The
+  // choice must be the same on every rank (a fusable op opens with a round
+  // that agrees on the count), so it does not depend on async_op, which
+  // ranks may choose differently for the same call.
+  std::shared_ptr<QueuedAllreduce> fusable;
+  if (fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
+      !spec.preScaleTensor.defined()) {
+    fusable = std::make_shared<QueuedAllreduce>();
+    fusable->tensor = t;
+    fusable->spec = spec;
+    fusable->device = dev;
+    return enqueue(
+        OpType::ALLREDUCE, "allreduce",
+        callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)), tensors,
+        [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
+        opts.asyncOp, fusable, dev);
+  }
+  return enqueue(
+      OpType::ALLREDUCE, "allreduce",
+      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)), tensors,
+      [this, t, spec, tuning, dev](Comm& c) mutable { allreduceOne(c, t, spec, dev, tuning); },
+      opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
+WorkPtr SmdcclBackend::allreduceSparse(at::Tensor t, const ::c10d::AllreduceOptions& opts) {
+  const char* op = "sparse allreduce";
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "smdccl: ", op, ": the tensor is on ", t.device(),
+                    "; smdccl reduces sparse tensors on the CPU: pass t.cpu() (or a dense tensor)");
+  toDType(t.scalar_type(), op);
+  // Entries a rank does not hold are zeros: only SUM and AVG are the same
+  // whether those are counted or not (gloo offers SUM alone).
+  auto kind = opts.reduceOp.op_;
+  TORCH_CHECK_VALUE(kind == ::c10d::ReduceOp::SUM || kind == ::c10d::ReduceOp::AVG, "smdccl: ", op,
+                    " supports ReduceOp.SUM and ReduceOp.AVG; for other ops pass a dense "
+                    "tensor (t.to_dense())");
+  bool average = kind == ::c10d::ReduceOp::AVG;
+  if (average) toReduceSpec(opts.reduceOp, t.scalar_type(), size_, op);  // floating point only
+  // The entry counts differ between ranks (kAnyCount); the engine checks
+  // the shapes itself. The NaN check looks at the values when the op runs
+  // (an op queued before this one may replace them), in the body.
+  OpCall call = callOf({}, t.scalar_type(), OpSignature::kAnyCount, redOpCode(opts.reduceOp));
+  std::vector<at::Tensor> outputs{t};
+  return enqueue(
+      OpType::ALLREDUCE, "sparse_allreduce", std::move(call), outputs,
+      [this, t, average](Comm& c) mutable {
+        if (nanCheck_) checkFinite(c, {t._values()});
+        sparseAllreduce(c, t, average, tuning_);
+      },
+      opts.timeout, opts.asyncOp);
+}
+
+void SmdcclBackend::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
+                                 const std::shared_ptr<DeviceOp>& dev, const Tuning& tuning) {
+  DType dt = toDType(t.scalar_type(), "allreduce");
+  WireOverflowCheck overflow(useWire(c, dt, spec));
+  applyPreScale(t, spec);
+  allreduceOn(dev, c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
+  applyPostDivide(t, spec);
+  overflow.finish(c);
+}
+
+void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
+                                  std::vector<ReduceSpec>& specs,
+                                  const std::shared_ptr<DeviceOp>& dev) {
+  DType dt = toDType(ts[0].scalar_type(), "allreduce");
+  Wire wire = Wire::F32;
+  int64_t total = 0;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    wire = useWire(c, dt, specs[i]);
+    applyPreScale(ts[i], specs[i]);
+    total += ts[i].numel();
+  }
+  WireOverflowCheck overflow(wire);
+  if (!dev) {
+    at::Tensor flat = scratch_.take(total, ts[0].scalar_type());
+    packInto(bytesOf(flat), ts);
+    smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
+    unpackFrom(bytesOf(flat), ts);
+  } else {
+    // On the device, on the op's stream (the body's current stream): one
+    // flat buffer through the IPC / staged GPU allreduce, no host copy.
+    at::Tensor flat = at::empty({total}, ts[0].options());
+    std::vector<at::Tensor> parts;
+    int64_t at = 0;
+    for (auto& t : ts) {
+      parts.push_back(flat.narrow(0, at, t.numel()));
+      at += t.numel();
+    }
+    for (size_t i = 0; i < ts.size(); ++i) parts[i].copy_(ts[i].reshape({-1}));
+    dev->allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
+    for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
+  }
+  for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
+  overflow.finish(c);
+}
+
+bool SmdcclBackend::ridersAgree(Comm& c, size_t count) {
+  Fnv1a h;  // over each rider's size, dtype and op
+  size_t seen = 0;
+  progress_->countFusable([&](Fusable& f) {
+    if (seen == count) return false;
+    auto& q = static_cast<QueuedAllreduce&>(f);
+    h.mix(static_cast<uint64_t>(q.tensor.numel()));
+    h.mix(static_cast<uint64_t>(q.tensor.scalar_type()));
+    h.mix(static_cast<uint64_t>(q.spec.op));
+    h.mix(q.device ? 1u : 0u);
+    ++seen;
+    return true;
+  });
+  // One round: the minimum of h and of ~h (~ reverses the order) gives the
+  // smallest and the largest fingerprint.
+  int64_t pair[2] = {static_cast<int64_t>(h.value), ~static_cast<int64_t>(h.value)};
+  trace::Span span("fusion: compare the riders", "check", *c.ctx.group);
+  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(pair), 2, DType::I64, RedOp::Min);
+  return pair[0] == ~pair[1];
+}
+
+void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
+  auto sameKind = [&](const QueuedAllreduce& q) {
+    return q.tensor.scalar_type() == first.tensor.scalar_type() && q.spec.op == first.spec.op &&
+           q.spec.preScale == first.spec.preScale && q.spec.postDivide == first.spec.postDivide &&
+           !q.spec.preScaleTensor.defined() && (q.device != nullptr) == (first.device != nullptr);
+  };
+  size_t bytes = first.tensor.nbytes();
+  std::vector<at::Tensor> batch{first.tensor};
+  // Run inline by a caller (tryRunInline), the progress thread may pop the
+  // queue's head between the rounds below and the take: offer nothing then
+  // (the rounds still run, so every rank makes the same ones). Inline runs
+  // start with nothing queued, so little is lost.
+  const bool mayTake = progress_->onOwnThread();
+  int32_t count = !mayTake ? 0 : static_cast<int32_t>(progress_->countFusable([&](Fusable& f) {
+    auto& q = static_cast<QueuedAllreduce&>(f);
+    if (!sameKind(q) || bytes + q.tensor.nbytes() > fusionBytes_) return false;
+    // A tensor queued twice (or overlapping views) must be reduced twice, in
+    // order: the run of fused allreduces ends before it.
+    for (const auto& t : batch)
+      if (overlaps(t, q.tensor)) return false;
+    bytes += q.tensor.nbytes();
+    batch.push_back(q.tensor);
+    return true;
+  }));
+  // Queues differ between ranks: fuse what every rank has (one tiny round).
+  {
+    trace::Span span("fusion: agree on the count", "check", *c.ctx.group);
+    recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&count), 1, DType::I32, RedOp::Min);
+  }
+  // The op headers compare the first allreduce only: the riders' sizes must
+  // agree too, or swapped sizes with equal totals would mix tensors silently.
+  // On any difference nothing is fused: each runs alone and its own header
+  // check names both calls.
+  if (count > 0 && !ridersAgree(c, static_cast<size_t>(count))) count = 0;
+  auto taken = progress_->takeFusable(static_cast<size_t>(count));
+  if (taken.empty()) {  // nothing to fuse: in place, without packing a flat copy
+    allreduceOne(c, first.tensor, first.spec, first.device, tuning_);
+    return;
+  }
+  std::vector<at::Tensor> ts{first.tensor};
+  std::vector<ReduceSpec> specs{first.spec};
+  for (auto& f : taken) {
+    auto& q = static_cast<QueuedAllreduce&>(*f);
+    uint64_t seq = runSeq_.fetch_add(1) + 1;
+    q.number->store(seq);  // the same on every rank: they agreed on `count`
+    q.work->markStarted();
+    riders_.push_back(q.work);  // on failure runWork completes them with its error
+    ts.push_back(q.tensor);
+    specs.push_back(q.spec);
+    if (q.device) {
+      // CUDA: signalled by runWork after the fused op, also on failure.
+      riderDevices_.push_back({q.device, seq});
+      // The op's stream waits for the work the rider's caller queued before it.
+      q.device->prepare(c.ctx);
+    }
+  }
+  allreduceFlat(c, ts, specs, first.device);
+  for (auto& [d, seq] : riderDevices_) d->finishBody(c.ctx);
+  // runWork completes the riders, after this op's end.
+  fusedOps_ += taken.size() + 1;
+  ++fusedCollectives_;
+}
+
+WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                           const ::c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "smdccl: allreduce_coalesced needs at least one tensor");
+  std::vector<at::Tensor> real = realViews(tensors, opts.reduceOp, "allreduce_coalesced", "tensor");
+  std::vector<ReduceSpec> specs;
+  for (auto& t : real) {
+    checkTensor(t, "allreduce_coalesced", "tensor");
+    specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
+  }
+  auto dev = deviceOps_->begin(real, "allreduce_coalesced");
+  std::vector<at::Tensor> ts = real;  // CUDA tensors stay on the device (allreduceFlat)
+  return enqueue(
+      OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
+      callOf(ts, ts[0].scalar_type(), numelOf(ts), redOpCode(opts.reduceOp)), tensors,
+      [this, ts, specs, dev](Comm& c) mutable {
+        // One flat buffer per dtype: one collective each instead of one per tensor.
+        std::map<at::ScalarType, std::vector<size_t>> byType;
+        for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
+        for (auto& [type, idx] : byType) {
+          std::vector<at::Tensor> group;
+          std::vector<ReduceSpec> groupSpecs;
+          for (size_t i : idx) {
+            group.push_back(ts[i]);
+            groupSpecs.push_back(specs[i]);
+          }
+          allreduceFlat(c, group, groupSpecs, dev);
+        }
+      },
+      opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
+WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) {
+  at::Tensor t = realView(checkSingle(tensors, "reduce"), opts.reduceOp, "reduce", "tensor");
+  checkRank(opts.rootRank, size_, "reduce", "root rank");
+  TORCH_CHECK_VALUE(opts.rootTensor == 0, "smdccl: reduce: rootTensor must be 0");
+  ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "reduce");
+  DType dt = toDType(t.scalar_type(), "reduce");
+  bool isRoot = opts.rootRank == rank_;
+  Tuning tuning = tuning_;
+  auto dev = deviceOps_->begin({t}, "reduce");
+  return enqueue(
+      OpType::REDUCE, "reduce",
+      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp),
+             static_cast<int>(opts.rootRank)),
+      tensors,
+      [this, t, spec, dt, isRoot, tuning, dev,
+       root = static_cast<int>(opts.rootRank)](Comm& c) mutable {
+        // Non-roots reduce a scratch copy: their input stays as it was.
+        at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
+        WireOverflowCheck overflow(useWire(c, dt, spec));
+        applyPreScale(buf, spec);
+        if (dev)  // CUDA tensors: the device path's allreduce
+          allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
+        else
+          smdccl::reduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, root,
+                         tuning);
+        if (isRoot) applyPostDivide(buf, spec);
+        overflow.finish(c);
+      },
+      opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
+}  // namespace smdccl

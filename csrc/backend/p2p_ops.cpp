@@ -1,0 +1,118 @@
+// SmdcclBackend's barrier and point-to-point calls (send, recv, recv
+// from any source).
+#include <cstdint>
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "algorithms/collectives.h"
+#include "backend/backend.h"
+#include "backend/tensor_checks.h"
+#include "common/error.h"
+#include "common/exit_fence.h"
+#include "common/log.h"
+#include "kernels/cpu/reduce.h"
+
+namespace smdccl {
+
+using ::c10d::OpType;
+using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
+
+// ---------------------------------------------------------------- barrier, send/recv
+
+WorkPtr SmdcclBackend::barrier(const ::c10d::BarrierOptions& opts) {
+  return enqueue(
+      OpType::BARRIER, "barrier", OpCall{}, {}, [](Comm& c) { smdccl::barrier(c); }, opts.timeout,
+      opts.asyncOp);
+}
+
+WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  at::Tensor t = checkSingle(tensors, "send");
+  checkRank(dstRank, size_, "send", "destination rank");
+  TORCH_CHECK_VALUE(dstRank != rank_, "smdccl: send: a rank cannot send to itself");
+  auto work = c10::make_intrusive<SmdcclWork>(
+      rank_, OpType::SEND, tensors, [dstRank, tag, group = cfg_.groupName] {
+        return strCat("send to rank ", dstRank, " tag ", tag, " on group '", group, "'");
+      });
+  work->markStarted();
+  bool onGpu = deviceOps_->deviceOf({t}, "send") >= 0;
+  Deadline deadline = Deadline::after(std::chrono::milliseconds(timeoutMs_.load()));
+  if (nanCheck_) {
+    std::string report = nonFiniteReport(t);
+    if (!report.empty()) {
+      // The receiver gets this report instead of the data and raises too.
+      auto text = std::make_shared<std::string>(strCat("its tensor has ", report));
+      std::string msg = strCat("smdccl: send to rank ", dstRank, " (tag ", tag, ") on group '",
+                               cfg_.groupName, "': SMDCCL_NAN_CHECK: the tensor has ", report,
+                               "; it was not sent (the receive fails too)");
+      SMDCCL_WARN(msg);
+      p2p_->send(
+          dstRank, text->data(), text->size(), tag, deadline,
+          [work, text, msg](std::exception_ptr e) {
+            work->complete(toTorchError(e ? e : std::make_exception_ptr(InvalidArgument(msg))));
+          },
+          nullptr, P2PHeader::kNonFinite);
+      return work;
+    }
+  }
+  DeviceOps::HostCopy copy{t, nullptr};
+  if (onGpu) copy = deviceOps_->hostCopyForSend(t);
+  at::Tensor h = copy.host;
+  p2p_->send(
+      dstRank, h.data_ptr(), h.nbytes(), tag, deadline,
+      [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); },
+      std::move(copy.ready));
+  return work;
+}
+
+WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  at::Tensor t = checkSingle(tensors, "recv");
+  checkRank(srcRank, size_, "recv", "source rank");
+  TORCH_CHECK_VALUE(srcRank != rank_, "smdccl: recv: a rank cannot receive from itself");
+  return postRecv(t, srcRank, tag);
+}
+
+WorkPtr SmdcclBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  at::Tensor t = checkSingle(tensors, "recv");
+  TORCH_CHECK_VALUE(size_ > 1,
+                    "smdccl: recv from any source on a group of one rank: there is "
+                    "no other rank to receive from");
+  return postRecv(t, -1, tag);
+}
+
+WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
+  std::vector<at::Tensor> tensors{t};
+  auto work = c10::make_intrusive<SmdcclWork>(
+      rank_, srcRank < 0 ? OpType::RECVANYSOURCE : OpType::RECV, tensors,
+      [srcRank, tag, group = cfg_.groupName] {
+        return strCat("recv from ",
+                      srcRank < 0 ? std::string("any source") : strCat("rank ", srcRank), " tag ",
+                      tag, " on group '", group, "'");
+      });
+  work->markStarted();
+  // A receive from a named rank knows its source from the start (gloo code
+  // reads _source_rank() of every receive); an any-source one learns it.
+  if (srcRank >= 0) work->setSourceRank(srcRank);
+  DeviceOps::HostLanding landing{t, nullptr, nullptr};
+  if (deviceOps_->deviceOf({t}, "recv") >= 0) landing = deviceOps_->hostForRecv(t);
+  if (landing.completion) work->setDeviceCompletion(landing.completion);
+  at::Tensor h = landing.host;
+  Deadline deadline = Deadline::after(std::chrono::milliseconds(timeoutMs_.load()));
+  Completion done = [work, h, land = std::move(landing.land)](std::exception_ptr e) {
+    if (land) {
+      try {
+        land(/*arrived=*/!e);
+      } catch (...) {
+        if (!e) e = std::current_exception();
+      }
+    }
+    work->complete(e ? toTorchError(e) : nullptr);
+  };
+  if (srcRank >= 0) p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag, deadline, std::move(done));
+  else
+    p2p_->recvAny(
+        h.data_ptr(), h.nbytes(), tag, deadline, [work](int from) { work->setSourceRank(from); },
+        std::move(done));
+  return work;
+}
+
+}  // namespace smdccl

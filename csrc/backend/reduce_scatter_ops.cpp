@@ -1,0 +1,178 @@
+// SmdcclBackend's reduce-scatter (all forms) and the choice of the
+// 16-bit wire for reductions. Checks on the caller's thread, data movement
+// on the progress thread (see enqueue()).
+#include <cstdint>
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include "algorithms/collectives.h"
+#include "backend/backend.h"
+#include "backend/call_checks.h"
+#include "backend/host_buffers.h"
+#include "backend/tensor_checks.h"
+#include "backend/wire_overflow_check.h"
+#include "common/error.h"
+#include "common/exit_fence.h"
+#include "kernels/cpu/reduce.h"
+
+namespace smdccl {
+
+using ::c10d::OpType;
+using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
+
+// ---------------------------------------------------------------- reduce-scatter
+
+void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, const Blocks& blocks,
+                                     at::Tensor& output, const ReduceSpec& given) {
+  size_t mine = output.nbytes();
+  ReduceSpec spec = given;
+  DType dt = toDType(output.scalar_type(), "reduce_scatter");
+  WireOverflowCheck overflow(useWire(c, dt, spec));
+  applyPreScale(work, spec);
+  smdccl::reduceScatter(c, bytesOf(work), blocks, dt, spec.op, tuning_);
+  if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
+  applyPostDivide(output, spec);
+  overflow.finish(c);
+}
+
+bool SmdcclBackend::compressesSomeHop() const {
+  Comm c{*mesh_, OpContext{}, ring_, &levels_, /*members: the whole group*/ {}};
+  c.wire = cfg_.wire;
+  c.wireIntra = cfg_.wireIntra;
+  return c.compressesSomeHop(DType::F32);
+}
+
+Wire SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
+  c.wire = cfg_.wire;
+  c.wireIntra = cfg_.wireIntra;
+  // No compressed hop (one node, compression_intra off): the op is the
+  // uncompressed group's, bit for bit (AVG divides after the sum, no fp16
+  // overflow round).
+  if (!c.compressesSomeHop(dt)) {
+    c.wire = Wire::F32;
+    return Wire::F32;
+  }
+  if (spec.postDivide != 1.0) {  // AVG: divide before the wire, where 16 bits must hold it
+    spec.preScale = 1.0 / spec.postDivide;
+    spec.postDivide = 1.0;
+  }
+  return c.wire;
+}
+
+WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                      std::vector<std::vector<at::Tensor>>& inputs,
+                                      const ::c10d::ReduceScatterOptions& opts) {
+  at::Tensor out = checkSingle(outputs, "reduce_scatter");
+  checkOneList(inputs, size_, "reduce_scatter", "input_list");
+  Blocks blocks =  // in bytes: the same for complex tensors and their real views
+      checkBlockList(inputs[0], out, rank_, size_, "reduce_scatter", "input_list", "output");
+  out = realView(out, opts.reduceOp, "reduce_scatter", "output");
+  std::vector<at::Tensor> real =
+      realViews(inputs[0], opts.reduceOp, "reduce_scatter", "input_list");
+  ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
+  auto dev = deviceOps_->begin(allOf(real, {out}), "reduce_scatter");
+  std::vector<at::Tensor> ins = hostOf(dev, real, true, false);
+  at::Tensor hout = hostOf(dev, out, false, true);
+  OpCall call = blockListCall(real, out, redOpCode(opts.reduceOp));
+  call.inputs = ins;
+  return enqueue(
+      OpType::REDUCE_SCATTER, "reduce_scatter", std::move(call), outputs,
+      [this, ins, out = hout, blocks, spec](Comm& c) mutable {
+        at::Tensor work = scratch_.take(static_cast<int64_t>(numelOf(ins)), out.scalar_type());
+        packInto(bytesOf(work), ins);
+        runReduceScatter(c, work, blocks, out, spec);
+      },
+      opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
+WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& given,
+                                            const ::c10d::ReduceScatterOptions& opts) {
+  checkTensor(given, "reduce_scatter_tensor", "input");
+  checkTensor(result, "reduce_scatter_tensor", "output");
+  TORCH_CHECK_VALUE(result.scalar_type() == given.scalar_type(),
+                    "smdccl: reduce_scatter_tensor: output dtype ", result.scalar_type(),
+                    " differs from input dtype ", given.scalar_type());
+  // The engine works on real views of complex tensors; the caller's output
+  // is the work's result.
+  at::Tensor input = realView(given, opts.reduceOp, "reduce_scatter_tensor", "input");
+  at::Tensor output = realView(result, opts.reduceOp, "reduce_scatter_tensor", "output");
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * size_,
+                    "smdccl: reduce_scatter_tensor: input must have world_size (", size_,
+                    ") x output elements = ", output.numel() * size_, ", got ", input.numel());
+  ReduceSpec spec =
+      toReduceSpec(opts.reduceOp, output.scalar_type(), size_, "reduce_scatter_tensor");
+  auto dev = deviceOps_->begin({input, output}, "reduce_scatter_tensor");
+  OpCall call = callOf({output}, output.scalar_type(), output.numel(), redOpCode(opts.reduceOp));
+  call.inputs = {input};
+  if (dev) {  // on the GPU (CUDA IPC inside a node), no host copies here
+    Tuning tuning = tuning_;
+    return enqueue(
+        OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {result},
+        [this, input, output, spec, tuning, dev](Comm& c) mutable {
+          DType dt = toDType(output.scalar_type(), "reduce_scatter_tensor");
+          WireOverflowCheck overflow(useWire(c, dt, spec));
+          // The input is left as it was: a pre-scale works on a copy.
+          at::Tensor in = input;
+          if (spec.needsPreScale()) {
+            in = input.clone();
+            applyPreScale(in, spec);
+          }
+          dev->reduceScatter(c, bytesOf(in), bytesOf(output), static_cast<size_t>(output.numel()),
+                             dt, spec.op, tuning);
+          applyPostDivide(output, spec);
+          overflow.finish(c);
+        },
+        opts.timeout, opts.asyncOp, nullptr, dev);
+  }
+  return enqueue(
+      OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {result},
+      [this, input, output, spec](Comm& c) mutable {
+        at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
+        runReduceScatter(c, work, Blocks::equal(c.size(), output.nbytes()), output, spec);
+      },
+      opts.timeout, opts.asyncOp);
+}
+
+WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const ::c10d::ReduceScatterOptions& opts) {
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "smdccl: reduce_scatter_tensor_coalesced: ", inputs.size(), " inputs but ",
+                    outputs.size(), " outputs; ", kReduceScatterTensorLayout);
+  std::vector<ReduceSpec> specs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], "reduce_scatter_tensor_coalesced", "input");
+    checkTensor(outputs[i], "reduce_scatter_tensor_coalesced", "output");
+    TORCH_CHECK_VALUE(inputs[i].numel() == outputs[i].numel() * size_ &&
+                          outputs[i].scalar_type() == inputs[i].scalar_type(),
+                      "smdccl: reduce_scatter_tensor_coalesced: input ", i,
+                      " must have the output's dtype and world_size x its elements; ",
+                      kReduceScatterTensorLayout);
+  }
+  std::vector<at::Tensor> realIns =
+      realViews(inputs, opts.reduceOp, "reduce_scatter_tensor_coalesced", "input");
+  std::vector<at::Tensor> realOuts =
+      realViews(outputs, opts.reduceOp, "reduce_scatter_tensor_coalesced", "output");
+  for (const auto& o : realOuts)
+    specs.push_back(
+        toReduceSpec(opts.reduceOp, o.scalar_type(), size_, "reduce_scatter_tensor_coalesced"));
+  auto dev = deviceOps_->begin(allOf(realIns, realOuts), "reduce_scatter_tensor_coalesced");
+  std::vector<at::Tensor> ins = hostOf(dev, realIns, true, false);
+  std::vector<at::Tensor> outs = hostOf(dev, realOuts, false, true);
+  OpCall call = callOf(outs, outs.empty() ? at::kByte : outs[0].scalar_type(), numelOf(outs),
+                       redOpCode(opts.reduceOp));
+  call.inputs = ins;
+  return enqueue(
+      OpType::COALESCED, "reduce_scatter_tensor_coalesced", std::move(call), outputs,
+      [this, ins, outs, specs](Comm& c) mutable {
+        for (size_t i = 0; i < ins.size(); ++i) {
+          at::Tensor work = ins[i].clone();
+          runReduceScatter(c, work, Blocks::equal(c.size(), outs[i].nbytes()), outs[i], specs[i]);
+        }
+      },
+      opts.timeout, opts.asyncOp, nullptr, dev);
+}
+
+}  // namespace smdccl
