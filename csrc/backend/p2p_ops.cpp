@@ -6,6 +6,8 @@
 
 #include "algorithms/collectives.h"
 #include "backend/backend.h"
+#include "backend/gil.h"
+#include "common/monitored_barrier.h"
 #include "backend/tensor_checks.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
@@ -113,6 +115,31 @@ WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
         h.data_ptr(), h.nbytes(), tag, deadline, [work](int from) { work->setSourceRank(from); },
         std::move(done));
   return work;
+}
+
+void SmdcclBackend::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool waitAllRanks) {
+  // Also after the group failed or was aborted (when one most wants to know
+  // who is where): it needs only the store.
+  MonitoredBarrierCall call;
+  call.rank = rank_;
+  call.size = size_;
+  call.seq = ++monitoredBarriers_;
+  // torch's unset timeout is -1; a zero one is a deadline already passed
+  // (gloo reports at once), not "the group's timeout": that waited forever
+  // for a rank that never comes.
+  call.timeout = opts.timeout == ::c10d::kUnsetTimeout
+                     ? std::chrono::milliseconds(timeoutMs_.load())
+                     : std::max(opts.timeout, std::chrono::milliseconds(0));
+  call.waitAllRanks = waitAllRanks;
+  call.group = cfg_.groupName;
+  GilReleasedIfHeld released;  // it waits for other processes
+  try {
+    // 2 s for the late ranks' watchdogs to answer (they look every 0.5 s),
+    // well within verdictGrace.
+    smdccl::monitoredBarrier(*store_, call, [this](const std::vector<int>& late) {
+      return watchdog_->describeRanks(late, std::chrono::seconds(2));
+    });
+  } catch (...) { std::rethrow_exception(toTorchError(std::current_exception())); }
 }
 
 }  // namespace smdccl

@@ -1,0 +1,190 @@
+// SmdcclBackend's op runner: enqueue() decides where a call runs (inline,
+// from a completion callback, or queued for the progress thread) and
+// runWork() runs one op there: its checks, its body, its failure handling
+// and the completion of its Work and of the ops fused into it.
+#include <c10/core/StreamGuard.h>
+
+#include <optional>
+
+#include "backend/backend.h"
+#include "common/exit_fence.h"
+#include "backend/tensor_checks.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/trace.h"
+
+namespace smdccl {
+
+c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(
+    ::c10d::OpType type, const char* name, OpCall call, std::vector<at::Tensor> outputs,
+    std::function<void(Comm&)> body, std::chrono::milliseconds opTimeout, bool asyncOp,
+    std::shared_ptr<QueuedAllreduce> fusable, std::shared_ptr<DeviceOp> device) {
+  seq_.fetch_add(1);
+  auto number = std::make_shared<std::atomic<uint64_t>>(0);
+  auto what = [name, number, group = cfg_.groupName] {
+    uint64_t n = number->load();
+    return n ? strCat(name, " #", n, " on group '", group, "'")
+             : strCat(name, " (queued, not started) on group '", group, "'");
+  };
+  auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), what);
+  work->setRunner(progress_->key());
+  if (fusable) {
+    fusable->work = work;
+    fusable->number = number;
+  }
+  auto timeout = effectiveTimeout(opTimeout);
+  if (device) work->setDeviceCompletion(device->completion(what, timeout));
+  call.sig.name = name;
+  // CPU and CUDA tensors may take different paths (allreduce): under the
+  // full fingerprint a CPU rank and a CUDA rank of one call do not match.
+  if (device && call.sig.shapeHash)
+    call.sig.shapeHash = (call.sig.shapeHash ^ 1) * 1099511628211ull;
+  int64_t queued = trace::enabled() ? trace::nowUs() : 0;
+  // Issued by a completion callback, on the progress thread itself: DDP's
+  // PowerSGD hook all_reduces in its future callbacks and waits for the
+  // result there. Queued, the op would wait behind the very task that waits
+  // for it, for ever. It runs here, at once, ahead of what is queued: on
+  // every rank at the same point of the run order (right after the op whose
+  // completion issued it), whatever the caller threads queued meanwhile.
+  if (progress_->runningHere()) {
+    runWork(*work, call, body, *number, name, timeout, queued, device.get());
+    return work;
+  }
+  // A blocking call (async_op=False) with nothing ahead of it runs right here.
+  if (!asyncOp && progress_->tryRunInline([&] {
+        runWork(*work, call, body, *number, name, timeout, queued, device.get());
+      }))
+    return work;
+  auto task = [this, work, call = std::move(call), body = std::move(body), number, name, timeout,
+               queued, device] {
+    runWork(*work, call, body, *number, name, timeout, queued, device.get());
+  };
+  // The thread has stopped after a failure: runWork fails the work at once
+  // with the group's cause, here.
+  if (!progress_->post(task, std::move(fusable))) task();
+  return work;
+}
+
+void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) {
+  std::string mine;
+  for (size_t i = 0; i < inputs.size() && mine.empty(); ++i) {
+    std::string report = nonFiniteReport(inputs[i]);
+    if (!report.empty()) mine = strCat("input ", i, " has ", report);
+  }
+  // flags[r] = 1: rank r's inputs are not finite. Every rank takes part, also
+  // ranks whose inputs are not sent (a broadcast's non-roots).
+  std::vector<uint8_t> flags(static_cast<size_t>(c.size()), 0);
+  flags[static_cast<size_t>(c.rank())] = mine.empty() ? 0 : 1;
+  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(flags.data()), flags.size(), DType::U8,
+                             RedOp::Max);
+  std::string who;
+  for (int r = 0; r < c.size(); ++r)
+    if (flags[static_cast<size_t>(r)]) who += strCat(who.empty() ? "" : ", ", r);
+  if (who.empty()) return;
+  std::string msg = strCat("smdccl: ", c.ctx.describe(), ": SMDCCL_NAN_CHECK: NaN or Inf in the ",
+                           "input of rank(s) ", who);
+  if (!mine.empty()) msg += strCat("; on this rank ", mine);
+  SMDCCL_WARN(msg);
+  throw InvalidArgument(msg + ". The collective did not run.");
+}
+
+void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
+                            const std::function<void(Comm&)>& body, std::atomic<uint64_t>& number,
+                            const char* name, std::chrono::milliseconds timeout, int64_t queuedUs,
+                            DeviceOp* device) {
+  const uint64_t seq = ++runSeq_;
+  number.store(seq);
+  // CUDA: tensor ops of the body (scaling, copies) run on the internal
+  // stream, and the work's future completes there.
+  std::optional<c10::StreamGuard> onStream;
+  if (device) onStream.emplace(device->stream());
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(fatalMu_);
+    err = fatal_;
+  }
+  if (err) {
+    // Streams between ranks are out of step after a failure: fail fast.
+    if (device) device->signal(seq);
+    work.complete(err);
+    return;
+  }
+  work.markStarted();
+  watchdog_->opStarted(seq, name);
+  riders_.clear();
+  riderDevices_.clear();
+  OpContext ctx;
+  ctx.op = name;
+  ctx.group = &cfg_.groupName;
+  ctx.rank = rank_;
+  ctx.seq = seq;
+  ctx.deadline = Deadline::after(timeout);
+  ctx.wait = waitPolicy_;
+  ctx.sig = call.sig;
+  ctx.compareShapes = detailChecks_;
+  ctx.cancel = mesh_->cancelFlag();
+  Comm c{*mesh_, ctx, ring_, &levels_, /*members: the whole group*/ {}};
+  c.book = &exchangeBook_;
+  const std::string& track = cfg_.groupName;
+  if (queuedUs) {
+    int64_t now = trace::nowUs();
+    trace::record(strCat(name, " #", seq, " queued"), "queue", track, queuedUs, now - queuedUs);
+  }
+  const bool tracing = trace::enabled();
+  trace::Span span(
+      tracing ? strCat(name, " #", seq) : std::string(), "collective", track,
+      tracing ? strCat("\"seq\":", seq, ",\"call\":\"", call.sig.describe(), "\"") : std::string());
+  const bool timing = logEnabled(LogLevel::Trace);
+  auto started =
+      timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  try {
+    if (device) device->prepare(ctx);
+    if (detailChecks_) {
+      trace::Span phase("fingerprint (DETAIL)", "check", track);
+      // Full fingerprint: an empty direct allgather puts this op's header
+      // on every link, so every rank compares its call with every other's.
+      directAllgather(c, nullptr, Blocks::fromLengths(std::vector<size_t>(size_, 0)));
+    }
+    if (nanCheck_ && call.sig.dtype >= 0) {
+      trace::Span phase("NaN/Inf check", "check", track);
+      checkFinite(c, call.inputs);
+    }
+    body(c);
+    if (device) device->finishBody(ctx);
+  } catch (const InvalidArgument&) {  // the ranks agreed on it (the NaN check): the group goes on
+    err = toTorchError(std::current_exception());
+  } catch (const c10::ValueError&) {  // likewise (the fp16 overflow check)
+    err = toTorchError(std::current_exception());
+  } catch (const CommError& e) {
+    err = failGroup(ctx, e.kind(), e.what());
+  } catch (const c10::Error& e) {
+    // This rank alone (out of memory, ...): its peers would wait for it
+    // until their deadline. Failing the group tells them at once.
+    err = failGroup(ctx, CommError::Kind::System, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    err = failGroup(ctx, CommError::Kind::System, e.what());
+  } catch (...) { err = failGroup(ctx, CommError::Kind::System, "an exception of unknown type"); }
+  watchdog_->opFinished(seq);
+  if (timing)
+    SMDCCL_TRACE(ctx.describe(), " ", call.sig.describe(), ": ",
+                 std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::steady_clock::now() - started)
+                     .count(),
+                 " us", riders_.empty() ? "" : strCat(" (", riders_.size(), " fused in)"),
+                 err ? " (failed)" : "");
+  // Allreduces fused into this one complete with its outcome, after it: in
+  // issue order, so that ops their callbacks run right here (enqueue) come
+  // in the same order on every rank, whether a rank's callbacks were attached
+  // before completion (run here) or after (run by the caller, queued).
+  // Moved out first: those ops run runWork again.
+  std::vector<c10::intrusive_ptr<SmdcclWork>> riders;
+  riders.swap(riders_);
+  if (device) device->signal(seq);
+  for (auto& [d, riderSeq] : riderDevices_) d->signal(riderSeq);
+  riderDevices_.clear();
+  work.complete(err);
+  for (auto& w : riders) w->complete(err);
+  dropOrLeak(riders);
+}
+
+}  // namespace smdccl
