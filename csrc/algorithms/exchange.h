@@ -38,22 +38,15 @@ class Exchange {
  public:
   // `node`: this rank's shared-memory node, if any; its ranks are checked for
   // liveness while waiting.
-  // `book`: the group's per-peer state (op headers); needed when ctx.seq
-  // is set, else the exchange keeps one of its own.
+  // `book`: the group's per-peer state (op headers, TCP reduce staging),
+  // kept from one op to the next; without one (a test's lone exchange) the
+  // exchange keeps its own. Neither copied nor moved (book_ may point into
+  // it): Comm::exchange() returns it by guaranteed copy elision.
   Exchange(const OpContext& ctx, Doorbell* myBell, const ShmNode* node = nullptr,
            ExchangeBook* book = nullptr)
       : ctx_(ctx), bell_(myBell), node_(node), book_(book ? book : &ownBook_) {}
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
-  Exchange(Exchange&& o) noexcept
-      : ctx_(o.ctx_),
-        bell_(o.bell_),
-        node_(o.node_),
-        t_(std::move(o.t_)),
-        firstOpen_(o.firstOpen_),
-        tails_(std::move(o.tails_)),
-        ownBook_(std::move(o.ownBook_)),
-        book_(o.book_ == &o.ownBook_ ? &ownBook_ : o.book_) {}
 
   using Deps = ExchangeDeps;
 
