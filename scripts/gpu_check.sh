@@ -124,7 +124,7 @@ nccl_bench nccl-hosts-2x2 4 nccl,smdccl,smdccl+fp16 70 SMDCCL_TOPOLOGY=2x2
 # collective at 2 and 4 ranks, two-level / staged / fp16 wire, the staged ring.
 pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
 pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
-pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion" tests/test_cuda.py &
+pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
 pytest_step two-level 400 "two_level" tests/test_cuda.py &
 pytest_step staged-ring 150 "staged_ring" tests/test_cuda.py &
 wait

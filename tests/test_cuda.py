@@ -551,6 +551,40 @@ def test_cuda_ipc_buffer_out_of_memory_names_the_setting():
     assert all(r["seconds"] < PG_TIMEOUT / 2 for r in res), res
 
 
+def pinned_staging_after_a_burst() -> dict:
+    """One 64 MiB allgather staged through pinned host memory (the burst),
+    then small allreduces: the group's pinned staging memory, read from the
+    backend, after each phase, and whether every result was right."""
+    dev = _device()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
+    each = 8 << 20  # float32 elements: 32 MiB per rank
+    out = torch.empty(world * each, device=dev)
+    dist.all_gather_into_tensor(out, torch.full((each,), float(rank + 1), device=dev))
+    ok = bool((out.view(world, each)[:, -1].cpu() == torch.arange(1, world + 1)).all())
+    burst = backend.pinned_staging_bytes
+    small = torch.ones(1024, device=dev)
+    for _ in range(3 * 8):  # three windows of SMDCCL_CUDA_PINNED_SHRINK_OPS=8
+        small.fill_(1.0)
+        dist.all_reduce(small)
+        ok &= float(small[0]) == world
+    # The outgrown buffer is freed off the op's thread: give it a moment.
+    deadline = time.monotonic() + 10
+    while backend.pinned_staging_bytes > (8 << 20) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"ok": ok, "burst": burst, "after": backend.pinned_staging_bytes}
+
+
+@needs_gpu
+def test_cuda_pinned_staging_shrinks_after_a_burst():
+    res = run_ranks(2, pinned_staging_after_a_burst, timeout=120, pg_timeout=PG_TIMEOUT,
+                    env={"SMDCCL_CUDA_IPC": "0", "SMDCCL_CUDA_PINNED_SHRINK_OPS": "8"})
+    for r in res:
+        assert r["ok"], res
+        assert r["burst"] >= 64 << 20, res  # the allgather staged both ranks' blocks
+        assert r["after"] <= 8 << 20, res
+
+
 def ddp_against_gloo(steps: int) -> dict:
     """DDP on CUDA: the same model, data and seed trained over smdccl and over
     gloo (which stages CUDA tensors through the host) end with the same

@@ -490,7 +490,8 @@ def progress_and_copy_counters() -> dict:
     after = backend.progress_cpu_seconds
     assert float(x[0]) == float(dist.get_world_size()) ** 20
     return {"before": before, "after": after, "process": used,
-            "copied": dict(backend.device_copied_bytes)}
+            "copied": dict(backend.device_copied_bytes),
+            "pinned": backend.pinned_staging_bytes}
 
 
 def test_progress_cpu_seconds_and_device_copied_bytes():
@@ -500,3 +501,4 @@ def test_progress_cpu_seconds_and_device_copied_bytes():
         assert r["after"] > r["before"], r
         assert r["after"] - r["before"] <= r["process"] + 0.05, r
         assert r["copied"] == {"to_host": 0, "from_host": 0}, r
+        assert r["pinned"] == 0, r  # CPU tensors stage nothing

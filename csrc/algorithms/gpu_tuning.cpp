@@ -30,6 +30,11 @@ SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
                "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
                "A cap leaves the rest to the training's own kernels so that collectives overlap "
                "with them; it changes speed, never results. Per process.");
+SMDCCL_ENV_INT(kCudaPinnedShrinkOps, "SMDCCL_CUDA_PINNED_SHRINK_OPS", 64, 0, 1 << 20,
+               "CUDA tensors staged through pinned host memory: the staging buffer grows to the "
+               "largest message at once, and after this many ops in a row that used at most a "
+               "quarter of it, shrinks to the largest of them (freed off the op's thread); 0 "
+               "keeps it at its peak. Per process.");
 }  // namespace env
 
 GpuTuning GpuTuning::fromEnv() {
@@ -41,6 +46,7 @@ GpuTuning GpuTuning::fromEnv() {
   t.stageChunkBytes = static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
   t.stagedRing = envInt(env::kCudaStagedRing) != 0;
   t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
+  t.pinnedShrinkOps = static_cast<int>(envInt(env::kCudaPinnedShrinkOps));
   return t;
 }
 

@@ -213,6 +213,8 @@ class SmdcclBackend : public ::c10d::Backend {
     auto b = deviceOps_->copiedBytes();
     return {b.toHost, b.fromHost};
   }
+  // Pinned host memory the group holds for staging CUDA tensors.
+  size_t pinnedStagingBytes() const { return deviceOps_->pinnedStagingBytes(); }
 
  private:
   // split() and shrink(): ValueError unless `r` is a rank of this group.

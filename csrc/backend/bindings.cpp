@@ -111,6 +111,9 @@ PYBIND11_MODULE(_C, m) {
           },
           "Bytes the group's collectives on CUDA tensors copied from the GPU to host memory "
           "and back (PCIe traffic of the staged paths): {'to_host': n, 'from_host': m}")
+      .def_property_readonly("pinned_staging_bytes", &smdccl::SmdcclBackend::pinnedStagingBytes,
+                             "Pinned host memory the group holds to stage CUDA tensors (see "
+                             "SMDCCL_CUDA_PINNED_SHRINK_OPS); 0 for CPU tensors")
       .def_property_readonly("listen_address", &smdccl::SmdcclBackend::listenAddress,
                              "ip:port of this process's TCP listener")
       .def_property_readonly("rejected_connections", &smdccl::SmdcclBackend::rejectedConnections,

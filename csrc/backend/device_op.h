@@ -105,6 +105,9 @@ class DeviceOps {
     uint64_t toHost = 0, fromHost = 0;
   };
   virtual CopiedBytes copiedBytes() const { return {}; }
+  // Pinned host memory the group holds for staging (its buffer, and
+  // outgrown ones not freed yet); zero without a GPU.
+  virtual size_t pinnedStagingBytes() const { return 0; }
 };
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
                                          std::function<std::chrono::milliseconds()> timeout);

@@ -50,6 +50,7 @@ GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTunin
       stream_(stream),
       store_(store),
       tuning_(tuning),
+      staging_(device, stream, tuning.pinnedShrinkOps),
       freeCached_(std::move(freeCached)) {
   cuda::setMaxSms(tuning_.maxSms);
 }

@@ -33,6 +33,7 @@ class GpuContext {
   cudaStream_t stream() const { return stream_; }
   const GpuTuning& tuning() const { return tuning_; }
   PinnedBuffer& staging() { return staging_; }
+  const PinnedBuffer& staging() const { return staging_; }
   // The device side of the staged ring (made at first use).
   CudaStageDevice& stage();
   // Bytes the group's staged collectives copied from device to host memory

@@ -462,6 +462,11 @@ class CudaDeviceOps : public DeviceOps {
     if (!state_) return {};
     return {state_->gpu->bytesToHost(), state_->gpu->bytesFromHost()};
   }
+  size_t pinnedStagingBytes() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!state_) return 0;
+    return state_->gpu->staging().capacity() + state_->gpu->staging().retiredBytes();
+  }
 };
 
 }  // namespace

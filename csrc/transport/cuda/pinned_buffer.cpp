@@ -1,35 +1,94 @@
 #include "transport/cuda/pinned_buffer.h"
 
-#include <cuda_runtime_api.h>
+#include <utility>
 
-#include <algorithm>
-
+#include "common/own_thread.h"
+#include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
 
+PinnedBuffer::PinnedBuffer(int device, cudaStream_t stream, int shrinkWindow)
+    : device_(device), stream_(stream), sizer_(shrinkWindow) {}
+
 PinnedBuffer::~PinnedBuffer() {
+  if (freer_.joinable()) freer_.join();
+  // The group's stream is idle by now (its owner synchronized it).
+  for (Retired& r : retired_) {
+    if (r.copiesDone) {
+      cudaEventSynchronize(r.copiesDone);
+      cudaEventDestroy(r.copiesDone);
+    }
+    cudaFreeHost(r.data);
+  }
   if (data_) cudaFreeHost(data_);
-  for (char* p : retired_) cudaFreeHost(p);
 }
 
 char* PinnedBuffer::reserve(size_t bytes) {
-  if (bytes <= capacity_) return data_;
-  // Round up (1 MiB) and grow by half at least, so that a series of growing
-  // messages does not re-pin every time (pinning is slow: page-locking the
-  // range) and the retired buffers add at most twice the current one.
-  size_t want = (bytes + (1u << 20) - 1) & ~size_t((1u << 20) - 1);
-  want = std::max(want, capacity_ + capacity_ / 2);
-  if (data_) {
-    retired_.push_back(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-  }
+  size_t have = capacity_.load();
+  size_t want = sizer_.fit(have, bytes);
+  if (want == have) return data_;
+  if (data_) retire(data_, have);
+  data_ = nullptr;
+  capacity_ = 0;
   void* p = nullptr;
   SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, want, cudaHostAllocPortable));
   data_ = static_cast<char*>(p);
   capacity_ = want;
   return data_;
+}
+
+void PinnedBuffer::retire(char* data, size_t bytes) {
+  cudaEvent_t done = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(done, stream_);
+  if (e != cudaSuccess) {
+    // No way to know when its copies end: keep it for the destructor,
+    // which runs after the stream is synchronized.
+    if (done) cudaEventDestroy(done);
+    (void)cudaGetLastError();
+    done = nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    retired_.push_back({data, bytes, done});
+    retiredBytes_ += bytes;
+  }
+  if (!done || !freerIdle_.load()) return;  // the running freer takes it
+  if (freer_.joinable()) freer_.join();
+  freerIdle_ = false;
+  freer_ = std::thread([this] { freeRetired(); });
+}
+
+void PinnedBuffer::freeRetired() {
+  markOwnThread();
+  // A thread has no current device: without this the CUDA calls below
+  // would create a context on GPU 0 for every rank.
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    std::lock_guard<std::mutex> lock(mu_);  // the destructor frees them
+    freerIdle_ = true;
+    return;
+  }
+  // Our calls must not break a graph capture running on a user's thread.
+  CaptureSafeScope captureSafe;
+  for (;;) {
+    Retired r{};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = retired_.begin();
+      while (it != retired_.end() && !it->copiesDone) ++it;
+      if (it == retired_.end()) {
+        freerIdle_ = true;
+        return;
+      }
+      r = *it;
+      retired_.erase(it);
+    }
+    cudaEventSynchronize(r.copiesDone);
+    cudaEventDestroy(r.copiesDone);
+    cudaFreeHost(r.data);
+    retiredBytes_ -= r.bytes;
+  }
 }
 
 }  // namespace smdccl
