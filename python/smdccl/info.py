@@ -114,7 +114,8 @@ def _cuda_settings(c) -> str:
 def _values(v: dict) -> str:
     """What a variable accepts, from its declaration."""
     if v["kind"] in ("int", "number"):
-        return f"{'integer' if v['kind'] == 'int' else 'number'}, {v['min']:g} to {v['max']:g}"
+        # .15g: 1048576 in full, not 1.04858e+06.
+        return f"{'integer' if v['kind'] == 'int' else 'number'}, {v['min']:.15g} to {v['max']:.15g}"
     return f"one of: {v['choices']}" if v["choices"] else "text"
 
 
