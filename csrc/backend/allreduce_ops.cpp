@@ -47,17 +47,25 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     fusable->tensor = t;
     fusable->spec = spec;
     fusable->device = dev;
-    return enqueue(
-        OpType::ALLREDUCE, "allreduce",
-        callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)), tensors,
-        [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); }, opts.timeout,
-        opts.asyncOp, fusable, dev);
+    return enqueue({.type = OpType::ALLREDUCE,
+                    .name = "allreduce",
+                    .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
+                    .outputs = tensors,
+                    .body = [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); },
+                    .timeout = opts.timeout,
+                    .asyncOp = opts.asyncOp,
+                    .fusable = fusable,
+                    .device = dev});
   }
-  return enqueue(
-      OpType::ALLREDUCE, "allreduce",
-      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)), tensors,
-      [this, t, spec, tuning, dev](Comm& c) mutable { allreduceOne(c, t, spec, dev, tuning); },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::ALLREDUCE,
+                  .name = "allreduce",
+                  .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
+                  .outputs = tensors,
+                  .body = [this, t, spec, tuning,
+                           dev](Comm& c) mutable { allreduceOne(c, t, spec, dev, tuning); },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 WorkPtr SmdcclBackend::allreduceSparse(at::Tensor t, const ::c10d::AllreduceOptions& opts) {
@@ -78,13 +86,17 @@ WorkPtr SmdcclBackend::allreduceSparse(at::Tensor t, const ::c10d::AllreduceOpti
   // (an op queued before this one may replace them), in the body.
   OpCall call = callOf({}, t.scalar_type(), OpSignature::kAnyCount, redOpCode(opts.reduceOp));
   std::vector<at::Tensor> outputs{t};
-  return enqueue(
-      OpType::ALLREDUCE, "sparse_allreduce", std::move(call), outputs,
-      [this, t, average](Comm& c) mutable {
-        if (nanCheck_) checkFinite(c, {t._values()});
-        sparseAllreduce(c, t, average, tuning_);
-      },
-      opts.timeout, opts.asyncOp);
+  return enqueue({.type = OpType::ALLREDUCE,
+                  .name = "sparse_allreduce",
+                  .call = std::move(call),
+                  .outputs = outputs,
+                  .body =
+                      [this, t, average](Comm& c) mutable {
+                        if (nanCheck_) checkFinite(c, {t._values()});
+                        sparseAllreduce(c, t, average, tuning_);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp});
 }
 
 void SmdcclBackend::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
@@ -227,24 +239,29 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
   }
   auto dev = deviceOps_->begin(real, "allreduce_coalesced");
   std::vector<at::Tensor> ts = real;  // CUDA tensors stay on the device (allreduceFlat)
-  return enqueue(
-      OpType::ALLREDUCE_COALESCED, "allreduce_coalesced",
-      callOf(ts, ts[0].scalar_type(), numelOf(ts), redOpCode(opts.reduceOp)), tensors,
-      [this, ts, specs, dev](Comm& c) mutable {
-        // One flat buffer per dtype: one collective each instead of one per tensor.
-        std::map<at::ScalarType, std::vector<size_t>> byType;
-        for (size_t i = 0; i < ts.size(); ++i) byType[ts[i].scalar_type()].push_back(i);
-        for (auto& [type, idx] : byType) {
-          std::vector<at::Tensor> group;
-          std::vector<ReduceSpec> groupSpecs;
-          for (size_t i : idx) {
-            group.push_back(ts[i]);
-            groupSpecs.push_back(specs[i]);
-          }
-          allreduceFlat(c, group, groupSpecs, dev);
-        }
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::ALLREDUCE_COALESCED,
+                  .name = "allreduce_coalesced",
+                  .call = callOf(ts, ts[0].scalar_type(), numelOf(ts), redOpCode(opts.reduceOp)),
+                  .outputs = tensors,
+                  .body =
+                      [this, ts, specs, dev](Comm& c) mutable {
+                        // One flat buffer per dtype: one collective each instead of one per tensor.
+                        std::map<at::ScalarType, std::vector<size_t>> byType;
+                        for (size_t i = 0; i < ts.size(); ++i)
+                          byType[ts[i].scalar_type()].push_back(i);
+                        for (auto& [type, idx] : byType) {
+                          std::vector<at::Tensor> group;
+                          std::vector<ReduceSpec> groupSpecs;
+                          for (size_t i : idx) {
+                            group.push_back(ts[i]);
+                            groupSpecs.push_back(specs[i]);
+                          }
+                          allreduceFlat(c, group, groupSpecs, dev);
+                        }
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) {
@@ -256,26 +273,30 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
   bool isRoot = opts.rootRank == rank_;
   Tuning tuning = tuning_;
   auto dev = deviceOps_->begin({t}, "reduce");
-  return enqueue(
-      OpType::REDUCE, "reduce",
-      callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp),
-             static_cast<int>(opts.rootRank)),
-      tensors,
-      [this, t, spec, dt, isRoot, tuning, dev,
-       root = static_cast<int>(opts.rootRank)](Comm& c) mutable {
-        // Non-roots reduce a scratch copy: their input stays as it was.
-        at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
-        WireOverflowCheck overflow(useWire(c, dt, spec));
-        applyPreScale(buf, spec);
-        if (dev)  // CUDA tensors: the device path's allreduce
-          allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, tuning);
-        else
-          smdccl::reduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt, spec.op, root,
-                         tuning);
-        if (isRoot) applyPostDivide(buf, spec);
-        overflow.finish(c);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::REDUCE,
+                  .name = "reduce",
+                  .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp),
+                                 static_cast<int>(opts.rootRank)),
+                  .outputs = tensors,
+                  .body =
+                      [this, t, spec, dt, isRoot, tuning, dev,
+                       root = static_cast<int>(opts.rootRank)](Comm& c) mutable {
+                        // Non-roots reduce a scratch copy: their input stays as it was.
+                        at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
+                        WireOverflowCheck overflow(useWire(c, dt, spec));
+                        applyPreScale(buf, spec);
+                        if (dev)  // CUDA tensors: the device path's allreduce
+                          allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt,
+                                      spec.op, tuning);
+                        else
+                          smdccl::reduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt,
+                                         spec.op, root, tuning);
+                        if (isRoot) applyPostDivide(buf, spec);
+                        overflow.finish(c);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 }  // namespace smdccl

@@ -15,6 +15,7 @@
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
 #include "backend/device_op.h"
+#include "backend/op_request.h"
 #include "backend/progress_thread.h"
 #include "backend/scratch_pool.h"
 #include "backend/tensor_checks.h"
@@ -61,26 +62,6 @@ struct BackendConfig {
   // (SMDCCL_COMPRESSION, or pg_options); wireIntra: inside nodes too.
   Wire wire = Wire::F32;
   bool wireIntra = false;
-};
-
-// An op's number in the group's run order, set when it starts (0 before).
-using OpNumber = std::shared_ptr<std::atomic<uint64_t>>;
-
-// An async allreduce waiting in the queue that the one running before it may
-// take into its collective (tensor fusion).
-struct QueuedAllreduce : Fusable {
-  at::Tensor tensor;
-  ReduceSpec spec;
-  std::shared_ptr<DeviceOp> device;  // CUDA tensors: the op's device side (nullptr: CPU)
-  c10::intrusive_ptr<SmdcclWork> work;
-  OpNumber number;
-};
-
-// A collective as this rank calls it: what every rank must agree on, and the
-// tensors whose contents it sends (checked under SMDCCL_NAN_CHECK).
-struct OpCall {
-  OpSignature sig;
-  std::vector<at::Tensor> inputs;
 };
 
 class SmdcclBackend : public ::c10d::Backend {
@@ -224,14 +205,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // with this group's compression and `opts`' timeout, if any.
   BackendConfig childConfig(const std::vector<int>& ranks, std::string name,
                             const c10::intrusive_ptr<Options>& opts) const;
-  // Runs `body` on the progress thread with a fresh deadline; the Work
-  // completes with `outputs` or the error.
-  c10::intrusive_ptr<::c10d::Work> enqueue(::c10d::OpType type, const char* name, OpCall call,
-                                           std::vector<at::Tensor> outputs,
-                                           std::function<void(Comm&)> body,
-                                           std::chrono::milliseconds opTimeout, bool asyncOp = true,
-                                           std::shared_ptr<QueuedAllreduce> fusable = nullptr,
-                                           std::shared_ptr<DeviceOp> device = nullptr);
+  // The op runner (op_runner.cpp). Runs `r.body` on the progress thread (or
+  // inline: see there) with a fresh deadline; the Work completes with
+  // `r.outputs` or the error.
+  c10::intrusive_ptr<::c10d::Work> enqueue(OpRequest r);
   // Runs `first` and, when every rank has more fusable allreduces queued
   // right behind it, as many of those as all have, as one collective.
   void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
@@ -261,12 +238,9 @@ class SmdcclBackend : public ::c10d::Backend {
   // Returns the error the op's work completes with.
   std::exception_ptr failGroup(const OpContext& ctx, CommError::Kind kind,
                                const std::string& cause);
-  // `queuedUs`: when the caller queued it (trace::nowUs(); 0 when not tracing).
-  // `device`: the op's CUDA side (nullptr for CPU tensors). `number` gets
-  // the op's place in the run order.
-  void runWork(SmdcclWork& work, const OpCall& call, const std::function<void(Comm&)>& body,
-               std::atomic<uint64_t>& number, const char* name, std::chrono::milliseconds timeout,
-               int64_t queuedUs, DeviceOp* device);
+  // Runs one op where enqueue() put it: its checks, its body, its failure
+  // handling, the completion of its Work and of the ops fused into it.
+  void runWork(QueuedOp& op);
   // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);

@@ -36,9 +36,15 @@ WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
   auto dev = deviceOps_->begin({t}, "broadcast");
   at::Tensor h = hostOf(dev, t, root == rank_, root != rank_);
   return enqueue(
-      OpType::BROADCAST, "broadcast", std::move(call), tensors,
-      [h, root, tuning](Comm& c) { smdccl::broadcast(c, bytesOf(h), h.nbytes(), root, tuning); },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+      {.type = OpType::BROADCAST,
+       .name = "broadcast",
+       .call = std::move(call),
+       .outputs = tensors,
+       .body = [h, root,
+                tuning](Comm& c) { smdccl::broadcast(c, bytesOf(h), h.nbytes(), root, tuning); },
+       .timeout = opts.timeout,
+       .asyncOp = opts.asyncOp,
+       .device = dev});
 }
 
 // ---------------------------------------------------------------- allgather
@@ -55,15 +61,21 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor hin = hostOf(dev, in, true, false);
   Tuning tuning = tuning_;
   return enqueue(
-      OpType::ALLGATHER, "allgather", blockListCall(outputs[0], in), outputs[0],
-      [in = hin, outs, blocks, tuning](Comm& c) mutable {
-        at::Tensor flat = at::empty({static_cast<int64_t>(blocks.total())}, at::kByte);
-        if (in.nbytes())
-          std::memcpy(bytesOf(flat) + blocks.offset[c.rank()], bytesOf(in), in.nbytes());
-        smdccl::allgather(c, bytesOf(flat), blocks, tuning);
-        unpackFrom(bytesOf(flat), outs);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+      {.type = OpType::ALLGATHER,
+       .name = "allgather",
+       .call = blockListCall(outputs[0], in),
+       .outputs = outputs[0],
+       .body =
+           [in = hin, outs, blocks, tuning](Comm& c) mutable {
+             at::Tensor flat = at::empty({static_cast<int64_t>(blocks.total())}, at::kByte);
+             if (in.nbytes())
+               std::memcpy(bytesOf(flat) + blocks.offset[c.rank()], bytesOf(in), in.nbytes());
+             smdccl::allgather(c, bytesOf(flat), blocks, tuning);
+             unpackFrom(bytesOf(flat), outs);
+           },
+       .timeout = opts.timeout,
+       .asyncOp = opts.asyncOp,
+       .device = dev});
 }
 
 WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -79,23 +91,33 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
   auto dev = deviceOps_->begin({input, output}, "all_gather_into_tensor");
   Tuning tuning = tuning_;
   if (dev)  // on the GPU (CUDA IPC inside a node), no host copies here
-    return enqueue(
-        OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
-        callOf({input}, input.scalar_type(), input.numel()), {output},
-        [input, output, tuning, dev](Comm& c) {
-          dev->allgather(c, bytesOf(input), bytesOf(output), input.nbytes(), tuning);
-        },
-        opts.timeout, opts.asyncOp, nullptr, dev);
-  return enqueue(
-      OpType::_ALLGATHER_BASE, "all_gather_into_tensor",
-      callOf({input}, input.scalar_type(), input.numel()), {output},
-      [input, output, tuning](Comm& c) {
-        size_t each = input.nbytes();
-        char* mine = bytesOf(output) + each * c.rank();
-        if (each && mine != bytesOf(input)) std::memmove(mine, bytesOf(input), each);
-        smdccl::allgather(c, bytesOf(output), Blocks::equal(c.size(), each), tuning);
-      },
-      opts.timeout, opts.asyncOp);
+    return enqueue({.type = OpType::_ALLGATHER_BASE,
+                    .name = "all_gather_into_tensor",
+                    .call = callOf({input}, input.scalar_type(), input.numel()),
+                    .outputs = {output},
+                    .body =
+                        [input, output, tuning, dev](Comm& c) {
+                          dev->allgather(c, bytesOf(input), bytesOf(output), input.nbytes(),
+                                         tuning);
+                        },
+                    .timeout = opts.timeout,
+                    .asyncOp = opts.asyncOp,
+                    .device = dev});
+  return enqueue({.type = OpType::_ALLGATHER_BASE,
+                  .name = "all_gather_into_tensor",
+                  .call = callOf({input}, input.scalar_type(), input.numel()),
+                  .outputs = {output},
+                  .body =
+                      [input, output, tuning](Comm& c) {
+                        size_t each = input.nbytes();
+                        char* mine = bytesOf(output) + each * c.rank();
+                        if (each && mine != bytesOf(input))
+                          std::memmove(mine, bytesOf(input), each);
+                        smdccl::allgather(c, bytesOf(output), Blocks::equal(c.size(), each),
+                                          tuning);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp});
 }
 
 WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputLists,
@@ -115,13 +137,18 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
   std::vector<std::vector<at::Tensor>> outs;
   for (auto& list : outputLists) outs.push_back(hostOf(dev, list, false, true));
   Tuning tuning = tuning_;
-  return enqueue(
-      OpType::ALLGATHER_COALESCED, "allgather_coalesced",
-      callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)), allOutputs,
-      [ins, outs, tuning](Comm& c) {
-        allgatherPacked(c, ins, tuning, [&](size_t i, int r) { return bytesOf(outs[r][i]); });
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::ALLGATHER_COALESCED,
+                  .name = "allgather_coalesced",
+                  .call = callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)),
+                  .outputs = allOutputs,
+                  .body =
+                      [ins, outs, tuning](Comm& c) {
+                        allgatherPacked(c, ins, tuning,
+                                        [&](size_t i, int r) { return bytesOf(outs[r][i]); });
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -143,14 +170,19 @@ WorkPtr SmdcclBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& 
   std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
   std::vector<at::Tensor> outs = hostOf(dev, outputs, false, true);
   Tuning tuning = tuning_;
-  return enqueue(
-      OpType::COALESCED, "allgather_into_tensor_coalesced",
-      callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)), outputs,
-      [ins, outs, tuning](Comm& c) {
-        allgatherPacked(c, ins, tuning,
-                        [&](size_t i, int r) { return bytesOf(outs[i]) + ins[i].nbytes() * r; });
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::COALESCED,
+                  .name = "allgather_into_tensor_coalesced",
+                  .call = callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)),
+                  .outputs = outputs,
+                  .body =
+                      [ins, outs, tuning](Comm& c) {
+                        allgatherPacked(c, ins, tuning, [&](size_t i, int r) {
+                          return bytesOf(outs[i]) + ins[i].nbytes() * r;
+                        });
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 // ---------------------------------------------------------------- gather / scatter
@@ -165,15 +197,21 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   auto dev = deviceOps_->begin(allOf(devOuts, {in}), "gather");
   std::vector<at::Tensor> outs = hostOf(dev, devOuts, false, true);
   at::Tensor hin = hostOf(dev, in, true, false);
-  return enqueue(
-      OpType::GATHER, "gather", callOf({hin}, in.scalar_type(), in.numel(), -1, root), devOuts,
-      [in = hin, outs, root](Comm& c) mutable {
-        if (c.rank() != root) return gatherInto(c, in, nullptr, root);
-        at::Tensor flat = at::empty({static_cast<int64_t>(in.nbytes() * c.size())}, at::kByte);
-        gatherInto(c, in, bytesOf(flat), root);
-        unpackFrom(bytesOf(flat), outs);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::GATHER,
+                  .name = "gather",
+                  .call = callOf({hin}, in.scalar_type(), in.numel(), -1, root),
+                  .outputs = devOuts,
+                  .body =
+                      [in = hin, outs, root](Comm& c) mutable {
+                        if (c.rank() != root) return gatherInto(c, in, nullptr, root);
+                        at::Tensor flat =
+                            at::empty({static_cast<int64_t>(in.nbytes() * c.size())}, at::kByte);
+                        gatherInto(c, in, bytesOf(flat), root);
+                        unpackFrom(bytesOf(flat), outs);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 WorkPtr SmdcclBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
@@ -200,12 +238,17 @@ WorkPtr SmdcclBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
   auto dev = deviceOps_->begin(allOf(devOuts, {input}), op);
   std::vector<at::Tensor> outs = hostOf(dev, devOuts, false, true);
   at::Tensor hin = hostOf(dev, input, true, false);
-  return enqueue(
-      OpType::GATHER, op, callOf({hin}, input.scalar_type(), input.numel(), -1, root), devOuts,
-      [in = hin, outs, root](Comm& c) mutable {
-        gatherInto(c, in, c.rank() == root ? bytesOf(outs[0]) : nullptr, root);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::GATHER,
+                  .name = op,
+                  .call = callOf({hin}, input.scalar_type(), input.numel(), -1, root),
+                  .outputs = devOuts,
+                  .body =
+                      [in = hin, outs, root](Comm& c) mutable {
+                        gatherInto(c, in, c.rank() == root ? bytesOf(outs[0]) : nullptr, root);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -222,20 +265,27 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
   // The signature counts the output: only the root passes a scatter_list.
   OpCall call = callOf({hout}, out.scalar_type(), out.numel(), -1, root);
   call.inputs = ins;
-  return enqueue(
-      OpType::SCATTER, "scatter", std::move(call), outputs,
-      [ins, out = hout, root](Comm& c) {
-        size_t each = out.nbytes();
-        if (c.rank() != root) {
-          directScatter(c, nullptr, Blocks(), bytesOf(out), each, root);
-          return;
-        }
-        at::Tensor flat = at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
-        packInto(bytesOf(flat), ins);
-        directScatter(c, bytesOf(flat), Blocks::equal(c.size(), each), bytesOf(out), each, root);
-        if (each) std::memcpy(bytesOf(out), bytesOf(flat) + each * root, each);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::SCATTER,
+                  .name = "scatter",
+                  .call = std::move(call),
+                  .outputs = outputs,
+                  .body =
+                      [ins, out = hout, root](Comm& c) {
+                        size_t each = out.nbytes();
+                        if (c.rank() != root) {
+                          directScatter(c, nullptr, Blocks(), bytesOf(out), each, root);
+                          return;
+                        }
+                        at::Tensor flat =
+                            at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
+                        packInto(bytesOf(flat), ins);
+                        directScatter(c, bytesOf(flat), Blocks::equal(c.size(), each), bytesOf(out),
+                                      each, root);
+                        if (each) std::memcpy(bytesOf(out), bytesOf(flat) + each * root, each);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 // ---------------------------------------------------------------- all-to-all
@@ -283,15 +333,19 @@ WorkPtr SmdcclBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
   auto dev = deviceOps_->begin({input, output}, "all_to_all_single");
   at::Tensor in = hostOf(dev, input, true, false), out = hostOf(dev, output, false, true);
   // Split sizes may differ between ranks: only the dtype is compared.
-  return enqueue(
-      OpType::ALLTOALL_BASE, "all_to_all_single",
-      callOf({in}, in.scalar_type(), OpSignature::kAnyCount), {output},
-      [in, out, sendB, recvB](Comm& c) {
-        // Sending from memory that is being received into would corrupt it.
-        at::Tensor src = overlaps(in, out) ? in.clone() : in;
-        directAlltoall(c, bytesOf(src), sendB, bytesOf(out), recvB);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::ALLTOALL_BASE,
+                  .name = "all_to_all_single",
+                  .call = callOf({in}, in.scalar_type(), OpSignature::kAnyCount),
+                  .outputs = {output},
+                  .body =
+                      [in, out, sendB, recvB](Comm& c) {
+                        // Sending from memory that is being received into would corrupt it.
+                        at::Tensor src = overlaps(in, out) ? in.clone() : in;
+                        directAlltoall(c, bytesOf(src), sendB, bytesOf(out), recvB);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
@@ -318,17 +372,22 @@ WorkPtr SmdcclBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at
   std::vector<at::Tensor> ins = hostOf(dev, inputs, true, false);
   std::vector<at::Tensor> outs = hostOf(dev, outputs, false, true);
   Blocks sendB = Blocks::fromLengths(sendLen), recvB = Blocks::fromLengths(recvLen);
-  return enqueue(
-      OpType::ALLTOALL, "all_to_all", callOf(ins, ins[0].scalar_type(), OpSignature::kAnyCount),
-      outputs,
-      [ins, outs, sendB, recvB](Comm& c) mutable {
-        at::Tensor in = at::empty({static_cast<int64_t>(sendB.total())}, at::kByte);
-        at::Tensor out = at::empty({static_cast<int64_t>(recvB.total())}, at::kByte);
-        packInto(bytesOf(in), ins);
-        directAlltoall(c, bytesOf(in), sendB, bytesOf(out), recvB);
-        unpackFrom(bytesOf(out), outs);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::ALLTOALL,
+                  .name = "all_to_all",
+                  .call = callOf(ins, ins[0].scalar_type(), OpSignature::kAnyCount),
+                  .outputs = outputs,
+                  .body =
+                      [ins, outs, sendB, recvB](Comm& c) mutable {
+                        at::Tensor in = at::empty({static_cast<int64_t>(sendB.total())}, at::kByte);
+                        at::Tensor out =
+                            at::empty({static_cast<int64_t>(recvB.total())}, at::kByte);
+                        packInto(bytesOf(in), ins);
+                        directAlltoall(c, bytesOf(in), sendB, bytesOf(out), recvB);
+                        unpackFrom(bytesOf(out), outs);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 }  // namespace smdccl

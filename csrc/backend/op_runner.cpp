@@ -15,31 +15,33 @@
 
 namespace smdccl {
 
-c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(
-    ::c10d::OpType type, const char* name, OpCall call, std::vector<at::Tensor> outputs,
-    std::function<void(Comm&)> body, std::chrono::milliseconds opTimeout, bool asyncOp,
-    std::shared_ptr<QueuedAllreduce> fusable, std::shared_ptr<DeviceOp> device) {
+c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(OpRequest r) {
   seq_.fetch_add(1);
-  auto number = std::make_shared<std::atomic<uint64_t>>(0);
-  auto what = [name, number, group = cfg_.groupName] {
+  auto op = std::make_shared<QueuedOp>();
+  op->number = std::make_shared<std::atomic<uint64_t>>(0);
+  auto what = [name = r.name, number = op->number, group = cfg_.groupName] {
     uint64_t n = number->load();
     return n ? strCat(name, " #", n, " on group '", group, "'")
              : strCat(name, " (queued, not started) on group '", group, "'");
   };
-  auto work = c10::make_intrusive<SmdcclWork>(rank_, type, std::move(outputs), what);
-  work->setRunner(progress_->key());
+  op->work = c10::make_intrusive<SmdcclWork>(rank_, r.type, std::move(r.outputs), what);
+  op->work->setRunner(progress_->key());
+  std::shared_ptr<QueuedAllreduce> fusable = std::move(r.fusable);
   if (fusable) {
-    fusable->work = work;
-    fusable->number = number;
+    fusable->work = op->work;
+    fusable->number = op->number;
   }
-  auto timeout = effectiveTimeout(opTimeout);
-  if (device) work->setDeviceCompletion(device->completion(what, timeout));
-  call.sig.name = name;
+  op->timeout = effectiveTimeout(r.timeout);
+  if (r.device) op->work->setDeviceCompletion(r.device->completion(what, op->timeout));
+  r.call.sig.name = r.name;
   // CPU and CUDA tensors may take different paths (allreduce): under the
   // full fingerprint a CPU rank and a CUDA rank of one call do not match.
-  if (device && call.sig.shapeHash)
-    call.sig.shapeHash = (call.sig.shapeHash ^ 1) * 1099511628211ull;
-  int64_t queued = trace::enabled() ? trace::nowUs() : 0;
+  if (r.device && r.call.sig.shapeHash)
+    r.call.sig.shapeHash = (r.call.sig.shapeHash ^ 1) * 1099511628211ull;
+  op->queuedUs = trace::enabled() ? trace::nowUs() : 0;
+  const bool asyncOp = r.asyncOp;
+  op->request = std::move(r);
+  c10::intrusive_ptr<SmdcclWork> work = op->work;
   // Issued by a completion callback, on the progress thread itself: DDP's
   // PowerSGD hook all_reduces in its future callbacks and waits for the
   // result there. Queued, the op would wait behind the very task that waits
@@ -47,18 +49,12 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(
   // every rank at the same point of the run order (right after the op whose
   // completion issued it), whatever the caller threads queued meanwhile.
   if (progress_->runningHere()) {
-    runWork(*work, call, body, *number, name, timeout, queued, device.get());
+    runWork(*op);
     return work;
   }
   // A blocking call (async_op=False) with nothing ahead of it runs right here.
-  if (!asyncOp && progress_->tryRunInline([&] {
-        runWork(*work, call, body, *number, name, timeout, queued, device.get());
-      }))
-    return work;
-  auto task = [this, work, call = std::move(call), body = std::move(body), number, name, timeout,
-               queued, device] {
-    runWork(*work, call, body, *number, name, timeout, queued, device.get());
-  };
+  if (!asyncOp && progress_->tryRunInline([&] { runWork(*op); })) return work;
+  auto task = [this, op] { runWork(*op); };
   // The thread has stopped after a failure: runWork fails the work at once
   // with the group's cause, here.
   if (!progress_->post(task, std::move(fusable))) task();
@@ -88,12 +84,13 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
-void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
-                            const std::function<void(Comm&)>& body, std::atomic<uint64_t>& number,
-                            const char* name, std::chrono::milliseconds timeout, int64_t queuedUs,
-                            DeviceOp* device) {
+void SmdcclBackend::runWork(QueuedOp& op) {
+  SmdcclWork& work = *op.work;
+  const OpCall& call = op.request.call;
+  const char* name = op.request.name;
+  DeviceOp* device = op.request.device.get();
   const uint64_t seq = ++runSeq_;
-  number.store(seq);
+  op.number->store(seq);
   // CUDA: tensor ops of the body (scaling, copies) run on the internal
   // stream, and the work's future completes there.
   std::optional<c10::StreamGuard> onStream;
@@ -118,7 +115,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   ctx.group = &cfg_.groupName;
   ctx.rank = rank_;
   ctx.seq = seq;
-  ctx.deadline = Deadline::after(timeout);
+  ctx.deadline = Deadline::after(op.timeout);
   ctx.wait = waitPolicy_;
   ctx.sig = call.sig;
   ctx.compareShapes = detailChecks_;
@@ -126,9 +123,10 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
   Comm c{*mesh_, ctx, ring_, &levels_, /*members: the whole group*/ {}};
   c.book = &exchangeBook_;
   const std::string& track = cfg_.groupName;
-  if (queuedUs) {
+  if (op.queuedUs) {
     int64_t now = trace::nowUs();
-    trace::record(strCat(name, " #", seq, " queued"), "queue", track, queuedUs, now - queuedUs);
+    trace::record(strCat(name, " #", seq, " queued"), "queue", track, op.queuedUs,
+                  now - op.queuedUs);
   }
   const bool tracing = trace::enabled();
   trace::Span span(
@@ -149,7 +147,7 @@ void SmdcclBackend::runWork(SmdcclWork& work, const OpCall& call,
       trace::Span phase("NaN/Inf check", "check", track);
       checkFinite(c, call.inputs);
     }
-    body(c);
+    op.request.body(c);
     if (device) device->finishBody(ctx);
   } catch (const InvalidArgument&) {  // the ranks agreed on it (the NaN check): the group goes on
     err = toTorchError(std::current_exception());

@@ -22,9 +22,11 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 // ---------------------------------------------------------------- barrier, send/recv
 
 WorkPtr SmdcclBackend::barrier(const ::c10d::BarrierOptions& opts) {
-  return enqueue(
-      OpType::BARRIER, "barrier", OpCall{}, {}, [](Comm& c) { smdccl::barrier(c); }, opts.timeout,
-      opts.asyncOp);
+  return enqueue({.type = OpType::BARRIER,
+                  .name = "barrier",
+                  .body = [](Comm& c) { smdccl::barrier(c); },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp});
 }
 
 WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {

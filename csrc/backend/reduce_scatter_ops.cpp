@@ -77,14 +77,20 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   at::Tensor hout = hostOf(dev, out, false, true);
   OpCall call = blockListCall(real, out, redOpCode(opts.reduceOp));
   call.inputs = ins;
-  return enqueue(
-      OpType::REDUCE_SCATTER, "reduce_scatter", std::move(call), outputs,
-      [this, ins, out = hout, blocks, spec](Comm& c) mutable {
-        at::Tensor work = scratch_.take(static_cast<int64_t>(numelOf(ins)), out.scalar_type());
-        packInto(bytesOf(work), ins);
-        runReduceScatter(c, work, blocks, out, spec);
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::REDUCE_SCATTER,
+                  .name = "reduce_scatter",
+                  .call = std::move(call),
+                  .outputs = outputs,
+                  .body =
+                      [this, ins, out = hout, blocks, spec](Comm& c) mutable {
+                        at::Tensor work =
+                            scratch_.take(static_cast<int64_t>(numelOf(ins)), out.scalar_type());
+                        packInto(bytesOf(work), ins);
+                        runReduceScatter(c, work, blocks, out, spec);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& given,
@@ -108,31 +114,42 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
   call.inputs = {input};
   if (dev) {  // on the GPU (CUDA IPC inside a node), no host copies here
     Tuning tuning = tuning_;
-    return enqueue(
-        OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {result},
-        [this, input, output, spec, tuning, dev](Comm& c) mutable {
-          DType dt = toDType(output.scalar_type(), "reduce_scatter_tensor");
-          WireOverflowCheck overflow(useWire(c, dt, spec));
-          // The input is left as it was: a pre-scale works on a copy.
-          at::Tensor in = input;
-          if (spec.needsPreScale()) {
-            in = input.clone();
-            applyPreScale(in, spec);
-          }
-          dev->reduceScatter(c, bytesOf(in), bytesOf(output), static_cast<size_t>(output.numel()),
-                             dt, spec.op, tuning);
-          applyPostDivide(output, spec);
-          overflow.finish(c);
-        },
-        opts.timeout, opts.asyncOp, nullptr, dev);
+    return enqueue({.type = OpType::_REDUCE_SCATTER_BASE,
+                    .name = "reduce_scatter_tensor",
+                    .call = std::move(call),
+                    .outputs = {result},
+                    .body =
+                        [this, input, output, spec, tuning, dev](Comm& c) mutable {
+                          DType dt = toDType(output.scalar_type(), "reduce_scatter_tensor");
+                          WireOverflowCheck overflow(useWire(c, dt, spec));
+                          // The input is left as it was: a pre-scale works on a copy.
+                          at::Tensor in = input;
+                          if (spec.needsPreScale()) {
+                            in = input.clone();
+                            applyPreScale(in, spec);
+                          }
+                          dev->reduceScatter(c, bytesOf(in), bytesOf(output),
+                                             static_cast<size_t>(output.numel()), dt, spec.op,
+                                             tuning);
+                          applyPostDivide(output, spec);
+                          overflow.finish(c);
+                        },
+                    .timeout = opts.timeout,
+                    .asyncOp = opts.asyncOp,
+                    .device = dev});
   }
-  return enqueue(
-      OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(call), {result},
-      [this, input, output, spec](Comm& c) mutable {
-        at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
-        runReduceScatter(c, work, Blocks::equal(c.size(), output.nbytes()), output, spec);
-      },
-      opts.timeout, opts.asyncOp);
+  return enqueue({.type = OpType::_REDUCE_SCATTER_BASE,
+                  .name = "reduce_scatter_tensor",
+                  .call = std::move(call),
+                  .outputs = {result},
+                  .body =
+                      [this, input, output, spec](Comm& c) mutable {
+                        at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
+                        runReduceScatter(c, work, Blocks::equal(c.size(), output.nbytes()), output,
+                                         spec);
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp});
 }
 
 WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -164,15 +181,21 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
   OpCall call = callOf(outs, outs.empty() ? at::kByte : outs[0].scalar_type(), numelOf(outs),
                        redOpCode(opts.reduceOp));
   call.inputs = ins;
-  return enqueue(
-      OpType::COALESCED, "reduce_scatter_tensor_coalesced", std::move(call), outputs,
-      [this, ins, outs, specs](Comm& c) mutable {
-        for (size_t i = 0; i < ins.size(); ++i) {
-          at::Tensor work = ins[i].clone();
-          runReduceScatter(c, work, Blocks::equal(c.size(), outs[i].nbytes()), outs[i], specs[i]);
-        }
-      },
-      opts.timeout, opts.asyncOp, nullptr, dev);
+  return enqueue({.type = OpType::COALESCED,
+                  .name = "reduce_scatter_tensor_coalesced",
+                  .call = std::move(call),
+                  .outputs = outputs,
+                  .body =
+                      [this, ins, outs, specs](Comm& c) mutable {
+                        for (size_t i = 0; i < ins.size(); ++i) {
+                          at::Tensor work = ins[i].clone();
+                          runReduceScatter(c, work, Blocks::equal(c.size(), outs[i].nbytes()),
+                                           outs[i], specs[i]);
+                        }
+                      },
+                  .timeout = opts.timeout,
+                  .asyncOp = opts.asyncOp,
+                  .device = dev});
 }
 
 }  // namespace smdccl
