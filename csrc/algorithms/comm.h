@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "algorithms/algorithm.h"
 #include "algorithms/cost_model.h"
 #include "algorithms/exchange.h"
 #include "algorithms/op_context.h"
@@ -69,15 +70,27 @@ struct Blocks {
 };
 
 // ---- allreduce family (ring.cpp, recursive_doubling.cpp) ----
+// A reduce-scatter and/or an allgather over blocks of buf (one per rank of
+// the Comm), as appendRing and appendHalving append them.
+struct RsAgPhases {
+  char* buf = nullptr;
+  const Blocks* blocks = nullptr;
+  DType dt = DType::U8;
+  RedOp op = RedOp::Sum;
+  bool reduceScatter = true;
+  bool allgather = true;
+  // An index in the exchange that must finish before anything is sent from
+  // or reduced into buf (-1: none).
+  int startAfter = -1;
+  // Round the reduce-scatter's last sums to c.resultWire(): they are final
+  // results, and every rank must hold the same bits.
+  bool finalReduce = true;
+};
 // Appends a ring reduce-scatter and/or allgather over c's ranks to `ex`
 // without running it, so that several rings (levels, chunks) stream in one
-// exchange. `startAfter` (an index in ex, or -1) must finish before the ring
-// sends anything or reduces into buf. Returns the index of its last receive
-// (-1 when there is none). Float32 data crosses each hop as c.wireTo() says;
-// `finalReduce` rounds the reduce-scatter's last sums to c.resultWire() (they
-// are final results: every rank must hold the same bits).
-int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
-               bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
+// exchange. Returns the index of its last receive (-1 when there is none).
+// Float32 data crosses each hop as c.wireTo() says.
+int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a);
 // The data block a ring's step handles as logical block `logical` (ring
 // position i reduces logical block i-s-1 at reduce-scatter step s and ends
 // owning its own rank's block): one mapping for every ring schedule.
@@ -87,11 +100,10 @@ void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 // On entry block rank() of buf holds this rank's data; on return all blocks are filled.
 void ringAllgather(Comm& c, char* buf, const Blocks& b);
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
-// A ring reduce-scatter, then every block to the root.
-void ringReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root);
+// A ring reduce-scatter, then every block to the root (a: buf, count, dt, op, root).
+void ringReduce(Comm& c, const CollectiveArgs& a);
 // appendRing's and appendHalving's signature.
-using AppendReduceScatter = int (*)(Exchange&, Comm&, char*, const Blocks&, DType, RedOp, bool,
-                                    bool, int, bool);
+using AppendReduceScatter = int (*)(Exchange&, Comm&, const RsAgPhases&);
 void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 
 // ---- recursive halving / doubling, Rabenseifner (halving.cpp) ----
@@ -102,12 +114,9 @@ bool prefersHalving(const Comm& c, DType dt);
 // appendRing's contract for any group size: a group that is not a power of
 // two first folds the first 2*(p - 2^k) ranks pairwise (the even one hands
 // its data to the odd one) and hands the results back at the end.
-int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
-                  bool reduceScatter, bool allgather, int startAfter = -1, bool finalReduce = true);
-// appendHalving where prefersHalving(c, dt) and a reduction is asked for, else appendRing.
-int appendReduceScatterAllgather(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt,
-                                 RedOp op, bool reduceScatter, bool allgather, int startAfter = -1,
-                                 bool finalReduce = true);
+int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a);
+// appendHalving where prefersHalving(c, a.dt) and a reduction is asked for, else appendRing.
+int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
 void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);
@@ -163,10 +172,9 @@ double gatherSeconds(double bytes, const Costs& k);
 // In place: block r of buf goes from rank r to root, after `startAfter`.
 void appendGather(Exchange& ex, Comm& c, char* buf, const Blocks& b, int root, int startAfter);
 // Reduce as `reduceScatter` (appendRing, appendHalving) over even blocks,
-// then a gather of every block to root: on return root's buf holds the
-// reduction.
-void reduceScatterThenGather(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root,
-                             AppendReduceScatter reduceScatter);
+// then a gather of every block to root: on return root's buf (a.buf,
+// a.count elements of a.dt) holds the reduction.
+void reduceScatterThenGather(Comm& c, const CollectiveArgs& a, AppendReduceScatter reduceScatter);
 void directScatter(Comm& c, const char* in, const Blocks& b, char* out, size_t bytes, int root);
 
 }  // namespace smdccl

@@ -75,14 +75,19 @@ void appendGather(Exchange& ex, Comm& c, char* buf, const Blocks& b, int root, i
     if (r != root) ex.recv(c.link(r), buf + b.offset[r], b.length[r], {startAfter, -1});
 }
 
-void reduceScatterThenGather(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root,
-                             AppendReduceScatter reduceScatter) {
-  Blocks b = Blocks::even(count, c.size(), elementSize(dt));
+void reduceScatterThenGather(Comm& c, const CollectiveArgs& a, AppendReduceScatter reduceScatter) {
+  Blocks b = Blocks::even(a.count, c.size(), elementSize(a.dt));
   Exchange ex = c.exchange();
   // Only the root keeps a result: nothing is rounded for the others.
-  reduceScatter(ex, c, buf, b, dt, op, true, false, -1, /*finalReduce=*/false);
+  reduceScatter(ex, c,
+                {.buf = a.buf,
+                 .blocks = &b,
+                 .dt = a.dt,
+                 .op = a.op,
+                 .allgather = false,
+                 .finalReduce = false});
   ex.run();  // the root's last reduce-scatter sends read blocks the gather overwrites
-  appendGather(ex, c, buf, b, root, -1);
+  appendGather(ex, c, a.buf, b, a.root, -1);
   ex.run();
 }
 

@@ -51,8 +51,13 @@ std::vector<Run> runsOf(const Blocks& b, int lo, int hi) {
 
 bool prefersHalving(const Comm& c, DType dt) { return c.size() > 2 && c.compressesEveryHop(dt); }
 
-int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
-                  bool reduceScatter, bool allgather, int startAfter, bool finalReduce) {
+int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a) {
+  char* buf = a.buf;
+  const Blocks& b = *a.blocks;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
+  const bool reduceScatter = a.reduceScatter, allgather = a.allgather;
+  const int startAfter = a.startAfter;
   const int p = c.size();
   if (p == 1) return -1;
   int P = 1;
@@ -60,7 +65,7 @@ int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, R
   const int rem = p - P;
   const int r = c.rank();
   const bool f32 = dt == DType::F32;
-  const Wire roundFinal = finalReduce ? c.resultWire(dt) : Wire::F32;
+  const Wire roundFinal = a.finalReduce ? c.resultWire(dt) : Wire::F32;
   auto wireTo = [&](int peer) { return f32 ? c.wireTo(peer) : Wire::F32; };
   // Virtual rank v < P stands for real rank realOf(v) and owns the real
   // blocks [firstBlock(v), firstBlock(v+1)): both blocks of a folded pair.
@@ -161,12 +166,9 @@ int appendHalving(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, R
   return last == startAfter ? -1 : last;
 }
 
-int appendReduceScatterAllgather(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt,
-                                 RedOp op, bool reduceScatter, bool allgather, int startAfter,
-                                 bool finalReduce) {
-  if (reduceScatter && prefersHalving(c, dt))
-    return appendHalving(ex, c, buf, b, dt, op, reduceScatter, allgather, startAfter, finalReduce);
-  return appendRing(ex, c, buf, b, dt, op, reduceScatter, allgather, startAfter, finalReduce);
+int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a) {
+  if (a.reduceScatter && prefersHalving(c, a.dt)) return appendHalving(ex, c, a);
+  return appendRing(ex, c, a);
 }
 
 void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes) {
@@ -178,14 +180,14 @@ void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size
   for (size_t k = 0; k < K; ++k) {
     Blocks parts = Blocks::even(chunks.length[k] / es, c.size(), es);
     for (auto& o : parts.offset) o += chunks.offset[k];
-    appendHalving(ex, c, buf, parts, dt, op, true, true, -1, true);
+    appendHalving(ex, c, {.buf = buf, .blocks = &parts, .dt = dt, .op = op});
   }
   ex.run();
 }
 
 void halvingReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op) {
   Exchange ex = c.exchange();
-  appendHalving(ex, c, buf, b, dt, op, true, false, -1, true);
+  appendHalving(ex, c, {.buf = buf, .blocks = &b, .dt = dt, .op = op, .allgather = false});
   ex.run();
 }
 
@@ -256,9 +258,7 @@ class Halving final : public Algorithm {
       case Collective::ReduceScatter:
         halvingReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op);
         break;
-      default:
-        reduceScatterThenGather(comm, a.buf, a.count, a.dt, a.op, a.root, appendHalving);
-        break;
+      default: reduceScatterThenGather(comm, a, appendHalving); break;
     }
   }
   const char* kin(Collective c) const override {

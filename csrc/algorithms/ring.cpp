@@ -21,8 +21,12 @@ int ringDataBlock(const Comm& c, int logical) {
   return c.ring[((logical - 1) % p + p) % p];
 }
 
-int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedOp op,
-               bool reduceScatter, bool allgather, int startAfter, bool finalReduce) {
+int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a) {
+  char* buf = a.buf;
+  const Blocks& b = *a.blocks;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
+  const int startAfter = a.startAfter;
   int p = c.size();
   if (p == 1) return -1;
   int i = c.ringPosition();
@@ -32,7 +36,7 @@ int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedO
   bool f32 = dt == DType::F32;
   Wire sendWire = f32 ? c.wireTo(nextRank) : Wire::F32;
   Wire recvWire = f32 ? c.wireTo(prevRank) : Wire::F32;
-  Wire roundLast = finalReduce ? c.resultWire(dt) : Wire::F32;
+  Wire roundLast = a.finalReduce ? c.resultWire(dt) : Wire::F32;
   int steps = 0;
   // Messages on one link keep their order by themselves (Exchange), so the
   // only dependencies here are the start and the forwarding.
@@ -52,49 +56,46 @@ int appendRing(Exchange& ex, Comm& c, char* buf, const Blocks& b, DType dt, RedO
                     lastReduce ? roundLast : Wire::F32);
     else ex.recv(prev, buf + b.offset[recvBlk], b.length[recvBlk], recvDeps, recvWire);
   };
-  if (reduceScatter) {
+  if (a.reduceScatter) {
     // Step s sends logical block i-s (for s > 0: the one step s-1 reduced)
     // and reduces block i-s-1 into our copy.
     for (int s = 0; s < p - 1; ++s)
       step(ringDataBlock(c, i - s), ringDataBlock(c, i - s - 1), /*reduce=*/true,
            /*forward=*/s > 0);
   }
-  if (allgather) {
+  if (a.allgather) {
     // Step s sends block i+1-s (our own first, then what step s-1 received).
     for (int s = 0; s < p - 1; ++s)
       step(ringDataBlock(c, i + 1 - s), ringDataBlock(c, i - s), /*reduce=*/false,
-           /*forward=*/s > 0 || reduceScatter);
+           /*forward=*/s > 0 || a.reduceScatter);
   }
   return lastRecv;
 }
 
 namespace {
 
-void runRing(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, bool reduceScatter,
-             bool allgather) {
+void runRing(Comm& c, const RsAgPhases& a) {
   Exchange ex = c.exchange();
-  appendRing(ex, c, buf, b, dt, op, reduceScatter, allgather);
+  appendRing(ex, c, a);
   ex.run();
 }
 
 }  // namespace
 
 void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op) {
-  runRing(c, buf, b, dt, op, true, false);
+  runRing(c, {.buf = buf, .blocks = &b, .dt = dt, .op = op, .allgather = false});
 }
 
 void ringAllgather(Comm& c, char* buf, const Blocks& b) {
-  runRing(c, buf, b, DType::U8, RedOp::Sum, false, true);
+  runRing(c, {.buf = buf, .blocks = &b, .reduceScatter = false});
 }
 
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op) {
   Blocks b = Blocks::even(count, c.size(), elementSize(dt));
-  runRing(c, buf, b, dt, op, true, true);
+  runRing(c, {.buf = buf, .blocks = &b, .dt = dt, .op = op});
 }
 
-void ringReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root) {
-  reduceScatterThenGather(c, buf, count, dt, op, root, appendRing);
-}
+void ringReduce(Comm& c, const CollectiveArgs& a) { reduceScatterThenGather(c, a, appendRing); }
 
 namespace {
 
@@ -128,7 +129,7 @@ class Ring final : public Algorithm {
       case Collective::Allreduce: ringAllreduce(comm, a.buf, a.count, a.dt, a.op); break;
       case Collective::ReduceScatter: ringReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op); break;
       case Collective::Allgather: ringAllgather(comm, a.buf, *a.blocks); break;
-      default: ringReduce(comm, a.buf, a.count, a.dt, a.op, a.root); break;
+      default: ringReduce(comm, a); break;
     }
   }
   const char* kin(Collective c) const override {

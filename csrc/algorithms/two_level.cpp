@@ -90,8 +90,13 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, siz
   for (size_t stage = 0; stage < K + 2; ++stage) {
     if (stage < K) {
       size_t k = stage;
-      rsDone[k] = appendReduceScatterAllgather(ex, local, buf, localBlocksOf[k], dt, op, true,
-                                               false, -1, /*finalReduce=*/n == 1);
+      rsDone[k] = appendReduceScatterAllgather(ex, local,
+                                               {.buf = buf,
+                                                .blocks = &localBlocksOf[k],
+                                                .dt = dt,
+                                                .op = op,
+                                                .allgather = false,
+                                                .finalReduce = n == 1});
     }
     if (stage >= 1 && stage - 1 < K) {
       size_t k = stage - 1;
@@ -109,8 +114,9 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, siz
         } else {
           Blocks parts = Blocks::even(shardsOf[k].length[s] / es, n, es);
           for (auto& o : parts.offset) o += shardsOf[k].offset[s];
-          last = appendReduceScatterAllgather(ex, across[s - myFirst], buf, parts, dt, op, true,
-                                              true, done);
+          last = appendReduceScatterAllgather(
+              ex, across[s - myFirst],
+              {.buf = buf, .blocks = &parts, .dt = dt, .op = op, .startAfter = done});
         }
         if (last >= 0) done = last;
       }
@@ -118,7 +124,13 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, siz
     }
     if (stage >= 2) {
       size_t k = stage - 2;
-      appendRing(ex, local, buf, localBlocksOf[k], dt, op, false, true, interDone[k]);
+      appendRing(ex, local,
+                 {.buf = buf,
+                  .blocks = &localBlocksOf[k],
+                  .dt = dt,
+                  .op = op,
+                  .reduceScatter = false,
+                  .startAfter = interDone[k]});
     }
   }
   ex.run();
@@ -134,12 +146,24 @@ void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp 
   // sum of block (j, l). Then ranks of local index l reduce-scatter those
   // over the nodes: each ends with its own block, fully reduced.
   int intraDone = -1;
-  for (const auto& node : h.nodes)  // all of them, on whatever links they ended
-    intraDone =
-        ex.join(intraDone, appendReduceScatterAllgather(ex, local, buf, pick(b, node), dt, op, true,
-                                                        false, -1, /*finalReduce=*/false));
-  appendReduceScatterAllgather(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), dt, op, true,
-                               false, intraDone);
+  for (const auto& node : h.nodes) {  // all of them, on whatever links they ended
+    Blocks mine = pick(b, node);
+    intraDone = ex.join(intraDone, appendReduceScatterAllgather(ex, local,
+                                                                {.buf = buf,
+                                                                 .blocks = &mine,
+                                                                 .dt = dt,
+                                                                 .op = op,
+                                                                 .allgather = false,
+                                                                 .finalReduce = false}));
+  }
+  Blocks acrossBlocks = pick(b, h.acrossNodes(h.myLocal));
+  appendReduceScatterAllgather(ex, across,
+                               {.buf = buf,
+                                .blocks = &acrossBlocks,
+                                .dt = dt,
+                                .op = op,
+                                .allgather = false,
+                                .startAfter = intraDone});
   ex.run();
 }
 
@@ -151,10 +175,14 @@ void twoLevelAllgather(Comm& c, char* buf, const Blocks& b) {
   Exchange ex = c.exchange();
   // Across nodes first (each rank's block crosses once per node), then every
   // node's blocks are spread inside each node.
-  int interDone = appendRing(ex, across, buf, pick(b, h.acrossNodes(h.myLocal)), DType::U8,
-                             RedOp::Sum, false, true);
-  for (const auto& node : h.nodes)
-    appendRing(ex, local, buf, pick(b, node), DType::U8, RedOp::Sum, false, true, interDone);
+  Blocks acrossBlocks = pick(b, h.acrossNodes(h.myLocal));
+  int interDone =
+      appendRing(ex, across, {.buf = buf, .blocks = &acrossBlocks, .reduceScatter = false});
+  for (const auto& node : h.nodes) {
+    Blocks mine = pick(b, node);
+    appendRing(ex, local,
+               {.buf = buf, .blocks = &mine, .reduceScatter = false, .startAfter = interDone});
+  }
   ex.run();
 }
 
