@@ -20,7 +20,8 @@ int ListenerProbe::attempt(const std::string& address) {
   auto wire = memberHello(token_, myRank_, peerRank_, Channel::Probe);
   try {
     // So that the listener knows a member asked; the answer was the accept.
-    sendAll(fd, wire.data(), wire.size(), Deadline::after(timing_.attemptWait), address);
+    sendAll(fd, wire.data(), wire.size(),
+            {.deadline = Deadline::after(timing_.attemptWait), .what = address});
   } catch (const CommError&) {}
   close(fd);
   return 0;

@@ -91,11 +91,13 @@ std::string Mesh::peerAddress(int peer, Deadline deadline, bool waitForIt) {
 
 int Mesh::connectOrAccept(int peer, Channel channel, bool weConnect, Deadline deadline,
                           const PeerGoneProbe& gone) {
-  std::string what = strCat("rank ", peer);
+  const SocketWait w{
+      .deadline = deadline, .what = strCat("rank ", peer), .cancel = &closing_, .gone = gone};
   if (weConnect)
-    return connectToPeer(peerAddress(peer, deadline), token_, cfg_.rank, peer, channel, deadline,
-                         what, &closing_, gone);
-  return listener_->take(token_, peer, channel, deadline, what, &closing_, gone);
+    return connectToPeer(
+        peerAddress(peer, deadline),
+        {.token = token_, .myRank = cfg_.rank, .peerRank = peer, .channel = channel}, w);
+  return listener_->take(token_, peer, channel, w);
 }
 
 std::string Mesh::groupFailed() const { return cfg_.groupFailed ? cfg_.groupFailed() : ""; }

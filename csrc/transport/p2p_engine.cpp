@@ -44,8 +44,7 @@ void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]) {
   storeLE(out + 16, h.bytes, 8);
 }
 
-void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, Deadline deadline,
-                 const std::string& what, const std::atomic<bool>* cancel) {
+void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, const SocketWait& w) {
   out.clear();
   size_t got = 0;
   while (got < bytes) {
@@ -54,20 +53,23 @@ void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, Deadline deadli
     size_t step =
         static_cast<size_t>(std::min<uint64_t>(bytes - got, std::max(kPayloadChunk, got)));
     out.resize(got + step);
-    recvAll(fd, out.data() + got, step, deadline, what, cancel);
+    recvAll(fd, out.data() + got, step, w);
     got += step;
   }
 }
 
-void discardPayload(int fd, uint64_t bytes, Deadline deadline, const std::string& what,
-                    const std::atomic<bool>* cancel) {
+void discardPayload(int fd, uint64_t bytes, const SocketWait& w) {
   if (bytes == 0) return;
   std::vector<char> sink(static_cast<size_t>(std::min<uint64_t>(bytes, kPayloadChunk)));
   while (bytes > 0) {
     size_t step = static_cast<size_t>(std::min<uint64_t>(bytes, sink.size()));
-    recvAll(fd, sink.data(), step, deadline, what, cancel);
+    recvAll(fd, sink.data(), step, w);
     bytes -= step;
   }
+}
+
+SocketWait P2PEngine::payloadWait(const std::string& what) const {
+  return {.deadline = Deadline::after(timeout_()), .what = what, .cancel = mesh_.cancelFlag()};
 }
 
 P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
@@ -507,7 +509,7 @@ void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, const void* bu
     }
     size_t sent = 0;
     try {
-      sendAll(fd, at, left, until, what, mesh_.cancelFlag(), &sent);
+      sendAll(fd, at, left, {.deadline = until, .what = what, .cancel = mesh_.cancelFlag()}, &sent);
       progress->sent += sent;
       return;
     } catch (const CommError& e) {
@@ -601,7 +603,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
     bool matched = false;
     try {
       uint8_t wire[sizeof(P2PHeader)];
-      recvAll(fd, wire, sizeof wire, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+      recvAll(fd, wire, sizeof wire, payloadWait(what));
       P2PHeaderParse parsed = parseP2PHeader(wire, sizeof wire);
       if (!parsed.ok)
         throw CommError(CommError::Kind::Protocol,
@@ -613,7 +615,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       }
       if (matched && P2PHeader::carriesReport(h.flags)) {
         std::vector<char> report;
-        recvPayload(fd, report, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+        recvPayload(fd, report, h.bytes, payloadWait(what));
         matched = false;
         failFromSender(rank, target, h.flags, report);
         dropOrLeak(target);
@@ -622,7 +624,7 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       if (matched && target.bytes == h.bytes) {
         // The message is arriving: a receive due meanwhile still gets it
         // (a partial read would leave the stream unusable).
-        recvAll(fd, target.buf, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+        recvAll(fd, target.buf, h.bytes, payloadWait(what));
         matched = false;
         finish(target, rank, nullptr);
         dropOrLeak(target);  // it may hold the last reference to Python's tensors
@@ -630,14 +632,14 @@ void P2PEngine::receiverLoop(int rank, Peer& p) {
       }
       if (matched) {
         // Drained through a small buffer: only the size goes into the error.
-        discardPayload(fd, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+        discardPayload(fd, h.bytes, payloadWait(what));
         matched = false;
         finish(target, rank, std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
         dropOrLeak(target);
         continue;
       }
       Arrived msg{{}, h.flags, 0};
-      recvPayload(fd, msg.payload, h.bytes, Deadline::after(timeout_()), what, mesh_.cancelFlag());
+      recvPayload(fd, msg.payload, h.bytes, payloadWait(what));
       // A receive may have been posted while the payload was arriving.
       RecvReq late{};
       bool lateMatch;

@@ -20,6 +20,7 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "transport/socket_util.h"
 
 namespace smdccl {
 
@@ -60,11 +61,9 @@ void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]);
 // claims more than its sender sends costs at most about twice what was sent,
 // never the claimed size. `out` is resized to `bytes` on success.
 constexpr size_t kPayloadChunk = size_t(4) << 20;
-void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, Deadline deadline,
-                 const std::string& what, const std::atomic<bool>* cancel = nullptr);
+void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, const SocketWait& w);
 // Reads and drops `bytes` through a kPayloadChunk buffer.
-void discardPayload(int fd, uint64_t bytes, Deadline deadline, const std::string& what,
-                    const std::atomic<bool>* cancel = nullptr);
+void discardPayload(int fd, uint64_t bytes, const SocketWait& w);
 
 using Completion = std::function<void(std::exception_ptr)>;
 
@@ -187,6 +186,8 @@ class P2PEngine {
   void failFromSender(int rank, RecvReq& req, uint32_t flags,
                       const std::vector<char>& report) const;
   InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
+  // A read off `what`'s connection: bounded by the group's timeout from now.
+  SocketWait payloadWait(const std::string& what) const;
 
   Mesh& mesh_;
   std::string group_;

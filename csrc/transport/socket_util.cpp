@@ -126,11 +126,10 @@ void throwIfGone(const PeerGoneProbe& gone) {
 // keeps a host that drops our SYNs (firewall, blackholed route, a listener
 // whose queue is full) from holding us for the kernel's SYN timeout (about
 // 2 min), and lets shutdown and the peer-gone probe end the wait.
-static int awaitConnect(int fd, Deadline deadline, const std::string& what,
-                        const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
+static int awaitConnect(int fd, const SocketWait& w) {
   while (true) {
     pollfd p{fd, POLLOUT, 0};
-    int ms = static_cast<int>(std::min<int64_t>(deadline.remaining().count(), 100));
+    int ms = static_cast<int>(std::min<int64_t>(w.deadline.remaining().count(), 100));
     int r = poll(&p, 1, ms);
     if (r < 0 && errno != EINTR) return errno;
     if (r > 0) {
@@ -139,9 +138,9 @@ static int awaitConnect(int fd, Deadline deadline, const std::string& what,
       if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
       return err;
     }
-    if (deadline.expired()) return ETIMEDOUT;
-    throwIfCancelled(cancel, what);
-    throwIfGone(gone);
+    if (w.deadline.expired()) return ETIMEDOUT;
+    throwIfCancelled(w.cancel, w.what);
+    throwIfGone(w.gone);
   }
 }
 
@@ -154,15 +153,13 @@ static sockaddr_in ipv4Address(const std::string& ip, int port, const std::strin
   return a;
 }
 
-static int attemptConnect(const sockaddr_in& a, Deadline deadline, int* fdOut,
-                          const std::string& what, const std::atomic<bool>* cancel,
-                          const PeerGoneProbe& gone) {
+static int attemptConnect(const sockaddr_in& a, const SocketWait& w, int* fdOut) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) throwSystemError("socket", errno);
   int err = connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
   if (err == EINPROGRESS) {
     try {
-      err = awaitConnect(fd, deadline, what, cancel, gone);
+      err = awaitConnect(fd, w);
     } catch (...) {
       close(fd);
       throw;
@@ -178,7 +175,7 @@ static int attemptConnect(const sockaddr_in& a, Deadline deadline, int* fdOut,
 }
 
 int tryConnectOnce(const std::string& ip, int port, Deadline deadline, int* fd) {
-  return attemptConnect(ipv4Address(ip, port, ip), deadline, fd, ip, nullptr, {});
+  return attemptConnect(ipv4Address(ip, port, ip), {.deadline = deadline, .what = ip}, fd);
 }
 
 bool RefusalSpan::refusedLongEnough(int err, Clock::time_point now) {
@@ -194,8 +191,9 @@ std::string RefusalSpan::meaning() const {
   return strCat(" for ", gone_.count(), " ms (its process has exited)");
 }
 
-int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
-              const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
+int connectTo(const std::string& ip, int port, const SocketWait& w) {
+  const Deadline deadline = w.deadline;
+  const std::string& what = w.what;
   sockaddr_in a = ipv4Address(ip, port, what);
   int delayMs = 1;
   // The address comes from the peer's listener, which was listening before
@@ -207,7 +205,7 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
   auto started = std::chrono::steady_clock::now();
   while (true) {
     int fd = -1;
-    int err = attemptConnect(a, deadline, &fd, what, cancel, gone);
+    int err = attemptConnect(a, w, &fd);
     if (err == 0) return fd;
     auto now = std::chrono::steady_clock::now();
     if (refused.refusedLongEnough(err, now))
@@ -226,8 +224,8 @@ int connectTo(const std::string& ip, int port, Deadline deadline, const std::str
                                                              : CommError::Kind::System,
                       strCat("cannot connect to ", what, " at ", ip, ":", port, ": ", why));
     }
-    throwIfCancelled(cancel, what);
-    throwIfGone(gone);
+    throwIfCancelled(w.cancel, what);
+    throwIfGone(w.gone);
     std::this_thread::sleep_for(std::chrono::milliseconds(delayMs));
     delayMs = std::min(delayMs * 2, 100);
   }
@@ -259,8 +257,7 @@ static void waitReady(int fd, short events, Deadline deadline, const std::string
     throw CommError(CommError::Kind::Timeout, strCat("timed out ", verb, " ", what));
 }
 
-void sendAll(int fd, const void* buf, size_t n, Deadline deadline, const std::string& what,
-             const std::atomic<bool>* cancel, size_t* sent) {
+void sendAll(int fd, const void* buf, size_t n, const SocketWait& w, size_t* sent) {
   const char* p = static_cast<const char*>(buf);
   if (sent) *sent = 0;
   while (n > 0) {
@@ -270,17 +267,16 @@ void sendAll(int fd, const void* buf, size_t n, Deadline deadline, const std::st
       n -= static_cast<size_t>(k);
       if (sent) *sent += static_cast<size_t>(k);
     } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      throwIfCancelled(cancel, what);
-      waitReady(fd, POLLOUT, deadline, what, "sending to");
+      throwIfCancelled(w.cancel, w.what);
+      waitReady(fd, POLLOUT, w.deadline, w.what, "sending to");
     } else {
       throw CommError(CommError::Kind::PeerFailure,
-                      strCat("connection to ", what, " failed: ", std::strerror(errno)));
+                      strCat("connection to ", w.what, " failed: ", std::strerror(errno)));
     }
   }
 }
 
-void recvAll(int fd, void* buf, size_t n, Deadline deadline, const std::string& what,
-             const std::atomic<bool>* cancel) {
+void recvAll(int fd, void* buf, size_t n, const SocketWait& w) {
   char* p = static_cast<char*>(buf);
   while (n > 0) {
     ssize_t k = ::recv(fd, p, n, MSG_DONTWAIT);
@@ -288,13 +284,13 @@ void recvAll(int fd, void* buf, size_t n, Deadline deadline, const std::string& 
       p += k;
       n -= static_cast<size_t>(k);
     } else if (k == 0) {
-      throw CommError(CommError::Kind::PeerFailure, strCat(what, " closed the connection"));
+      throw CommError(CommError::Kind::PeerFailure, strCat(w.what, " closed the connection"));
     } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      throwIfCancelled(cancel, what);
-      waitReady(fd, POLLIN, deadline, what, "receiving from");
+      throwIfCancelled(w.cancel, w.what);
+      waitReady(fd, POLLIN, w.deadline, w.what, "receiving from");
     } else {
       throw CommError(CommError::Kind::PeerFailure,
-                      strCat("connection to ", what, " failed: ", std::strerror(errno)));
+                      strCat("connection to ", w.what, " failed: ", std::strerror(errno)));
     }
   }
 }

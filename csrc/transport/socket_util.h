@@ -46,16 +46,21 @@ class RefusalSpan {
   Clock::time_point since_{};  // epoch: not being refused
 };
 
+// How long a blocking socket call may wait, and what ends it sooner.
+struct SocketWait {
+  Deadline deadline;
+  std::string what;                           // names the peer in errors ("rank 3")
+  const std::atomic<bool>* cancel = nullptr;  // when set, the wait ends (shutdown)
+  PeerGoneProbe gone{};                       // connections: saying why ends the wait
+};
+
 // Connects (retrying failed attempts until the deadline; refusals for
 // kRefusedMeansGone end it with a PeerFailure) and returns a blocking fd.
 // Each attempt is a non-blocking connect() waited for in poll() slices, so a
 // host that never answers (dropped SYNs) ends the wait at the deadline, not
 // at the kernel's SYN timeout.
-// `what` names the peer in errors.
-// `cancel`, when given and set, aborts the wait (shutdown); `gone`, when
-// given and saying why, ends it with a PeerFailure.
-int connectTo(const std::string& ip, int port, Deadline deadline, const std::string& what,
-              const std::atomic<bool>* cancel = nullptr, const PeerGoneProbe& gone = {});
+// `w.gone`, saying why, ends the wait with a PeerFailure.
+int connectTo(const std::string& ip, int port, const SocketWait& w);
 // One connection attempt, waited for until `deadline`: 0 with *fd set (a
 // blocking socket) once connected, else the attempt's errno (ETIMEDOUT when
 // the deadline came first: no answer).
@@ -67,12 +72,10 @@ void setNonBlocking(int fd, bool on);
 void tuneDataSocket(int fd);  // TCP_NODELAY, buffer sizes
 
 // Moves exactly n bytes on a socket (blocking or not), waiting with poll()
-// until the deadline; throws CommError naming `what`. `sent`, when given,
+// until w.deadline; throws CommError naming w.what. `sent`, when given,
 // counts the bytes that went out (also when it throws).
-void sendAll(int fd, const void* buf, size_t n, Deadline deadline, const std::string& what,
-             const std::atomic<bool>* cancel = nullptr, size_t* sent = nullptr);
-void recvAll(int fd, void* buf, size_t n, Deadline deadline, const std::string& what,
-             const std::atomic<bool>* cancel = nullptr);
+void sendAll(int fd, const void* buf, size_t n, const SocketWait& w, size_t* sent = nullptr);
+void recvAll(int fd, void* buf, size_t n, const SocketWait& w);
 
 std::string peerAddressOf(int fd);
 

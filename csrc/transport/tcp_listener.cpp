@@ -153,9 +153,11 @@ void TcpListener::closeGroup(const GroupToken& token) {
   cv_.notify_all();
 }
 
-int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
-                      const std::string& what, const std::atomic<bool>* cancel,
-                      const PeerGoneProbe& gone) {
+int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, const SocketWait& w) {
+  const Deadline deadline = w.deadline;
+  const std::string& what = w.what;
+  const std::atomic<bool>* cancel = w.cancel;
+  const PeerGoneProbe& gone = w.gone;
   std::unique_lock<std::mutex> lock(mu_);
   auto key = std::make_pair(srcRank, static_cast<uint16_t>(channel));
   while (true) {
@@ -328,19 +330,19 @@ void TcpListener::acceptLoop() {
   }
 }
 
-int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank, int peerRank,
-                  Channel channel, Deadline deadline, const std::string& what,
-                  const std::atomic<bool>* cancel, const PeerGoneProbe& gone) {
+int connectToPeer(const std::string& peerAddress, const PairEnd& pair, const SocketWait& w) {
   std::string ip;
   int port = 0;
   splitHostPort(peerAddress, &ip, &port);
-  int fd = connectTo(ip, port, deadline, what, cancel, gone);
-  auto wire = memberHello(token, myRank, peerRank, channel);
+  int fd = connectTo(ip, port, w);
+  auto wire = memberHello(pair.token, pair.myRank, pair.peerRank, pair.channel);
+  // The handshake itself: bounded by the deadline alone.
+  const SocketWait handshake{.deadline = w.deadline, .what = w.what};
   try {
-    sendAll(fd, wire.data(), wire.size(), deadline, what);
+    sendAll(fd, wire.data(), wire.size(), handshake);
     uint32_t ack = 0;
-    recvAll(fd, &ack, sizeof ack, deadline, what);
-    if (ack != kAck) throw CommError(CommError::Kind::Protocol, what + " refused the handshake");
+    recvAll(fd, &ack, sizeof ack, handshake);
+    if (ack != kAck) throw CommError(CommError::Kind::Protocol, w.what + " refused the handshake");
   } catch (...) {
     close(fd);
     throw;

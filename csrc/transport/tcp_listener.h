@@ -93,9 +93,7 @@ class TcpListener {
   void closeGroup(const GroupToken& token);
   // Waits for the connection `srcRank` opens to us on `channel` (`gone`:
   // see connectTo).
-  int take(const GroupToken& token, int srcRank, Channel channel, Deadline deadline,
-           const std::string& what, const std::atomic<bool>* cancel = nullptr,
-           const PeerGoneProbe& gone = {});
+  int take(const GroupToken& token, int srcRank, Channel channel, const SocketWait& w);
   // Counts connections dropped for a bad handshake (tests read it).
   uint64_t rejectedCount() const { return rejected_; }
   // A flood must not flood the log too: at most this many "dropped
@@ -131,9 +129,14 @@ class TcpListener {
   uint64_t dropsUnlogged_ = 0;
 };
 
+// One side of a connection between two members of a group.
+struct PairEnd {
+  GroupToken token;
+  int myRank;
+  int peerRank;
+  Channel channel;
+};
 // Opens our side of a pair: connects to the peer's listener and sends Hello.
-int connectToPeer(const std::string& peerAddress, const GroupToken& token, int myRank, int peerRank,
-                  Channel channel, Deadline deadline, const std::string& what,
-                  const std::atomic<bool>* cancel = nullptr, const PeerGoneProbe& gone = {});
+int connectToPeer(const std::string& peerAddress, const PairEnd& pair, const SocketWait& w);
 
 }  // namespace smdccl

@@ -482,7 +482,8 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     for (size_t i = 0; i < n; ++i) data[i] = static_cast<char>(i * 131 + 7);
     std::thread w([&] { writeAll(sp.writer, data.data(), n); });
     std::vector<char> got;
-    recvPayload(sp.reader, got, n, Deadline::after(std::chrono::seconds(20)), "writer");
+    recvPayload(sp.reader, got, n,
+                {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "writer"});
     w.join();
     CHECK(got.size() == n && got == data);
   }
@@ -501,7 +502,8 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     std::vector<char> got;
     bool peerFailure = false;
     try {
-      recvPayload(sp.reader, got, claim, Deadline::after(std::chrono::seconds(20)), "liar");
+      recvPayload(sp.reader, got, claim,
+                  {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "liar"});
     } catch (const CommError& e) {
       peerFailure = e.kind() == CommError::Kind::PeerFailure;
     } catch (const std::exception& e) {  // std::bad_alloc from a buffer sized by the claim
@@ -519,7 +521,8 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     std::vector<char> data(n, 'y');
     std::thread w([&] { writeAll(sp.writer, data.data(), n); });
     std::vector<char> got;
-    recvPayload(sp.reader, got, n, Deadline::after(std::chrono::seconds(60)), "writer");
+    recvPayload(sp.reader, got, n,
+                {.deadline = Deadline::after(std::chrono::seconds(60)), .what = "writer"});
     w.join();
     CHECK(got.size() == n && got.capacity() <= 2 * n);
   }
@@ -531,9 +534,11 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     std::vector<char> data(n + 4, 'z');
     std::memcpy(data.data() + n, "NEXT", 4);
     std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
-    discardPayload(sp.reader, n, Deadline::after(std::chrono::seconds(20)), "writer");
+    discardPayload(sp.reader, n,
+                   {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "writer"});
     char next[4];
-    recvAll(sp.reader, next, 4, Deadline::after(std::chrono::seconds(20)), "writer");
+    recvAll(sp.reader, next, 4,
+            {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "writer"});
     w.join();
     CHECK(std::memcmp(next, "NEXT", 4) == 0);
   }
@@ -542,7 +547,8 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     SocketPair sp;
     std::vector<char> got;
     CHECK_THROWS(recvPayload(sp.reader, got, uint64_t(1) << 30,
-                             Deadline::after(std::chrono::milliseconds(200)), "silent"),
+                             {.deadline = Deadline::after(std::chrono::milliseconds(200)),
+                              .what = "silent"}),
                  CommError);
     CHECK(got.capacity() <= kPayloadChunk);
   }
@@ -602,7 +608,8 @@ int rawConnect(const std::string& address) {
   std::string ip;
   int port = 0;
   splitHostPort(address, &ip, &port);
-  return connectTo(ip, port, Deadline::after(std::chrono::seconds(10)), "listener");
+  return connectTo(ip, port,
+                   {.deadline = Deadline::after(std::chrono::seconds(10)), .what = "listener"});
 }
 
 // True once the listener closed `fd` without sending an acknowledgement.
@@ -665,10 +672,12 @@ TEST(frame_fuzz_listener_over_sockets) {
   std::vector<int> idle;
   for (int i = 0; i < 20; ++i) idle.push_back(rawConnect(listener.address()));
   auto t0 = std::chrono::steady_clock::now();
-  int fd = connectToPeer(listener.address(), token, 0, 1, Channel::Collective,
-                         Deadline::after(std::chrono::seconds(3)), "test peer");
-  int taken = listener.take(token, 0, Channel::Collective, Deadline::after(std::chrono::seconds(3)),
-                            "test peer");
+  int fd =
+      connectToPeer(listener.address(), {token, 0, 1, Channel::Collective},
+                    {.deadline = Deadline::after(std::chrono::seconds(3)), .what = "test peer"});
+  int taken =
+      listener.take(token, 0, Channel::Collective,
+                    {.deadline = Deadline::after(std::chrono::seconds(3)), .what = "test peer"});
   double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(ms < 1000);
@@ -685,10 +694,11 @@ TEST(frame_fuzz_listener_over_sockets) {
   CHECK(waitFor([&] { return listener.rejectedCount() - beforeFlood >= uint64_t(extra); }, 3000));
   bool peerGotIn = false;
   try {
-    fd = connectToPeer(listener.address(), token, 0, 1, Channel::PointToPoint,
-                       Deadline::after(std::chrono::seconds(3)), "test peer");
-    taken = listener.take(token, 0, Channel::PointToPoint, Deadline::after(std::chrono::seconds(3)),
-                          "test peer");
+    fd = connectToPeer(listener.address(), {token, 0, 1, Channel::PointToPoint},
+                       {.deadline = Deadline::after(std::chrono::seconds(3)), .what = "test peer"});
+    taken =
+        listener.take(token, 0, Channel::PointToPoint,
+                      {.deadline = Deadline::after(std::chrono::seconds(3)), .what = "test peer"});
     peerGotIn = true;
     close(fd);
     close(taken);

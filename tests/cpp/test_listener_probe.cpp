@@ -81,11 +81,13 @@ TEST(listener_probe_of_a_live_rank_is_no_sign_and_not_a_rejection) {
   // the group as a connection.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK(listener.rejectedCount() == rejectedBefore);
-  CHECK_THROWS(listener.take(token, 0, Channel::Probe,
-                             Deadline::after(std::chrono::milliseconds(200)), "rank 0"),
+  CHECK_THROWS(listener.take(
+                   token, 0, Channel::Probe,
+                   {.deadline = Deadline::after(std::chrono::milliseconds(200)), .what = "rank 0"}),
                CommError);
-  CHECK_THROWS(listener.take(token, 0, Channel::Collective,
-                             Deadline::after(std::chrono::milliseconds(200)), "rank 0"),
+  CHECK_THROWS(listener.take(
+                   token, 0, Channel::Collective,
+                   {.deadline = Deadline::after(std::chrono::milliseconds(200)), .what = "rank 0"}),
                CommError);
   listener.unregisterGroup(token);
 }

@@ -31,7 +31,8 @@ struct SilentListener {
   SilentListener() {
     listenFd = listenOn("127.0.0.1", &port);
     ::listen(listenFd, 0);
-    fillerFd = connectTo("127.0.0.1", port, Deadline::after(std::chrono::seconds(5)), "filler");
+    fillerFd = connectTo("127.0.0.1", port,
+                         {.deadline = Deadline::after(std::chrono::seconds(5)), .what = "filler"});
   }
   ~SilentListener() {
     ::close(fillerFd);
@@ -55,7 +56,9 @@ Ending dialExpectingFailure(int port, Deadline deadline, const std::atomic<bool>
   Ending e;
   auto start = Clock::now();
   try {
-    int fd = connectTo("127.0.0.1", port, deadline, "rank 1 (silent)", cancel, gone);
+    int fd = connectTo(
+        "127.0.0.1", port,
+        {.deadline = deadline, .what = "rank 1 (silent)", .cancel = cancel, .gone = gone});
     ::close(fd);
     CHECK(!"connectTo to a silent listener connected");
   } catch (const CommError& err) {
@@ -109,7 +112,8 @@ TEST(connect_to_silent_host_ends_when_cancelled) {
 TEST(connect_returns_a_blocking_socket) {
   int port = 0;
   int listenFd = listenOn("127.0.0.1", &port);
-  int fd = connectTo("127.0.0.1", port, Deadline::after(std::chrono::seconds(5)), "listener");
+  int fd = connectTo("127.0.0.1", port,
+                     {.deadline = Deadline::after(std::chrono::seconds(5)), .what = "listener"});
   CHECK(fd >= 0);
   // sendAll/recvAll work either way, but the TCP links set O_NONBLOCK
   // themselves where they want it: connectTo hands back a blocking fd.
