@@ -124,12 +124,12 @@ void halvingReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp o
 
 // ---- trees (tree.cpp) ----
 // Double binary tree allreduce appended to `ex`: two complementary binary
-// trees over c's ranks each reduce and broadcast half of [buf, buf +
-// count), cut into `chunks` pieces that stream up and down at once.
+// trees over c's ranks each reduce and broadcast half of [a.buf, a.buf +
+// a.count) (a.dt, a.op), cut into `chunks` pieces that stream up and down at once.
 // `startAfter` must finish before anything touches buf. Returns an index
 // that finishes when this rank's result is complete.
-int appendDoubleTree(Exchange& ex, Comm& c, char* buf, size_t count, DType dt, RedOp op,
-                     size_t chunks, int startAfter = -1);
+int appendDoubleTree(Exchange& ex, Comm& c, const CollectiveArgs& a, size_t chunks,
+                     int startAfter = -1);
 // The parent and children (-1: none) of rank r in the in-order binary tree
 // over 0..p-1 (tree 0), or in its shifted complement (tree 1), where most
 // of tree 0's leaves are interior. Pure: unit-tested.
@@ -149,9 +149,13 @@ double doubleTreeSeconds(double bytes, int p, const LevelCost& link, double redu
 // c must be the whole group (c.levels set). How the pipelined two-level
 // allreduce reduces each shard across nodes.
 enum class AcrossNodes { Ring, DoubleTree };
-void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes,
-                       AcrossNodes across = AcrossNodes::Ring,
-                       const LevelCost* interLink = nullptr);
+struct TwoLevelPipeline {
+  size_t chunkBytes = 4 << 20;  // the message is cut into chunks of about this size
+  AcrossNodes across = AcrossNodes::Ring;
+  const LevelCost* interLink = nullptr;  // DoubleTree: sizes its chunks (nullptr: one chunk)
+};
+// a: buf, count, dt, op.
+void twoLevelAllreduce(Comm& c, const CollectiveArgs& a, const TwoLevelPipeline& pipeline);
 void twoLevelRdAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);
 // Uniform nodes only (every node the same number of ranks).
 void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);

@@ -19,18 +19,19 @@ std::string OpContext::describe() const {
                 ")");
 }
 
-Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op,
-                        Deps deps, Wire wire, Wire roundTo) {
+Exchange& Exchange::add(Transfer added) {
+  Link& link = *added.link;
+  const Kind kind = added.kind;
+  const size_t bytes = added.bytes;
   int index = static_cast<int>(t_.size());
   LinkTail* tail = nullptr;
   for (auto& lt : tails_)
     if (lt.link == &link) tail = &lt;
   if (!tail) tail = &tails_.emplace_back(LinkTail{&link, -1, -1});
   int& last = kind == Kind::Send ? tail->lastSend : tail->lastRecv;
-  t_.push_back({&link, kind, buf, bytes, 0, dtype, op, deps, last});
+  added.prevOnLink = last;
+  t_.push_back(std::move(added));
   Transfer& t = t_.back();
-  t.wire = wire;
-  t.roundTo = roundTo;
   // This op's first message on the link in this direction carries its header.
   if (ctx_.seq != 0) {
     ExchangeBook::Peer& p = book_->of(link.peer());
@@ -47,18 +48,35 @@ Exchange& Exchange::add(Link& link, Kind kind, char* buf, size_t bytes, DType dt
 }
 
 Exchange& Exchange::send(Link& link, const void* buf, size_t bytes, Deps deps, Wire wire) {
-  return add(link, Kind::Send, const_cast<char*>(static_cast<const char*>(buf)), bytes, DType::F32,
-             RedOp::Sum, deps, wire);
+  return add({.link = &link,
+              .kind = Kind::Send,
+              .buf = const_cast<char*>(static_cast<const char*>(buf)),
+              .bytes = bytes,
+              .dtype = DType::F32,
+              .deps = deps,
+              .wire = wire});
 }
 
 Exchange& Exchange::recv(Link& link, void* buf, size_t bytes, Deps deps, Wire wire) {
-  return add(link, Kind::Recv, static_cast<char*>(buf), bytes, DType::F32, RedOp::Sum, deps, wire);
+  return add({.link = &link,
+              .kind = Kind::Recv,
+              .buf = static_cast<char*>(buf),
+              .bytes = bytes,
+              .dtype = DType::F32,
+              .deps = deps,
+              .wire = wire});
 }
 
-Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op,
-                               Deps deps, Wire wire, Wire roundTo) {
-  return add(link, Kind::RecvReduce, static_cast<char*>(buf), bytes, dtype, op, deps, wire,
-             roundTo);
+Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, const Combine& how, Deps deps) {
+  return add({.link = &link,
+              .kind = Kind::RecvReduce,
+              .buf = static_cast<char*>(buf),
+              .bytes = bytes,
+              .dtype = how.dtype,
+              .op = how.op,
+              .deps = deps,
+              .wire = how.wire,
+              .roundTo = how.roundTo});
 }
 
 int Exchange::join(int a, int b) {

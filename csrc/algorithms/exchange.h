@@ -55,12 +55,17 @@ class Exchange {
   // the cast is fused into the send and the receive, never a separate pass.
   Exchange& send(Link& link, const void* buf, size_t bytes, Deps deps = {}, Wire wire = Wire::F32);
   Exchange& recv(Link& link, void* buf, size_t bytes, Deps deps = {}, Wire wire = Wire::F32);
-  // Incoming bytes are combined into buf: buf = buf op incoming (float32
-  // arithmetic for a 16-bit wire). `roundTo`: the sums are rounded to what
-  // that wire delivers, so the rank holding a final result keeps exactly the
-  // value its peers receive.
-  Exchange& recvReduce(Link& link, void* buf, size_t bytes, DType dtype, RedOp op, Deps deps = {},
-                       Wire wire = Wire::F32, Wire roundTo = Wire::F32);
+  // How recvReduce combines incoming bytes into buf: buf = buf op incoming
+  // (float32 arithmetic for a 16-bit `wire`). `roundTo`: the sums are
+  // rounded to what that wire delivers, so the rank holding a final result
+  // keeps exactly the value its peers receive.
+  struct Combine {
+    DType dtype;
+    RedOp op;
+    Wire wire = Wire::F32;
+    Wire roundTo = Wire::F32;
+  };
+  Exchange& recvReduce(Link& link, void* buf, size_t bytes, const Combine& how, Deps deps = {});
   // An index that finishes once both `a` and `b` have (-1: nothing to wait
   // for): what a schedule returns when its end is on several links.
   int join(int a, int b);
@@ -77,16 +82,16 @@ class Exchange {
  private:
   enum class Kind { Send, Recv, RecvReduce, Join, Device };
   struct Transfer {
-    Link* link;
-    Kind kind;
-    char* buf;
-    size_t bytes;
-    size_t done;
-    DType dtype;
-    RedOp op;
-    Deps deps;
-    int prevOnLink;   // the transfer before this one on the same link and direction
-    int after2 = -1;  // Join: the second transfer it waits for (deps.after the first)
+    Link* link = nullptr;
+    Kind kind = Kind::Send;
+    char* buf = nullptr;
+    size_t bytes = 0;
+    size_t done = 0;
+    DType dtype = DType::U8;
+    RedOp op = RedOp::Sum;
+    Deps deps{};
+    int prevOnLink = -1;  // the transfer before this one on the same link and direction
+    int after2 = -1;      // Join: the second transfer it waits for (deps.after the first)
     Wire wire = Wire::F32;
     Wire roundTo = Wire::F32;
     // 16-bit wire: packed elements in flight. A send's staging starts at
@@ -110,8 +115,9 @@ class Exchange {
   };
   // A Device step's turn: queue it, or see whether it has run.
   bool progressDevice(Transfer& t);
-  Exchange& add(Link& link, Kind kind, char* buf, size_t bytes, DType dtype, RedOp op, Deps deps,
-                Wire wire = Wire::F32, Wire roundTo = Wire::F32);
+  // Appends `t` (link, kind, buf, bytes, deps; dtype, op and wires where
+  // they apply), after the last transfer on its link in its direction.
+  Exchange& add(Transfer t);
   // A transfer's steps (plain bytes, or a 16-bit wire); return whether anything moved.
   bool move(Transfer& t);
   bool moveHeader(Transfer& t);

@@ -107,7 +107,7 @@ int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a) {
     int stepLast = last;
     for (const Run& k : reduceScatter ? runsOf(b, 0, p) : runsOf(b, r - 1, r)) {
       stepLast = ex.size();
-      if (reduceScatter) ex.recvReduce(link, buf + k.offset, k.length, dt, op, {last, -1}, w);
+      if (reduceScatter) ex.recvReduce(link, buf + k.offset, k.length, {dt, op, w}, {last, -1});
       else ex.recv(link, buf + k.offset, k.length, {last, -1}, w);
     }
     last = stepLast;
@@ -131,7 +131,7 @@ int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a) {
       int stepLast = last;
       for (const Run& k : runsOf(b, keepLo, keepHi)) {
         stepLast = ex.size();
-        ex.recvReduce(link, buf + k.offset, k.length, dt, op, {last, -1}, w, roundTo);
+        ex.recvReduce(link, buf + k.offset, k.length, {dt, op, w, roundTo}, {last, -1});
       }
       last = stepLast;
     }

@@ -39,8 +39,11 @@ StageDevice::Ticket HostStageDevice::queueToHost(void* slot, const char* src, si
 }
 
 StageDevice::Ticket HostStageDevice::queueFromHost(char* dst, const void* slot, size_t count,
-                                                   DType dt, Wire wire, bool reduce, RedOp op,
-                                                   Wire roundTo) {
+                                                   const Unpack& how) {
+  const DType dt = how.dt;
+  const Wire wire = how.wire, roundTo = how.roundTo;
+  const bool reduce = how.reduce;
+  const RedOp op = how.op;
   return queue(1, [=] {
     float* f = reinterpret_cast<float*>(dst);
     if (!reduce) {

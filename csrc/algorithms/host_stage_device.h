@@ -23,8 +23,7 @@ class HostStageDevice final : public StageDevice {
 
  protected:
   Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) override;
-  Ticket queueFromHost(char* dst, const void* slot, size_t count, DType dt, Wire wire, bool reduce,
-                       RedOp op, Wire roundTo) override;
+  Ticket queueFromHost(char* dst, const void* slot, size_t count, const Unpack& how) override;
 
  private:
   struct Queue {

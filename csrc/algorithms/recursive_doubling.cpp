@@ -38,7 +38,7 @@ void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedO
       ex.send(c.link(r + 1), buf, bytes, {}, wireTo(r + 1)).run();
       vrank = -1;
     } else {
-      ex.recvReduce(c.link(r - 1), buf, bytes, dt, op, {}, wireTo(r - 1), wire).run();
+      ex.recvReduce(c.link(r - 1), buf, bytes, {dt, op, wireTo(r - 1), wire}).run();
       vrank = r / 2;
     }
   } else {

@@ -52,8 +52,8 @@ int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a) {
     lastRecv = ex.size();
     bool lastReduce = reduce && steps == p - 1;
     if (reduce)
-      ex.recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk], dt, op, recvDeps, recvWire,
-                    lastReduce ? roundLast : Wire::F32);
+      ex.recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk],
+                    {dt, op, recvWire, lastReduce ? roundLast : Wire::F32}, recvDeps);
     else ex.recv(prev, buf + b.offset[recvBlk], b.length[recvBlk], recvDeps, recvWire);
   };
   if (a.reduceScatter) {

@@ -28,13 +28,21 @@ class StageDevice {
     bytesToHost_ += count * wireElementSize(dt, wire);
     return queueToHost(slot, src, count, dt, wire);
   }
-  // dst[0, count) = the slot's values (reduce: dst op them), widened from
-  // the wire; with reduce, float32 results are rounded to `roundTo`'s
-  // precision (F32: not rounded), as Exchange::recvReduce does.
-  Ticket fromHost(char* dst, const void* slot, size_t count, DType dt, Wire wire, bool reduce,
-                  RedOp op, Wire roundTo) {
-    bytesFromHost_ += count * wireElementSize(dt, wire);
-    return queueFromHost(dst, slot, count, dt, wire, reduce, op, roundTo);
+  // What fromHost does with a slot's values: dt data as `wire` carries it,
+  // widened; with `reduce`, dst op= them and float32 results are rounded to
+  // `roundTo`'s precision (F32: not rounded), as Exchange::recvReduce does;
+  // else dst = them.
+  struct Unpack {
+    DType dt;
+    Wire wire = Wire::F32;
+    bool reduce = false;
+    RedOp op = RedOp::Sum;
+    Wire roundTo = Wire::F32;
+  };
+  // dst[0, count) from the slot, as `how` says.
+  Ticket fromHost(char* dst, const void* slot, size_t count, const Unpack& how) {
+    bytesFromHost_ += count * wireElementSize(how.dt, how.wire);
+    return queueFromHost(dst, slot, count, how);
   }
   // Whether the work behind `t` has run (never blocks).
   virtual bool done(Ticket t) = 0;
@@ -53,8 +61,7 @@ class StageDevice {
 
  protected:
   virtual Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) = 0;
-  virtual Ticket queueFromHost(char* dst, const void* slot, size_t count, DType dt, Wire wire,
-                               bool reduce, RedOp op, Wire roundTo) = 0;
+  virtual Ticket queueFromHost(char* dst, const void* slot, size_t count, const Unpack& how) = 0;
 
  private:
   uint64_t bytesToHost_ = 0, bytesFromHost_ = 0;

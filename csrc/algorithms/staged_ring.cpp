@@ -14,9 +14,10 @@ constexpr size_t kWindowChunks = 4;
 
 class StagedRing {
  public:
-  StagedRing(Comm& c, StageDevice& d, char* dev, size_t count, DType dt, RedOp op, char* slots,
-             const StagePlan& plan)
-      : c_(c), d_(d), dev_(dev), dt_(dt), op_(op), plan_(plan), ex_(c.exchange()) {
+  StagedRing(Comm& c, StageDevice& d, const CollectiveArgs& a, char* slots, const StagePlan& plan)
+      : c_(c), d_(d), dev_(a.buf), dt_(a.dt), op_(a.op), plan_(plan), ex_(c.exchange()) {
+    const DType dt = a.dt;
+    const size_t count = a.count;
     const int p = c.size();
     const int i = c.ringPosition();
     next_ = c.ring[(i + 1) % p];
@@ -109,15 +110,17 @@ class StagedRing {
       ex_.recv(prev, slot, n * StageDevice::wireElementSize(dt_, recvWire_), {recvFree_[s], -1});
       int got = ex_.size() - 1;
       const Wire wire = recvWire_;
-      int landed =
-          ex_.device(d_,
-                     [this, dst, slot, n, wire, reduce, roundTo] {
-                       return d_.fromHost(dst, slot, n, dt_, wire, reduce, op_, roundTo);
-                     },
-                     // After the piece's last write, and after its last read: the
-                     // allgather overwrites what the reduce-scatter packed (the ring's
-                     // data flow orders them too; this keeps it local).
-                     {ex_.join(got, ex_.join(written_[recvBlock][k], read_[recvBlock][k])), -1});
+      int landed = ex_.device(
+          d_,
+          [this, dst, slot, n, wire, reduce, roundTo] {
+            return d_.fromHost(
+                dst, slot, n,
+                {.dt = dt_, .wire = wire, .reduce = reduce, .op = op_, .roundTo = roundTo});
+          },
+          // After the piece's last write, and after its last read: the
+          // allgather overwrites what the reduce-scatter packed (the ring's
+          // data flow orders them too; this keeps it local).
+          {ex_.join(got, ex_.join(written_[recvBlock][k], read_[recvBlock][k])), -1});
       recvFree_[s] = landed;
       written_[recvBlock][k] = landed;
     }
@@ -148,13 +151,13 @@ class StagedRing {
 
 }  // namespace
 
-void stagedRingAllreduce(Comm& c, StageDevice& device, char* dev, size_t count, DType dt, RedOp op,
-                         char* slots, const StagePlan& plan) {
-  SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(dt),
+void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
+                         const StagePlan& plan) {
+  SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(a.dt),
                    "staged ring: need at least one slot of one element (slots ", plan.slots,
                    ", slot bytes ", plan.slotBytes, ")");
-  if (count == 0 || c.size() == 1) return;
-  StagedRing(c, device, dev, count, dt, op, slots, plan).run();
+  if (a.count == 0 || c.size() == 1) return;
+  StagedRing(c, device, a, slots, plan).run();
 }
 
 }  // namespace smdccl

@@ -30,10 +30,10 @@ struct StagePlan {
   size_t hostBytes() const { return 2 * static_cast<size_t>(slots) * slotBytes; }
 };
 
-// In-place allreduce of `count` dt elements at device address `dev` over
-// c's ranks. `slots` is host memory of plan.hostBytes() (pinned on a GPU).
+// In-place allreduce of a.count a.dt elements at device address a.buf
+// (a.op) over c's ranks. `slots` is host memory of plan.hostBytes() (pinned on a GPU).
 // Returns when every piece has been copied back into device memory.
-void stagedRingAllreduce(Comm& c, StageDevice& device, char* dev, size_t count, DType dt, RedOp op,
-                         char* slots, const StagePlan& plan);
+void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
+                         const StagePlan& plan);
 
 }  // namespace smdccl

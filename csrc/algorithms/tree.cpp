@@ -78,8 +78,12 @@ double doubleTreeSeconds(double bytes, int p, const LevelCost& link, double redu
   return (2 * depth + K - 1) * (link.alphaUs * 1e-6 + perStep) + bytes / (reduceGbps * 1e9);
 }
 
-int appendDoubleTree(Exchange& ex, Comm& c, char* buf, size_t count, DType dt, RedOp op,
-                     size_t chunks, int startAfter) {
+int appendDoubleTree(Exchange& ex, Comm& c, const CollectiveArgs& a, size_t chunks,
+                     int startAfter) {
+  char* buf = a.buf;
+  const size_t count = a.count;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
   const int p = c.size();
   if (p == 1 || count == 0) return -1;
   const int r = c.rank();
@@ -118,8 +122,9 @@ int appendDoubleTree(Exchange& ex, Comm& c, char* buf, size_t count, DType dt, R
         if (child < 0) continue;
         bool last = child == tl.child1 || tl.child1 < 0;
         int idx = ex.size();
-        ex.recvReduce(c.link(child), at, len, dt, op, {sum < 0 ? startAfter : sum, -1},
-                      wireTo(child), tl.parent < 0 && last ? roundFinal : Wire::F32);
+        ex.recvReduce(c.link(child), at, len,
+                      {dt, op, wireTo(child), tl.parent < 0 && last ? roundFinal : Wire::F32},
+                      {sum < 0 ? startAfter : sum, -1});
         sum = idx;
       }
       upSum[2 * k + t] = sum;
@@ -192,8 +197,8 @@ void treeReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root) 
     if (vr + m < p) {
       int child = (vr + m + root) % p;
       int idx = ex.size();
-      ex.recvReduce(c.link(child), buf, bytes, dt, op, {last, -1},
-                    f32 ? c.wireTo(child) : Wire::F32);
+      ex.recvReduce(c.link(child), buf, bytes, {dt, op, f32 ? c.wireTo(child) : Wire::F32},
+                    {last, -1});
       last = idx;
     }
   }
@@ -225,8 +230,7 @@ class Tree final : public Algorithm {
         const LevelCost& link =
             comm.levels && comm.levels->numNodes() > 1 ? t.model.inter : t.model.intra;
         Exchange ex = comm.exchange();
-        appendDoubleTree(ex, comm, a.buf, a.count, a.dt, a.op,
-                         doubleTreeChunks(bytes, comm.size(), link));
+        appendDoubleTree(ex, comm, a, doubleTreeChunks(bytes, comm.size(), link));
         ex.run();
         break;
       }

@@ -48,8 +48,14 @@ Blocks pick(const Blocks& b, const std::vector<int>& ranks) {
 
 }  // namespace
 
-void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes,
-                       AcrossNodes acrossNodes, const LevelCost* interLink) {
+void twoLevelAllreduce(Comm& c, const CollectiveArgs& a, const TwoLevelPipeline& pipeline) {
+  char* buf = a.buf;
+  const size_t count = a.count;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
+  const size_t chunkBytes = pipeline.chunkBytes;
+  const AcrossNodes acrossNodes = pipeline.across;
+  const LevelCost* interLink = pipeline.interLink;
   const Hierarchy& h = levelsOf(c);
   if (count == 0 || c.size() == 1) return;
   size_t es = elementSize(dt);
@@ -109,8 +115,10 @@ void twoLevelAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, siz
           size_t shardBytes = shardsOf[k].length[s];
           size_t pieces =
               interLink ? doubleTreeChunks(static_cast<double>(shardBytes), n, *interLink) : 1;
-          last = appendDoubleTree(ex, across[s - myFirst], buf + shardsOf[k].offset[s],
-                                  shardBytes / es, dt, op, pieces, done);
+          last = appendDoubleTree(
+              ex, across[s - myFirst],
+              {.buf = buf + shardsOf[k].offset[s], .count = shardBytes / es, .dt = dt, .op = op},
+              pieces, done);
         } else {
           Blocks parts = Blocks::even(shardsOf[k].length[s] / es, n, es);
           for (auto& o : parts.offset) o += shardsOf[k].offset[s];
@@ -233,7 +241,7 @@ class TwoLevel final : public Algorithm {
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     switch (c) {
       case Collective::Allreduce:
-        twoLevelAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes);
+        twoLevelAllreduce(comm, a, {.chunkBytes = t.pipelineChunkBytes});
         break;
       case Collective::ReduceScatter:
         twoLevelReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op);

@@ -67,8 +67,10 @@ class TwoLevelTree final : public Algorithm {
       twoLevelBroadcast(comm, a.buf, a.bytes, a.root);
       return;
     }
-    twoLevelAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes,
-                      AcrossNodes::DoubleTree, &t.model.inter);
+    twoLevelAllreduce(comm, a,
+                      {.chunkBytes = t.pipelineChunkBytes,
+                       .across = AcrossNodes::DoubleTree,
+                       .interLink = &t.model.inter});
   }
   const char* fallback() const override { return "tree"; }
   const char* kin(Collective c) const override {

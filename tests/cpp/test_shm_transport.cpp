@@ -74,7 +74,7 @@ TEST(shm_recv_reduce_float) {
     for (size_t i = 0; i < n; ++i) mine[i] = acc[i] = static_cast<float>(i % 100) * (rank + 1);
     Exchange(ctx, &bell)
         .send(link, mine.data(), n * 4)
-        .recvReduce(link, acc.data(), n * 4, DType::F32, RedOp::Sum)
+        .recvReduce(link, acc.data(), n * 4, {DType::F32, RedOp::Sum})
         .run();
     for (size_t i = 0; i < n; ++i) CHECK(acc[i] == static_cast<float>(i % 100) * 3);
   });

@@ -99,7 +99,8 @@ TEST(staged_ring_matches_host_ring_bits) {
             std::vector<char> slots(plan.hostBytes());
             uint64_t sent = 0;
             c.ctx.sentBytes = &sent;
-            stagedRingAllreduce(c, device, buf.data(), n, dt, op, slots.data(), plan);
+            stagedRingAllreduce(c, device, {.buf = buf.data(), .count = n, .dt = dt, .op = op},
+                                slots.data(), plan);
             c.ctx.sentBytes = nullptr;
             std::string what = caseName(k, dt, op, n, plan, deferred);
             std::string why;
@@ -142,7 +143,9 @@ TEST(staged_ring_16_bit_wire_halves_the_device_bytes) {
       HostStageDevice device(true);
       uint64_t sent = 0;
       c.ctx.sentBytes = &sent;
-      stagedRingAllreduce(c, device, buf.data(), n, DType::F32, RedOp::Sum, slots.data(), plan);
+      stagedRingAllreduce(c, device,
+                          {.buf = buf.data(), .count = n, .dt = DType::F32, .op = RedOp::Sum},
+                          slots.data(), plan);
       c.ctx.sentBytes = nullptr;
       (w == Wire::F32 ? bytes32 : bytes16)[r] = device.bytesToHost() + device.bytesFromHost();
       if (w == Wire::F16) {
@@ -176,9 +179,8 @@ class FailingDevice final : public StageDevice {
       throw CommError(CommError::Kind::System, "test device: copy to host failed");
     return inner_.toHost(slot, src, n, dt, w);
   }
-  Ticket queueFromHost(char* dst, const void* slot, size_t n, DType dt, Wire w, bool reduce,
-                       RedOp op, Wire roundTo) override {
-    return inner_.fromHost(dst, slot, n, dt, w, reduce, op, roundTo);
+  Ticket queueFromHost(char* dst, const void* slot, size_t n, const Unpack& how) override {
+    return inner_.fromHost(dst, slot, n, how);
   }
 
  private:
@@ -195,9 +197,7 @@ class StuckDevice final : public StageDevice {
 
  protected:
   Ticket queueToHost(void*, const char*, size_t, DType, Wire) override { return 1; }
-  Ticket queueFromHost(char*, const void*, size_t, DType, Wire, bool, RedOp, Wire) override {
-    return 2;
-  }
+  Ticket queueFromHost(char*, const void*, size_t, const Unpack&) override { return 2; }
 };
 
 }  // namespace
@@ -214,7 +214,9 @@ TEST(staged_ring_device_failure_mid_pipeline_fails_every_rank) {
         fill(buf, DType::F32, r, n);
         FailingDevice device(r == 1, 9);
         try {
-          stagedRingAllreduce(c, device, buf.data(), n, DType::F32, RedOp::Sum, slots.data(), plan);
+          stagedRingAllreduce(c, device,
+                              {.buf = buf.data(), .count = n, .dt = DType::F32, .op = RedOp::Sum},
+                              slots.data(), plan);
         } catch (const CommError&) {
           ++failed;
           throw;
@@ -235,8 +237,9 @@ TEST(staged_ring_stuck_device_times_out_naming_it) {
         std::vector<char> buf(4096 * 4), slots(StagePlan{1024, 2}.hostBytes());
         StuckDevice device;
         try {
-          stagedRingAllreduce(c, device, buf.data(), 4096, DType::F32, RedOp::Sum, slots.data(),
-                              StagePlan{1024, 2});
+          stagedRingAllreduce(
+              c, device, {.buf = buf.data(), .count = 4096, .dt = DType::F32, .op = RedOp::Sum},
+              slots.data(), StagePlan{1024, 2});
         } catch (const CommError& e) {
           std::lock_guard<std::mutex> lock(mu);
           errors.push_back(std::string("rank ") + std::to_string(r) + ": " + e.what());
@@ -269,8 +272,9 @@ TEST(staged_ring_op_header_rides_the_first_slot) {
     fill(buf, DType::F32, r, 3000);
     ref = buf;
     HostStageDevice device(true);
-    stagedRingAllreduce(c, device, buf.data(), 3000, DType::F32, RedOp::Sum, slots.data(),
-                        StagePlan{2048, 2});
+    stagedRingAllreduce(c, device,
+                        {.buf = buf.data(), .count = 3000, .dt = DType::F32, .op = RedOp::Sum},
+                        slots.data(), StagePlan{2048, 2});
     c.ctx.seq = 6;
     ringAllreduce(c, ref.data(), 3000, DType::F32, RedOp::Sum);
     if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
@@ -285,11 +289,13 @@ TEST(staged_ring_rejects_a_plan_without_slots) {
   std::string error = fabric.run([&](int, Comm& c) {
     HostStageDevice device;
     std::vector<char> buf(16);
-    CHECK_THROWS(stagedRingAllreduce(c, device, buf.data(), 4, DType::F32, RedOp::Sum, nullptr,
-                                     StagePlan{1024, 0}),
+    CHECK_THROWS(stagedRingAllreduce(
+                     c, device, {.buf = buf.data(), .count = 4, .dt = DType::F32, .op = RedOp::Sum},
+                     nullptr, StagePlan{1024, 0}),
                  std::exception);
-    CHECK_THROWS(stagedRingAllreduce(c, device, buf.data(), 4, DType::F64, RedOp::Sum, nullptr,
-                                     StagePlan{4, 1}),
+    CHECK_THROWS(stagedRingAllreduce(
+                     c, device, {.buf = buf.data(), .count = 4, .dt = DType::F64, .op = RedOp::Sum},
+                     nullptr, StagePlan{4, 1}),
                  std::exception);
   });
   CHECK(error.empty());
@@ -317,7 +323,9 @@ TEST(staged_ring_has_the_host_paths_bits_where_that_runs_the_ring) {
     StagePlan plan{1u << 20, 4, 4u << 20};
     std::vector<char> slots(plan.hostBytes());
     HostStageDevice device(true);
-    stagedRingAllreduce(c, device, buf.data(), n, DType::F32, RedOp::Sum, slots.data(), plan);
+    stagedRingAllreduce(c, device,
+                        {.buf = buf.data(), .count = n, .dt = DType::F32, .op = RedOp::Sum},
+                        slots.data(), plan);
     if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
       throw std::runtime_error("bits differ from allreduce() on the same chunks");
     if (r == 0) ++compared;

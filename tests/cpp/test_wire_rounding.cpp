@@ -142,8 +142,12 @@ std::vector<Schedule> schedules(size_t n) {
                true});
   s.push_back({"twoLevelAllreduce n=" + std::to_string(n),  // one node: its local ring is final
                [n](Comm& c, std::vector<float> v) {
-                 twoLevelAllreduce(c, reinterpret_cast<char*>(v.data()), n, DType::F32, RedOp::Sum,
-                                   64 << 10);
+                 twoLevelAllreduce(c,
+                                   {.buf = reinterpret_cast<char*>(v.data()),
+                                    .count = n,
+                                    .dt = DType::F32,
+                                    .op = RedOp::Sum},
+                                   {.chunkBytes = 64 << 10});
                  return v;
                },
                true});

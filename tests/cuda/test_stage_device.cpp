@@ -61,8 +61,9 @@ std::string compareOnGpu(Comm& c, int r, size_t n, const StagePlan& plan, float 
     CudaStageDevice d;
     uint64_t before = tlsFp16Overflows;
     d.begin(stream, static_cast<char*>(slots), plan, c.ctx);
-    stagedRingAllreduce(c, d, static_cast<char*>(dev), n, DType::F32, RedOp::Sum,
-                        static_cast<char*>(slots), plan);
+    stagedRingAllreduce(
+        c, d, {.buf = static_cast<char*>(dev), .count = n, .dt = DType::F32, .op = RedOp::Sum},
+        static_cast<char*>(slots), plan);
     d.finish();
     cudaOk(cudaStreamSynchronize(stream), "sync");
     *overflowsSeen = tlsFp16Overflows - before;

@@ -148,8 +148,11 @@ StageDevice::Ticket CudaStageDevice::queueToHost(void* slot, const char* src, si
 }
 
 StageDevice::Ticket CudaStageDevice::queueFromHost(char* dst, const void* slot, size_t count,
-                                                   DType dt, Wire wire, bool reduce, RedOp op,
-                                                   Wire roundTo) {
+                                                   const Unpack& how) {
+  const DType dt = how.dt;
+  const Wire wire = how.wire, roundTo = how.roundTo;
+  const bool reduce = how.reduce;
+  const RedOp op = how.op;
   cudaStream_t s = lanes_[1].stream;
   const bool is16 = packed(dt, wire);
   const size_t bytes = count * wireElementSize(dt, wire);

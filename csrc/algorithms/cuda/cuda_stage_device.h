@@ -43,8 +43,7 @@ class CudaStageDevice final : public StageDevice {
 
  protected:
   Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) override;
-  Ticket queueFromHost(char* dst, const void* slot, size_t count, DType dt, Wire wire, bool reduce,
-                       RedOp op, Wire roundTo) override;
+  Ticket queueFromHost(char* dst, const void* slot, size_t count, const Unpack& how) override;
 
  private:
   // Events are reused in turn; a ticket whose event is about to be reused

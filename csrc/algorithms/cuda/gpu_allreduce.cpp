@@ -139,7 +139,7 @@ void stagedRing(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp
   const uint64_t out0 = d.bytesToHost(), in0 = d.bytesFromHost();
   d.begin(g.stream(), slots, plan, c.ctx);
   try {
-    stagedRingAllreduce(c, d, dev, count, dt, op, slots, plan);
+    stagedRingAllreduce(c, d, {.buf = dev, .count = count, .dt = dt, .op = op}, slots, plan);
   } catch (...) {
     d.abandon();
     g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
