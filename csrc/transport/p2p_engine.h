@@ -1,5 +1,6 @@
 #pragma once
-// User-level send/recv with tags. Each (peer, direction) gets its own socket
+// User-level send/recv with tags (wire format: p2p_frame.h; transfers that
+// take long: p2p_watch.cpp). Each (peer, direction) gets its own socket
 // and thread, so a send never waits behind a collective or behind a receive
 // (two ranks may both send first). A message is a header {tag, bytes} and the
 // payload; receives match the oldest pending receive of the same tag (from
@@ -20,50 +21,12 @@
 
 #include "common/deadline.h"
 #include "common/error.h"
+#include "transport/p2p_frame.h"
 #include "transport/socket_util.h"
 
 namespace smdccl {
 
 class Mesh;
-
-// The header in front of every send/recv payload (little-endian on the wire).
-struct P2PHeader {
-  static constexpr uint32_t kMagic = 0x50325053;  // "SP2P"
-  // Sanity bound on a header's length field: anything above is corruption.
-  static constexpr uint64_t kMaxBytes = uint64_t(1) << 40;
-  // flags: kNonFinite says the payload is the sender's SMDCCL_NAN_CHECK
-  // report (text), not the data; kSenderFailed that it is why the sender
-  // could not send its data (text: e.g. the copy of a CUDA tensor failed);
-  // other bits are ignored.
-  static constexpr uint32_t kNonFinite = 1;
-  static constexpr uint32_t kSenderFailed = 2;
-  static bool carriesReport(uint32_t flags) { return flags & (kNonFinite | kSenderFailed); }
-  uint32_t magic;
-  uint32_t flags;
-  int64_t tag;     // any value: user tags
-  uint64_t bytes;  // payload length
-};
-static_assert(sizeof(P2PHeader) == 24, "P2PHeader is a wire format");
-
-// Pure header parsing, shared with the fuzz test: decodes the header at the
-// start of `data`; rejects fewer than sizeof(P2PHeader) bytes, a wrong magic,
-// or a length over kMaxBytes, with `why` set. Never reads past data + len.
-struct P2PHeaderParse {
-  bool ok = false;
-  const char* why = nullptr;
-  P2PHeader header{};
-};
-P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len);
-void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]);
-
-// Payload reads whose length comes off the wire. The buffer grows as bytes
-// actually arrive (at most doubling, from kPayloadChunk), so a header that
-// claims more than its sender sends costs at most about twice what was sent,
-// never the claimed size. `out` is resized to `bytes` on success.
-constexpr size_t kPayloadChunk = size_t(4) << 20;
-void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, const SocketWait& w);
-// Reads and drops `bytes` through a kPayloadChunk buffer.
-void discardPayload(int fd, uint64_t bytes, const SocketWait& w);
 
 using Completion = std::function<void(std::exception_ptr)>;
 
