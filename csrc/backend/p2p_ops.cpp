@@ -49,12 +49,16 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
                                cfg_.groupName, "': SMDCCL_NAN_CHECK: the tensor has ", report,
                                "; it was not sent (the receive fails too)");
       SMDCCL_WARN(msg);
-      p2p_->send(
-          dstRank, text->data(), text->size(), tag, deadline,
-          [work, text, msg](std::exception_ptr e) {
-            work->complete(toTorchError(e ? e : std::make_exception_ptr(InvalidArgument(msg))));
-          },
-          nullptr, P2PHeader::kNonFinite);
+      p2p_->send(dstRank, {.buf = text->data(),
+                           .bytes = text->size(),
+                           .tag = tag,
+                           .deadline = deadline,
+                           .done =
+                               [work, text, msg](std::exception_ptr e) {
+                                 work->complete(toTorchError(
+                                     e ? e : std::make_exception_ptr(InvalidArgument(msg))));
+                               },
+                           .flags = P2PHeader::kNonFinite});
       return work;
     }
   }
@@ -62,9 +66,13 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
   if (onGpu) copy = deviceOps_->hostCopyForSend(t);
   at::Tensor h = copy.host;
   p2p_->send(
-      dstRank, h.data_ptr(), h.nbytes(), tag, deadline,
-      [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); },
-      std::move(copy.ready));
+      dstRank,
+      {.buf = h.data_ptr(),
+       .bytes = h.nbytes(),
+       .tag = tag,
+       .deadline = deadline,
+       .done = [work, h](std::exception_ptr e) { work->complete(e ? toTorchError(e) : nullptr); },
+       .ready = std::move(copy.ready)});
   return work;
 }
 
@@ -111,11 +119,13 @@ WorkPtr SmdcclBackend::postRecv(const at::Tensor& t, int srcRank, int tag) {
     }
     work->complete(e ? toTorchError(e) : nullptr);
   };
-  if (srcRank >= 0) p2p_->recv(srcRank, h.data_ptr(), h.nbytes(), tag, deadline, std::move(done));
-  else
-    p2p_->recvAny(
-        h.data_ptr(), h.nbytes(), tag, deadline, [work](int from) { work->setSourceRank(from); },
-        std::move(done));
+  P2PEngine::Incoming into{.buf = h.data_ptr(),
+                           .bytes = h.nbytes(),
+                           .tag = tag,
+                           .deadline = deadline,
+                           .done = std::move(done)};
+  if (srcRank >= 0) p2p_->recv(srcRank, std::move(into));
+  else p2p_->recvAny(std::move(into), [work](int from) { work->setSourceRank(from); });
   return work;
 }
 

@@ -78,24 +78,23 @@ void P2PEngine::abort(std::exception_ptr why) {
   for (Peer* p : all) failAll(*p, why);
 }
 
-void P2PEngine::send(int rank, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
-                     Completion done, std::function<void(Deadline)> ready, uint32_t flags) {
+void P2PEngine::send(int rank, Outgoing m) {
   Peer& p = peer(rank);
   std::lock_guard<std::mutex> lock(p.mu);
   if (p.failed) {
-    done(p.failed);
+    m.done(p.failed);
     return;
   }
-  p.sends.push_back(
-      {nextSendId_++, buf, bytes, tag, deadline, std::move(done), std::move(ready), flags});
+  p.sends.push_back({nextSendId_++, m.buf, m.bytes, m.tag, m.deadline, std::move(m.done),
+                     std::move(m.ready), m.flags});
   if (!p.sender.joinable()) p.sender = std::thread([this, rank, &p] { senderLoop(rank, p); });
   p.cv.notify_all();
 }
 
-void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline deadline,
-                     Completion done) {
+void P2PEngine::recv(int rank, Incoming m) {
   Peer& p = peer(rank);
-  RecvReq req{buf, bytes, tag, deadline, std::move(done), nextPost_++, nullptr};
+  const int64_t tag = m.tag;
+  RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, nullptr};
   std::unique_lock<std::mutex> match(matchMu_);
   std::exception_ptr failed;
   {
@@ -124,9 +123,9 @@ void P2PEngine::recv(int rank, void* buf, size_t bytes, int64_t tag, Deadline de
   matchCv_.notify_all();
 }
 
-void P2PEngine::recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
-                        std::function<void(int)> source, Completion done) {
-  RecvReq req{buf, bytes, tag, deadline, std::move(done), nextPost_++, std::move(source)};
+void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
+  const int64_t tag = m.tag;
+  RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, std::move(source)};
   std::unique_lock<std::mutex> match(matchMu_);
   if (anyFailed_) {
     std::exception_ptr failed = anyFailed_;
@@ -309,8 +308,8 @@ void P2PEngine::senderLoop(int rank, Peer& p) {
       encodeP2PHeader(head, h);
       SendProgress progress;
       progress.total = sizeof h + head.bytes;
-      sendWatched(rank, fd, req, h, sizeof h, &progress);
-      sendWatched(rank, fd, req, payload, head.bytes, &progress);
+      sendWatched(rank, fd, req, {h, sizeof h}, &progress);
+      sendWatched(rank, fd, req, {payload, head.bytes}, &progress);
     } catch (const std::exception& e) {
       SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
       failAll(p, std::make_exception_ptr(

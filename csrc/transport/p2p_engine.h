@@ -41,20 +41,38 @@ class P2PEngine {
             double warnAfterS = 0);
   ~P2PEngine();
 
-  // `ready`, when given, runs on the send thread before anything is sent
-  // (e.g. waits for a GPU copy into `buf`); what it throws fails this send
-  // and the receive it matches (the receiver gets why), nothing else.
-  // `flags` go into the header (P2PHeader::kNonFinite: buf is a report).
-  void send(int peer, const void* buf, size_t bytes, int64_t tag, Deadline deadline,
-            Completion done, std::function<void(Deadline)> ready = nullptr, uint32_t flags = 0);
-  void recv(int peer, void* buf, size_t bytes, int64_t tag, Deadline deadline, Completion done);
+  // A message to send: `bytes` at `buf`, matched by `tag`, due by
+  // `deadline`; `done` runs once with its outcome. `ready`, when given,
+  // runs on the send thread before anything is sent (e.g. waits for a GPU
+  // copy into `buf`); what it throws fails this send and the receive it
+  // matches (the receiver gets why), nothing else. `flags` go into the
+  // header (P2PHeader::kNonFinite: buf is a report).
+  struct Outgoing {
+    const void* buf = nullptr;
+    size_t bytes = 0;
+    int64_t tag = 0;
+    Deadline deadline;
+    Completion done;
+    std::function<void(Deadline)> ready = nullptr;
+    uint32_t flags = 0;
+  };
+  void send(int peer, Outgoing m);
+  // Where a message lands: `bytes` at `buf`, for a message of `tag`, by
+  // `deadline`; `done` runs once with the outcome.
+  struct Incoming {
+    void* buf = nullptr;
+    size_t bytes = 0;
+    int64_t tag = 0;
+    Deadline deadline;
+    Completion done;
+  };
+  void recv(int peer, Incoming m);
   // A receive from whichever peer's message of `tag` comes first (gloo's
   // recvAnysource). It matches in post order with the peer-specific
   // receives of the tag: a message goes to the earliest posted receive that
   // can take it. `source` learns the sender before `done` runs. It fails
   // at its deadline, or once every peer has failed (or abort()).
-  void recvAny(void* buf, size_t bytes, int64_t tag, Deadline deadline,
-               std::function<void(int)> source, Completion done);
+  void recvAny(Incoming m, std::function<void(int)> source);
   // ProcessGroup.abort(): every pending and later send and receive fails
   // with `why`. Transfers in flight stop at their next wait (they watch the
   // mesh's cancel flag, which the caller sets).
@@ -116,7 +134,7 @@ class P2PEngine {
   // that have waited that long. `connected`: whether the peer has connected
   // for send/recv at all.
   void warnLate(int rank, Peer& p, bool connected);
-  // Sends `n` bytes of `req`'s message to `rank` on `fd` by its deadline;
+  // Sends `out` (part of `req`'s message) to `rank` on `fd` by its deadline;
   // once no byte of it has gone out for SMDCCL_WARN_AFTER (e.g. the peer
   // posts no receive from this rank, so nothing reads the socket once its
   // buffers are full), logs once what is stuck. `progress` carries the
@@ -128,8 +146,11 @@ class P2PEngine {
     std::chrono::steady_clock::time_point lastMoved = std::chrono::steady_clock::now();
     bool warned = false;
   };
-  void sendWatched(int rank, int fd, const SendReq& req, const void* buf, size_t n,
-                   SendProgress* progress) const;
+  struct Span {
+    const void* data;
+    size_t bytes;
+  };
+  void sendWatched(int rank, int fd, const SendReq& req, Span out, SendProgress* progress) const;
   // When the next of those warnings is due (never when off or none pending; matchMu_ held).
   Deadline nextWarning(Peer& p) const;
   // The receive a message of `tag` from `p` completes: the earliest posted

@@ -119,12 +119,12 @@ void P2PEngine::warnLate(int rank, Peer& p, bool connected) {
   for (const std::string& line : lines) SMDCCL_WARN(line);
 }
 
-void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, const void* buf, size_t n,
+void P2PEngine::sendWatched(int rank, int fd, const SendReq& req, Span out,
                             SendProgress* progress) const {
   using Clock = std::chrono::steady_clock;
   std::string what = strCat("rank ", rank);
-  const char* at = static_cast<const char*>(buf);
-  size_t left = n;
+  const char* at = static_cast<const char*>(out.data);
+  size_t left = out.bytes;
   auto window =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(warnAfterS_));
   while (true) {

@@ -59,16 +59,33 @@ void p2pRank(int rank, FileStore& store) {
   if (rank == 0) {
     std::vector<int> data = {7, 8, 9, 10};
     Outcome bad, good;
-    p2p.send(1, data.data(), data.size() * sizeof(int), 5, soon(), bad.completion(),
-             [](Deadline) { throw std::runtime_error("the copy to host memory failed"); });
-    p2p.send(1, data.data(), data.size() * sizeof(int), 5, soon(), good.completion());
+    p2p.send(
+        1, {.buf = data.data(),
+            .bytes = data.size() * sizeof(int),
+            .tag = 5,
+            .deadline = soon(),
+            .done = bad.completion(),
+            .ready = [](Deadline) { throw std::runtime_error("the copy to host memory failed"); }});
+    p2p.send(1, {.buf = data.data(),
+                 .bytes = data.size() * sizeof(int),
+                 .tag = 5,
+                 .deadline = soon(),
+                 .done = good.completion()});
     store.set("result/send1", bad.get());
     store.set("result/send2", good.get());
   } else {
     Outcome first, second;
     std::vector<int> lost(4, -1), got(4, 0);
-    p2p.recv(0, lost.data(), lost.size() * sizeof(int), 5, soon(), first.completion());
-    p2p.recv(0, got.data(), got.size() * sizeof(int), 5, soon(), second.completion());
+    p2p.recv(0, {.buf = lost.data(),
+                 .bytes = lost.size() * sizeof(int),
+                 .tag = 5,
+                 .deadline = soon(),
+                 .done = first.completion()});
+    p2p.recv(0, {.buf = got.data(),
+                 .bytes = got.size() * sizeof(int),
+                 .tag = 5,
+                 .deadline = soon(),
+                 .done = second.completion()});
     store.set("result/recv1", first.get());
     store.set("result/recv2", second.get());
     store.set("result/lost_untouched", lost == std::vector<int>(4, -1) ? "yes" : "no");
