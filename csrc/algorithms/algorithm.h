@@ -44,6 +44,24 @@ struct CollectiveArgs {
   int root = -1;                   // broadcast, reduce
 };
 
+// A reduce-scatter from `in` (one block of `each` dt elements per rank,
+// left as it was) into `out` (this rank's block, reduced with op): the GPU
+// paths, whose input and output are separate device buffers.
+struct BlockReduction {
+  const char* in = nullptr;
+  char* out = nullptr;
+  size_t each = 0;
+  DType dt = DType::U8;
+  RedOp op = RedOp::Sum;
+};
+// An allgather from `in` (eachBytes) into `out` (one block per rank); `in`
+// may be `out`'s own block.
+struct BlockGather {
+  const char* in = nullptr;
+  char* out = nullptr;
+  size_t eachBytes = 0;
+};
+
 class Algorithm {
  public:
   virtual ~Algorithm() = default;

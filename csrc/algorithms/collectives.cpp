@@ -81,8 +81,19 @@ Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
   return w;
 }
 
-void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, size_t bytes, DType dt,
-              const Tuning& given) {
+// The message's bytes as the model counts them (Algorithm::estimate).
+size_t messageBytes(Collective coll, const CollectiveArgs& a) {
+  switch (coll) {
+    case Collective::ReduceScatter:
+    case Collective::Allgather: return a.blocks->total();
+    case Collective::Broadcast: return a.bytes;
+    default: return a.count * elementSize(a.dt);
+  }
+}
+
+void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, const Tuning& given) {
+  const DType dt = a.dt;
+  const size_t bytes = messageBytes(coll, a);
   Tuning t = forWire(c, dt, given);
   Situation s = situationOf(c, dt, t);
   Choice choice = choose(coll, bytes, s, t);
@@ -106,10 +117,9 @@ CollectiveArgs reductionOf(char* buf, size_t count, DType dt, RedOp op) {
 
 }  // namespace
 
-void allreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, const Tuning& t) {
-  if (c.size() == 1 || count == 0) return;
-  dispatch(Collective::Allreduce, c, reductionOf(buf, count, dt, op), count * elementSize(dt), dt,
-           t);
+void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) {
+  if (c.size() == 1 || a.count == 0) return;
+  dispatch(Collective::Allreduce, c, reductionOf(a.buf, a.count, a.dt, a.op), t);
 }
 
 const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const Tuning& given) {
@@ -117,11 +127,11 @@ const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const
   return choose(Collective::Allreduce, count * elementSize(dt), situationOf(c, dt, t), t).algo;
 }
 
-void reduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op, const Tuning& t) {
+void reduceScatter(Comm& c, const CollectiveArgs& given, const Tuning& t) {
   if (c.size() == 1) return;
-  CollectiveArgs a = reductionOf(buf, 0, dt, op);
-  a.blocks = &b;
-  dispatch(Collective::ReduceScatter, c, a, b.total(), dt, t);
+  CollectiveArgs a = reductionOf(given.buf, 0, given.dt, given.op);
+  a.blocks = given.blocks;
+  dispatch(Collective::ReduceScatter, c, a, t);
 }
 
 void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t) {
@@ -129,7 +139,7 @@ void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t) {
   CollectiveArgs a;
   a.buf = buf;
   a.blocks = &b;
-  dispatch(Collective::Allgather, c, a, b.total(), DType::U8, t);
+  dispatch(Collective::Allgather, c, a, t);
 }
 
 void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t) {
@@ -138,14 +148,14 @@ void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t) {
   a.buf = buf;
   a.bytes = bytes;
   a.root = root;
-  dispatch(Collective::Broadcast, c, a, bytes, DType::U8, t);
+  dispatch(Collective::Broadcast, c, a, t);
 }
 
-void reduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root, const Tuning& t) {
-  if (c.size() == 1 || count == 0) return;
-  CollectiveArgs a = reductionOf(buf, count, dt, op);
-  a.root = root;
-  dispatch(Collective::Reduce, c, a, count * elementSize(dt), dt, t);
+void reduce(Comm& c, const CollectiveArgs& given, const Tuning& t) {
+  if (c.size() == 1 || given.count == 0) return;
+  CollectiveArgs a = reductionOf(given.buf, given.count, given.dt, given.op);
+  a.root = given.root;
+  dispatch(Collective::Reduce, c, a, t);
 }
 
 void barrier(Comm& c) {

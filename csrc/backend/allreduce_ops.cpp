@@ -104,7 +104,9 @@ void SmdcclBackend::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
   DType dt = toDType(t.scalar_type(), "allreduce");
   WireOverflowCheck overflow(useWire(c, dt, spec));
   applyPreScale(t, spec);
-  allreduceOn(dev, c, bytesOf(t), static_cast<size_t>(t.numel()), dt, spec.op, tuning);
+  allreduceOn(dev, c,
+              {.buf = bytesOf(t), .count = static_cast<size_t>(t.numel()), .dt = dt, .op = spec.op},
+              tuning);
   applyPostDivide(t, spec);
   overflow.finish(c);
 }
@@ -124,7 +126,9 @@ void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
   if (!dev) {
     at::Tensor flat = scratch_.take(total, ts[0].scalar_type());
     packInto(bytesOf(flat), ts);
-    smdccl::allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
+    smdccl::allreduce(
+        c, {.buf = bytesOf(flat), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op},
+        tuning_);
     unpackFrom(bytesOf(flat), ts);
   } else {
     // On the device, on the op's stream (the body's current stream): one
@@ -137,7 +141,9 @@ void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
       at += t.numel();
     }
     for (size_t i = 0; i < ts.size(); ++i) parts[i].copy_(ts[i].reshape({-1}));
-    dev->allreduce(c, bytesOf(flat), static_cast<size_t>(total), dt, specs[0].op, tuning_);
+    dev->allreduce(
+        c, {.buf = bytesOf(flat), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op},
+        tuning_);
     for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
   }
   for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
@@ -286,11 +292,20 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
                         WireOverflowCheck overflow(useWire(c, dt, spec));
                         applyPreScale(buf, spec);
                         if (dev)  // CUDA tensors: the device path's allreduce
-                          allreduceOn(dev, c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt,
-                                      spec.op, tuning);
+                          allreduceOn(dev, c,
+                                      {.buf = bytesOf(buf),
+                                       .count = static_cast<size_t>(buf.numel()),
+                                       .dt = dt,
+                                       .op = spec.op},
+                                      tuning);
                         else
-                          smdccl::reduce(c, bytesOf(buf), static_cast<size_t>(buf.numel()), dt,
-                                         spec.op, root, tuning);
+                          smdccl::reduce(c,
+                                         {.buf = bytesOf(buf),
+                                          .count = static_cast<size_t>(buf.numel()),
+                                          .dt = dt,
+                                          .op = spec.op,
+                                          .root = root},
+                                         tuning);
                         if (isRoot) applyPostDivide(buf, spec);
                         overflow.finish(c);
                       },

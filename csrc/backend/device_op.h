@@ -49,14 +49,13 @@ class DeviceOp {
   // Records the event behind the op's GPU work (also after a failure, so
   // that nothing waits for it forever).
   virtual void signal(uint64_t seq) noexcept = 0;
-  // In-place allreduce of device memory (CUDA IPC / staged).
-  virtual void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op, const Tuning& t) = 0;
-  // Reduce-scatter of device memory: `in` holds c.size() blocks of `each`
-  // elements, `out` gets this rank's block reduced; `in` is left as it was.
-  virtual void reduceScatter(Comm& c, const char* in, char* out, size_t each, DType dt, RedOp op,
-                             const Tuning& t) = 0;
-  // Allgather of device memory: `in` (eachBytes) and every peer's block into `out`.
-  virtual void allgather(Comm& c, const char* in, char* out, size_t eachBytes, const Tuning& t) = 0;
+  // In-place allreduce of device memory (CUDA IPC / staged): a.count
+  // a.dt elements at device address a.buf, reduced with a.op.
+  virtual void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) = 0;
+  // Reduce-scatter of device memory (see BlockReduction).
+  virtual void reduceScatter(Comm& c, const BlockReduction& r, const Tuning& t) = 0;
+  // Allgather of device memory: r.in and every peer's block into r.out.
+  virtual void allgather(Comm& c, const BlockGather& g, const Tuning& t) = 0;
   // What the op's Work waits on. `what` names the op in errors ("allreduce #7 on group '0'");
   // `timeout`: the op's (its deadline, from when it starts).
   virtual std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
@@ -113,10 +112,10 @@ std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
                                          std::function<std::chrono::milliseconds()> timeout);
 
 // In-place allreduce on the op's device, or on the host for CPU tensors.
-inline void allreduceOn(const std::shared_ptr<DeviceOp>& d, Comm& c, char* buf, size_t count,
-                        DType dt, RedOp op, const Tuning& t) {
-  if (d) d->allreduce(c, buf, count, dt, op, t);
-  else allreduce(c, buf, count, dt, op, t);
+inline void allreduceOn(const std::shared_ptr<DeviceOp>& d, Comm& c, const CollectiveArgs& a,
+                        const Tuning& t) {
+  if (d) d->allreduce(c, a, t);
+  else allreduce(c, a, t);
 }
 
 // A host copy where there is a device op, the tensor itself otherwise.

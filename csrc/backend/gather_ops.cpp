@@ -91,18 +91,20 @@ WorkPtr SmdcclBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
   auto dev = deviceOps_->begin({input, output}, "all_gather_into_tensor");
   Tuning tuning = tuning_;
   if (dev)  // on the GPU (CUDA IPC inside a node), no host copies here
-    return enqueue({.type = OpType::_ALLGATHER_BASE,
-                    .name = "all_gather_into_tensor",
-                    .call = callOf({input}, input.scalar_type(), input.numel()),
-                    .outputs = {output},
-                    .body =
-                        [input, output, tuning, dev](Comm& c) {
-                          dev->allgather(c, bytesOf(input), bytesOf(output), input.nbytes(),
-                                         tuning);
-                        },
-                    .timeout = opts.timeout,
-                    .asyncOp = opts.asyncOp,
-                    .device = dev});
+    return enqueue(
+        {.type = OpType::_ALLGATHER_BASE,
+         .name = "all_gather_into_tensor",
+         .call = callOf({input}, input.scalar_type(), input.numel()),
+         .outputs = {output},
+         .body =
+             [input, output, tuning, dev](Comm& c) {
+               dev->allgather(
+                   c, {.in = bytesOf(input), .out = bytesOf(output), .eachBytes = input.nbytes()},
+                   tuning);
+             },
+         .timeout = opts.timeout,
+         .asyncOp = opts.asyncOp,
+         .device = dev});
   return enqueue({.type = OpType::_ALLGATHER_BASE,
                   .name = "all_gather_into_tensor",
                   .call = callOf({input}, input.scalar_type(), input.numel()),

@@ -31,7 +31,8 @@ void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, const Blocks& bl
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
   WireOverflowCheck overflow(useWire(c, dt, spec));
   applyPreScale(work, spec);
-  smdccl::reduceScatter(c, bytesOf(work), blocks, dt, spec.op, tuning_);
+  smdccl::reduceScatter(c, {.buf = bytesOf(work), .dt = dt, .op = spec.op, .blocks = &blocks},
+                        tuning_);
   if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
   applyPostDivide(output, spec);
   overflow.finish(c);
@@ -128,8 +129,12 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                             in = input.clone();
                             applyPreScale(in, spec);
                           }
-                          dev->reduceScatter(c, bytesOf(in), bytesOf(output),
-                                             static_cast<size_t>(output.numel()), dt, spec.op,
+                          dev->reduceScatter(c,
+                                             {.in = bytesOf(in),
+                                              .out = bytesOf(output),
+                                              .each = static_cast<size_t>(output.numel()),
+                                              .dt = dt,
+                                              .op = spec.op},
                                              tuning);
                           applyPostDivide(output, spec);
                           overflow.finish(c);

@@ -161,12 +161,12 @@ void runMatrix(const Matrix& m, Failures& fail, std::atomic<int>& cases) {
             bool ok = true;
             switch (coll) {
               case Collective::Allreduce:
-                allreduce(c, buf.data(), n, k.dt, k.op, t);
+                allreduce(c, {.buf = buf.data(), .count = n, .dt = k.dt, .op = k.op}, t);
                 ok = sameBytes(buf.data(), ref.data(), n * es);
                 break;
               case Collective::Reduce: {
                 int root = seed % p;
-                reduce(c, buf.data(), n, k.dt, k.op, root, t);
+                reduce(c, {.buf = buf.data(), .count = n, .dt = k.dt, .op = k.op, .root = root}, t);
                 ok = r != root || sameBytes(buf.data(), ref.data(), n * es);
                 break;
               }
@@ -183,7 +183,7 @@ void runMatrix(const Matrix& m, Failures& fail, std::atomic<int>& cases) {
                   }
                   b = Blocks::fromLengths(len);
                 }
-                reduceScatter(c, buf.data(), b, k.dt, k.op, t);
+                reduceScatter(c, {.buf = buf.data(), .dt = k.dt, .op = k.op, .blocks = &b}, t);
                 ok = sameBytes(buf.data() + b.offset[r], ref.data() + b.offset[r], b.length[r]);
                 break;
               }
@@ -261,10 +261,12 @@ void runWireMatrix(const std::vector<int>& nodes, Wire wire, bool intra, Failure
           Blocks b = Blocks::even(n, p, 4);
           int root = static_cast<int>(n % p);
           char* at = reinterpret_cast<char*>(buf.data());
-          if (coll == Collective::Allreduce) allreduce(c, at, n, DType::F32, RedOp::Sum, t);
+          if (coll == Collective::Allreduce)
+            allreduce(c, {.buf = at, .count = n, .dt = DType::F32, .op = RedOp::Sum}, t);
           else if (coll == Collective::ReduceScatter)
-            reduceScatter(c, at, b, DType::F32, RedOp::Sum, t);
-          else reduce(c, at, n, DType::F32, RedOp::Sum, root, t);
+            reduceScatter(c, {.buf = at, .dt = DType::F32, .op = RedOp::Sum, .blocks = &b}, t);
+          else
+            reduce(c, {.buf = at, .count = n, .dt = DType::F32, .op = RedOp::Sum, .root = root}, t);
           size_t lo = 0, hi = n;
           if (coll == Collective::ReduceScatter) {
             lo = b.offset[r] / 4;
@@ -443,8 +445,20 @@ TEST(bytes_per_rank_by_schedule) {
         uint64_t count = 0;
         c.ctx.sentBytes = &count;
         if (cases[i].coll == Collective::Allreduce)
-          allreduce(c, reinterpret_cast<char*>(buf.data()), n, DType::F32, RedOp::Sum, t);
-        else reduce(c, reinterpret_cast<char*>(buf.data()), n, DType::F32, RedOp::Sum, 0, t);
+          allreduce(c,
+                    {.buf = reinterpret_cast<char*>(buf.data()),
+                     .count = n,
+                     .dt = DType::F32,
+                     .op = RedOp::Sum},
+                    t);
+        else
+          reduce(c,
+                 {.buf = reinterpret_cast<char*>(buf.data()),
+                  .count = n,
+                  .dt = DType::F32,
+                  .op = RedOp::Sum,
+                  .root = 0},
+                 t);
         c.ctx.sentBytes = nullptr;
         sent[i][r] = count;
       }

@@ -319,7 +319,12 @@ TEST(staged_ring_has_the_host_paths_bits_where_that_runs_the_ring) {
     fill(buf, DType::F32, r, n);
     ref = buf;
     for (size_t at = 0; at < n; at += chunk)
-      allreduce(c, ref.data() + at * 4, std::min(chunk, n - at), DType::F32, RedOp::Sum, t);
+      allreduce(c,
+                {.buf = ref.data() + at * 4,
+                 .count = std::min(chunk, n - at),
+                 .dt = DType::F32,
+                 .op = RedOp::Sum},
+                t);
     StagePlan plan{1u << 20, 4, 4u << 20};
     std::vector<char> slots(plan.hostBytes());
     HostStageDevice device(true);

@@ -111,14 +111,23 @@ std::vector<Schedule> schedules(size_t n) {
     Tuning t = tuned(algo);
     s.push_back({std::string("allreduce ") + algo + " n=" + std::to_string(n),
                  [t, n](Comm& c, std::vector<float> v) {
-                   allreduce(c, reinterpret_cast<char*>(v.data()), n, DType::F32, RedOp::Sum, t);
+                   allreduce(c,
+                             {.buf = reinterpret_cast<char*>(v.data()),
+                              .count = n,
+                              .dt = DType::F32,
+                              .op = RedOp::Sum},
+                             t);
                    return v;
                  },
                  true});
     s.push_back({std::string("reduce_scatter ") + algo + " n=" + std::to_string(n),
                  [t, n](Comm& c, std::vector<float> v) {
                    Blocks b = Blocks::even(n, c.size(), sizeof(float));
-                   reduceScatter(c, reinterpret_cast<char*>(v.data()), b, DType::F32, RedOp::Sum,
+                   reduceScatter(c,
+                                 {.buf = reinterpret_cast<char*>(v.data()),
+                                  .dt = DType::F32,
+                                  .op = RedOp::Sum,
+                                  .blocks = &b},
                                  t);
                    return std::vector<float>(
                        v.begin() + b.offset[c.rank()] / sizeof(float),

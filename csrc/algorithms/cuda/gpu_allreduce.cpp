@@ -151,8 +151,11 @@ void stagedRing(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp
 
 }  // namespace
 
-void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
-                     const Tuning& t) {
+void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
+  char* dev = a.buf;
+  const size_t count = a.count;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
   if (count == 0 || c.size() == 1) return;
   const size_t es = elementSize(dt);
   const size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
@@ -180,7 +183,7 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
   for (size_t k = 0; k < slots; ++k) copyIn(k);
   for (size_t k = 0; k < chunks; ++k) {
     waitForEvent(g.event(k % slots), c.ctx, "copy to pinned host memory");
-    allreduce(c, slot(k), elements(k), dt, op, t);
+    allreduce(c, {.buf = slot(k), .count = elements(k), .dt = dt, .op = op}, t);
     checkCuda(cudaMemcpyAsync(dev + k * chunk * es, slot(k), elements(k) * es,
                               cudaMemcpyHostToDevice, g.stream()),
               "copy from pinned host memory");
@@ -191,8 +194,11 @@ void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, 
   waitForStream(g.stream(), c.ctx, "copy from pinned host memory");
 }
 
-void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
-                  const Tuning& t) {
+void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
+  char* dev = a.buf;
+  const size_t count = a.count;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
   if (count == 0 || c.size() == 1) return;
   g.agreeOnTuning(c, t);
   size_t es = elementSize(dt);
@@ -200,7 +206,7 @@ void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, Red
   trace::Span span(trace::enabled() ? strCat("cuda allreduce: ", path) : std::string(), "algorithm",
                    *c.ctx.group);
   if (!ipcUsable(c, g)) {
-    stagedAllreduce(c, g, dev, count, dt, op, t);
+    stagedAllreduce(c, g, a, t);
     return;
   }
   const Hierarchy& h = *c.levels;
@@ -222,8 +228,12 @@ void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, Red
     step.reduceMySlice(s);
     if (multiNode) {
       int me = space.localRank();
-      stagedAllreduce(across, g, space.buffer(me) + s.begin[me] * es, s.end[me] - s.begin[me], dt,
-                      op, t);
+      stagedAllreduce(across, g,
+                      {.buf = space.buffer(me) + s.begin[me] * es,
+                       .count = s.end[me] - s.begin[me],
+                       .dt = dt,
+                       .op = op},
+                      t);
       barrier(local);  // every slice is final before anyone gathers
     }
     step.gather(d, s);

@@ -9,7 +9,7 @@
 
 namespace smdccl {
 
-// In place on `dev` (count elements of dt), over the whole group c:
+// In place on a.buf (a.count elements of a.dt, a.op), over the whole group c:
 //  - one node, several ranks: CUDA IPC, one-shot (every rank reduces all
 //    peers' buffers) up to GpuTuning::oneShotBytes, two-shot (reduce-scatter
 //    then allgather over the buffers) above;
@@ -19,33 +19,29 @@ namespace smdccl {
 //    IPC allgather;
 //  - otherwise (one rank per node, uneven nodes, SMDCCL_CUDA_IPC=0): staged
 //    through pinned host memory in chunks, copies overlapping the network.
-void gpuAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
-                  const Tuning& t);
+void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 // The staged path alone: chunk k's device-to-host copy, chunk k-1's host
 // allreduce and chunk k-2's copy back overlap, through a few chunk-sized
 // pinned buffers reused in turn (not a pinned copy of the whole tensor).
-void stagedAllreduce(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
-                     const Tuning& t);
+void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 // Which path gpuAllreduce takes, for logs and tests: "ipc one-shot",
 // "ipc two-shot", "two-level ipc + staged", "staged".
 const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes);
 
-// Reduce-scatter of device memory over the group c: `in` holds c.size()
+// Reduce-scatter of device memory over the group c: r.in holds c.size()
 // blocks of `each` elements (block r is rank r's), `out` (each elements)
 // receives this rank's block reduced over every rank; `in` is left as it
 // was. One node with node-mates: CUDA IPC (each rank stages all blocks in
 // its buffer, then reduces its own block from every buffer in one pass).
 // Otherwise staged through pinned host memory (the host reduce-scatter,
 // with the 16-bit wire when compression is on).
-void gpuReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
-                      RedOp op, const Tuning& t);
+void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t);
 // Allgather of device memory: `in` (eachBytes) goes to block c.rank() of
 // `out` (c.size() blocks), every other rank's into its block. One node with
 // node-mates: CUDA IPC (each rank stages its block, then copies every
 // peer's); otherwise staged through pinned host memory. `in` may be
 // `out`'s own block.
-void gpuAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes,
-                  const Tuning& t);
+void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
 // Which path those two take: "ipc" or "staged".
 const char* gpuScatterGatherPath(const Comm& c, const GpuContext& g);
 

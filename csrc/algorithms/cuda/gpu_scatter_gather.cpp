@@ -20,36 +20,58 @@ bool oneNodeIpc(const Comm& c, const GpuContext& g) {
   return ipcUsable(c, g) && c.levels->numNodes() == 1;
 }
 
-// Copies `bytes` on the context's stream and waits for it with the op's deadline.
-void copyAndWait(Comm& c, GpuContext& g, void* dst, const void* src, size_t bytes,
-                 cudaMemcpyKind kind, const char* what) {
+// A copy between host and device memory, or inside device memory.
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+  cudaMemcpyKind kind;
+};
+
+// Queues `cp` on the context's stream and waits for it with the op's deadline.
+void copyAndWait(Comm& c, GpuContext& g, const Copy& cp, const char* what) {
+  void* dst = cp.dst;
+  const void* src = cp.src;
+  const size_t bytes = cp.bytes;
+  const cudaMemcpyKind kind = cp.kind;
   if (bytes) checkCuda(cudaMemcpyAsync(dst, src, bytes, kind, g.stream()), what);
   if (kind == cudaMemcpyDeviceToHost) g.countCopies(bytes, 0);
   if (kind == cudaMemcpyHostToDevice) g.countCopies(0, bytes);
   waitForStream(g.stream(), c.ctx, what);
 }
 
-void stagedReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
-                         RedOp op, const Tuning& t) {
+void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
+  const char* in = r.in;
+  char* out = r.out;
+  const size_t each = r.each;
+  const DType dt = r.dt;
+  const RedOp op = r.op;
   size_t blockBytes = each * elementSize(dt);
   // Nothing may still be copying out of the staging buffer from an earlier op.
   waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
   char* host = g.staging().reserve(blockBytes * static_cast<size_t>(c.size()));
-  copyAndWait(c, g, host, in, blockBytes * static_cast<size_t>(c.size()), cudaMemcpyDeviceToHost,
+  copyAndWait(c, g, {host, in, blockBytes * static_cast<size_t>(c.size()), cudaMemcpyDeviceToHost},
               "copy to pinned host memory");
-  reduceScatter(c, host, Blocks::equal(c.size(), blockBytes), dt, op, t);
-  copyAndWait(c, g, out, host + blockBytes * static_cast<size_t>(c.rank()), blockBytes,
-              cudaMemcpyHostToDevice, "copy from pinned host memory");
+  Blocks blocks = Blocks::equal(c.size(), blockBytes);
+  reduceScatter(c, {.buf = host, .dt = dt, .op = op, .blocks = &blocks}, t);
+  copyAndWait(
+      c, g,
+      {out, host + blockBytes * static_cast<size_t>(c.rank()), blockBytes, cudaMemcpyHostToDevice},
+      "copy from pinned host memory");
 }
 
-void stagedAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes,
-                     const Tuning& t) {
+void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
+  const char* in = b.in;
+  char* out = b.out;
+  const size_t eachBytes = b.eachBytes;
   waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
   char* host = g.staging().reserve(eachBytes * static_cast<size_t>(c.size()));
-  copyAndWait(c, g, host + eachBytes * static_cast<size_t>(c.rank()), in, eachBytes,
-              cudaMemcpyDeviceToHost, "copy to pinned host memory");
+  copyAndWait(
+      c, g,
+      {host + eachBytes * static_cast<size_t>(c.rank()), in, eachBytes, cudaMemcpyDeviceToHost},
+      "copy to pinned host memory");
   allgather(c, host, Blocks::equal(c.size(), eachBytes), t);
-  copyAndWait(c, g, out, host, eachBytes * static_cast<size_t>(c.size()), cudaMemcpyHostToDevice,
+  copyAndWait(c, g, {out, host, eachBytes * static_cast<size_t>(c.size()), cudaMemcpyHostToDevice},
               "copy from pinned host memory");
 }
 
@@ -57,8 +79,12 @@ void stagedAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t e
 // each rank copies piece p of all P blocks into its IPC buffer (row q at
 // q*m), the node meets, each rank reduces row `me` of every buffer into its
 // output in one pass, the node meets again before buffers are reused.
-void ipcReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
-                      RedOp op) {
+void ipcReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r) {
+  const char* in = r.in;
+  char* out = r.out;
+  const size_t each = r.each;
+  const DType dt = r.dt;
+  const RedOp op = r.op;
   const Hierarchy& h = *c.levels;
   Comm local = c.sub(h.nodes[h.myNode]);
   CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
@@ -88,7 +114,10 @@ void ipcReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t 
 // One node. Per piece: each rank copies its block's piece into its IPC
 // buffer, the node meets, each rank copies every peer's piece into place,
 // the node meets again before buffers are reused.
-void ipcAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes) {
+void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
+  const char* in = b.in;
+  char* out = b.out;
+  const size_t eachBytes = b.eachBytes;
   const Hierarchy& h = *c.levels;
   Comm local = c.sub(h.nodes[h.myNode]);
   CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
@@ -119,12 +148,15 @@ const char* gpuScatterGatherPath(const Comm& c, const GpuContext& g) {
   return oneNodeIpc(c, g) ? "ipc" : "staged";
 }
 
-void gpuReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t each, DType dt,
-                      RedOp op, const Tuning& t) {
+void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
+  const char* in = r.in;
+  char* out = r.out;
+  const size_t each = r.each;
+  const DType dt = r.dt;
   if (each == 0) return;
   if (c.size() == 1) {
     if (out != in)
-      copyAndWait(c, g, out, in, each * elementSize(dt), cudaMemcpyDeviceToDevice,
+      copyAndWait(c, g, {out, in, each * elementSize(dt), cudaMemcpyDeviceToDevice},
                   "copy to the output");
     return;
   }
@@ -132,24 +164,26 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const char* in, char* out, size_t 
   trace::Span span(trace::enabled() ? strCat("cuda reduce_scatter: ", gpuScatterGatherPath(c, g))
                                     : std::string(),
                    "algorithm", *c.ctx.group);
-  if (oneNodeIpc(c, g)) ipcReduceScatter(c, g, in, out, each, dt, op);
-  else stagedReduceScatter(c, g, in, out, each, dt, op, t);
+  if (oneNodeIpc(c, g)) ipcReduceScatter(c, g, r);
+  else stagedReduceScatter(c, g, r, t);
 }
 
-void gpuAllgather(Comm& c, GpuContext& g, const char* in, char* out, size_t eachBytes,
-                  const Tuning& t) {
+void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
+  const char* in = b.in;
+  char* out = b.out;
+  const size_t eachBytes = b.eachBytes;
   if (eachBytes == 0) return;
   if (c.size() == 1) {
     if (out != in)
-      copyAndWait(c, g, out, in, eachBytes, cudaMemcpyDeviceToDevice, "copy to the output");
+      copyAndWait(c, g, {out, in, eachBytes, cudaMemcpyDeviceToDevice}, "copy to the output");
     return;
   }
   g.agreeOnTuning(c, t);
   trace::Span span(
       trace::enabled() ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g)) : std::string(),
       "algorithm", *c.ctx.group);
-  if (oneNodeIpc(c, g)) ipcAllgather(c, g, in, out, eachBytes);
-  else stagedAllgather(c, g, in, out, eachBytes, t);
+  if (oneNodeIpc(c, g)) ipcAllgather(c, g, b);
+  else stagedAllgather(c, g, b, t);
 }
 
 }  // namespace smdccl

@@ -287,20 +287,19 @@ class CudaOp : public DeviceOp {
     end_->recorded.store(true, std::memory_order_release);
   }
 
-  void allreduce(Comm& c, char* dev, size_t count, DType dt, RedOp op, const Tuning& t) override {
+  void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) override {
     CaptureSafeScope captureSafe;
-    gpuAllreduce(c, *s_->gpu, dev, count, dt, op, t);
+    gpuAllreduce(c, *s_->gpu, a, t);
   }
 
-  void reduceScatter(Comm& c, const char* in, char* out, size_t each, DType dt, RedOp op,
-                     const Tuning& t) override {
+  void reduceScatter(Comm& c, const BlockReduction& r, const Tuning& t) override {
     CaptureSafeScope captureSafe;
-    gpuReduceScatter(c, *s_->gpu, in, out, each, dt, op, t);
+    gpuReduceScatter(c, *s_->gpu, r, t);
   }
 
-  void allgather(Comm& c, const char* in, char* out, size_t eachBytes, const Tuning& t) override {
+  void allgather(Comm& c, const BlockGather& g, const Tuning& t) override {
     CaptureSafeScope captureSafe;
-    gpuAllgather(c, *s_->gpu, in, out, eachBytes, t);
+    gpuAllgather(c, *s_->gpu, g, t);
   }
 
   std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
