@@ -119,7 +119,7 @@ int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a);
 int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
-void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes);
+void halvingAllreduce(Comm& c, const CollectiveArgs& a, size_t chunkBytes);
 void halvingReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
 
 // ---- trees (tree.cpp) ----
@@ -139,7 +139,7 @@ struct TreeLinks {
 TreeLinks binaryTreeLinks(int r, int p, int tree);
 void treeBroadcast(Comm& c, char* buf, size_t bytes, int root);
 // Binomial tree reduce: on return root's buf holds the reduction.
-void treeReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root);
+void treeReduce(Comm& c, const CollectiveArgs& a);
 // Chunks the double tree cuts `bytes` into: the minimum of the pipeline's
 // estimate (fill and drain of 2*depth steps against per-chunk latency).
 size_t doubleTreeChunks(double bytes, int p, const LevelCost& link);
@@ -169,16 +169,29 @@ void directAllgather(Comm& c, char* buf, const Blocks& b);
 // sendBlocks index the input by destination, recvBlocks the output by source.
 void directAlltoall(Comm& c, const char* in, const Blocks& sendBlocks, char* out,
                     const Blocks& recvBlocks);
+// A gather or scatter between the root's blocks and every rank's own
+// `bytes`: gather sends `in` and the root receives into `out` as *blocks;
+// scatter sends the root's `in` as *blocks and every rank receives `out`.
+// `blocks` is read on the root only (nullptr elsewhere).
+struct RootBlocks {
+  const char* in = nullptr;
+  char* out = nullptr;
+  size_t bytes = 0;
+  const Blocks* blocks = nullptr;
+  int root = 0;
+};
 // Root receives block r of `out` from rank r (its own block is copied by the caller).
-void directGather(Comm& c, const char* in, size_t bytes, char* out, const Blocks& b, int root);
+void directGather(Comm& c, const RootBlocks& g);
 // Seconds for appendGather of `bytes` in all (the model's term; direct.cpp).
 double gatherSeconds(double bytes, const Costs& k);
-// In place: block r of buf goes from rank r to root, after `startAfter`.
-void appendGather(Exchange& ex, Comm& c, char* buf, const Blocks& b, int root, int startAfter);
+// In place: block r of a.buf (*a.blocks) goes from rank r to a.root,
+// after `startAfter`.
+void appendGather(Exchange& ex, Comm& c, const CollectiveArgs& a, int startAfter);
 // Reduce as `reduceScatter` (appendRing, appendHalving) over even blocks,
 // then a gather of every block to root: on return root's buf (a.buf,
 // a.count elements of a.dt) holds the reduction.
 void reduceScatterThenGather(Comm& c, const CollectiveArgs& a, AppendReduceScatter reduceScatter);
-void directScatter(Comm& c, const char* in, const Blocks& b, char* out, size_t bytes, int root);
+// Rank r receives block r of the root's `in` into `out`.
+void directScatter(Comm& c, const RootBlocks& s);
 
 }  // namespace smdccl

@@ -34,24 +34,26 @@ void directAlltoall(Comm& c, const char* in, const Blocks& sendBlocks, char* out
   ex.run();
 }
 
-void directGather(Comm& c, const char* in, size_t bytes, char* out, const Blocks& b, int root) {
+void directGather(Comm& c, const RootBlocks& g) {
   Exchange ex = c.exchange();
-  if (c.rank() == root) {
+  if (c.rank() == g.root) {
+    const Blocks& b = *g.blocks;
     for (int r = 0; r < c.size(); ++r)
-      if (r != root) ex.recv(c.link(r), out + b.offset[r], b.length[r]);
+      if (r != g.root) ex.recv(c.link(r), g.out + b.offset[r], b.length[r]);
   } else {
-    ex.send(c.link(root), in, bytes);
+    ex.send(c.link(g.root), g.in, g.bytes);
   }
   ex.run();
 }
 
-void directScatter(Comm& c, const char* in, const Blocks& b, char* out, size_t bytes, int root) {
+void directScatter(Comm& c, const RootBlocks& s) {
   Exchange ex = c.exchange();
-  if (c.rank() == root) {
+  if (c.rank() == s.root) {
+    const Blocks& b = *s.blocks;
     for (int r = 0; r < c.size(); ++r)
-      if (r != root) ex.send(c.link(r), in + b.offset[r], b.length[r]);
+      if (r != s.root) ex.send(c.link(r), s.in + b.offset[r], b.length[r]);
   } else {
-    ex.recv(c.link(root), out, bytes);
+    ex.recv(c.link(s.root), s.out, s.bytes);
   }
   ex.run();
 }
@@ -65,7 +67,10 @@ double gatherSeconds(double bytes, const Costs& k) {
   return k.m.intra.secondsFor(bytes * (p - 1) / p);
 }
 
-void appendGather(Exchange& ex, Comm& c, char* buf, const Blocks& b, int root, int startAfter) {
+void appendGather(Exchange& ex, Comm& c, const CollectiveArgs& a, int startAfter) {
+  char* buf = a.buf;
+  const Blocks& b = *a.blocks;
+  const int root = a.root;
   int me = c.rank();
   if (me != root) {
     ex.send(c.link(root), buf + b.offset[me], b.length[me], {startAfter, -1});
@@ -87,7 +92,7 @@ void reduceScatterThenGather(Comm& c, const CollectiveArgs& a, AppendReduceScatt
                  .allgather = false,
                  .finalReduce = false});
   ex.run();  // the root's last reduce-scatter sends read blocks the gather overwrites
-  appendGather(ex, c, a.buf, b, a.root, -1);
+  appendGather(ex, c, {.buf = a.buf, .blocks = &b, .root = a.root}, -1);
   ex.run();
 }
 

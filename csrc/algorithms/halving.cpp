@@ -171,7 +171,11 @@ int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a) {
   return appendRing(ex, c, a);
 }
 
-void halvingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, size_t chunkBytes) {
+void halvingAllreduce(Comm& c, const CollectiveArgs& a, size_t chunkBytes) {
+  char* buf = a.buf;
+  const size_t count = a.count;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
   if (count == 0 || c.size() == 1) return;
   size_t es = elementSize(dt);
   size_t K = pipelineChunks(count * es, chunkBytes);
@@ -252,9 +256,7 @@ class Halving final : public Algorithm {
   }
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     switch (c) {
-      case Collective::Allreduce:
-        halvingAllreduce(comm, a.buf, a.count, a.dt, a.op, t.pipelineChunkBytes);
-        break;
+      case Collective::Allreduce: halvingAllreduce(comm, a, t.pipelineChunkBytes); break;
       case Collective::ReduceScatter:
         halvingReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op);
         break;

@@ -178,7 +178,12 @@ void treeBroadcast(Comm& c, char* buf, size_t bytes, int root) {
   ex.run();
 }
 
-void treeReduce(Comm& c, char* buf, size_t count, DType dt, RedOp op, int root) {
+void treeReduce(Comm& c, const CollectiveArgs& a) {
+  char* buf = a.buf;
+  const size_t count = a.count;
+  const DType dt = a.dt;
+  const RedOp op = a.op;
+  const int root = a.root;
   int p = c.size();
   if (p == 1 || count == 0) return;
   int vr = (c.rank() - root + p) % p;
@@ -235,7 +240,7 @@ class Tree final : public Algorithm {
         break;
       }
       case Collective::Broadcast: treeBroadcast(comm, a.buf, a.bytes, a.root); break;
-      default: treeReduce(comm, a.buf, a.count, a.dt, a.op, a.root); break;
+      default: treeReduce(comm, a); break;
     }
   }
   const char* kin(Collective c) const override {

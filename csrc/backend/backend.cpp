@@ -99,7 +99,7 @@ int pickIdleSpin(int machineRanks) {
 std::vector<std::string> gatherHostKeys(KVStore& store, const BackendConfig& cfg,
                                         Deadline deadline) {
   try {
-    return allGatherStrings(store, "smdccl/host", cfg.rank, cfg.size, hostKey(), deadline);
+    return allGatherStrings(store, {"smdccl/host", cfg.rank, cfg.size, deadline}, hostKey());
   } catch (const CommError& e) {  // the first rendezvous of a group: say what usually causes it
     throw CommError(
         e.kind(), strCat("smdccl: creating group '", cfg.groupName, "' as rank ", cfg.rank, " of ",

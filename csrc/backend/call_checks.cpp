@@ -25,8 +25,10 @@ void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
 // all_gather's output list / reduce_scatter's input list, which may be
 // uneven (as with NCCL): one tensor per rank, of `ref`'s dtype; this rank's
 // own block has `ref`'s element count. Returns their byte blocks.
-Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int rank,
-                      int size, const char* op, const char* what, const char* refName) {
+Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
+                      const CheckedCall& call, const char* what, const char* refName) {
+  const char* op = call.op;
+  const int rank = call.rank, size = call.size;
   checkOnePerRank(list, size, op, what);
   std::vector<size_t> lengths;
   for (size_t i = 0; i < list.size(); ++i) {
@@ -64,8 +66,10 @@ void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, c
 // gather's gather_list / scatter's scatter_list: one tensor per rank on the
 // root, nothing elsewhere.
 std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists,
-                                 const at::Tensor& ref, int rank, int root, int size,
-                                 const char* op, const char* name) {
+                                 const at::Tensor& ref, const CheckedCall& call, int root,
+                                 const char* name) {
+  const char* op = call.op;
+  const int rank = call.rank, size = call.size;
   if (rank != root) {
     TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "smdccl: ", op, ": only the root (rank ",
                       root, ") passes ", name);

@@ -13,6 +13,13 @@
 
 namespace smdccl {
 
+// The call being checked: the op's name in errors, this rank, the group's size.
+struct CheckedCall {
+  const char* op;
+  int rank;
+  int size;
+};
+
 void checkOnePerRank(const std::vector<at::Tensor>& list, int size, const char* op,
                      const char* what);
 void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int size,
@@ -20,8 +27,8 @@ void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
 // all_gather's output list / reduce_scatter's input list, which may be
 // uneven (as with NCCL): one tensor per rank, of `ref`'s dtype; this rank's
 // own block has `ref`'s element count. Returns their byte blocks.
-Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int rank,
-                      int size, const char* op, const char* what, const char* refName);
+Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
+                      const CheckedCall& call, const char* what, const char* refName);
 // torch's [tensor_list] layout of the per-rank lists (one list per device).
 void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* op,
                   const char* name);
@@ -36,8 +43,8 @@ inline constexpr const char* kReduceScatterTensorLayout =
 // gather's gather_list / scatter's scatter_list: one tensor per rank on the
 // root, nothing elsewhere.
 std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists,
-                                 const at::Tensor& ref, int rank, int root, int size,
-                                 const char* op, const char* name);
+                                 const at::Tensor& ref, const CheckedCall& call, int root,
+                                 const char* name);
 // all_gather_coalesced's output_tensor_lists in torch's layout.
 void checkPerRankLists(const std::vector<std::vector<at::Tensor>>& lists,
                        const std::vector<at::Tensor>& inputs, int size, const char* op);

@@ -55,7 +55,7 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   at::Tensor in = checkSingle(inputs, "allgather");
   checkOneList(outputs, size_, "allgather", "output_tensor_list");
   Blocks blocks =
-      checkBlockList(outputs[0], in, rank_, size_, "allgather", "output_tensor_list", "input");
+      checkBlockList(outputs[0], in, {"allgather", rank_, size_}, "output_tensor_list", "input");
   auto dev = deviceOps_->begin(allOf(outputs[0], {in}), "allgather");
   std::vector<at::Tensor> outs = hostOf(dev, outputs[0], false, true);
   at::Tensor hin = hostOf(dev, in, true, false);
@@ -195,7 +195,7 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
   checkRank(opts.rootRank, size_, "gather", "root rank");
   int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> devOuts =
-      rootList(outputs, in, rank_, root, size_, "gather", "gather_list");
+      rootList(outputs, in, {"gather", rank_, size_}, root, "gather_list");
   auto dev = deviceOps_->begin(allOf(devOuts, {in}), "gather");
   std::vector<at::Tensor> outs = hostOf(dev, devOuts, false, true);
   at::Tensor hin = hostOf(dev, in, true, false);
@@ -260,7 +260,7 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
   checkRank(opts.rootRank, size_, "scatter", "root rank");
   int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> devIns =
-      rootList(inputs, out, rank_, root, size_, "scatter", "scatter_list");
+      rootList(inputs, out, {"scatter", rank_, size_}, root, "scatter_list");
   auto dev = deviceOps_->begin(allOf(devIns, {out}), "scatter");
   std::vector<at::Tensor> ins = hostOf(dev, devIns, true, false);
   at::Tensor hout = hostOf(dev, out, false, true);
@@ -275,14 +275,18 @@ WorkPtr SmdcclBackend::scatter(std::vector<at::Tensor>& outputs,
                       [ins, out = hout, root](Comm& c) {
                         size_t each = out.nbytes();
                         if (c.rank() != root) {
-                          directScatter(c, nullptr, Blocks(), bytesOf(out), each, root);
+                          directScatter(c, {.out = bytesOf(out), .bytes = each, .root = root});
                           return;
                         }
                         at::Tensor flat =
                             at::empty({static_cast<int64_t>(each * c.size())}, at::kByte);
                         packInto(bytesOf(flat), ins);
-                        directScatter(c, bytesOf(flat), Blocks::equal(c.size(), each), bytesOf(out),
-                                      each, root);
+                        Blocks blocks = Blocks::equal(c.size(), each);
+                        directScatter(c, {.in = bytesOf(flat),
+                                          .out = bytesOf(out),
+                                          .bytes = each,
+                                          .blocks = &blocks,
+                                          .root = root});
                         if (each) std::memcpy(bytesOf(out), bytesOf(flat) + each * root, each);
                       },
                   .timeout = opts.timeout,

@@ -47,12 +47,13 @@ void allgatherPacked(Comm& c, const std::vector<at::Tensor>& ins, const Tuning& 
 void gatherInto(Comm& c, const at::Tensor& in, char* out, int root) {
   size_t each = in.nbytes();
   if (c.rank() != root) {
-    directGather(c, bytesOf(in), each, nullptr, Blocks(), root);
+    directGather(c, {.in = bytesOf(in), .bytes = each, .root = root});
     return;
   }
   char* mine = out + each * static_cast<size_t>(root);
   if (each && mine != bytesOf(in)) std::memcpy(mine, bytesOf(in), each);
-  directGather(c, bytesOf(in), each, out, Blocks::equal(c.size(), each), root);
+  Blocks blocks = Blocks::equal(c.size(), each);
+  directGather(c, {.in = bytesOf(in), .out = out, .bytes = each, .blocks = &blocks, .root = root});
 }
 
 bool overlaps(const at::Tensor& a, const at::Tensor& b) {

@@ -125,8 +125,11 @@ void SmdcclBackend::runWork(QueuedOp& op) {
   const std::string& track = cfg_.groupName;
   if (op.queuedUs) {
     int64_t now = trace::nowUs();
-    trace::record(strCat(name, " #", seq, " queued"), "queue", track, op.queuedUs,
-                  now - op.queuedUs);
+    trace::record({.name = strCat(name, " #", seq, " queued"),
+                   .category = "queue",
+                   .track = &track,
+                   .startUs = op.queuedUs,
+                   .durUs = now - op.queuedUs});
   }
   const bool tracing = trace::enabled();
   trace::Span span(

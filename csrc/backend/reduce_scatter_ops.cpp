@@ -68,7 +68,7 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
   at::Tensor out = checkSingle(outputs, "reduce_scatter");
   checkOneList(inputs, size_, "reduce_scatter", "input_list");
   Blocks blocks =  // in bytes: the same for complex tensors and their real views
-      checkBlockList(inputs[0], out, rank_, size_, "reduce_scatter", "input_list", "output");
+      checkBlockList(inputs[0], out, {"reduce_scatter", rank_, size_}, "input_list", "output");
   out = realView(out, opts.reduceOp, "reduce_scatter", "output");
   std::vector<at::Tensor> real =
       realViews(inputs[0], opts.reduceOp, "reduce_scatter", "input_list");

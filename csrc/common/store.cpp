@@ -5,8 +5,11 @@
 
 namespace smdccl {
 
-std::vector<std::string> allGatherStrings(KVStore& store, const std::string& prefix, int rank,
-                                          int size, const std::string& value, Deadline deadline) {
+std::vector<std::string> allGatherStrings(KVStore& store, const StoreRound& round,
+                                          const std::string& value) {
+  const std::string& prefix = round.prefix;
+  const int rank = round.rank, size = round.size;
+  const Deadline deadline = round.deadline;
   store.set(prefix + "/" + std::to_string(rank), value);
   std::vector<std::string> out(size);
   for (int r = 0; r < size; ++r) {

@@ -22,9 +22,17 @@ class KVStore {
   virtual void remove(const std::string& key) = 0;
 };
 
+// One round over the store: `size` ranks meet under `prefix`, each waiting
+// until `deadline`.
+struct StoreRound {
+  std::string prefix;
+  int rank;
+  int size;
+  Deadline deadline;
+};
 // Every rank publishes `value` under prefix/rank and reads everyone's.
-std::vector<std::string> allGatherStrings(KVStore& store, const std::string& prefix, int rank,
-                                          int size, const std::string& value, Deadline deadline);
+std::vector<std::string> allGatherStrings(KVStore& store, const StoreRound& round,
+                                          const std::string& value);
 
 // Blocks until all `size` ranks have reached the barrier named `name`.
 void storeBarrier(KVStore& store, const std::string& name, int size, Deadline deadline);

@@ -93,8 +93,7 @@ void setRank(int globalRank) {
   rec().rank.compare_exchange_strong(expected, globalRank);
 }
 
-void record(std::string name, const char* category, const std::string& track, int64_t startUs,
-            int64_t durUs, std::string argsJson) {
+void record(FinishedSpan span) {
   if (!enabled()) return;
   Recorder& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -106,8 +105,9 @@ void record(std::string name, const char* category, const std::string& track, in
     ++r.dropped;
     return;
   }
-  auto it = r.tracks.emplace(track, static_cast<int>(r.tracks.size())).first;
-  r.events.push_back({std::move(name), category, it->second, startUs, durUs, std::move(argsJson)});
+  auto it = r.tracks.emplace(*span.track, static_cast<int>(r.tracks.size())).first;
+  r.events.push_back({std::move(span.name), span.category, it->second, span.startUs, span.durUs,
+                      std::move(span.argsJson)});
 }
 
 void flush() {

@@ -13,8 +13,15 @@ namespace smdccl::trace {
 bool enabled();
 int64_t nowUs();  // microseconds on the steady clock
 // A finished span: `track` groups spans on one line (the group's name).
-void record(std::string name, const char* category, const std::string& track, int64_t startUs,
-            int64_t durUs, std::string argsJson = "");
+struct FinishedSpan {
+  std::string name;
+  const char* category = "";
+  const std::string* track = nullptr;
+  int64_t startUs = 0;
+  int64_t durUs = 0;
+  std::string argsJson;
+};
+void record(FinishedSpan span);
 void setRank(int globalRank);
 // Writes everything recorded so far (the whole file, each time).
 void flush();
@@ -33,7 +40,12 @@ class Span {
   }
   ~Span() {
     if (on_)
-      record(std::move(name_), category_, *track_, start_, nowUs() - start_, std::move(args_));
+      record({.name = std::move(name_),
+              .category = category_,
+              .track = track_,
+              .startUs = start_,
+              .durUs = nowUs() - start_,
+              .argsJson = std::move(args_)});
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;

@@ -111,7 +111,7 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int loc
   }
   try {
     std::vector<std::string> all =
-        allGatherStrings(store, keyPrefix, localRank, localSize, mine, deadline);
+        allGatherStrings(store, {keyPrefix, localRank, localSize, deadline}, mine);
     for (int l = 0; l < localSize; ++l) {
       if (l == localRank) continue;
       const std::string& v = all[static_cast<size_t>(l)];
@@ -180,8 +180,9 @@ CudaIpcSpace::~CudaIpcSpace() {
   unmapPeers();
   if (ptrs_.size() > 1 && ptrs_[static_cast<size_t>(localRank_)]) {
     try {
-      allGatherStrings(*store_, keyPrefix_ + "/unmapped", localRank_, localSize(), "1",
-                       Deadline::after(kUnmapWait));
+      allGatherStrings(
+          *store_, {keyPrefix_ + "/unmapped", localRank_, localSize(), Deadline::after(kUnmapWait)},
+          "1");
     } catch (const std::exception& e) {
       // Also at process exit without destroy_process_group (the store may be
       // gone): the memory goes with the process.
