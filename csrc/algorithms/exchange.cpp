@@ -155,7 +155,7 @@ bool Exchange::moveWireRecv(Transfer& t) {
       size_t k = std::min((t.bytes - t.done) / 4, t.link->readable(&at) / 2);
       if (k == 0) break;
       float* dst = reinterpret_cast<float*>(t.buf + t.done);
-      if (t.kind == Kind::RecvReduce) reduceFromWire(dst, at, k, t.wire, t.op, t.roundTo);
+      if (t.kind == Kind::RecvReduce) reduceFromWire(dst, at, k, {t.wire, t.op, t.roundTo});
       else unpackFromWire(dst, at, k, t.wire);
       t.link->consume(k * 2);
       t.done += k * 4;
@@ -174,7 +174,7 @@ bool Exchange::moveWireRecv(Transfer& t) {
     size_t whole = t.movedBytes / 2;
     if (whole == 0) continue;
     float* dst = reinterpret_cast<float*>(t.buf + t.done);
-    if (t.kind == Kind::RecvReduce) reduceFromWire(dst, stage, whole, t.wire, t.op, t.roundTo);
+    if (t.kind == Kind::RecvReduce) reduceFromWire(dst, stage, whole, {t.wire, t.op, t.roundTo});
     else unpackFromWire(dst, stage, whole, t.wire);
     t.done += whole * 4;
     t.movedBytes -= whole * 2;

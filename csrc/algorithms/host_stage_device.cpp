@@ -50,7 +50,7 @@ StageDevice::Ticket HostStageDevice::queueFromHost(char* dst, const void* slot, 
       if (packed(dt, wire)) unpackFromWire(f, slot, count, wire);
       else std::memcpy(dst, slot, count * elementSize(dt));
     } else if (packed(dt, wire)) {
-      reduceFromWire(f, slot, count, wire, op, roundTo);
+      reduceFromWire(f, slot, count, {wire, op, roundTo});
     } else {
       reduceInto(dst, slot, count, dt, op);
       if (dt == DType::F32) roundToWire(f, count, roundTo);

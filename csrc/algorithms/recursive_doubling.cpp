@@ -52,7 +52,7 @@ void recursiveDoublingAllreduce(Comm& c, char* buf, size_t count, DType dt, RedO
       Wire w = wireTo(peer);
       ex.send(c.link(peer), buf, bytes, {}, w).recv(c.link(peer), tmp.get(), bytes, {}, w).run();
       // Lower rank's data first on both sides: identical rounding everywhere.
-      if (peer < r) reduceTo(buf, tmp.get(), buf, count, dt, op);
+      if (peer < r) reduceTo(buf, tmp.get(), buf, count, {dt, op});
       else reduceInto(buf, tmp.get(), count, dt, op);
       roundToWire(f, wire == Wire::F32 ? 0 : count, wire);
     }

@@ -33,15 +33,15 @@ TEST(reduce_float_ops_and_nan) {
       a[i] = static_cast<float>(i) - 3.5f;
       b[i] = 2.0f - static_cast<float>(i % 5);
     }
-    reduceTo(out.data(), a.data(), b.data(), n, DType::F32, RedOp::Sum);
+    reduceTo(out.data(), a.data(), b.data(), n, {DType::F32, RedOp::Sum});
     for (size_t i = 0; i < n; ++i) CHECK(out[i] == a[i] + b[i]);
-    reduceTo(out.data(), a.data(), b.data(), n, DType::F32, RedOp::Max);
+    reduceTo(out.data(), a.data(), b.data(), n, {DType::F32, RedOp::Max});
     for (size_t i = 0; i < n; ++i) CHECK(out[i] == std::max(a[i], b[i]));
-    reduceTo(out.data(), a.data(), b.data(), n, DType::F32, RedOp::Prod);
+    reduceTo(out.data(), a.data(), b.data(), n, {DType::F32, RedOp::Prod});
     for (size_t i = 0; i < n; ++i) CHECK(out[i] == a[i] * b[i]);
   }
   double x[2] = {1.0, std::nan("")}, y[2] = {std::nan(""), 2.0}, o[2];
-  reduceTo(o, x, y, 2, DType::F64, RedOp::Min);
+  reduceTo(o, x, y, 2, {DType::F64, RedOp::Min});
   CHECK(std::isnan(o[0]) && std::isnan(o[1]));
 }
 
@@ -59,19 +59,19 @@ TEST(reduce_integers_wrap) {
 
 TEST(reduce_bool_is_logical) {
   uint8_t a[4] = {0, 0, 1, 1}, b[4] = {0, 1, 0, 1}, o[4];
-  reduceTo(o, a, b, 4, DType::Bool, RedOp::Sum);
+  reduceTo(o, a, b, 4, {DType::Bool, RedOp::Sum});
   CHECK(o[0] == 0 && o[1] == 1 && o[2] == 1 && o[3] == 1);
-  reduceTo(o, a, b, 4, DType::Bool, RedOp::Prod);
+  reduceTo(o, a, b, 4, {DType::Bool, RedOp::Prod});
   CHECK(o[0] == 0 && o[1] == 0 && o[2] == 0 && o[3] == 1);
 }
 
 TEST(reduce_bitwise_ops) {
   int8_t a[3] = {-1, 0x5a, -128}, b[3] = {0x0f, 0x3c, 0x7f}, o[3];
-  reduceTo(o, a, b, 3, DType::I8, RedOp::BAnd);
+  reduceTo(o, a, b, 3, {DType::I8, RedOp::BAnd});
   CHECK(o[0] == 0x0f && o[1] == 0x18 && o[2] == 0);
-  reduceTo(o, a, b, 3, DType::I8, RedOp::BOr);
+  reduceTo(o, a, b, 3, {DType::I8, RedOp::BOr});
   CHECK(o[0] == -1 && o[1] == 0x7e && o[2] == -1);
-  reduceTo(o, a, b, 3, DType::I8, RedOp::BXor);
+  reduceTo(o, a, b, 3, {DType::I8, RedOp::BXor});
   CHECK(o[0] == static_cast<int8_t>(0xf0) && o[1] == 0x66 && o[2] == -1);
   int64_t c[2] = {std::numeric_limits<int64_t>::min(), 0x00ff00ff00ff00ffLL},
           d[2] = {-1, 0x0ff00ff00ff00ff0LL};
@@ -79,11 +79,11 @@ TEST(reduce_bitwise_ops) {
   CHECK(c[0] == std::numeric_limits<int64_t>::max() && c[1] == 0x0f0f0f0f0f0f0f0fLL);
   // bool: logical, on any nonzero byte, results 0/1
   uint8_t x[4] = {0, 0, 2, 1}, y[4] = {0, 7, 0, 1}, r[4];
-  reduceTo(r, x, y, 4, DType::Bool, RedOp::BAnd);
+  reduceTo(r, x, y, 4, {DType::Bool, RedOp::BAnd});
   CHECK(r[0] == 0 && r[1] == 0 && r[2] == 0 && r[3] == 1);
-  reduceTo(r, x, y, 4, DType::Bool, RedOp::BOr);
+  reduceTo(r, x, y, 4, {DType::Bool, RedOp::BOr});
   CHECK(r[0] == 0 && r[1] == 1 && r[2] == 1 && r[3] == 1);
-  reduceTo(r, x, y, 4, DType::Bool, RedOp::BXor);
+  reduceTo(r, x, y, 4, {DType::Bool, RedOp::BXor});
   CHECK(r[0] == 0 && r[1] == 1 && r[2] == 1 && r[3] == 0);
   // No bitwise kernel for floating types: an error, never a call through null.
   float f[2] = {1.f, 2.f};
@@ -137,8 +137,8 @@ TEST(reduce_16bit_vector_and_tail_agree_with_scalar_rounding) {
       hb[i] = static_cast<_Float16>(y);
     }
     for (RedOp op : {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max}) {
-      reduceTo(bf.data(), a.data(), b.data(), n, DType::BF16, op);
-      reduceTo(hout.data(), ha.data(), hb.data(), n, DType::F16, op);
+      reduceTo(bf.data(), a.data(), b.data(), n, {DType::BF16, op});
+      reduceTo(hout.data(), ha.data(), hb.data(), n, {DType::F16, op});
       for (size_t i = 0; i < n; ++i) {
         float x = fromBf16(a[i]), y = fromBf16(b[i]);
         float r = op == RedOp::Sum    ? x + y
@@ -160,7 +160,7 @@ TEST(reduce_16bit_vector_and_tail_agree_with_scalar_rounding) {
     nanA[i] = 0x7fc1;  // bf16 NaN
     one[i] = toBf16(1.f);
   }
-  reduceTo(o, nanA, one, 8, DType::BF16, RedOp::Max);
+  reduceTo(o, nanA, one, 8, {DType::BF16, RedOp::Max});
   for (int i = 0; i < 8; ++i) CHECK(std::isnan(fromBf16(o[i])));
 }
 
@@ -182,8 +182,8 @@ TEST(wire_pack_unpack_reduce_round) {
       std::vector<float> back(n), sum(acc), rounded(acc);
       packToWire(packed.data(), x.data(), n, w);
       unpackFromWire(back.data(), packed.data(), n, w);
-      reduceFromWire(sum.data(), packed.data(), n, w, RedOp::Sum);
-      reduceFromWire(rounded.data(), packed.data(), n, w, RedOp::Sum, /*roundTo=*/w);
+      reduceFromWire(sum.data(), packed.data(), n, {w, RedOp::Sum});
+      reduceFromWire(rounded.data(), packed.data(), n, {w, RedOp::Sum, /*roundTo=*/w});
       std::vector<float> r(x);
       roundToWire(r.data(), n, w);
       for (size_t i = 0; i < n; ++i) {

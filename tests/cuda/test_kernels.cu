@@ -200,7 +200,7 @@ void checkReduce2(DType t, RedOp op, size_t n, int layout, std::mt19937_64& rng)
   size_t bytes = n * es;
   auto a = randomData(t, n, rng), b = randomData(t, n, rng);
   std::vector<unsigned char> want(bytes + 16), got(bytes + 16);
-  smdccl::reduceTo(want.data(), a.data(), b.data(), n, t, op);
+  smdccl::reduceTo(want.data(), a.data(), b.data(), n, {t, op});
 
   DevBuf da(bytes), db(bytes), dout(bytes);
   CHECK(da.p && db.p && dout.p);
@@ -350,13 +350,13 @@ std::vector<unsigned char> multiReference(const std::vector<std::vector<unsigned
     smdccl::unpackFromWire(acc.data(), in[0].data(), n, w);
     for (size_t j = 1; j < in.size(); ++j) {
       smdccl::unpackFromWire(x.data(), in[j].data(), n, w);
-      smdccl::reduceTo(acc.data(), acc.data(), x.data(), n, DType::F32, op);
+      smdccl::reduceTo(acc.data(), acc.data(), x.data(), n, {DType::F32, op});
     }
     smdccl::packToWire(out.data(), acc.data(), n, w);
   } else {
     std::memcpy(out.data(), in[0].data(), n * es);
     for (size_t j = 1; j < in.size(); ++j)
-      smdccl::reduceTo(out.data(), out.data(), in[j].data(), n, t, op);
+      smdccl::reduceTo(out.data(), out.data(), in[j].data(), n, {t, op});
   }
   return out;
 }
@@ -581,7 +581,7 @@ void checkWire(Wire w, size_t n, size_t off, std::mt19937_64& rng) {
   for (RedOp op : kOps) {
     std::vector<float> acc = wireFloats(n, rng);
     CK(cudaMemcpy(pdst, acc.data(), n * 4, cudaMemcpyHostToDevice));
-    smdccl::reduceFromWire(acc.data(), bits.data(), n, w, op);
+    smdccl::reduceFromWire(acc.data(), bits.data(), n, {w, op});
     CK(gpu::unpackReduceFromWire(pdst, p16, n, w, op, nullptr));
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(gotF.data(), pdst, n * 4, cudaMemcpyDeviceToHost));

@@ -148,7 +148,7 @@ TEST(cuda_sm_cap_keeps_results) {
     a[i] = valueOf(0, i, 1.0f);
     b[i] = valueOf(1, i, 1.0f);
   }
-  reduceTo(cpu.data(), a.data(), b.data(), n, DType::F32, RedOp::Sum);
+  reduceTo(cpu.data(), a.data(), b.data(), n, {DType::F32, RedOp::Sum});
   void *da = nullptr, *db = nullptr;
   CHECK(cudaMalloc(&da, n * 4) == cudaSuccess && cudaMalloc(&db, n * 4) == cudaSuccess);
   const int saved = cuda::maxSms();

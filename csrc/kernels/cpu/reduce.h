@@ -11,10 +11,15 @@
 
 namespace smdccl {
 
-void reduceTo(void* out, const void* a, const void* b, size_t count, DType dtype, RedOp op);
+// The element type and the reduction of a kernel call.
+struct ElementOp {
+  DType dtype;
+  RedOp op;
+};
+void reduceTo(void* out, const void* a, const void* b, size_t count, ElementOp e);
 
 inline void reduceInto(void* dst, const void* src, size_t count, DType dtype, RedOp op) {
-  reduceTo(dst, dst, src, count, dtype, op);
+  reduceTo(dst, dst, src, count, {dtype, op});
 }
 
 // ---- float32 data over a 16-bit wire (fp16/bf16, round to nearest even) ----
@@ -39,20 +44,25 @@ inline void packToWire(void* dst, const float* src, size_t n, Wire w) {
 inline void unpackFromWire(float* dst, const void* src, size_t n, Wire w) {
   wireKernels(w).unpack(dst, static_cast<const uint16_t*>(src), n);
 }
-inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp op) {
-  wireKernels(w).reduce[static_cast<int>(op)](dst, nullptr, src, n);
-}
 // Rounds float32 values in place to what the wire would deliver.
 void roundToWire(float* buf, size_t n, Wire w);
-// reduceFromWire, then roundToWire(dst, n, roundTo) (F32: no rounding); one
-// pass when roundTo is the wire itself (a final sum on a compressed link).
-inline void reduceFromWire(float* dst, const void* src, size_t n, Wire w, RedOp op, Wire roundTo) {
-  if (roundTo == w) {
-    wireKernels(w).reduceRound[static_cast<int>(op)](dst, nullptr, src, n);
+// How reduceFromWire combines: src holds `wire` values, widened and
+// combined with `op`; the sums are then rounded to `roundTo` (F32: not
+// rounded), in the same pass when roundTo is the wire itself (a final sum
+// on a compressed link).
+struct FromWire {
+  Wire wire;
+  RedOp op;
+  Wire roundTo = Wire::F32;
+};
+inline void reduceFromWire(float* dst, const void* src, size_t n, const FromWire& how) {
+  const int op = static_cast<int>(how.op);
+  if (how.roundTo == how.wire) {
+    wireKernels(how.wire).reduceRound[op](dst, nullptr, src, n);
     return;
   }
-  reduceFromWire(dst, src, n, w, op);
-  roundToWire(dst, n, roundTo);
+  wireKernels(how.wire).reduce[op](dst, nullptr, src, n);
+  roundToWire(dst, n, how.roundTo);
 }
 
 // Which instruction set the dispatcher picked ("avx2+f16c" or "portable").

@@ -64,7 +64,9 @@ const Table& table() {
 
 }  // namespace
 
-void reduceTo(void* out, const void* a, const void* b, size_t count, DType dtype, RedOp op) {
+void reduceTo(void* out, const void* a, const void* b, size_t count, ElementOp e) {
+  const DType dtype = e.dtype;
+  const RedOp op = e.op;
   if (count == 0) return;
   ReduceFn fn = table().fn[static_cast<int>(dtype)][static_cast<int>(op)];
   // The backend refuses these pairs at the call; a loud error, not a crash,
