@@ -15,6 +15,7 @@
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
 #include "backend/device_op.h"
+#include "backend/group_failure.h"
 #include "backend/op_request.h"
 #include "backend/progress_thread.h"
 #include "backend/scratch_pool.h"
@@ -229,9 +230,6 @@ class SmdcclBackend : public ::c10d::Backend {
   void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
                      const std::shared_ptr<DeviceOp>& dev);
   static constexpr size_t kFusableBytes = 1 << 20;  // "small": fused with its neighbours
-  // After a failure: the first rank to fail records its cause in the store;
-  // later ones (who may only see a peer's connection close) report it too.
-  std::string failureWithGroupCause(const std::string& mine);
   // A failure that leaves the group's ranks out of step (`cause`: what
   // happened on this rank, in op `ctx`): records it as the group's cause,
   // aborts the links so that peers fail at once, fails what is queued.
@@ -288,10 +286,7 @@ class SmdcclBackend : public ::c10d::Backend {
   bool nanCheck_ = false;      // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL
   std::atomic<uint64_t> fusedOps_{0}, fusedCollectives_{0};
-  std::mutex fatalMu_;
-  std::exception_ptr fatal_;  // a failed collective leaves the group unusable
-  std::string abortCause_;    // under fatalMu_: set by abort()
-  ::c10d::ErrorType errorType_ = ::c10d::ErrorType::SUCCESS;  // under fatalMu_: getError()
+  GroupFate fate_;  // a failed collective (or abort()) leaves the group unusable
   // Works of the queued allreduces the running one took in (fusion): runWork
   // completes them with its own error if the fused collective fails. Touched
   // only by the task running (runMu_ of the progress thread serializes).

@@ -37,17 +37,17 @@ std::string GroupFailureProbe::operator()() {
   return found_;
 }
 
-std::string SmdcclBackend::failureWithGroupCause(const std::string& mine) {
+std::string withFirstFailure(KVStore& store, const std::string& mine) {
   const std::string key = kFirstFailureKey;
   try {
-    std::string recorded = recordedFirstFailure(*store_);
+    std::string recorded = recordedFirstFailure(store);
     if (!recorded.empty())
       return recorded == mine ? mine : mine + " [first failure in the group: " + recorded + "]";
-    if (store_->add(key + "/claim", 1) == 1) {
-      store_->set(key, mine);
+    if (store.add(key + "/claim", 1) == 1) {
+      store.set(key, mine);
     } else {
       // Another rank is writing its cause right now.
-      std::string first = store_->get(key, Deadline::after(std::chrono::seconds(5)));
+      std::string first = store.get(key, Deadline::after(std::chrono::seconds(5)));
       return mine + " [first failure in the group: " + first + "]";
     }
   } catch (const std::exception& e) {
@@ -56,24 +56,47 @@ std::string SmdcclBackend::failureWithGroupCause(const std::string& mine) {
   return mine;
 }
 
-::c10d::ErrorType SmdcclBackend::getError() {
-  std::lock_guard<std::mutex> lock(fatalMu_);
+std::exception_ptr GroupFate::fatal() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fatal_;
+}
+
+::c10d::ErrorType GroupFate::errorType() const {
+  std::lock_guard<std::mutex> lock(mu_);
   return errorType_;
 }
+
+std::string GroupFate::abortCause() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abortCause_;
+}
+
+bool GroupFate::abort(const std::string& cause, std::exception_ptr err) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!abortCause_.empty()) return false;
+  abortCause_ = cause;
+  if (!fatal_) {  // an earlier failure stays the group's cause
+    fatal_ = err;
+    errorType_ = ::c10d::ErrorType::COMM_ERROR;
+  }
+  return true;
+}
+
+void GroupFate::fail(std::exception_ptr err, CommError::Kind kind) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fatal_ = err;
+  errorType_ = kind == CommError::Kind::Timeout       ? ::c10d::ErrorType::TIMEOUT
+               : kind == CommError::Kind::PeerFailure ? ::c10d::ErrorType::REMOTE_ERROR
+                                                      : ::c10d::ErrorType::COMM_ERROR;
+}
+
+::c10d::ErrorType SmdcclBackend::getError() { return fate_.errorType(); }
 
 void SmdcclBackend::abort() {
   std::string cause = strCat("smdccl: group '", cfg_.groupName, "' was aborted on rank ", rank_,
                              " (ProcessGroup.abort())");
   auto err = toTorchError(std::make_exception_ptr(CommError(CommError::Kind::System, cause)));
-  {
-    std::lock_guard<std::mutex> lock(fatalMu_);
-    if (!abortCause_.empty()) return;
-    abortCause_ = cause;
-    if (!fatal_) {  // an earlier failure stays the group's cause
-      fatal_ = err;
-      errorType_ = ::c10d::ErrorType::COMM_ERROR;
-    }
-  }
+  if (!fate_.abort(cause, err)) return;
   SMDCCL_WARN(cause);
   p2p_->abort(err);      // first: a transfer that sees the cancel below reports this cause
   mesh_->cancelWaits();  // the op in flight stops at its next wait (Exchange, connection waits)
@@ -84,7 +107,7 @@ void SmdcclBackend::abort() {
   // (the op in flight may record it before, in failGroup: the first record
   // wins), then closes the links so that peers fail naming it.
   bool posted = progress_->post([this, cause] {
-    failureWithGroupCause(cause);
+    withFirstFailure(*store_, cause);
     mesh_->abortLinks();
   });
   // A stopped thread: the group had failed before, its links are closed and
@@ -95,33 +118,23 @@ void SmdcclBackend::abort() {
 
 std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kind kind,
                                             const std::string& cause) {
-  std::string aborted;
-  {
-    std::lock_guard<std::mutex> lock(fatalMu_);
-    aborted = abortCause_;
-  }
+  const std::string aborted = fate_.abortCause();
   if (!aborted.empty()) {
     // Interrupted by abort(): that is the cause, whatever the wait saw.
     std::string msg = strCat(aborted, " while in ", ctx.describe());
-    failureWithGroupCause(msg);  // peers name it...
-    mesh_->abortLinks();         // ...once they see the links close
+    withFirstFailure(*store_, msg);  // peers name it...
+    mesh_->abortLinks();             // ...once they see the links close
     return toTorchError(std::make_exception_ptr(CommError(kind, msg)));
   }
   // Exchange names the op; a failure outside it (e.g. connecting a link on
   // first use, an allocation) does not yet.
   std::string where = strCat("smdccl: ", ctx.describe());
   std::string what = cause.compare(0, where.size(), where) != 0 ? where + ": " + cause : cause;
-  std::string msg = failureWithGroupCause(what);
+  std::string msg = withFirstFailure(*store_, what);
   SMDCCL_WARN(msg);
   mesh_->abortLinks();  // only after the cause is in the store
   std::exception_ptr err = toTorchError(std::make_exception_ptr(CommError(kind, msg)));
-  {
-    std::lock_guard<std::mutex> lock(fatalMu_);
-    fatal_ = err;
-    errorType_ = kind == CommError::Kind::Timeout       ? ::c10d::ErrorType::TIMEOUT
-                 : kind == CommError::Kind::PeerFailure ? ::c10d::ErrorType::REMOTE_ERROR
-                                                        : ::c10d::ErrorType::COMM_ERROR;
-  }
+  fate_.fail(err, kind);
   // Nothing can run on this group any more: what is queued fails fast,
   // then the thread exits; later calls fail on the caller's thread.
   progress_->stopWhenIdle();

@@ -95,11 +95,7 @@ void SmdcclBackend::runWork(QueuedOp& op) {
   // stream, and the work's future completes there.
   std::optional<c10::StreamGuard> onStream;
   if (device) onStream.emplace(device->stream());
-  std::exception_ptr err;
-  {
-    std::lock_guard<std::mutex> lock(fatalMu_);
-    err = fatal_;
-  }
+  std::exception_ptr err = fate_.fatal();
   if (err) {
     // Streams between ranks are out of step after a failure: fail fast.
     if (device) device->signal(seq);
