@@ -16,7 +16,6 @@
 #include "backend/wire_overflow_check.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
-#include "common/hash.h"
 #include "common/trace.h"
 #include "kernels/cpu/reduce.h"
 
@@ -41,8 +40,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   // that agrees on the count), so it does not depend on async_op, which
   // ranks may choose differently for the same call.
   std::shared_ptr<QueuedAllreduce> fusable;
-  if (fusionBytes_ > 0 && size_ > 1 && t.nbytes() <= kFusableBytes &&
-      !spec.preScaleTensor.defined()) {
+  if (fusion_->fusable(t, spec, size_)) {
     fusable = std::make_shared<QueuedAllreduce>();
     fusable->tensor = t;
     fusable->spec = spec;
@@ -51,7 +49,20 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                     .name = "allreduce",
                     .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
                     .outputs = tensors,
-                    .body = [this, self = fusable](Comm& c) { runFusedAllreduce(c, *self); },
+                    .body =
+                        [this, self = fusable](Comm& c) {
+                          fusion_->run(
+                              c, *self, runSeq_,
+                              {.one =
+                                   [&](QueuedAllreduce& q) {
+                                     allreduceOne(c, q.tensor, q.spec, q.device, tuning_);
+                                   },
+                               .flat =
+                                   [&](std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
+                                       const std::shared_ptr<DeviceOp>& dev) {
+                                     allreduceFlat(c, ts, specs, dev);
+                                   }});
+                        },
                     .timeout = opts.timeout,
                     .asyncOp = opts.asyncOp,
                     .fusable = fusable,
@@ -148,90 +159,6 @@ void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
   }
   for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
   overflow.finish(c);
-}
-
-bool SmdcclBackend::ridersAgree(Comm& c, size_t count) {
-  Fnv1a h;  // over each rider's size, dtype and op
-  size_t seen = 0;
-  progress_->countFusable([&](Fusable& f) {
-    if (seen == count) return false;
-    auto& q = static_cast<QueuedAllreduce&>(f);
-    h.mix(static_cast<uint64_t>(q.tensor.numel()));
-    h.mix(static_cast<uint64_t>(q.tensor.scalar_type()));
-    h.mix(static_cast<uint64_t>(q.spec.op));
-    h.mix(q.device ? 1u : 0u);
-    ++seen;
-    return true;
-  });
-  // One round: the minimum of h and of ~h (~ reverses the order) gives the
-  // smallest and the largest fingerprint.
-  int64_t pair[2] = {static_cast<int64_t>(h.value), ~static_cast<int64_t>(h.value)};
-  trace::Span span("fusion: compare the riders", "check", *c.ctx.group);
-  recursiveDoublingAllreduce(c, reinterpret_cast<char*>(pair), 2, DType::I64, RedOp::Min);
-  return pair[0] == ~pair[1];
-}
-
-void SmdcclBackend::runFusedAllreduce(Comm& c, QueuedAllreduce& first) {
-  auto sameKind = [&](const QueuedAllreduce& q) {
-    return q.tensor.scalar_type() == first.tensor.scalar_type() && q.spec.op == first.spec.op &&
-           q.spec.preScale == first.spec.preScale && q.spec.postDivide == first.spec.postDivide &&
-           !q.spec.preScaleTensor.defined() && (q.device != nullptr) == (first.device != nullptr);
-  };
-  size_t bytes = first.tensor.nbytes();
-  std::vector<at::Tensor> batch{first.tensor};
-  // Run inline by a caller (tryRunInline), the progress thread may pop the
-  // queue's head between the rounds below and the take: offer nothing then
-  // (the rounds still run, so every rank makes the same ones). Inline runs
-  // start with nothing queued, so little is lost.
-  const bool mayTake = progress_->onOwnThread();
-  int32_t count = !mayTake ? 0 : static_cast<int32_t>(progress_->countFusable([&](Fusable& f) {
-    auto& q = static_cast<QueuedAllreduce&>(f);
-    if (!sameKind(q) || bytes + q.tensor.nbytes() > fusionBytes_) return false;
-    // A tensor queued twice (or overlapping views) must be reduced twice, in
-    // order: the run of fused allreduces ends before it.
-    for (const auto& t : batch)
-      if (overlaps(t, q.tensor)) return false;
-    bytes += q.tensor.nbytes();
-    batch.push_back(q.tensor);
-    return true;
-  }));
-  // Queues differ between ranks: fuse what every rank has (one tiny round).
-  {
-    trace::Span span("fusion: agree on the count", "check", *c.ctx.group);
-    recursiveDoublingAllreduce(c, reinterpret_cast<char*>(&count), 1, DType::I32, RedOp::Min);
-  }
-  // The op headers compare the first allreduce only: the riders' sizes must
-  // agree too, or swapped sizes with equal totals would mix tensors silently.
-  // On any difference nothing is fused: each runs alone and its own header
-  // check names both calls.
-  if (count > 0 && !ridersAgree(c, static_cast<size_t>(count))) count = 0;
-  auto taken = progress_->takeFusable(static_cast<size_t>(count));
-  if (taken.empty()) {  // nothing to fuse: in place, without packing a flat copy
-    allreduceOne(c, first.tensor, first.spec, first.device, tuning_);
-    return;
-  }
-  std::vector<at::Tensor> ts{first.tensor};
-  std::vector<ReduceSpec> specs{first.spec};
-  for (auto& f : taken) {
-    auto& q = static_cast<QueuedAllreduce&>(*f);
-    uint64_t seq = runSeq_.fetch_add(1) + 1;
-    q.number->store(seq);  // the same on every rank: they agreed on `count`
-    q.work->markStarted();
-    riders_.push_back(q.work);  // on failure runWork completes them with its error
-    ts.push_back(q.tensor);
-    specs.push_back(q.spec);
-    if (q.device) {
-      // CUDA: signalled by runWork after the fused op, also on failure.
-      riderDevices_.push_back({q.device, seq});
-      // The op's stream waits for the work the rider's caller queued before it.
-      q.device->prepare(c.ctx);
-    }
-  }
-  allreduceFlat(c, ts, specs, first.device);
-  for (auto& [d, seq] : riderDevices_) d->finishBody(c.ctx);
-  // runWork completes the riders, after this op's end.
-  fusedOps_ += taken.size() + 1;
-  ++fusedCollectives_;
 }
 
 WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,

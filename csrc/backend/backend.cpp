@@ -164,9 +164,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   setLogRank(cfg_.globalRanks[cfg_.rank]);
   trace::setRank(cfg_.globalRanks[cfg_.rank]);
   tuning_ = Tuning::fromEnv();
-  fusionBytes_ = static_cast<size_t>(envInt(env::kFusionMB)) << 20;  // range-checked: 0..1024
   nanCheck_ = envInt(env::kNanCheck) != 0;
-  if (nanCheck_) fusionBytes_ = 0;  // each allreduce's inputs are checked on their own
   detailChecks_ = logEnabled(LogLevel::Detail) || torchDebugDetail();
   Deadline deadline = Deadline::after(cfg_.timeout);
 
@@ -189,6 +187,9 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   deviceOps_ =
       makeDeviceOps(*store_, [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
+  // Under SMDCCL_NAN_CHECK each allreduce's inputs are checked on their own: no fusion.
+  size_t fusionBytes = static_cast<size_t>(envInt(env::kFusionMB)) << 20;  // range-checked
+  fusion_ = std::make_unique<AllreduceFusion>(*progress_, nanCheck_ ? 0 : fusionBytes);
   watchdog_ = std::make_unique<Watchdog>(store_, cfg_.rank, cfg_.size, cfg_.groupName,
                                          envDouble(env::kWarnAfter));
   SMDCCL_INFO("group '", cfg_.groupName, "' rank ", cfg_.rank, "/", cfg_.size, ": ",

@@ -14,6 +14,7 @@
 
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
+#include "backend/allreduce_fusion.h"
 #include "backend/device_op.h"
 #include "backend/group_failure.h"
 #include "backend/op_request.h"
@@ -185,8 +186,8 @@ class SmdcclBackend : public ::c10d::Backend {
   uint64_t rejectedConnections() const { return mesh_->rejectedConnections(); }
   // Allreduces that ran inside another's collective (fusion), and the fused
   // collectives that carried them.
-  uint64_t fusedAllreduces() const { return fusedOps_.load(); }
-  uint64_t fusedCollectives() const { return fusedCollectives_.load(); }
+  uint64_t fusedAllreduces() const { return fusion_->fusedAllreduces(); }
+  uint64_t fusedCollectives() const { return fusion_->fusedCollectives(); }
   // CPU seconds the group's progress thread has used (its thread clock).
   double progressCpuSeconds() const { return progress_->cpuSeconds(); }
   // Bytes this group's collectives on CUDA tensors copied to host memory
@@ -210,12 +211,6 @@ class SmdcclBackend : public ::c10d::Backend {
   // inline: see there) with a fresh deadline; the Work completes with
   // `r.outputs` or the error.
   c10::intrusive_ptr<::c10d::Work> enqueue(OpRequest r);
-  // Runs `first` and, when every rank has more fusable allreduces queued
-  // right behind it, as many of those as all have, as one collective.
-  void runFusedAllreduce(Comm& c, QueuedAllreduce& first);
-  // Whether every rank's first `count` queued fusable allreduces have the
-  // same sizes, dtypes and ops (one tiny round).
-  bool ridersAgree(Comm& c, size_t count);
   // recv and recvAnysource (srcRank -1): posts the receive, CUDA landing included.
   c10::intrusive_ptr<::c10d::Work> postRecv(const at::Tensor& t, int srcRank, int tag);
   // all_reduce of a sparse COO tensor (sparse_allreduce.h): SUM or AVG, CPU.
@@ -229,7 +224,6 @@ class SmdcclBackend : public ::c10d::Backend {
   // on `dev`'s device for CUDA tensors.
   void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
                      const std::shared_ptr<DeviceOp>& dev);
-  static constexpr size_t kFusableBytes = 1 << 20;  // "small": fused with its neighbours
   // A failure that leaves the group's ranks out of step (`cause`: what
   // happened on this rank, in op `ctx`): records it as the group's cause,
   // aborts the links so that peers fail at once, fails what is queued.
@@ -282,20 +276,11 @@ class SmdcclBackend : public ::c10d::Backend {
   // (runMu_ of the progress thread serializes), or by a caller once the
   // thread has stopped after a failure (hence atomic).
   std::atomic<uint64_t> runSeq_{0};
-  size_t fusionBytes_ = 0;     // SMDCCL_FUSION_MB; 0: no fusion
   bool nanCheck_ = false;      // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL
-  std::atomic<uint64_t> fusedOps_{0}, fusedCollectives_{0};
-  GroupFate fate_;  // a failed collective (or abort()) leaves the group unusable
-  // Works of the queued allreduces the running one took in (fusion): runWork
-  // completes them with its own error if the fused collective fails. Touched
-  // only by the task running (runMu_ of the progress thread serializes).
-  std::vector<c10::intrusive_ptr<SmdcclWork>> riders_;
-  // The device sides of CUDA riders, with each rider's op number: runWork
-  // signals them after the fused op (also when it failed), before the riders
-  // complete, so that their waits are released.
-  std::vector<std::pair<std::shared_ptr<DeviceOp>, uint64_t>> riderDevices_;
+  GroupFate fate_;             // a failed collective (or abort()) leaves the group unusable
   std::unique_ptr<DeviceOps> deviceOps_;      // CUDA tensors' streams and buffers
+  std::unique_ptr<AllreduceFusion> fusion_;   // over progress_'s queue
   std::unique_ptr<ProgressThread> progress_;  // last: stops first
 };
 

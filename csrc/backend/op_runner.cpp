@@ -104,8 +104,7 @@ void SmdcclBackend::runWork(QueuedOp& op) {
   }
   work.markStarted();
   watchdog_->opStarted(seq, name);
-  riders_.clear();
-  riderDevices_.clear();
+  fusion_->clearRiders();
   OpContext ctx;
   ctx.op = name;
   ctx.group = &cfg_.groupName;
@@ -167,21 +166,21 @@ void SmdcclBackend::runWork(QueuedOp& op) {
                  std::chrono::duration_cast<std::chrono::microseconds>(
                      std::chrono::steady_clock::now() - started)
                      .count(),
-                 " us", riders_.empty() ? "" : strCat(" (", riders_.size(), " fused in)"),
+                 " us",
+                 fusion_->riderCount() ? strCat(" (", fusion_->riderCount(), " fused in)") : "",
                  err ? " (failed)" : "");
   // Allreduces fused into this one complete with its outcome, after it: in
   // issue order, so that ops their callbacks run right here (enqueue) come
   // in the same order on every rank, whether a rank's callbacks were attached
   // before completion (run here) or after (run by the caller, queued).
   // Moved out first: those ops run runWork again.
-  std::vector<c10::intrusive_ptr<SmdcclWork>> riders;
-  riders.swap(riders_);
+  AllreduceFusion::Riders riders = fusion_->takeRiders();
   if (device) device->signal(seq);
-  for (auto& [d, riderSeq] : riderDevices_) d->signal(riderSeq);
-  riderDevices_.clear();
+  for (auto& [d, riderSeq] : riders.devices) d->signal(riderSeq);
+  riders.devices.clear();
   work.complete(err);
-  for (auto& w : riders) w->complete(err);
-  dropOrLeak(riders);
+  for (auto& w : riders.works) w->complete(err);
+  dropOrLeak(riders.works);
 }
 
 }  // namespace smdccl
