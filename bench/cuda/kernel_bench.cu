@@ -32,10 +32,10 @@ void die(const char* what, cudaError_t e) {
   std::fprintf(stderr, "kernel_bench: %s: %s\n", what, cudaGetErrorString(e));
   std::exit(1);
 }
-#define CUDA_OK(expr)                         \
-  do {                                        \
-    cudaError_t e_ = (expr);                  \
-    if (e_ != cudaSuccess) die(#expr, e_);    \
+#define CUDA_OK(expr)                      \
+  do {                                     \
+    cudaError_t e_ = (expr);               \
+    if (e_ != cudaSuccess) die(#expr, e_); \
   } while (0)
 
 const char* dtypeStr(DType t) {
@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
                   bytes, 2.0 * bytes, copyMs, copyGbps);
     emit(buf);
 
-    auto record = [&](const char* kernel, const char* dtype, const char* op, int k,
-                      double moved, double ms, Worst& worst) {
+    auto record = [&](const char* kernel, const char* dtype, const char* op, int k, double moved,
+                      double ms, Worst& worst) {
       double gbps = moved / (ms * 1e6);
       double pct = 100.0 * gbps / copyGbps;
       char kbuf[32] = "";
@@ -185,8 +185,8 @@ int main(int argc, char** argv) {
     // reduce2: out = a + b (read a, read b, write out).
     for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I32, DType::F64}) {
       size_t n = bytes / elemSize(t);
-      double ms = timer.median(
-          [&] { return gpu::reduce2(out, in[0], in[1], n, t, RedOp::Sum, stream); });
+      double ms =
+          timer.median([&] { return gpu::reduce2(out, in[0], in[1], {n, t, RedOp::Sum}, stream); });
       record("reduce2", dtypeStr(t), "sum", 0, 3.0 * bytes, ms, worstReduce);
     }
     // reduceMulti: k inputs, one output.
@@ -194,8 +194,8 @@ int main(int argc, char** argv) {
       size_t n = bytes / elemSize(t);
       for (int k : {2, 4, 8}) {
         double ms = timer.median([&] {
-          return gpu::reduceMulti(out, const_cast<const void* const*>(in.data()), k, n, t,
-                                  RedOp::Sum, stream);
+          return gpu::reduceMulti(out, const_cast<const void* const*>(in.data()), k,
+                                  {n, t, RedOp::Sum}, stream);
         });
         record("reduceMulti", dtypeStr(t), "sum", k, (k + 1.0) * bytes, ms, worstReduce);
       }
@@ -205,12 +205,13 @@ int main(int argc, char** argv) {
     for (Wire w : {Wire::F16, Wire::BF16}) {
       const char* wn = w == Wire::F16 ? "float16" : "bfloat16";
       double ms = timer.median([&] {
-        return gpu::packToWire(out, static_cast<const float*>(in[0]), n, w,
-                               w == Wire::F16 ? overflows : nullptr, stream);
+        return gpu::packToWire(out, static_cast<const float*>(in[0]), n,
+                               {w, w == Wire::F16 ? overflows : nullptr}, stream);
       });
       record("packToWire", wn, "none", 0, 6.0 * n, ms, worstWire);
       ms = timer.median([&] {
-        return gpu::unpackReduceFromWire(static_cast<float*>(out), in[1], n, w, RedOp::Sum, stream);
+        return gpu::unpackReduceFromWire(static_cast<float*>(out), in[1], n, {w, RedOp::Sum},
+                                         stream);
       });
       record("unpackReduceFromWire", wn, "sum", 0, 10.0 * n, ms, worstWire);
     }

@@ -213,7 +213,7 @@ void checkReduce2(DType t, RedOp op, size_t n, int layout, std::mt19937_64& rng)
   CK(cudaMemcpy(pa, a.data(), bytes, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(pb, b.data(), bytes, cudaMemcpyHostToDevice));
   if (layout != 3) CK(cudaMemset(dout.p, 0xA5, dout.bytes));
-  CK(gpu::reduce2(po, pa, pb, n, t, op, nullptr));
+  CK(gpu::reduce2(po, pa, pb, {n, t, op}, nullptr));
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(got.data(), po, bytes, cudaMemcpyDeviceToHost));
   char what[96];
@@ -257,10 +257,10 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(12), db(12), dout(12);
     CK(cudaMemcpy(da.p, a, 12, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 12, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, 3, DType::I32, RedOp::Sum, nullptr));
+    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I32, RedOp::Sum}, nullptr));
     CK(cudaMemcpy(got, dout.p, 12, cudaMemcpyDeviceToHost));
     CHECK(got[0] == INT32_MIN && got[1] == INT32_MAX && got[2] == 131072);
-    CK(gpu::reduce2(dout.p, da.p, db.p, 3, DType::I32, RedOp::Prod, nullptr));
+    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I32, RedOp::Prod}, nullptr));
     CK(cudaMemcpy(got, dout.p, 12, cudaMemcpyDeviceToHost));
     CHECK(got[0] == INT32_MAX && got[1] == INT32_MIN && got[2] == 0);
   }
@@ -269,10 +269,10 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(16), db(16), dout(16);
     CK(cudaMemcpy(da.p, a, 16, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 16, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, 4, DType::F32, RedOp::Min, nullptr));
+    CK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::F32, RedOp::Min}, nullptr));
     CK(cudaMemcpy(got, dout.p, 16, cudaMemcpyDeviceToHost));
     CHECK(std::isnan(got[0]) && std::isnan(got[1]) && got[2] == -3.0f && got[3] == 3.0f);
-    CK(gpu::reduce2(dout.p, da.p, db.p, 4, DType::F32, RedOp::Max, nullptr));
+    CK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::F32, RedOp::Max}, nullptr));
     CK(cudaMemcpy(got, dout.p, 16, cudaMemcpyDeviceToHost));
     CHECK(std::isnan(got[0]) && std::isnan(got[1]) && got[2] == -2.0f && got[3] == 4.0f);
   }
@@ -282,7 +282,7 @@ TEST(cuda_reduce2_known_values) {
     CK(cudaMemcpy(da.p, a, 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 4, cudaMemcpyHostToDevice));
     for (RedOp op : kAllOps) {
-      CK(gpu::reduce2(dout.p, da.p, db.p, 4, DType::Bool, op, nullptr));
+      CK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::Bool, op}, nullptr));
       CK(cudaMemcpy(got, dout.p, 4, cudaMemcpyDeviceToHost));
       bool orLike = op == RedOp::Sum || op == RedOp::Max || op == RedOp::BOr;
       uint8_t both = op == RedOp::BXor ? 0 : 1;
@@ -295,17 +295,18 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(3), db(3), dout(3);
     CK(cudaMemcpy(da.p, a, 3, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 3, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, 3, DType::I8, RedOp::BAnd, nullptr));
+    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I8, RedOp::BAnd}, nullptr));
     CK(cudaMemcpy(got, dout.p, 3, cudaMemcpyDeviceToHost));
     CHECK(got[0] == 0x0f && got[1] == 0x18 && got[2] == 0);
-    CK(gpu::reduce2(dout.p, da.p, db.p, 3, DType::I8, RedOp::BXor, nullptr));
+    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I8, RedOp::BXor}, nullptr));
     CK(cudaMemcpy(got, dout.p, 3, cudaMemcpyDeviceToHost));
     CHECK(got[0] == static_cast<int8_t>(0xf0) && got[1] == 0x66 && got[2] == -1);
   }
   {  // bitwise ops on floats: refused, nothing launched
     DevBuf da(16), db(16), dout(16);
     for (RedOp op : {RedOp::BAnd, RedOp::BOr, RedOp::BXor}) {
-      CHECK(gpu::reduce2(dout.p, da.p, db.p, 4, DType::F32, op, nullptr) == cudaErrorInvalidValue);
+      CHECK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::F32, op}, nullptr) ==
+            cudaErrorInvalidValue);
       cudaGetLastError();
     }
   }
@@ -314,25 +315,26 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(4), db(4), dout(4);
     CK(cudaMemcpy(da.p, a, 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 4, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, 2, DType::BF16, RedOp::Sum, nullptr));
+    CK(gpu::reduce2(dout.p, da.p, db.p, {2, DType::BF16, RedOp::Sum}, nullptr));
     CK(cudaMemcpy(got, dout.p, 4, cudaMemcpyDeviceToHost));
     CHECK(got[0] == 0x3f80 && got[1] == 0x3f82);
   }
 }
 
 TEST(cuda_zero_count_and_bad_arguments) {
-  CK(gpu::reduce2(nullptr, nullptr, nullptr, 0, DType::F32, RedOp::Sum, nullptr));
+  CK(gpu::reduce2(nullptr, nullptr, nullptr, {0, DType::F32, RedOp::Sum}, nullptr));
   const void* none[1] = {nullptr};
-  CK(gpu::reduceMulti(nullptr, none, 1, 0, DType::F32, RedOp::Sum, nullptr));
-  CHECK(gpu::reduceMulti(nullptr, none, 0, 10, DType::F32, RedOp::Sum, nullptr) ==
+  CK(gpu::reduceMulti(nullptr, none, 1, {0, DType::F32, RedOp::Sum}, nullptr));
+  CHECK(gpu::reduceMulti(nullptr, none, 0, {10, DType::F32, RedOp::Sum}, nullptr) ==
         cudaErrorInvalidValue);
-  CHECK(gpu::reduceMulti(nullptr, none, gpu::kMaxReduceInputs + 1, 10, DType::F32, RedOp::Sum,
+  CHECK(gpu::reduceMulti(nullptr, none, gpu::kMaxReduceInputs + 1, {10, DType::F32, RedOp::Sum},
                          nullptr) == cudaErrorInvalidValue);
-  CK(gpu::gatherSlices(nullptr, none, nullptr, nullptr, 0, nullptr));
-  CK(gpu::packToWire(nullptr, nullptr, 0, Wire::F16, nullptr, nullptr));
+  CK(gpu::gatherSlices(nullptr, {none, nullptr, nullptr, 0}, nullptr));
+  CK(gpu::packToWire(nullptr, nullptr, 0, {Wire::F16, nullptr}, nullptr));
   CK(gpu::unpackFromWire(nullptr, nullptr, 0, Wire::BF16, nullptr));
-  CK(gpu::unpackReduceFromWire(nullptr, nullptr, 0, Wire::F16, RedOp::Sum, nullptr));
-  CHECK(gpu::packToWire(nullptr, nullptr, 4, Wire::F32, nullptr, nullptr) == cudaErrorInvalidValue);
+  CK(gpu::unpackReduceFromWire(nullptr, nullptr, 0, {Wire::F16, RedOp::Sum}, nullptr));
+  CHECK(gpu::packToWire(nullptr, nullptr, 4, {Wire::F32, nullptr}, nullptr) ==
+        cudaErrorInvalidValue);
   CK(cudaDeviceSynchronize());
 }
 
@@ -380,7 +382,7 @@ void checkMulti(DType t, RedOp op, int k, size_t n, int alias, bool misalign,
   auto want = multiReference(host, n, t, op);
   DevBuf dout(bytes);
   void* out = alias >= 0 ? const_cast<void*>(ptrs[alias]) : dout.at(off);
-  CK(gpu::reduceMulti(out, ptrs.data(), k, n, t, op, nullptr));
+  CK(gpu::reduceMulti(out, ptrs.data(), k, {n, t, op}, nullptr));
   CK(cudaDeviceSynchronize());
   std::vector<unsigned char> got(bytes + 16);
   CK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
@@ -426,11 +428,11 @@ TEST(cuda_reduce_multi_rounds_once) {
   CK(cudaMemcpy(d2.p, &x[2], 2, cudaMemcpyHostToDevice));
   const void* in[3] = {d0.p, d1.p, d2.p};
   uint16_t got = 0;
-  CK(gpu::reduceMulti(dout.p, in, 3, 1, DType::BF16, RedOp::Sum, nullptr));
+  CK(gpu::reduceMulti(dout.p, in, 3, {1, DType::BF16, RedOp::Sum}, nullptr));
   CK(cudaMemcpy(&got, dout.p, 2, cudaMemcpyDeviceToHost));
   CHECK(got == 0x3f81);
-  CK(gpu::reduce2(dout.p, d0.p, d1.p, 1, DType::BF16, RedOp::Sum, nullptr));
-  CK(gpu::reduce2(dout.p, dout.p, d2.p, 1, DType::BF16, RedOp::Sum, nullptr));
+  CK(gpu::reduce2(dout.p, d0.p, d1.p, {1, DType::BF16, RedOp::Sum}, nullptr));
+  CK(gpu::reduce2(dout.p, dout.p, d2.p, {1, DType::BF16, RedOp::Sum}, nullptr));
   CK(cudaMemcpy(&got, dout.p, 2, cudaMemcpyDeviceToHost));
   CHECK(got == 0x3f82);
 }
@@ -462,7 +464,7 @@ void checkGather(int k, size_t total, const std::vector<size_t>& cuts, size_t ou
     e[q] = cuts[q + 1];
     for (size_t i = b[q]; i < e[q]; ++i) want[i] = host[q][i];
   }
-  CK(gpu::gatherSlices(out, ptrs.data(), b.data(), e.data(), k, nullptr));
+  CK(gpu::gatherSlices(out, {ptrs.data(), b.data(), e.data(), k}, nullptr));
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(got.data(), out, total, cudaMemcpyDeviceToHost));
   size_t bad = 0;
@@ -549,7 +551,7 @@ void checkWire(Wire w, size_t n, size_t off, std::mt19937_64& rng) {
   auto* pcount = static_cast<unsigned long long*>(dcount.p);
   CK(cudaMemcpy(psrc, src.data(), n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(pcount, 0, 8));
-  CK(gpu::packToWire(p16, psrc, n, w, pcount, nullptr));
+  CK(gpu::packToWire(p16, psrc, n, {w, pcount}, nullptr));
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(got16.data(), p16, n * 2, cudaMemcpyDeviceToHost));
   std::snprintf(what, sizeof what, "packToWire %s n=%zu off=%zu", smdccl::wireName(w), n, off);
@@ -562,7 +564,7 @@ void checkWire(Wire w, size_t n, size_t off, std::mt19937_64& rng) {
   } else {
     CHECK(gpuCount == 0);
   }
-  CK(gpu::packToWire(p16, psrc, n, w, nullptr, nullptr));  // no counter
+  CK(gpu::packToWire(p16, psrc, n, {w, nullptr}, nullptr));  // no counter
   CK(cudaDeviceSynchronize());
 
   // unpack: any 16-bit pattern
@@ -582,7 +584,7 @@ void checkWire(Wire w, size_t n, size_t off, std::mt19937_64& rng) {
     std::vector<float> acc = wireFloats(n, rng);
     CK(cudaMemcpy(pdst, acc.data(), n * 4, cudaMemcpyHostToDevice));
     smdccl::reduceFromWire(acc.data(), bits.data(), n, {w, op});
-    CK(gpu::unpackReduceFromWire(pdst, p16, n, w, op, nullptr));
+    CK(gpu::unpackReduceFromWire(pdst, p16, n, {w, op}, nullptr));
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(gotF.data(), pdst, n * 4, cudaMemcpyDeviceToHost));
     std::snprintf(what, sizeof what, "unpackReduceFromWire %s %s n=%zu off=%zu",
@@ -613,8 +615,8 @@ TEST(cuda_wire_overflow_count_many_blocks) {
   CK(cudaMemcpy(dsrc.p, src.data(), n * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(dcount.p, 0, 8));
   auto* pc = static_cast<unsigned long long*>(dcount.p);
-  CK(gpu::packToWire(d16.p, static_cast<float*>(dsrc.p), n, Wire::F16, pc, nullptr));
-  CK(gpu::packToWire(d16.p, static_cast<float*>(dsrc.p), n, Wire::F16, pc, nullptr));
+  CK(gpu::packToWire(d16.p, static_cast<float*>(dsrc.p), n, {Wire::F16, pc}, nullptr));
+  CK(gpu::packToWire(d16.p, static_cast<float*>(dsrc.p), n, {Wire::F16, pc}, nullptr));
   unsigned long long got = 0;
   CK(cudaMemcpy(&got, pc, 8, cudaMemcpyDeviceToHost));
   CHECK(got == 2 * expected);

@@ -137,8 +137,8 @@ StageDevice::Ticket CudaStageDevice::queueToHost(void* slot, const char* src, si
   cudaStream_t s = lanes_[0].stream;
   if (packed(dt, wire)) {
     char* out = scratch(0, slotIndex(slot));
-    SMDCCL_CUDA_CHECK(cuda::packToWire(out, reinterpret_cast<const float*>(src), count, wire,
-                                       wire == Wire::F16 ? overflowsDev_ : nullptr, s));
+    SMDCCL_CUDA_CHECK(cuda::packToWire(out, reinterpret_cast<const float*>(src), count,
+                                       {wire, wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
     SMDCCL_CUDA_CHECK(cudaMemcpyAsync(slot, out, count * 2, cudaMemcpyDeviceToHost, s));
   } else {
     SMDCCL_CUDA_CHECK(
@@ -164,13 +164,13 @@ StageDevice::Ticket CudaStageDevice::queueFromHost(char* dst, const void* slot, 
   }
   SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyHostToDevice, s));
   if (!reduce) SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, wire, s));
-  else if (is16) SMDCCL_CUDA_CHECK(cuda::unpackReduceFromWire(f, in, count, wire, op, s));
-  else SMDCCL_CUDA_CHECK(cuda::reduce2(dst, dst, in, count, dt, op, s));
+  else if (is16) SMDCCL_CUDA_CHECK(cuda::unpackReduceFromWire(f, in, count, {wire, op}, s));
+  else SMDCCL_CUDA_CHECK(cuda::reduce2(dst, dst, in, {count, dt, op}, s));
   if (reduce && dt == DType::F32 && roundTo != Wire::F32) {
     // A final sum: round it to what the wire delivers (the peers hold
     // that), through the scratch, as the host's roundToWire does.
-    SMDCCL_CUDA_CHECK(
-        cuda::packToWire(in, f, count, roundTo, roundTo == Wire::F16 ? overflowsDev_ : nullptr, s));
+    SMDCCL_CUDA_CHECK(cuda::packToWire(
+        in, f, count, {roundTo, roundTo == Wire::F16 ? overflowsDev_ : nullptr}, s));
     SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, roundTo, s));
   }
   return record(1);

@@ -55,7 +55,7 @@ struct IpcStep {
   void oneShot(char* dev, size_t n) {
     stageIn(dev, n);
     auto in = peers(0);
-    checkCuda(cuda::reduceMulti(dev, in.data(), space.localSize(), n, dt, op, g.stream()),
+    checkCuda(cuda::reduceMulti(dev, in.data(), space.localSize(), {n, dt, op}, g.stream()),
               "one-shot reduce");
     sync("one-shot reduce");
   }
@@ -66,7 +66,7 @@ struct IpcStep {
     auto in = peers(s.begin[me] * es);
     if (n)
       checkCuda(cuda::reduceMulti(space.buffer(me) + s.begin[me] * es, in.data(), space.localSize(),
-                                  n, dt, op, g.stream()),
+                                  {n, dt, op}, g.stream()),
                 "two-shot reduce-scatter");
     sync("two-shot reduce-scatter");
   }
@@ -94,7 +94,7 @@ struct IpcStep {
                     "two-shot allgather (copies)");
     } else {
       checkCuda(
-          cuda::gatherSlices(dev, in.data(), b.data(), e.data(), space.localSize(), g.stream()),
+          cuda::gatherSlices(dev, {in.data(), b.data(), e.data(), space.localSize()}, g.stream()),
           "two-shot allgather");
     }
     sync("two-shot allgather");

@@ -105,7 +105,7 @@ void ipcReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r) {
     ipcStepDone(g, c, local, "copy into the IPC buffer");
     std::vector<const void*> rows;
     for (int q = 0; q < P; ++q) rows.push_back(space.buffer(q) + static_cast<size_t>(me) * m * es);
-    checkCuda(cuda::reduceMulti(out + a * es, rows.data(), P, n, dt, op, g.stream()),
+    checkCuda(cuda::reduceMulti(out + a * es, rows.data(), P, {n, dt, op}, g.stream()),
               "IPC reduce-scatter");
     ipcStepDone(g, c, local, "IPC reduce-scatter");
   }

@@ -22,31 +22,54 @@ namespace smdccl::cuda {
 // Inputs one multi-input reduce reads in one pass (the ranks of a node).
 constexpr int kMaxReduceInputs = 16;
 
+// `count` elements of `dt`, combined with `op`.
+struct Elementwise {
+  size_t count;
+  DType dt;
+  RedOp op;
+};
+
 // out[i] = a[i] op b[i]; out may alias a or b.
-cudaError_t reduce2(void* out, const void* a, const void* b, size_t count, DType dt, RedOp op,
+cudaError_t reduce2(void* out, const void* a, const void* b, const Elementwise& e,
                     cudaStream_t stream);
 
 // out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], accumulated in order
 // 0..k-1 (16-bit types in float32, rounded once at the end), 1 <= k <=
 // kMaxReduceInputs. `in` is a host array of device pointers (peers' buffers
 // mapped through CUDA IPC); out may alias any of them.
-cudaError_t reduceMulti(void* out, const void* const* in, int k, size_t count, DType dt, RedOp op,
+cudaError_t reduceMulti(void* out, const void* const* in, int k, const Elementwise& e,
                         cudaStream_t stream);
 
-// out[i] = in[q][i] for i in [begin[q], end[q]) for each q < k: the allgather
-// half of a two-shot allreduce (each peer's reduced slice into one output).
-cudaError_t gatherSlices(void* out, const void* const* in, const size_t* beginBytes,
-                         const size_t* endBytes, int k, cudaStream_t stream);
+// Slice q (q < k) is bytes [beginBytes[q], endBytes[q]) of in[q] (host
+// arrays; in[q] are device pointers).
+struct SliceTable {
+  const void* const* in;
+  const size_t* beginBytes;
+  const size_t* endBytes;
+  int k;
+};
+// out[i] = in[q][i] for i in slice q, for each q: the allgather half of a
+// two-shot allreduce (each peer's reduced slice into one output).
+cudaError_t gatherSlices(void* out, const SliceTable& slices, cudaStream_t stream);
 
 // ---- float32 data over a 16-bit wire (F16 or BF16, round to nearest even) ----
 // dst16[i] = round(src[i]); counts finite values that became inf (fp16 only)
 // into *overflows (device memory, may be null).
-cudaError_t packToWire(void* dst16, const float* src, size_t n, Wire w,
-                       unsigned long long* overflows, cudaStream_t stream);
+// The wire to pack to, and where fp16 overflows are counted.
+struct WirePack {
+  Wire w;
+  unsigned long long* overflows = nullptr;
+};
+cudaError_t packToWire(void* dst16, const float* src, size_t n, const WirePack& to,
+                       cudaStream_t stream);
 // dst[i] = widen(src16[i]).
 cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cudaStream_t stream);
 // dst[i] = dst[i] op widen(src16[i]) (fused unpack + reduce).
-cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, Wire w, RedOp op,
+struct WireReduce {
+  Wire w;
+  RedOp op;
+};
+cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, const WireReduce& how,
                                  cudaStream_t stream);
 
 }  // namespace smdccl::cuda

@@ -117,9 +117,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One reduce launch: k inputs (in.p), `count` elements into `out`; `vec`:
+// every pointer 16-byte aligned.
+struct ReduceLaunch {
+  const InPtrs& in;
+  int k;
+  void* out;
+  size_t count;
+  bool vec;
+  cudaStream_t stream;
+};
+
 template <DType D, RedOp OP, int K>
-cudaError_t launchReduce(const InPtrs& in, int k, void* out, size_t count, bool vec,
-                         cudaStream_t stream) {
+cudaError_t launchReduce(const ReduceLaunch& l) {
+  const InPtrs& in = l.in;
+  const int k = l.k;
+  void* out = l.out;
+  const size_t count = l.count;
+  const bool vec = l.vec;
+  cudaStream_t stream = l.stream;
   constexpr int V = 16 / static_cast<int>(sizeof(typename Elem<D>::T));
   if (vec) {
     unsigned grid = gridFor<reduceVecKernel<D, OP, K>>(count / V, unrollFor<D, K>());
@@ -132,20 +148,19 @@ cudaError_t launchReduce(const InPtrs& in, int k, void* out, size_t count, bool 
 }
 
 template <DType D, int K>
-cudaError_t byOp(RedOp op, const InPtrs& in, int k, void* out, size_t count, bool vec,
-                 cudaStream_t s) {
+cudaError_t byOp(RedOp op, const ReduceLaunch& l) {
   switch (op) {
-    case RedOp::Sum: return launchReduce<D, RedOp::Sum, K>(in, k, out, count, vec, s);
-    case RedOp::Prod: return launchReduce<D, RedOp::Prod, K>(in, k, out, count, vec, s);
-    case RedOp::Min: return launchReduce<D, RedOp::Min, K>(in, k, out, count, vec, s);
-    case RedOp::Max: return launchReduce<D, RedOp::Max, K>(in, k, out, count, vec, s);
+    case RedOp::Sum: return launchReduce<D, RedOp::Sum, K>(l);
+    case RedOp::Prod: return launchReduce<D, RedOp::Prod, K>(l);
+    case RedOp::Min: return launchReduce<D, RedOp::Min, K>(l);
+    case RedOp::Max: return launchReduce<D, RedOp::Max, K>(l);
     default: break;
   }
   if constexpr (Elem<D>::kind != Kind::Float) {
     switch (op) {
-      case RedOp::BAnd: return launchReduce<D, RedOp::BAnd, K>(in, k, out, count, vec, s);
-      case RedOp::BOr: return launchReduce<D, RedOp::BOr, K>(in, k, out, count, vec, s);
-      case RedOp::BXor: return launchReduce<D, RedOp::BXor, K>(in, k, out, count, vec, s);
+      case RedOp::BAnd: return launchReduce<D, RedOp::BAnd, K>(l);
+      case RedOp::BOr: return launchReduce<D, RedOp::BOr, K>(l);
+      case RedOp::BXor: return launchReduce<D, RedOp::BXor, K>(l);
       default: break;
     }
   }
@@ -153,18 +168,17 @@ cudaError_t byOp(RedOp op, const InPtrs& in, int k, void* out, size_t count, boo
 }
 
 template <int K>
-cudaError_t byType(DType dt, RedOp op, const InPtrs& in, int k, void* out, size_t count, bool vec,
-                   cudaStream_t s) {
+cudaError_t byType(DType dt, RedOp op, const ReduceLaunch& l) {
   switch (dt) {
-    case DType::F32: return byOp<DType::F32, K>(op, in, k, out, count, vec, s);
-    case DType::F64: return byOp<DType::F64, K>(op, in, k, out, count, vec, s);
-    case DType::F16: return byOp<DType::F16, K>(op, in, k, out, count, vec, s);
-    case DType::BF16: return byOp<DType::BF16, K>(op, in, k, out, count, vec, s);
-    case DType::I8: return byOp<DType::I8, K>(op, in, k, out, count, vec, s);
-    case DType::I32: return byOp<DType::I32, K>(op, in, k, out, count, vec, s);
-    case DType::I64: return byOp<DType::I64, K>(op, in, k, out, count, vec, s);
-    case DType::U8: return byOp<DType::U8, K>(op, in, k, out, count, vec, s);
-    case DType::Bool: return byOp<DType::Bool, K>(op, in, k, out, count, vec, s);
+    case DType::F32: return byOp<DType::F32, K>(op, l);
+    case DType::F64: return byOp<DType::F64, K>(op, l);
+    case DType::F16: return byOp<DType::F16, K>(op, l);
+    case DType::BF16: return byOp<DType::BF16, K>(op, l);
+    case DType::I8: return byOp<DType::I8, K>(op, l);
+    case DType::I32: return byOp<DType::I32, K>(op, l);
+    case DType::I64: return byOp<DType::I64, K>(op, l);
+    case DType::U8: return byOp<DType::U8, K>(op, l);
+    case DType::Bool: return byOp<DType::Bool, K>(op, l);
   }
   return cudaErrorInvalidValue;
 }
@@ -216,31 +230,34 @@ __global__ void __launch_bounds__(kThreads) gatherKernel(Slices s, unsigned char
 
 }  // namespace
 
-cudaError_t reduce2(void* out, const void* a, const void* b, size_t count, DType dt, RedOp op,
+cudaError_t reduce2(void* out, const void* a, const void* b, const Elementwise& e,
                     cudaStream_t stream) {
-  if (count == 0) return cudaSuccess;
+  if (e.count == 0) return cudaSuccess;
   InPtrs in{};
   in.p[0] = a;
   in.p[1] = b;
   const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
-  return byType<2>(dt, op, in, 2, out, count, vec, stream);
+  return byType<2>(e.dt, e.op, {in, 2, out, e.count, vec, stream});
 }
 
-cudaError_t reduceMulti(void* out, const void* const* in, int k, size_t count, DType dt, RedOp op,
+cudaError_t reduceMulti(void* out, const void* const* in, int k, const Elementwise& e,
                         cudaStream_t stream) {
   if (k < 1 || k > kMaxReduceInputs || in == nullptr) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
+  if (e.count == 0) return cudaSuccess;
   InPtrs p{};
   bool vec = aligned16(out);
   for (int j = 0; j < k; ++j) {
     p.p[j] = in[j];
     vec = vec && aligned16(in[j]);
   }
-  return byType<0>(dt, op, p, k, out, count, vec, stream);
+  return byType<0>(e.dt, e.op, {p, k, out, e.count, vec, stream});
 }
 
-cudaError_t gatherSlices(void* out, const void* const* in, const size_t* beginBytes,
-                         const size_t* endBytes, int k, cudaStream_t stream) {
+cudaError_t gatherSlices(void* out, const SliceTable& slices, cudaStream_t stream) {
+  const void* const* in = slices.in;
+  const size_t* beginBytes = slices.beginBytes;
+  const size_t* endBytes = slices.endBytes;
+  const int k = slices.k;
   if (k < 0 || k > kMaxReduceInputs) return cudaErrorInvalidValue;
   if (k == 0) return cudaSuccess;
   if (in == nullptr || beginBytes == nullptr || endBytes == nullptr) return cudaErrorInvalidValue;

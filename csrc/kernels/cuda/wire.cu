@@ -222,8 +222,10 @@ cudaError_t unpackReduceByOp(float* dst, const void* src16, size_t n, RedOp op, 
 
 }  // namespace
 
-cudaError_t packToWire(void* dst16, const float* src, size_t n, Wire w,
-                       unsigned long long* overflows, cudaStream_t stream) {
+cudaError_t packToWire(void* dst16, const float* src, size_t n, const WirePack& to,
+                       cudaStream_t stream) {
+  const Wire w = to.w;
+  unsigned long long* overflows = to.overflows;
   if (w != Wire::F16 && w != Wire::BF16) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   return w == Wire::BF16 ? launchPack<true>(dst16, src, n, nullptr, stream)
@@ -237,8 +239,10 @@ cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cuda
                          : launchUnpack<false>(dst, src16, n, stream);
 }
 
-cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, Wire w, RedOp op,
+cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, const WireReduce& how,
                                  cudaStream_t stream) {
+  const Wire w = how.w;
+  const RedOp op = how.op;
   if (w != Wire::F16 && w != Wire::BF16) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   return w == Wire::BF16 ? unpackReduceByOp<true>(dst, src16, n, op, stream)
