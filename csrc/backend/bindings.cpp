@@ -32,22 +32,35 @@ SMDCCL_ENV_TEXT(kAutoload, "SMDCCL_AUTOLOAD", "1",
 
 namespace {
 
+// What torch says of a group at its creation (c10d's backend options),
+// filled in by python/smdccl/_registration.py.
+struct GroupParams {
+  int rank = 0;
+  int size = 1;
+  std::string groupName;
+  std::vector<int> globalRanks;
+  double timeoutSeconds = 1800;
+  std::string masterAddr;
+  int worldSize = 0;
+  std::string compression;    // pg_options' ("": SMDCCL_COMPRESSION)
+  int compressionIntra = -1;  // pg_options' (-1: SMDCCL_COMPRESSION_INTRA)
+};
+
 c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
-    const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-    const std::string& groupName, const std::vector<int>& globalRanks, double timeoutSeconds,
-    const std::string& masterAddr, int worldSize, const std::string& compression,
-    int compressionIntra) {
+    const c10::intrusive_ptr<::c10d::Store>& store, const GroupParams& p) {
+  const int rank = p.rank, size = p.size;
+  const std::string& compression = p.compression;
   TORCH_CHECK_VALUE(size >= 1 && rank >= 0 && rank < size, "smdccl: rank ", rank,
                     " is out of range for a group of ", size);
   smdccl::checkEnvironment();  // before any rendezvous: a bad value fails here, on every rank
   smdccl::BackendConfig cfg;
   cfg.rank = rank;
   cfg.size = size;
-  cfg.groupName = groupName;
-  cfg.globalRanks = globalRanks;
-  cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSeconds * 1000.0));
-  cfg.masterAddr = masterAddr;
-  cfg.worldSize = worldSize;
+  cfg.groupName = p.groupName;
+  cfg.globalRanks = p.globalRanks;
+  cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(p.timeoutSeconds * 1000.0));
+  cfg.masterAddr = p.masterAddr;
+  cfg.worldSize = p.worldSize;
   std::string wire =
       compression.empty() ? smdccl::envString(smdccl::env::kCompression) : compression;
   for (auto& ch : wire)
@@ -58,8 +71,8 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
     throw smdccl::InvalidArgument("smdccl: compression '" + wire +
                                   "' is not one of: none, fp16, bf16 (SMDCCL_COMPRESSION or "
                                   "pg_options['compression'])");
-  cfg.wireIntra = compressionIntra >= 0 ? compressionIntra != 0
-                                        : smdccl::envInt(smdccl::env::kCompressionIntra) != 0;
+  cfg.wireIntra = p.compressionIntra >= 0 ? p.compressionIntra != 0
+                                          : smdccl::envInt(smdccl::env::kCompressionIntra) != 0;
   py::gil_scoped_release nogil;  // construction rendezvouses through the store
   return c10::make_intrusive<smdccl::SmdcclBackend>(store, std::move(cfg));
 }
@@ -126,10 +139,19 @@ PYBIND11_MODULE(_C, m) {
           "perform_nocolor_split", [](smdccl::SmdcclBackend&, const py::object& /*device*/) {},
           py::arg("device"), "A no-op: smdccl's split children need only their members");
 
-  m.def("_create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
-        py::arg("group_name"), py::arg("global_ranks"), py::arg("timeout_seconds"),
-        py::arg("master_addr"), py::arg("world_size"), py::arg("compression") = "",
-        py::arg("compression_intra") = -1);
+  py::class_<GroupParams>(m, "_GroupParams",
+                          "What torch says of a group at its creation (for _create_backend)")
+      .def(py::init<>())
+      .def_readwrite("rank", &GroupParams::rank)
+      .def_readwrite("size", &GroupParams::size)
+      .def_readwrite("group_name", &GroupParams::groupName)
+      .def_readwrite("global_ranks", &GroupParams::globalRanks)
+      .def_readwrite("timeout_seconds", &GroupParams::timeoutSeconds)
+      .def_readwrite("master_addr", &GroupParams::masterAddr)
+      .def_readwrite("world_size", &GroupParams::worldSize)
+      .def_readwrite("compression", &GroupParams::compression)
+      .def_readwrite("compression_intra", &GroupParams::compressionIntra);
+  m.def("_create_backend", &createBackend, py::arg("store"), py::arg("params"));
 
   // atexit (see common/exit_fence.h): waits for our threads without the GIL.
   m.def("_mark_process_exiting", &smdccl::markProcessExiting,

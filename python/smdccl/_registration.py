@@ -85,18 +85,17 @@ def _create_backend(dist_opts, backend_options=None):
         raise ValueError(f"smdccl: pg_options compression={compression!r}: use 'none', 'fp16' or 'bf16'")
     intra = options.get("compression_intra")
     world_size = dist.get_world_size() if dist.is_initialized() else dist_opts.group_size
-    return _C._create_backend(
-        dist_opts.store,
-        dist_opts.group_rank,
-        dist_opts.group_size,
-        str(dist_opts.group_id),
-        [int(r) for r in dist_opts.global_ranks_in_group],
-        dist_opts.timeout.total_seconds(),
-        _master_addr_hint(dist_opts.store),
-        world_size,
-        compression,
-        -1 if intra is None else int(bool(intra)),
-    )
+    params = _C._GroupParams()
+    params.rank = dist_opts.group_rank
+    params.size = dist_opts.group_size
+    params.group_name = str(dist_opts.group_id)
+    params.global_ranks = [int(r) for r in dist_opts.global_ranks_in_group]
+    params.timeout_seconds = dist_opts.timeout.total_seconds()
+    params.master_addr = _master_addr_hint(dist_opts.store)
+    params.world_size = world_size
+    params.compression = compression
+    params.compression_intra = -1 if intra is None else int(bool(intra))
+    return _C._create_backend(dist_opts.store, params)
 
 
 def is_registered() -> bool:

@@ -127,8 +127,8 @@ bool stagedRingFits(const Comm& c, size_t count, size_t chunk, DType dt, const T
   return count <= chunk || tail == 0 || isRing(allreduceAlgorithm(c, tail, dt, t));
 }
 
-void stagedRing(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp op,
-                size_t chunkBytes) {
+void stagedRing(Comm& c, GpuContext& g, const CollectiveArgs& a, size_t chunkBytes) {
+  const DType dt = a.dt;
   StagePlan plan;
   plan.slotBytes = std::min(kRingSlotBytes, std::max(chunkBytes, elementSize(dt)));
   plan.slots = static_cast<int>(kStageSlots);
@@ -139,7 +139,7 @@ void stagedRing(Comm& c, GpuContext& g, char* dev, size_t count, DType dt, RedOp
   const uint64_t out0 = d.bytesToHost(), in0 = d.bytesFromHost();
   d.begin(g.stream(), slots, plan, c.ctx);
   try {
-    stagedRingAllreduce(c, d, {.buf = dev, .count = count, .dt = dt, .op = op}, slots, plan);
+    stagedRingAllreduce(c, d, a, slots, plan);
   } catch (...) {
     d.abandon();
     g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
@@ -160,7 +160,7 @@ void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuni
   const size_t es = elementSize(dt);
   const size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
   if (g.tuning().stagedRing && stagedRingFits(c, count, chunk, dt, t)) {
-    stagedRing(c, g, dev, count, dt, op, chunk * es);
+    stagedRing(c, g, a, chunk * es);
     waitForStream(g.stream(), c.ctx, "the staged ring's copies into device memory");
     return;
   }
