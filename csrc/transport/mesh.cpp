@@ -27,7 +27,11 @@ Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
 
   localRanks_ = cfg_.topology.localRanks(cfg_.rank);
   if (localRanks_.size() > 1)
-    shm_ = std::make_shared<ShmNode>(store_, tokenHex_, localRanks_, cfg_.rank, cfg_.shmRingBytes,
+    shm_ = std::make_shared<ShmNode>(store_,
+                                     ShmNode::Members{.groupToken = tokenHex_,
+                                                      .localRanks = localRanks_,
+                                                      .myRank = cfg_.rank,
+                                                      .ringBytes = cfg_.shmRingBytes},
                                      deadline);
 
   // Every group gets a listener address, even a single-node one: send/recv

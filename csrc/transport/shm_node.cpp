@@ -21,10 +21,10 @@ constexpr size_t kMaxPiece = 128 << 10;  // bytes per call: keeps both direction
 size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
-ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vector<int>& localRanks,
-                 int myRank, size_t ringBytes, Deadline deadline)
-    : localRanks_(localRanks), ringBytes_(roundUp(std::max<size_t>(ringBytes, 4096), 4096)) {
-  me_ = localIndex(myRank);
+ShmNode::ShmNode(KVStore& store, const Members& m, Deadline deadline)
+    : localRanks_(m.localRanks), ringBytes_(roundUp(std::max<size_t>(m.ringBytes, 4096), 4096)) {
+  const std::string& groupToken = m.groupToken;
+  me_ = localIndex(m.myRank);
   size_t L = localRanks_.size();
   ctlOffset_ = 128;
   hdrOffset_ = ctlOffset_ + L * sizeof(ShmRankCtl);
@@ -39,7 +39,7 @@ ShmNode::ShmNode(KVStore& store, const std::string& groupToken, const std::vecto
   // then use its ring size, or fail at once with its reason instead of
   // waiting for the group timeout.
   size_t total = 0;
-  if (myRank == leader) {
+  if (m.myRank == leader) {
     size_t asked = ringBytes_;
     const size_t minRing = std::min<size_t>(asked, size_t(64) << 10);
     uint64_t freeBytes = ShmSegment::freeBytes();
@@ -140,15 +140,14 @@ ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)
   cap_ = node_->ringBytes();
 }
 
-ShmLink::ShmLink(int peerRank, ShmRingHeader* out, ShmRingHeader* in, char* outData, char* inData,
-                 Doorbell* peerBell, size_t ringBytes)
+ShmLink::ShmLink(int peerRank, const Rings& rings)
     : peer_(peerRank),
-      out_(out),
-      in_(in),
-      outData_(outData),
-      inData_(inData),
-      peerBell_(peerBell),
-      cap_(ringBytes) {}
+      out_(rings.out),
+      in_(rings.in),
+      outData_(rings.outData),
+      inData_(rings.inData),
+      peerBell_(rings.peerBell),
+      cap_(rings.ringBytes) {}
 
 size_t ShmLink::writable(char** at) {
   uint64_t tail = out_->tail.value.load(std::memory_order_acquire);

@@ -36,10 +36,16 @@ struct ShmRingHeader {
 
 class ShmNode {
  public:
-  // Collective over the group ranks in `localRanks` (all on this node):
-  // creates or opens the segment named after the group token, then unlinks it.
-  ShmNode(KVStore& store, const std::string& groupToken, const std::vector<int>& localRanks,
-          int myRank, size_t ringBytes, Deadline deadline);
+  // Who shares the segment: the group ranks in `localRanks` (all on this
+  // node, `myRank` among them), each pair with rings of `ringBytes`.
+  struct Members {
+    std::string groupToken;  // the segment is named after it
+    std::vector<int> localRanks;
+    int myRank;
+    size_t ringBytes;
+  };
+  // Collective over m.localRanks: creates or opens the segment, then unlinks it.
+  ShmNode(KVStore& store, const Members& m, Deadline deadline);
 
   int localIndex(int groupRank) const;
   int myLocalIndex() const { return me_; }
@@ -72,8 +78,15 @@ class ShmLink : public Link {
   ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank);
   // A ring pair in memory the caller owns and keeps alive (threads of one
   // process: the in-process algorithm tests).
-  ShmLink(int peerRank, ShmRingHeader* out, ShmRingHeader* in, char* outData, char* inData,
-          Doorbell* peerBell, size_t ringBytes);
+  struct Rings {
+    ShmRingHeader* out;
+    ShmRingHeader* in;
+    char* outData;
+    char* inData;
+    Doorbell* peerBell;
+    size_t ringBytes;
+  };
+  ShmLink(int peerRank, const Rings& rings);
   int peer() const override { return peer_; }
   size_t send(const void* buf, size_t n) override;
   size_t recv(void* buf, size_t n) override;

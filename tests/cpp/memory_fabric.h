@@ -75,12 +75,9 @@ class MemoryFabric {
             ShmRingHeader* in = &headers[ring(q, r)];
             char* outData = data.data() + ring(r, q) * ringBytes_;
             char* inData = data.data() + ring(q, r) * ringBytes_;
-            if (topo_.sameNode(r, q))
-              links[q] =
-                  std::make_unique<ShmLink>(q, out, in, outData, inData, &bells[q], ringBytes_);
-            else
-              links[q] = std::make_unique<CrossNodeMemoryLink>(q, out, in, outData, inData,
-                                                               &bells[q], ringBytes_);
+            const ShmLink::Rings rings{out, in, outData, inData, &bells[q], ringBytes_};
+            if (topo_.sameNode(r, q)) links[q] = std::make_unique<ShmLink>(q, rings);
+            else links[q] = std::make_unique<CrossNodeMemoryLink>(q, rings);
           }
           MeshConfig mc;
           mc.rank = r;

@@ -29,7 +29,7 @@ void withTwoRanksNode(size_t ringBytes,
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto node = std::make_shared<ShmNode>(store, token, std::vector<int>{0, 1}, r, ringBytes,
+      auto node = std::make_shared<ShmNode>(store, ShmNode::Members{token, {0, 1}, r, ringBytes},
                                             Deadline::after(std::chrono::seconds(10)));
       ShmLink link(node, r, 1 - r);
       body(r, link, node->myBell(), *node);

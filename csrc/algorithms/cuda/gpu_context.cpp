@@ -78,11 +78,17 @@ cudaEvent_t GpuContext::event(size_t i) {
 CudaIpcSpace& GpuContext::ipc(int node, int localRank, int localSize, Deadline deadline) {
   if (!ipc_)
     ipc_ = std::make_unique<CudaIpcSpace>(
-        store_, strCat("smdccl/cuda_ipc/node", node), localRank, localSize, device_,
-        tuning_.ipcBytes,
-        strCat("SMDCCL_CUDA_IPC_MB=", tuning_.ipcBytes >> 20,
-               ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
-        deadline, freeCached_);
+        store_,
+        CudaIpcSpace::Spec{
+            .keyPrefix = strCat("smdccl/cuda_ipc/node", node),
+            .localRank = localRank,
+            .localSize = localSize,
+            .device = device_,
+            .bytes = tuning_.ipcBytes,
+            .settings = strCat("SMDCCL_CUDA_IPC_MB=", tuning_.ipcBytes >> 20,
+                               ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
+            .freeCached = freeCached_},
+        deadline);
   return *ipc_;
 }
 

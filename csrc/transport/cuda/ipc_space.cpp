@@ -81,15 +81,18 @@ void* allocateDeviceMemory(size_t bytes, int device, const std::function<void()>
   return p;
 }
 
-CudaIpcSpace::CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank,
-                           int localSize, int device, size_t bytes, const std::string& settings,
-                           Deadline deadline, const std::function<void()>& freeCached)
+CudaIpcSpace::CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline)
     : store_(&store),
-      keyPrefix_(keyPrefix),
-      localRank_(localRank),
-      device_(device),
-      bytes_(bytes),
-      ptrs_(localSize, nullptr) {
+      keyPrefix_(s.keyPrefix),
+      localRank_(s.localRank),
+      device_(s.device),
+      bytes_(s.bytes),
+      ptrs_(s.localSize, nullptr) {
+  const std::string& keyPrefix = s.keyPrefix;
+  const int localRank = s.localRank, localSize = s.localSize, device = s.device;
+  const size_t bytes = s.bytes;
+  const std::string& settings = s.settings;
+  const std::function<void()>& freeCached = s.freeCached;
   DeviceScope scope(device);
   std::string mine;
   try {

@@ -24,18 +24,27 @@ void* allocateDeviceMemory(size_t bytes, int device, const std::function<void()>
 
 class CudaIpcSpace {
  public:
+  // This rank's part in the node's buffers.
+  struct Spec {
+    std::string keyPrefix;  // where the handles go in the store
+    int localRank;
+    int localSize;
+    int device;
+    size_t bytes;  // each rank's buffer
+    // What every node-mate must have alike (no ':'): the sizes each uses to
+    // index the others' buffers; a difference is an error.
+    std::string settings;
+    // Out of memory: runs (torch's caching allocator handing its idle
+    // blocks back) before the one retry; may be empty.
+    std::function<void()> freeCached;
+  };
   // Collective over the node's ranks (each calls it with its local index):
-  // allocates `bytes` on `device`, publishes the IPC handle under
-  // `keyPrefix`/<local> in the store and maps every node-mate's buffer.
-  // `settings` (no ':'): what every node-mate must have alike (the sizes
-  // each uses to index the others' buffers); a difference is an error. A
-  // rank that cannot allocate tells its node-mates, which fail at once.
-  // Out of memory, `freeCached` (torch's caching allocator handing its idle
-  // blocks back) runs and the allocation is tried once more; a second
-  // failure names SMDCCL_CUDA_IPC_MB, which sized the buffer.
-  CudaIpcSpace(KVStore& store, const std::string& keyPrefix, int localRank, int localSize,
-               int device, size_t bytes, const std::string& settings, Deadline deadline,
-               const std::function<void()>& freeCached = nullptr);
+  // allocates s.bytes on s.device, publishes the IPC handle under
+  // s.keyPrefix/<local> in the store and maps every node-mate's buffer. A
+  // rank that cannot allocate (after the retry) tells its node-mates, which
+  // fail at once; its own error names SMDCCL_CUDA_IPC_MB, which sized the
+  // buffer.
+  CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline);
   // Unmaps the peers' buffers, then frees this rank's own only once every
   // node-mate has unmapped it (a store round under `keyPrefix`/unmapped, up
   // to kUnmapWait): freeing memory that another process still maps is
