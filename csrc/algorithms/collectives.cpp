@@ -106,20 +106,11 @@ void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, const Tuning& g
   choice.algo->run(coll, c, a, t);
 }
 
-CollectiveArgs reductionOf(char* buf, size_t count, DType dt, RedOp op) {
-  CollectiveArgs a;
-  a.buf = buf;
-  a.count = count;
-  a.dt = dt;
-  a.op = op;
-  return a;
-}
-
 }  // namespace
 
 void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   if (c.size() == 1 || a.count == 0) return;
-  dispatch(Collective::Allreduce, c, reductionOf(a.buf, a.count, a.dt, a.op), t);
+  dispatch(Collective::Allreduce, c, a, t);
 }
 
 const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const Tuning& given) {
@@ -127,10 +118,8 @@ const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const
   return choose(Collective::Allreduce, count * elementSize(dt), situationOf(c, dt, t), t).algo;
 }
 
-void reduceScatter(Comm& c, const CollectiveArgs& given, const Tuning& t) {
+void reduceScatter(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   if (c.size() == 1) return;
-  CollectiveArgs a = reductionOf(given.buf, 0, given.dt, given.op);
-  a.blocks = given.blocks;
   dispatch(Collective::ReduceScatter, c, a, t);
 }
 
@@ -151,10 +140,8 @@ void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t) {
   dispatch(Collective::Broadcast, c, a, t);
 }
 
-void reduce(Comm& c, const CollectiveArgs& given, const Tuning& t) {
-  if (c.size() == 1 || given.count == 0) return;
-  CollectiveArgs a = reductionOf(given.buf, given.count, given.dt, given.op);
-  a.root = given.root;
+void reduce(Comm& c, const CollectiveArgs& a, const Tuning& t) {
+  if (c.size() == 1 || a.count == 0) return;
   dispatch(Collective::Reduce, c, a, t);
 }
 
