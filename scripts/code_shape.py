@@ -95,7 +95,10 @@ def long_parameter_lists(path: Path) -> list[tuple[int, str, int]]:
         after = text[i:i + 60].lstrip()
         if not re.match(r"(const\b|override\b|noexcept\b|final\b|\{|;|:|->|=\s*0)", after):
             continue
-        if all(_PARAM.match(p) and " " in p.replace("::", "") or p.endswith(("*", "&")) for p in params):
+        # "type name" entries, or an unnamed pointer / reference ("char*").
+        declared = [(_PARAM.match(p) and " " in p.replace("::", "")) or p.endswith(("*", "&"))
+                    for p in params]
+        if all(declared):
             found.append((text.count("\n", 0, m.start()) + 1, name, len(params)))
     return found
 
