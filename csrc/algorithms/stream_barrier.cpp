@@ -18,7 +18,8 @@ uint32_t StreamBarrier::arrive(FlagQueue& q) {
   const int n = flags_.localSize;
   // Arrive everywhere first, then wait: a wait before the last write would
   // hold this rank's later arrivals back behind a slow peer.
-  for (int w = 0; w < n; ++w) q.write(flags_.slot(w, me_), e);
+  for (int w = 0; w < n; ++w)
+    if (w != me_) q.write(flags_.slot(w, me_), e);
   for (int a = 0; a < n; ++a)
     if (a != me_) q.waitFor(flags_.slot(me_, a), e);
   epoch_.store(e, std::memory_order_release);
@@ -49,6 +50,14 @@ size_t BarrierWatch::pending() const {
   return pending_.size();
 }
 
+bool BarrierWatch::oldest(const StreamBarrier& b, uint32_t* epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!pending_.empty() && b.missing(pending_.front().epoch).empty()) pending_.pop_front();
+  if (pending_.empty()) return false;
+  *epoch = pending_.front().epoch;
+  return true;
+}
+
 std::string BarrierWatch::check(const StreamBarrier& b, const std::function<int(int)>& groupRank,
                                 uint32_t* epoch) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -64,8 +73,7 @@ std::string BarrierWatch::check(const StreamBarrier& b, const std::function<int(
     for (int l : gone) ranks += strCat(ranks.empty() ? "" : ", ", groupRank(l));
     if (epoch) *epoch = p.epoch;
     return strCat("smdccl: ", p.what(), ": timed out at a GPU barrier of the node: rank",
-                  gone.size() > 1 ? "s " : " ", ranks,
-                  gone.size() > 1 ? " have" : " has",
+                  gone.size() > 1 ? "s " : " ", ranks, gone.size() > 1 ? " have" : " has",
                   " not arrived (their GPU streams never reached this step; the process may "
                   "be gone, stalled, or running other collectives)");
   }

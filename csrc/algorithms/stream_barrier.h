@@ -106,6 +106,9 @@ class BarrierWatch {
   // `*epoch` is set to that barrier's; "" otherwise.
   std::string check(const StreamBarrier& b, const std::function<int(int)>& groupRank,
                     uint32_t* epoch = nullptr);
+  // Drops the barriers b has passed; false when none is left, else the
+  // oldest one's epoch in *epoch.
+  bool oldest(const StreamBarrier& b, uint32_t* epoch);
   size_t pending() const;
 
  private:

@@ -21,26 +21,29 @@ NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline) : localSi
     name = strCat("/smdccl-flags-", getpid(), "-", segmentsMade.fetch_add(1));
     try {
       segment_ = ShmSegment::create(name, bytes);
-    } catch (const std::exception& e) {
-      name = strCat(kFailed, e.what());
-    }
+    } catch (const std::exception& e) { name = strCat(kFailed, e.what()); }
   }
   std::vector<std::string> names = allGatherStrings(
       store, {strCat(s.keyPrefix, "/name"), s.localRank, s.localSize, deadline}, name);
   const std::string& published = names[0];
   std::string mine;
   if (published.empty() || published[0] == kFailed) {
-    mine = strCat("could not create the shared memory: ", published.empty() ? std::string("no name published") : published.substr(1));
+    mine = strCat("could not create the shared memory: ",
+                  published.empty() ? std::string("no name published") : published.substr(1));
   } else {
     try {
       if (s.localRank != 0) segment_ = ShmSegment::open(published, bytes);
       if (s.attach) mine = s.attach(segment_.data(), segment_.size());
-    } catch (const std::exception& e) {
-      mine = e.what();
-    }
+    } catch (const std::exception& e) { mine = e.what(); }
   }
-  std::vector<std::string> verdicts = allGatherStrings(
-      store, {strCat(s.keyPrefix, "/attached"), s.localRank, s.localSize, deadline}, mine);
+  std::vector<std::string> verdicts;
+  try {
+    verdicts = allGatherStrings(
+        store, {strCat(s.keyPrefix, "/attached"), s.localRank, s.localSize, deadline}, mine);
+  } catch (...) {
+    if (s.localRank == 0 && segment_.data()) ShmSegment::unlink(published);
+    throw;
+  }
   if (s.localRank == 0 && segment_.data()) ShmSegment::unlink(published);
   for (int l = 0; l < s.localSize && why_.empty(); ++l)
     if (!verdicts[static_cast<size_t>(l)].empty())

@@ -124,6 +124,8 @@ TEST(stream_barrier_names_a_missing_rank_and_release_drains_one_queue) {
   uint32_t late = 0;
   std::string msg = watch.check(b0, groupRank, &late);
   CHECK(late == e);
+  uint32_t first = 0;
+  CHECK(watch.oldest(b0, &first) && first == e);
   CHECK(msg.find("allreduce #3 on group 'g'") != std::string::npos);
   CHECK(msg.find("rank 21 has not arrived") != std::string::npos);
 
@@ -131,9 +133,10 @@ TEST(stream_barrier_names_a_missing_rank_and_release_drains_one_queue) {
   CHECK(q0->drain(Deadline::after(5s)));
   CHECK(after0.load());
   std::this_thread::sleep_for(20ms);
-  CHECK(!q1->idle() && !after1.load());  // its row is its own
+  CHECK(!q1->idle() && !after1.load());       // its row is its own
   CHECK(watch.check(b0, groupRank).empty());  // released: passed
   CHECK(watch.pending() == 0);
+  CHECK(!watch.oldest(b0, &first));
   b1.release();
   CHECK(q1->drain(Deadline::after(5s)));
 }
