@@ -497,6 +497,104 @@ def test_cuda_stream_semantics(world_size):
     _check(run_ranks(world_size, stream_semantics, timeout=120, pg_timeout=PG_TIMEOUT))
 
 
+def blocking_call_behind_queued_work() -> dict:
+    """Issue 23's "no host wait": a blocking 4 KiB all_reduce (one node, CUDA
+    IPC) issued behind ~1 s of GPU work on the caller's stream returns to the
+    host once it is queued, and is still right once the stream gets there;
+    so do reduce_scatter_tensor and all_gather_into_tensor."""
+    dev = _device()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    expect = float(sum(r + 1 for r in range(ws)))
+    t = torch.full((1024,), float(rank + 1), device=dev)  # 4 KiB
+    dist.all_reduce(t)  # sets up the IPC buffers and the node's barriers
+    torch.cuda.synchronize()
+    seconds = {}
+
+    def timed(name, call):
+        t0 = time.perf_counter()
+        call()
+        seconds[name] = time.perf_counter() - t0
+
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time ahead of the fill
+    t.fill_(float(rank + 1))  # queued after the sleep: the allreduce must see it
+    timed("all_reduce", lambda: dist.all_reduce(t))
+    blocks = torch.arange(ws * 256, dtype=torch.float32, device=dev) * (rank + 1)
+    rs = torch.zeros(256, device=dev)
+    timed("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(rs, blocks))
+    ag = torch.zeros(ws * 256, device=dev)
+    timed("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(ag, rs))
+    torch.cuda.synchronize()
+    tri = ws * (ws + 1) / 2
+    want_rs = torch.arange(rank * 256, (rank + 1) * 256, dtype=torch.float32) * tri
+    want_ag = torch.arange(ws * 256, dtype=torch.float32) * tri
+    return {"seconds": seconds, "allreduce_ok": bool(torch.all(t == expect).item()),
+            "rs_ok": torch.equal(rs.cpu(), want_rs), "ag_ok": torch.equal(ag.cpu(), want_ag)}
+
+
+@needs_gpu
+@pytest.mark.parametrize("stream_barrier", ["1", "0"])
+def test_cuda_blocking_call_returns_once_queued(stream_barrier):
+    res = run_ranks(2, blocking_call_behind_queued_work, timeout=120, pg_timeout=PG_TIMEOUT,
+                    env={"SMDCCL_CUDA_STREAM_BARRIER": stream_barrier})
+    for r, got in enumerate(res):
+        assert got["allreduce_ok"] and got["rs_ok"] and got["ag_ok"], f"rank {r}: {got}"
+        if stream_barrier == "1":
+            # The node's barriers are on the stream: the host only queues.
+            for name, sec in got["seconds"].items():
+                assert sec < 0.010, f"rank {r}: blocking {name} held the host {sec * 1e3:.1f} ms"
+        else:
+            # Host barriers wait for the stream, which holds ~1 s of sleep.
+            assert got["seconds"]["all_reduce"] > 0.3, f"rank {r}: {got}"
+
+
+def node_mate_never_arrives() -> dict:
+    """Rank 1 skips an allreduce that rank 0 has queued on its stream: rank
+    0's call still returns (the work is queued), then its group fails once
+    the group timeout has passed at the barrier, naming rank 1; the stream is
+    let go, so torch.cuda.synchronize() returns instead of hanging; the
+    work reports the error and the next call fails fast."""
+    dev = _device()
+    rank = dist.get_rank()
+    t = torch.ones(1024, device=dev)
+    dist.all_reduce(t)  # sets up the IPC buffers and the node's barriers
+    torch.cuda.synchronize()
+    if rank == 1:
+        time.sleep(3 * NODE_MATE_TIMEOUT)
+        return {"rank": 1}
+    t0 = time.perf_counter()
+    w = dist.all_reduce(t, async_op=True)
+    w.wait()
+    queued = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    drained = time.perf_counter() - t0
+    deadline = time.time() + 5
+    while not w.is_completed() and time.time() < deadline:
+        time.sleep(0.01)
+    later = None
+    try:
+        dist.all_reduce(torch.ones(4, device=dev))
+    except Exception as e:  # noqa: BLE001 - the test reports what it got
+        later = f"{type(e).__name__}: {e}"
+    return {"rank": 0, "queued": queued, "drained": drained, "completed": w.is_completed(),
+            "success": w.is_success(), "error": str(w.exception()) if w.exception() else None,
+            "later": later}
+
+
+NODE_MATE_TIMEOUT = 3.0
+
+
+@needs_gpu
+def test_cuda_stream_barrier_names_a_node_mate_that_never_arrives():
+    res = run_ranks(2, node_mate_never_arrives, timeout=120, pg_timeout=NODE_MATE_TIMEOUT)
+    got = res[0]
+    assert got["queued"] < 0.5, got
+    assert NODE_MATE_TIMEOUT * 0.9 < got["drained"] < NODE_MATE_TIMEOUT + 5, got
+    assert got["completed"] and not got["success"], got
+    assert got["error"] and "rank 1 has not arrived" in got["error"], got
+    assert "GPU barrier" in got["error"] and "allreduce" in got["error"], got
+    assert got["later"] and "rank 1 has not arrived" in got["later"], got
+
+
 def tuning_mismatch() -> dict:
     """Ranks whose SMDCCL_CUDA_* differ would take different GPU paths (a rank
     without IPC leaves its node-mates waiting for its buffer): the first GPU

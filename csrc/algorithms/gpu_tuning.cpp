@@ -26,6 +26,11 @@ SMDCCL_ENV_INT(kCudaStagedRing, "SMDCCL_CUDA_STAGED_RING", 1, 0, 1,
                "algorithm would be the ring (the GPU packs pinned slots, cast to the 16-bit "
                "wire, and unpack-reduces them; smdccl's thread ships them); 0 copies each chunk "
                "to pinned memory for the host algorithm. Same results either way.");
+SMDCCL_ENV_INT(kCudaStreamBarrier, "SMDCCL_CUDA_STREAM_BARRIER", 1, 0, 1,
+               "CUDA IPC collectives: 1 queues the node's barriers between their steps on the "
+               "GPU stream (stream memory operations on flags in shared memory), so the host "
+               "queues a collective whole and never waits for the GPU; 0 meets them on the host "
+               "(the host waits for each step). Same results either way.");
 SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
                "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
                "A cap leaves the rest to the training's own kernels so that collectives overlap "
@@ -45,6 +50,7 @@ GpuTuning GpuTuning::fromEnv() {
   t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
   t.stageChunkBytes = static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
   t.stagedRing = envInt(env::kCudaStagedRing) != 0;
+  t.streamBarrier = envInt(env::kCudaStreamBarrier) != 0;
   t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
   t.pinnedShrinkOps = static_cast<int>(envInt(env::kCudaPinnedShrinkOps));
   return t;
@@ -54,7 +60,8 @@ std::string GpuTuning::describe() const {
   return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
                 ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
                 ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10,
-                ", SMDCCL_CUDA_STAGED_RING=", stagedRing ? 1 : 0);
+                ", SMDCCL_CUDA_STAGED_RING=", stagedRing ? 1 : 0,
+                ", SMDCCL_CUDA_STREAM_BARRIER=", streamBarrier ? 1 : 0);
 }
 
 }  // namespace smdccl

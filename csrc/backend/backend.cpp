@@ -186,6 +186,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   waitPolicy_ = pickWaitPolicy(machineRanks);
   deviceOps_ =
       makeDeviceOps(*store_, [this] { return std::chrono::milliseconds(timeoutMs_.load()); });
+  deviceOps_->onDeviceFailure([this](const std::string& cause) { failFromDevice(cause); });
   progress_ = std::make_unique<ProgressThread>(pickIdleSpin(machineRanks));
   // Under SMDCCL_NAN_CHECK each allreduce's inputs are checked on their own: no fusion.
   size_t fusionBytes = static_cast<size_t>(envInt(env::kFusionMB)) << 20;  // range-checked
@@ -202,6 +203,8 @@ SmdcclBackend::~SmdcclBackend() {
   // The progress and send/recv threads may be dropping the last reference to
   // a Work whose tensors are Python's (that takes the GIL): join them without it.
   GilReleasedIfHeld released;
+  // From here a late GPU failure concerns nobody (waits for a call in progress).
+  deviceOps_->onDeviceFailure(nullptr);
   // Finishes queued work first, with progress_ still set: a task that fails
   // calls failGroup, which stops the thread through it (reset() alone would
   // null the pointer before joining: a crash on a group destroyed with a

@@ -230,6 +230,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // Returns the error the op's work completes with.
   std::exception_ptr failGroup(const OpContext& ctx, CommError::Kind kind,
                                const std::string& cause);
+  // A collective's GPU work failed after its op had returned (a node
+  // barrier timed out; `cause` names the op and the ranks): the group fails
+  // as failGroup fails it, from the thread that found it.
+  void failFromDevice(const std::string& cause);
   // Runs one op where enqueue() put it: its checks, its body, its failure
   // handling, the completion of its Work and of the ops fused into it.
   void runWork(QueuedOp& op);

@@ -17,6 +17,11 @@
 //   Work.wait()     once that event is recorded (the host waits for it), the
 //                   caller's current stream waits for it; the future is
 //                   CUDA-aware.
+// A CUDA-IPC collective's node barriers are queued on the internal stream
+// (SMDCCL_CUDA_STREAM_BARRIER): its body queues the whole collective and
+// returns, so the event is recorded at once and Work.wait() does not wait on
+// the host. A barrier a node-mate never meets fails the group from a watch
+// thread (onDeviceFailure) and fails the works of the ops that queued it.
 #include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
@@ -24,6 +29,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "algorithms/collectives.h"
@@ -107,6 +113,11 @@ class DeviceOps {
   // Pinned host memory the group holds for staging (its buffer, and
   // outgrown ones not freed yet); zero without a GPU.
   virtual size_t pinnedStagingBytes() const { return 0; }
+  // Called (on a thread of smdccl's) when a collective's GPU work failed
+  // after its op had returned: a node barrier timed out. nullptr: nobody.
+  virtual void onDeviceFailure(std::function<void(const std::string&)> handler) {}
+  // ProcessGroup.abort(): GPU work queued and waiting for node-mates stops waiting.
+  virtual void abort(const std::string& cause) {}
 };
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
                                          std::function<std::chrono::milliseconds()> timeout);

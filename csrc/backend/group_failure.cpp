@@ -98,8 +98,9 @@ void SmdcclBackend::abort() {
   auto err = toTorchError(std::make_exception_ptr(CommError(CommError::Kind::System, cause)));
   if (!fate_.abort(cause, err)) return;
   SMDCCL_WARN(cause);
-  p2p_->abort(err);      // first: a transfer that sees the cancel below reports this cause
-  mesh_->cancelWaits();  // the op in flight stops at its next wait (Exchange, connection waits)
+  deviceOps_->abort(cause);  // GPU work waiting for node-mates stops waiting
+  p2p_->abort(err);          // first: a transfer that sees the cancel below reports this cause
+  mesh_->cancelWaits();      // the op in flight stops at its next wait (Exchange, connection waits)
   // The rest belongs to the progress thread, once the op in flight has
   // stopped: this thread must not block on the store (abort() returns at
   // once, also with the store gone) nor touch the links the progress thread
@@ -135,10 +136,26 @@ std::exception_ptr SmdcclBackend::failGroup(const OpContext& ctx, CommError::Kin
   mesh_->abortLinks();  // only after the cause is in the store
   std::exception_ptr err = toTorchError(std::make_exception_ptr(CommError(kind, msg)));
   fate_.fail(err, kind);
+  // GPU work queued for node-mates that may never meet it stops waiting;
+  // the works of the ops it lets through report this failure.
+  deviceOps_->abort(msg);
   // Nothing can run on this group any more: what is queued fails fast,
   // then the thread exits; later calls fail on the caller's thread.
   progress_->stopWhenIdle();
   return err;
+}
+
+void SmdcclBackend::failFromDevice(const std::string& cause) {
+  if (fate_.fatal()) return;  // failed (or aborted) first: that is the group's error
+  auto err = toTorchError(std::make_exception_ptr(CommError(CommError::Kind::Timeout, cause)));
+  fate_.fail(err, CommError::Kind::Timeout);
+  // As abort(): the store and the links belong to the progress thread.
+  bool posted = progress_->post([this, cause] {
+    withFirstFailure(*store_, cause);
+    mesh_->abortLinks();
+  });
+  if (!posted) mesh_->abortLinks();
+  progress_->stopWhenIdle();
 }
 
 }  // namespace smdccl

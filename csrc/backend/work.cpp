@@ -42,14 +42,14 @@ bool SmdcclWork::isCompleted() {
   return !device_ || exception() || device_->done();
 }
 
-bool SmdcclWork::isSuccess() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return done_.load() && !exception_;
-}
+bool SmdcclWork::isSuccess() const { return done_.load() && !exception(); }
 
 std::exception_ptr SmdcclWork::exception() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return exception_;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (exception_ || !done_.load()) return exception_;
+  }
+  return device_ ? device_->error() : nullptr;
 }
 
 void SmdcclWork::markStarted() { started_ = std::chrono::steady_clock::now(); }

@@ -26,6 +26,9 @@ class DeviceCompletion {
   virtual c10::Device device() const = 0;
   // The stream the op's GPU work runs on: futures complete on it.
   virtual c10::Stream stream() const = 0;
+  // The op's GPU work failed after the op had returned (a node barrier
+  // was let pass unmet); nullptr otherwise.
+  virtual std::exception_ptr error() const { return nullptr; }
 };
 
 class SmdcclWork : public ::c10d::Work {

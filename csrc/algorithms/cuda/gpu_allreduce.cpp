@@ -1,13 +1,13 @@
 // Allreduce of device memory: CUDA IPC inside a node, pinned host staging
 // between nodes (see gpu_collectives.h for when each path is taken).
 //
-// The IPC steps are ordered across processes by the host: each rank's
-// stream finishes its part (polled with the op's deadline), then the node's
-// ranks meet at a barrier over shared memory before anyone reads what the
-// others wrote, and again before anyone overwrites its buffer. A barrier
-// costs microseconds against a GPU pass over the data; spinning kernels
-// would be faster for tiny messages but can deadlock ranks that share one
-// GPU (their contexts are time-sliced, not concurrent).
+// The IPC steps are ordered across processes by node barriers, before
+// anyone reads what the others wrote and again before anyone overwrites its
+// buffer. They are queued on the stream (stream memory operations:
+// GpuContext::nodeBarrier), so the host queues the collective whole and
+// goes on; not spinning kernels, which would hold a GPU that ranks share
+// (their contexts are time-sliced, not concurrent) while the peer they wait
+// for cannot run. With SMDCCL_CUDA_STREAM_BARRIER=0 the host meets them.
 #include <algorithm>
 #include <cstdint>
 
@@ -211,7 +211,7 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   }
   const Hierarchy& h = *c.levels;
   Comm local = c.sub(h.nodes[h.myNode]);
-  CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
+  CudaIpcSpace& space = g.ipc(h, c.ctx.deadline);
   IpcStep step{c, local, g, space, dt, op, es};
   const bool multiNode = h.numNodes() > 1;
   Comm across = multiNode ? c.sub(h.acrossNodes(h.myLocal)) : local;
@@ -234,7 +234,7 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
                        .dt = dt,
                        .op = op},
                       t);
-      barrier(local);  // every slice is final before anyone gathers
+      g.nodeBarrier(c, local, "inter-node allreduce");  // every slice final before the gather
     }
     step.gather(d, s);
   }

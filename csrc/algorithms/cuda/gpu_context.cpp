@@ -10,15 +10,17 @@
 #include "algorithms/comm.h"
 #include "common/error.h"
 #include "transport/cuda/cuda_check.h"
+#include "transport/cuda/gpu_wait.h"
 
 namespace smdccl {
 
 void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   if (tuningAgreed_ || c.size() == 1) return;
-  constexpr size_t kFields = 5;
+  constexpr size_t kFields = 6;
   auto fields = [](const GpuTuning& g) {
-    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u, g.ipcBytes, g.oneShotBytes,
-                                         g.stageChunkBytes, g.stagedRing ? 1u : 0u};
+    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u,        g.ipcBytes,
+                                         g.oneShotBytes,         g.stageChunkBytes,
+                                         g.stagedRing ? 1u : 0u, g.streamBarrier ? 1u : 0u};
   };
   // A tiny allgather over the group: it carries this op's header, so a rank
   // that called another op (or passed CPU tensors) is named as such first.
@@ -35,6 +37,7 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
     theirs.oneShotBytes = f[2];
     theirs.stageChunkBytes = f[3];
     theirs.stagedRing = f[4] != 0;
+    theirs.streamBarrier = f[5] != 0;
     throw CommError(
         CommError::Kind::Mismatch,
         strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ", r,
@@ -56,6 +59,9 @@ GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTunin
 }
 
 GpuContext::~GpuContext() {
+  // First: it lets the stream pass barriers that a node-mate that is gone
+  // will never meet, so that the wait below ends.
+  nodeBarrier_.reset();
   // Nothing of ours may still be running when the buffers go.
   cudaStreamSynchronize(stream_);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
@@ -75,21 +81,58 @@ cudaEvent_t GpuContext::event(size_t i) {
   return events_[i];
 }
 
-CudaIpcSpace& GpuContext::ipc(int node, int localRank, int localSize, Deadline deadline) {
-  if (!ipc_)
-    ipc_ = std::make_unique<CudaIpcSpace>(
-        store_,
-        CudaIpcSpace::Spec{
-            .keyPrefix = strCat("smdccl/cuda_ipc/node", node),
-            .localRank = localRank,
-            .localSize = localSize,
-            .device = device_,
-            .bytes = tuning_.ipcBytes,
-            .settings = strCat("SMDCCL_CUDA_IPC_MB=", tuning_.ipcBytes >> 20,
-                               ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
-            .freeCached = freeCached_},
-        deadline);
+CudaIpcSpace& GpuContext::ipc(const Hierarchy& h, Deadline deadline) {
+  if (ipc_) return *ipc_;
+  const int node = h.myNode, localRank = h.myLocal, localSize = h.localSize();
+  ipc_ = std::make_unique<CudaIpcSpace>(
+      store_,
+      CudaIpcSpace::Spec{.keyPrefix = strCat("smdccl/cuda_ipc/node", node),
+                         .localRank = localRank,
+                         .localSize = localSize,
+                         .device = device_,
+                         .bytes = tuning_.ipcBytes,
+                         .settings = strCat("SMDCCL_CUDA_IPC_MB=", tuning_.ipcBytes >> 20,
+                                            ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
+                         .freeCached = freeCached_},
+      deadline);
+  if (tuning_.streamBarrier) {
+    nodeBarrier_ =
+        GpuNodeBarrier::make(store_,
+                             {.keyPrefix = strCat("smdccl/cuda_ipc/node", node, "/flags"),
+                              .device = device_,
+                              .stream = stream_,
+                              .localRank = localRank,
+                              .groupRanks = h.nodes[static_cast<size_t>(h.myNode)]},
+                             deadline);
+    std::lock_guard<std::mutex> lock(handlerMu_);
+    if (nodeBarrier_) nodeBarrier_->onFailure(barrierFailed_);
+  }
   return *ipc_;
+}
+
+void GpuContext::nodeBarrier(Comm& c, Comm& local, const char* what) {
+  if (nodeBarrier_) {
+    nodeBarrier_->arrive(c.ctx, what);
+    return;
+  }
+  waitForStream(stream_, c.ctx, what);
+  barrier(local);
+}
+
+uint32_t GpuContext::barrierEpoch() const { return nodeBarrier_ ? nodeBarrier_->epoch() : 0; }
+
+std::shared_ptr<const BarrierFailure> GpuContext::barrierFailure() const {
+  return nodeBarrier_ ? nodeBarrier_->failure() : nullptr;
+}
+
+void GpuContext::onBarrierFailure(std::function<void(const std::string&)> handler) {
+  std::lock_guard<std::mutex> lock(handlerMu_);
+  barrierFailed_ = std::move(handler);
+  if (nodeBarrier_) nodeBarrier_->onFailure(barrierFailed_);
+}
+
+void GpuContext::abortBarriers(const std::string& cause) {
+  if (nodeBarrier_) nodeBarrier_->abort(cause);
 }
 
 }  // namespace smdccl

@@ -6,11 +6,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "algorithms/cuda/node_barrier.h"
 #include "algorithms/gpu_tuning.h"
 #include "common/store.h"
 #include "transport/cuda/ipc_space.h"
@@ -19,6 +22,7 @@
 namespace smdccl {
 
 struct Comm;
+struct Hierarchy;
 struct Tuning;
 class CudaStageDevice;
 
@@ -46,9 +50,26 @@ class GpuContext {
   uint64_t bytesFromHost() const { return bytesFromHost_.load(); }
   // `n` reusable events (timing off), recorded and waited on by one op at a time.
   cudaEvent_t event(size_t i);
-  // The node's IPC buffers, mapped on first use: a collective over the node
-  // (every node-mate asks at the same collective, in issue order).
-  CudaIpcSpace& ipc(int node, int localRank, int localSize, Deadline deadline);
+  // The node's IPC buffers (and its stream barriers, SMDCCL_CUDA_STREAM_BARRIER),
+  // set up on first use: a collective over the node (every node-mate asks at
+  // the same collective, in issue order). h: the group's nodes.
+  CudaIpcSpace& ipc(const Hierarchy& h, Deadline deadline);
+  // The node's ranks are all done with the step `what` of the IPC
+  // collective c (local: its node). With stream barriers, queued on the
+  // stream (the host goes on at once); otherwise the host waits for this
+  // rank's stream, then meets its node-mates.
+  void nodeBarrier(Comm& c, Comm& local, const char* what);
+  // The latest stream barrier queued (0 without them): an op notes it
+  // before and after its steps for barrierFailure().
+  uint32_t barrierEpoch() const;
+  // The stream barriers' failure record (nullptr without them): an op
+  // whose barriers a failure let pass unmet has failed.
+  std::shared_ptr<const BarrierFailure> barrierFailure() const;
+  // Called on the watch thread when a stream barrier times out; nullptr:
+  // nobody (the backend clears it before it goes).
+  void onBarrierFailure(std::function<void(const std::string&)> handler);
+  // The group was aborted: the stream passes the barriers it has queued.
+  void abortBarriers(const std::string& cause);
   // Once per group, at its first GPU collective (every rank calls it there):
   // the ranks' SMDCCL_CUDA_* must agree, or they take different paths (a
   // rank with SMDCCL_CUDA_IPC=0 among IPC ranks would leave its node-mates
@@ -64,6 +85,9 @@ class GpuContext {
   PinnedBuffer staging_;
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
+  std::unique_ptr<GpuNodeBarrier> nodeBarrier_;
+  std::mutex handlerMu_;
+  std::function<void(const std::string&)> barrierFailed_;
   std::unique_ptr<CudaStageDevice> stage_;
   std::function<void()> freeCached_;
   std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};

@@ -87,7 +87,7 @@ void ipcReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r) {
   const RedOp op = r.op;
   const Hierarchy& h = *c.levels;
   Comm local = c.sub(h.nodes[h.myNode]);
-  CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
+  CudaIpcSpace& space = g.ipc(h, c.ctx.deadline);
   const int P = space.localSize(), me = space.localRank();
   const size_t es = elementSize(dt);
   // Rows start on 16 bytes so the reduce takes its vector path.
@@ -120,7 +120,7 @@ void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
   const size_t eachBytes = b.eachBytes;
   const Hierarchy& h = *c.levels;
   Comm local = c.sub(h.nodes[h.myNode]);
-  CudaIpcSpace& space = g.ipc(h.myNode, h.myLocal, h.localSize(), c.ctx.deadline);
+  CudaIpcSpace& space = g.ipc(h, c.ctx.deadline);
   const int P = space.localSize(), me = space.localRank();
   char* mine = out + static_cast<size_t>(me) * eachBytes;
   if (mine != in)

@@ -1,8 +1,7 @@
 #pragma once
-// What every CUDA-IPC collective of a node does between its steps (see
-// gpu_allreduce.cpp for why the host orders them): wait until this rank's
-// stream has finished its part, then meet the node's ranks at a barrier, so
-// that peers' buffers may be read, or reused, by everyone.
+// What every CUDA-IPC collective of a node does between its steps: meet the
+// node's ranks at a barrier once each stream has finished its part, so that
+// peers' buffers may be read, or reused, by everyone.
 #include <cuda_runtime_api.h>
 
 #include "algorithms/collectives.h"
@@ -26,10 +25,10 @@ inline bool ipcUsable(const Comm& c, const GpuContext& g) {
   return h.localSize() > 1 && h.uniform() && h.localSize() <= cuda::kMaxReduceInputs;
 }
 
-// This rank's stream is done with step `what`, and so is every node-mate's.
+// This rank's stream is done with step `what`, and so is every node-mate's
+// (a stream barrier: the host goes on; see GpuContext::nodeBarrier).
 inline void ipcStepDone(GpuContext& g, Comm& c, Comm& local, const char* what) {
-  waitForStream(g.stream(), c.ctx, what);
-  barrier(local);
+  g.nodeBarrier(c, local, what);
 }
 
 }  // namespace smdccl

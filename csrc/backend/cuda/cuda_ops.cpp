@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "algorithms/cuda/gpu_collectives.h"
+#include "backend/cuda/cuda_completion.h"
 #include "backend/device_op.h"
 #include "backend/tensor_checks.h"
 #include "transport/cuda/capture_mode.h"
@@ -112,122 +113,10 @@ struct CudaState {
   CudaState& operator=(const CudaState&) = delete;
 };
 
-// A CUDA event (timing off) on device `dev`, destroyed with it. The guards:
-// it may die on a send or receive thread, which has no current device (a
-// CUDA call there would create a context on GPU 0 for every rank).
-struct GpuEvent {
-  cudaEvent_t event = nullptr;
-  int device;
-  explicit GpuEvent(int dev) : device(dev) {
-    c10::cuda::CUDAGuard guard(dev);
-    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  }
-  ~GpuEvent() {
-    if (!event) return;
-    c10::cuda::CUDAGuard guard(device);  // first: no CUDA call without a device
-    CaptureSafeScope captureSafe;
-    cudaEventDestroy(event);
-  }
-  GpuEvent(const GpuEvent&) = delete;
-  GpuEvent& operator=(const GpuEvent&) = delete;
-  // Marks the end of what is queued on device `dev`'s current stream (the
-  // caller's) now.
-  void recordOnCurrentStream(int dev) {
-    SMDCCL_CUDA_CHECK(cudaEventRecord(event, c10::cuda::getCurrentCUDAStream(dev).stream()));
-  }
-};
-
 // An uninitialized pinned host tensor of `dev`'s shape and dtype.
 at::Tensor pinnedHostLike(const at::Tensor& dev) {
   return at::empty(dev.sizes(), dev.options().device(at::kCPU).pinned_memory(true));
 }
-
-// When an op's GPU work is all queued on the internal stream: an event
-// recorded right behind it. Shared by the op (records it) and its Work
-// (waits for it).
-struct OpEnd : GpuEvent {
-  std::atomic<bool> recorded{false};
-  cudaError_t recordError = cudaSuccess;  // written before `recorded`
-  // When the op started to run (steady clock, ns; 0 while it is queued).
-  std::atomic<int64_t> startedNs{0};
-  explicit OpEnd(int dev) : GpuEvent(dev) {}
-};
-
-int64_t steadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Work.wait() on CUDA tensors. The caller's stream must not wait for GPU
-// work that is not queued yet: a stream blocked on a future submission can
-// share a hardware queue with the internal stream and block it (seen on an
-// H100 with a front-end wait and with a spinning kernel alike: the
-// collective never finished). So the host waits until the progress thread
-// has queued the op's GPU work, then the caller's stream waits for the
-// event behind it. The collectives here drive their steps from the host, so
-// that host wait lasts about as long as the collective.
-class CudaCompletion : public DeviceCompletion {
- public:
-  // `what` names the op in errors ("collective #7"); `stream`: where the
-  // event behind its GPU work is recorded.
-  CudaCompletion(int device, c10::cuda::CUDAStream stream, std::shared_ptr<OpEnd> end,
-                 std::function<std::string()> what, std::chrono::milliseconds timeout)
-      : device_(device),
-        stream_(stream),
-        end_(std::move(end)),
-        what_(std::move(what)),
-        timeoutNs_(std::chrono::nanoseconds(timeout).count()) {}
-  bool done() const override {
-    if (!end_->recorded.load(std::memory_order_acquire)) return false;
-    if (end_->recordError != cudaSuccess) return true;  // wait() raises it
-    c10::cuda::CUDAGuard guard(device_);
-    CaptureSafeScope captureSafe;
-    // An error other than "not ready" is as done as it gets: wait() raises it.
-    return queried(cudaEventQuery(end_->event)) != cudaErrorNotReady;
-  }
-  void blockCurrentStream(std::chrono::milliseconds timeout) override {
-    using Clock = std::chrono::steady_clock;
-    auto start = Clock::now();
-    // With a timeout given, it bounds this wait. Without one, the op's own
-    // deadline (the group timeout from when it started) bounds it, and the
-    // progress thread records the event also when the op fails: the limit
-    // below, counted from the op's start, only guards against that thread
-    // being gone. Time spent queued behind earlier ops does not count (each
-    // of those has its deadline too).
-    const bool given = timeout.count() > 0;
-    const int64_t limitNs =
-        given ? std::chrono::nanoseconds(timeout).count() : timeoutNs_ + 1'000'000'000;
-    const int64_t waitStartNs = steadyNowNs();
-    while (!end_->recorded.load(std::memory_order_acquire)) {
-      int64_t since = given ? waitStartNs : end_->startedNs.load(std::memory_order_acquire);
-      if (since > 0 && steadyNowNs() - since >= limitNs)
-        C10_THROW_ERROR(
-            DistBackendError,
-            strCat("smdccl: ", what_(), " was not queued on the GPU within ", limitNs / 1000000,
-                   given ? " ms given to wait()" : " ms of its start (the group timeout)"));
-      if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    TORCH_CHECK(end_->recordError == cudaSuccess, "smdccl: could not mark the end of ", what_(),
-                " on the GPU: ", cudaGetErrorString(end_->recordError));
-    c10::cuda::CUDAGuard guard(device_);
-    CaptureSafeScope captureSafe;
-    cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device_).stream();
-    cudaError_t e = cudaStreamWaitEvent(cur, end_->event, 0);
-    TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after ", what_(),
-                ": ", cudaGetErrorString(e));
-  }
-  c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
-  c10::Stream stream() const override { return stream_; }
-
- private:
-  int device_;
-  c10::cuda::CUDAStream stream_;
-  std::shared_ptr<OpEnd> end_;
-  std::function<std::string()> what_;
-  int64_t timeoutNs_;
-};
 
 class CudaOp : public DeviceOp {
  public:
@@ -255,6 +144,7 @@ class CudaOp : public DeviceOp {
 
   void prepare(const OpContext& ctx) override {
     end_->startedNs.store(steadyNowNs(), std::memory_order_release);
+    end_->barrierFrom = s_->gpu->barrierEpoch();
     CaptureSafeScope captureSafe;
     SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_.event, 0));
     if (copyIn_.empty()) return;
@@ -283,6 +173,8 @@ class CudaOp : public DeviceOp {
     // marks whatever reached the stream). On the progress thread this
     // also switches the capture mode for the future's completion after it.
     CaptureSafeScope captureSafe;
+    end_->barriers = s_->gpu->barrierFailure();
+    end_->barrierUpTo = s_->gpu->barrierEpoch();
     end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
     end_->recorded.store(true, std::memory_order_release);
   }
@@ -327,7 +219,10 @@ class CudaDeviceOps : public DeviceOps {
     std::shared_ptr<CudaState> s;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!state_) state_ = std::make_shared<CudaState>(device, store_);
+      if (!state_) {
+        state_ = std::make_shared<CudaState>(device, store_);
+        state_->gpu->onBarrierFailure(deviceFailed_);
+      }
       checkGroupDevice(device, op);  // another thread may have created it first
       s = state_;
     }
@@ -454,8 +349,22 @@ class CudaDeviceOps : public DeviceOps {
   std::function<std::chrono::milliseconds()> timeout_;
   mutable std::mutex mu_;
   std::shared_ptr<CudaState> state_;
+  std::function<void(const std::string&)> deviceFailed_;
 
  public:
+  void onDeviceFailure(std::function<void(const std::string&)> handler) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    deviceFailed_ = std::move(handler);
+    if (state_) state_->gpu->onBarrierFailure(deviceFailed_);
+  }
+  void abort(const std::string& cause) override {
+    std::shared_ptr<CudaState> s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s = state_;
+    }
+    if (s) s->gpu->abortBarriers(cause);
+  }
   CopiedBytes copiedBytes() const override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!state_) return {};

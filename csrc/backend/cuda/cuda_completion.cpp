@@ -1,0 +1,60 @@
+#include "backend/cuda/cuda_completion.h"
+
+#include <thread>
+
+#include <c10/util/Exception.h>
+
+#include "backend/tensor_checks.h"
+
+namespace smdccl {
+
+bool CudaCompletion::done() const {
+  if (!end_->recorded.load(std::memory_order_acquire)) return false;
+  if (end_->recordError != cudaSuccess) return true;  // wait() raises it
+  if (error()) return true;
+  c10::cuda::CUDAGuard guard(device_);
+  CaptureSafeScope captureSafe;
+  // An error other than "not ready" is as done as it gets: wait() raises it.
+  return queried(cudaEventQuery(end_->event)) != cudaErrorNotReady;
+}
+
+void CudaCompletion::blockCurrentStream(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  // With a timeout given, it bounds this wait. Without one, the op's own
+  // deadline (the group timeout from when it started) bounds it, and the
+  // progress thread records the event also when the op fails: the limit
+  // below, counted from the op's start, only guards against that thread
+  // being gone. Time spent queued behind earlier ops does not count (each
+  // of those has its deadline too).
+  const bool given = timeout.count() > 0;
+  const int64_t limitNs =
+      given ? std::chrono::nanoseconds(timeout).count() : timeoutNs_ + 1'000'000'000;
+  const int64_t waitStartNs = steadyNowNs();
+  while (!end_->recorded.load(std::memory_order_acquire)) {
+    int64_t since = given ? waitStartNs : end_->startedNs.load(std::memory_order_acquire);
+    if (since > 0 && steadyNowNs() - since >= limitNs)
+      C10_THROW_ERROR(
+          DistBackendError,
+          strCat("smdccl: ", what_(), " was not queued on the GPU within ", limitNs / 1000000,
+                 given ? " ms given to wait()" : " ms of its start (the group timeout)"));
+    if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  TORCH_CHECK(end_->recordError == cudaSuccess, "smdccl: could not mark the end of ", what_(),
+              " on the GPU: ", cudaGetErrorString(end_->recordError));
+  c10::cuda::CUDAGuard guard(device_);
+  CaptureSafeScope captureSafe;
+  cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device_).stream();
+  cudaError_t e = cudaStreamWaitEvent(cur, end_->event, 0);
+  TORCH_CHECK(e == cudaSuccess, "smdccl: could not order the current stream after ", what_(), ": ",
+              cudaGetErrorString(e));
+}
+
+std::exception_ptr CudaCompletion::error() const {
+  if (!end_->recorded.load(std::memory_order_acquire) || !end_->barriers) return nullptr;
+  std::exception_ptr e = end_->barriers->of(end_->barrierFrom, end_->barrierUpTo);
+  return e ? toTorchError(e) : nullptr;
+}
+
+}  // namespace smdccl
