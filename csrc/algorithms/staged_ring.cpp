@@ -1,6 +1,7 @@
 #include "algorithms/staged_ring.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "common/error.h"
@@ -12,12 +13,24 @@ namespace {
 // Chunks scheduled per exchange run (a bubble of one piece between runs).
 constexpr size_t kWindowChunks = 4;
 
+// What one staged ring moves: its chunks (each one ring over c.size()
+// blocks of `buf`) and its phases.
+struct RingChunks {
+  char* buf;
+  DType dt;
+  RedOp op;
+  bool reduceScatter = true;
+  bool allgather = true;
+  size_t chunks = 1;
+  // Chunk j's blocks, offsets from buf.
+  std::function<Blocks(size_t j)> blocksOf;
+};
+
 class StagedRing {
  public:
-  StagedRing(Comm& c, StageDevice& d, const CollectiveArgs& a, char* slots, const StagePlan& plan)
-      : c_(c), d_(d), dev_(a.buf), dt_(a.dt), op_(a.op), plan_(plan), ex_(c.exchange()) {
-    const DType dt = a.dt;
-    const size_t count = a.count;
+  StagedRing(Comm& c, StageDevice& d, const RingChunks& job, char* slots, const StagePlan& plan)
+      : c_(c), d_(d), job_(job), dt_(job.dt), op_(job.op), plan_(plan), ex_(c.exchange()) {
+    const DType dt = job.dt;
     const int p = c.size();
     const int i = c.ringPosition();
     next_ = c.ring[(i + 1) % p];
@@ -29,8 +42,6 @@ class StagedRing {
     // Pieces are cut in device elements, the same on both ends of a hop
     // whatever its wire (a 16-bit wire fills half of each slot).
     pieceElems_ = std::max<size_t>(1, plan.slotBytes / es_);
-    count_ = count;
-    chunkElems_ = plan.chunkBytes ? std::max<size_t>(1, plan.chunkBytes / es_) : count;
     sendSlots_ = slots;
     recvSlots_ = slots + static_cast<size_t>(plan.slots) * plan.slotBytes;
     sendFree_.assign(plan.slots, -1);
@@ -42,7 +53,7 @@ class StagedRing {
     const int i = c_.ringPosition();
     const Wire roundLast = c_.resultWire(dt_);
     size_t inWindow = 0;
-    for (size_t at = 0; at < count_; at += chunkElems_) {
+    for (size_t j = 0; j < job_.chunks; ++j) {
       // One ring per chunk; the chunks share the slots and stream together,
       // kWindowChunks per exchange run: each pass of the exchange walks its
       // open transfers, so a whole large message in one run would cost
@@ -54,8 +65,7 @@ class StagedRing {
         inWindow = 0;
       }
       ++inWindow;
-      base_ = dev_ + at * es_;
-      blocks_ = Blocks::even(std::min(chunkElems_, count_ - at), p, es_);
+      blocks_ = job_.blocksOf(j);
       written_.assign(p, {});
       read_.assign(p, {});
       for (int b = 0; b < p; ++b) {
@@ -63,12 +73,14 @@ class StagedRing {
         read_[b].assign(piecesOf(b), -1);
       }
       // Reduce-scatter: step s sends logical block i-s and reduces block i-s-1.
-      for (int s = 0; s < p - 1; ++s)
-        step(ringDataBlock(c_, i - s), ringDataBlock(c_, i - s - 1), true,
-             s == p - 2 ? roundLast : Wire::F32);
+      if (job_.reduceScatter)
+        for (int s = 0; s < p - 1; ++s)
+          step(ringDataBlock(c_, i - s), ringDataBlock(c_, i - s - 1), true,
+               s == p - 2 ? roundLast : Wire::F32);
       // Allgather: step s sends block i+1-s (our own first) and receives block i-s.
-      for (int s = 0; s < p - 1; ++s)
-        step(ringDataBlock(c_, i + 1 - s), ringDataBlock(c_, i - s), false, Wire::F32);
+      if (job_.allgather)
+        for (int s = 0; s < p - 1; ++s)
+          step(ringDataBlock(c_, i + 1 - s), ringDataBlock(c_, i - s), false, Wire::F32);
     }
     ex_.run();
   }
@@ -82,7 +94,7 @@ class StagedRing {
     return std::min(pieceElems_, blocks_.length[block] / es_ - k * pieceElems_);
   }
   char* at(int block, size_t k) const {
-    return base_ + blocks_.offset[block] + k * pieceElems_ * es_;
+    return job_.buf + blocks_.offset[block] + k * pieceElems_ * es_;
   }
 
   void step(int sendBlock, int recvBlock, bool reduce, Wire roundTo) {
@@ -128,16 +140,15 @@ class StagedRing {
 
   Comm& c_;
   StageDevice& d_;
-  char* dev_;
+  const RingChunks& job_;
   DType dt_;
   RedOp op_;
   const StagePlan& plan_;
   Exchange ex_;
   int next_ = 0, prev_ = 0;
   Wire sendWire_ = Wire::F32, recvWire_ = Wire::F32;
-  size_t es_ = 1, pieceElems_ = 1, count_ = 0, chunkElems_ = 1;
-  // The chunk being scheduled: its start and its ring's blocks.
-  char* base_ = nullptr;
+  size_t es_ = 1, pieceElems_ = 1;
+  // The chunk being scheduled: its ring's blocks.
   Blocks blocks_;
   char* sendSlots_ = nullptr;
   char* recvSlots_ = nullptr;
@@ -157,7 +168,49 @@ void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, 
                    "staged ring: need at least one slot of one element (slots ", plan.slots,
                    ", slot bytes ", plan.slotBytes, ")");
   if (a.count == 0 || c.size() == 1) return;
-  StagedRing(c, device, a, slots, plan).run();
+  const size_t es = elementSize(a.dt), count = a.count;
+  const size_t chunk = plan.chunkBytes ? std::max<size_t>(1, plan.chunkBytes / es) : count;
+  const int p = c.size();
+  RingChunks job{.buf = a.buf,
+                 .dt = a.dt,
+                 .op = a.op,
+                 .chunks = (count + chunk - 1) / chunk,
+                 .blocksOf = [=](size_t j) {
+                   // Even blocks of the chunk's elements, as the host ring cuts them.
+                   const size_t at = j * chunk;
+                   Blocks b = Blocks::even(std::min(chunk, count - at), p, es);
+                   for (size_t& o : b.offset) o += at * es;
+                   return b;
+                 }};
+  StagedRing(c, device, job, slots, plan).run();
+}
+
+void stagedRingReduceScatter(Comm& c, StageDevice& device, const RingBlocks& r, char* slots,
+                             const StagePlan& plan) {
+  SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(r.dt),
+                   "staged ring: need at least one slot of one element (slots ", plan.slots,
+                   ", slot bytes ", plan.slotBytes, ")");
+  if (r.each == 0 || c.size() == 1) return;
+  const size_t es = elementSize(r.dt), each = r.each;
+  const int p = c.size();
+  // Every rank's block cut alike: chunk j is the same slice of each block.
+  const size_t chunk =
+      plan.chunkBytes ? std::max<size_t>(1, plan.chunkBytes / (es * static_cast<size_t>(p))) : each;
+  RingChunks job{.buf = r.buf,
+                 .dt = r.dt,
+                 .op = r.op,
+                 .allgather = false,
+                 .chunks = (each + chunk - 1) / chunk,
+                 .blocksOf = [=](size_t j) {
+                   const size_t at = j * chunk, n = std::min(chunk, each - at);
+                   Blocks b;
+                   for (int q = 0; q < p; ++q) {
+                     b.offset.push_back((static_cast<size_t>(q) * each + at) * es);
+                     b.length.push_back(n * es);
+                   }
+                   return b;
+                 }};
+  StagedRing(c, device, job, slots, plan).run();
 }
 
 }  // namespace smdccl

@@ -36,4 +36,20 @@ struct StagePlan {
 void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
                          const StagePlan& plan);
 
+// c.size() blocks of `each` dt elements at device address buf (block r:
+// rank r's), reduced with op.
+struct RingBlocks {
+  char* buf = nullptr;
+  size_t each = 0;
+  DType dt = DType::U8;
+  RedOp op = RedOp::Sum;
+};
+// Reduce-scatter in place, staged like stagedRingAllreduce: on return block
+// c.rank() of r.buf holds its reduction over every rank (the other blocks
+// hold partial sums). The bits of the host ring reduce-scatter
+// (ringReduceScatter) over the same blocks. Each block is cut alike into
+// chunks, plan.chunkBytes per chunk over all blocks.
+void stagedRingReduceScatter(Comm& c, StageDevice& device, const RingBlocks& r, char* slots,
+                             const StagePlan& plan);
+
 }  // namespace smdccl

@@ -129,6 +129,66 @@ TEST(staged_ring_matches_host_ring_bits) {
   CHECK(checked == static_cast<int>(cases.size() * 3 * 4 * 3));
 }
 
+// reduce_scatter_tensor's staged ring: every rank's block cut alike into
+// chunks; the rank's own block has the host ring reduce-scatter's bits.
+TEST(staged_ring_reduce_scatter_matches_host_ring_bits) {
+  const std::vector<Case> cases = {{{4}, Wire::F32, false},
+                                   {{2, 2}, Wire::F16, false},
+                                   {{1, 1, 1}, Wire::BF16, false},
+                                   {{3, 2}, Wire::F16, false}};
+  const size_t sizes[] = {1, 7, 1021, 4099};  // elements per rank's block
+  const StagePlan plans[] = {{64, 1}, {1024, 2, 8192}, {1u << 20, 4}};
+  int checked = 0;
+  std::mutex mu;
+  std::vector<std::string> failures;
+  for (const Case& k : cases) {
+    MemoryFabric fabric(k.nodes);
+    std::string error = fabric.run([&](int r, Comm& c) {
+      c.wire = k.wire;
+      c.wireIntra = k.intra;
+      const size_t p = static_cast<size_t>(c.size());
+      int variant = 0;
+      for (auto [dt, op] : {std::pair{DType::F32, RedOp::Sum}, std::pair{DType::F32, RedOp::Min},
+                            std::pair{DType::I64, RedOp::Sum}}) {
+        for (size_t each : sizes) {
+          for (const StagePlan& plan : plans) {
+            bool deferred = (variant++ % 2) == 1;
+            const size_t es = elementSize(dt);
+            std::vector<char> ref, buf;
+            fill(ref, dt, r, each * p);
+            buf = ref;
+            ringReduceScatter(c, ref.data(), Blocks::equal(c.size(), each * es), dt, op);
+            HostStageDevice device(deferred);
+            std::vector<char> slots(plan.hostBytes());
+            uint64_t sent = 0;
+            c.ctx.sentBytes = &sent;
+            stagedRingReduceScatter(c, device, {.buf = buf.data(), .each = each, .dt = dt, .op = op},
+                                    slots.data(), plan);
+            c.ctx.sentBytes = nullptr;
+            const size_t mine = static_cast<size_t>(r) * each * es;
+            std::string why;
+            if (std::memcmp(buf.data() + mine, ref.data() + mine, each * es) != 0)
+              why = "bits of this rank's block differ from the host ring's";
+            else if (device.bytesToHost() != sent) why = "bytes to host != bytes sent";
+            else if (each * es >= 4 && device.bytesFromHost() == 0) why = "nothing came back";
+            if (!why.empty()) {
+              std::lock_guard<std::mutex> lock(mu);
+              failures.push_back("rank " + std::to_string(r) + ": " +
+                                 caseName(k, dt, op, each, plan, deferred) + ": " + why);
+            }
+            if (r == 0) ++checked;
+          }
+        }
+      }
+    });
+    if (!error.empty()) failures.push_back(error);
+  }
+  for (size_t i = 0; i < failures.size() && i < 10; ++i)
+    std::fprintf(stderr, "  FAIL %s\n", failures[i].c_str());
+  CHECK(failures.empty());
+  CHECK(checked == static_cast<int>(cases.size() * 3 * 4 * 3));
+}
+
 TEST(staged_ring_16_bit_wire_halves_the_device_bytes) {
   // One rank per node: every hop crosses, so the whole ring is on the wire.
   MemoryFabric fabric({1, 1, 1, 1});
