@@ -116,11 +116,13 @@ TEST(stream_barrier_names_a_missing_rank_and_release_drains_one_queue) {
   std::this_thread::sleep_for(20ms);
   CHECK(!q0->idle() && !after0.load());
 
-  BarrierWatch watch;
-  watch.add({e, Deadline::after(40ms), [] { return std::string("allreduce #3 on group 'g'"); }});
   auto groupRank = [](int local) { return local * 10 + 1; };
-  CHECK(watch.check(b0, groupRank).empty());  // not late yet
-  std::this_thread::sleep_for(60ms);
+  BarrierWatch patient;  // not late yet: nothing to say
+  patient.add({e, Deadline::after(std::chrono::hours(1)), [] { return std::string("x"); }});
+  CHECK(patient.check(b0, groupRank).empty());
+  CHECK(patient.pending() == 1);
+  BarrierWatch watch;
+  watch.add({e, Deadline::after(0ms), [] { return std::string("allreduce #3 on group 'g'"); }});
   uint32_t late = 0;
   std::string msg = watch.check(b0, groupRank, &late);
   CHECK(late == e);
