@@ -1,4 +1,4 @@
-"""The staged CUDA allreduce across nodes, old path against new, beside gloo.
+"""The staged CUDA allreduce (or reduce_scatter_tensor) across nodes, old path against new, beside gloo.
 
 Issue 23's targets, on one GPU shared by 4 ranks as 2 nodes x 2
 (SMDCCL_TOPOLOGY=2x2, the fp16 wire): a 64 MB float32 allreduce with the
@@ -17,6 +17,9 @@ progress_cpu_seconds), per call, max over ranks.
     SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 \\
       python -m torch.distributed.run --nproc-per-node 4 scripts/cuda_staged_bench.py \\
       --sizes 4M,64M --iters 10 --json out.json
+
+``--collective reduce_scatter`` times reduce_scatter_tensor instead (the size
+is the whole input, every rank's block together).
 """
 
 from __future__ import annotations
@@ -52,14 +55,22 @@ def counters(group) -> tuple[float, int]:
     return backend.progress_cpu_seconds, copied["to_host"] + copied["from_host"]
 
 
-def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool) -> dict:
+def call(collective: str, x: torch.Tensor, group, async_op: bool):
+    if collective == "allreduce":
+        return dist.all_reduce(x, group=group, async_op=async_op)
+    out = torch.empty(x.numel() // dist.get_world_size(), device=x.device)
+    return dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
+
+
+def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool,
+                collective: str) -> dict:
     times = []
     cpu0, bytes0 = counters(group) if smdccl else (0.0, 0)
     for _ in range(iters):
         x.fill_(value)  # sums stay small: a growing tensor would overflow the fp16 wire
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        dist.all_reduce(x, group=group, async_op=True).wait()
+        call(collective, x, group, True).wait()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     cpu1, bytes1 = counters(group) if smdccl else (0.0, 0)
@@ -79,6 +90,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", default=None)
+    p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce")
     args = p.parse_args()
 
     import smdccl  # noqa: F401 - registers the backend
@@ -93,20 +105,23 @@ def main() -> int:
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         n = size // 4
         value = 1.0 / (rank + 1)
+        n -= n % dist.get_world_size()  # reduce_scatter: whole blocks
         x = torch.full((n,), value, device="cuda")
         for group in paths.values():
             for _ in range(args.warmup):
                 x.fill_(value)
-                dist.all_reduce(x, group=group)
+                call(args.collective, x, group, False)
             torch.cuda.synchronize()
-        got = {name: timed_calls(paths[name], x, value, args.iters, name != "gloo") for name in paths}
+        got = {name: timed_calls(paths[name], x, value, args.iters, name != "gloo", args.collective)
+               for name in paths}
         for name, r in got.items():
             s, cpu, pcie = max_over_ranks([r["s"], r["cpu_s"], r["pcie_bytes"]], ctrl)
             rows.append({"path": name, "bytes": size, "time_us": s * 1e6, "cpu_us": cpu * 1e6,
                          "pcie_mb": pcie / 1e6})
     if rank == 0:
         env = {k: v for k, v in os.environ.items() if k.startswith("SMDCCL_") and k != "SMDCCL_CUDA_STAGED_RING"}
-        print(f"# cuda_staged_bench: {dist.get_world_size()} ranks, {torch.cuda.get_device_name(0)}, "
+        print(f"# cuda_staged_bench: {args.collective}, {dist.get_world_size()} ranks, "
+              f"{torch.cuda.get_device_name(0)}, "
               f"torch {torch.__version__}, {env}")
         print("# time: median per call (async_op + wait + cuda.synchronize), max over ranks; "
               "cpu: progress thread per call; pcie: bytes copied GPU<->host per call and rank")

@@ -146,6 +146,12 @@ SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 SMDCCL_CUDA_STAGE_CHUNK_KB=16384 run
   "$PY" -m torch.distributed.run --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 64M \
   --json "$LOGS/staged-bench-16m.json" > "$LOGS/staged-bench-16m.txt" 2>&1 || tail -20 "$LOGS/staged-bench-16m.txt"
 grep "^#.*x host staging" "$LOGS/staged-bench-16m.txt"
+# reduce_scatter_tensor (FSDP's gradients) across nodes: the staged ring
+# reduce-scatter beside host staging and gloo.
+SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 run_step staged-bench-rs 90 "$PY" -m torch.distributed.run \
+  --nproc-per-node 4 scripts/cuda_staged_bench.py --collective reduce_scatter --sizes 4M,64M \
+  --json "$LOGS/staged-bench-rs.json" > "$LOGS/staged-bench-rs.txt" 2>&1 || tail -20 "$LOGS/staged-bench-rs.txt"
+grep "^#.*x host staging" "$LOGS/staged-bench-rs.txt"
 
 # The same comparison between emulated nodes joined by a shaped 10 Gbit/s
 # link (network namespaces, where this machine allows them).

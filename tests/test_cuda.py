@@ -459,17 +459,25 @@ def test_cuda_fusion_equals_per_tensor_allreduce(layout):
     assert len({r["fused"] for r in res}) == 1, res
 
 
-def staged_allreduce_digests() -> dict:
-    """Large allreduces across two nodes (the staged ring's sizes) and one
-    small one (the host path's): their results' bytes, to compare runs."""
+def staged_ring_digests() -> dict:
+    """Large allreduces and reduce_scatter_tensors across two nodes (the
+    staged ring's sizes) and small ones (the host path's): their results'
+    bytes, to compare runs."""
     import hashlib
     dev = _device()
-    rank = dist.get_rank()
+    rank, ws = dist.get_rank(), dist.get_world_size()
     out = {}
     for n in (1001, 3_000_001, 5_242_880):
         t = rank_input(rank, n, torch.float32, 7, "rand").to(dev)
         dist.all_reduce(t)
-        out[n] = hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()
+        out[f"allreduce {n}"] = hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()
+    for each in (999, 1_500_001):
+        inp = rank_input(rank, each * ws, torch.float32, 8, "rand").to(dev)
+        kept = inp.clone()
+        got = torch.empty(each, device=dev)
+        dist.reduce_scatter_tensor(got, inp)
+        assert torch.equal(inp, kept), "reduce_scatter_tensor changed its input"
+        out[f"reduce_scatter {each}"] = hashlib.sha256(got.cpu().numpy().tobytes()).hexdigest()
     return {"digests": out}
 
 
@@ -478,14 +486,15 @@ def staged_allreduce_digests() -> dict:
 def test_cuda_staged_ring_has_the_host_paths_bits(wire):
     """SMDCCL_CUDA_STAGED_RING=1 (the GPU packs and unpack-reduces, the proxy
     ships) and =0 (host staging, host algorithm) give the same bits on every
-    rank, one rank per node and two-level alike."""
+    rank, one rank per node and two-level alike, for allreduce and for
+    reduce_scatter_tensor (whose input stays as it was)."""
     for topo, ipc in (("2x1", "1"), ("2x2", "1")):
         runs = []
         for staged in ("1", "0"):
             env = {"SMDCCL_TOPOLOGY": topo, "SMDCCL_CUDA_IPC": ipc, "SMDCCL_CUDA_IPC_MB": "8",
                    "SMDCCL_CUDA_STAGED_RING": staged, "SMDCCL_COMPRESSION": wire}
             world = 2 if topo == "2x1" else 4
-            runs.append(run_ranks(world, staged_allreduce_digests, env=env, timeout=180,
+            runs.append(run_ranks(world, staged_ring_digests, env=env, timeout=180,
                                   pg_timeout=PG_TIMEOUT))
         for rank, (a, b) in enumerate(zip(*runs)):
             assert a["digests"] == b["digests"], f"{topo} {wire}: rank {rank}: staged ring bits differ"

@@ -118,6 +118,12 @@ const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const
   return choose(Collective::Allreduce, count * elementSize(dt), situationOf(c, dt, t), t).algo;
 }
 
+const Algorithm* reduceScatterAlgorithm(const Comm& c, size_t bytes, DType dt,
+                                        const Tuning& given) {
+  Tuning t = forWire(c, dt, given);
+  return choose(Collective::ReduceScatter, bytes, situationOf(c, dt, t), t).algo;
+}
+
 void reduceScatter(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   if (c.size() == 1) return;
   dispatch(Collective::ReduceScatter, c, a, t);

@@ -11,6 +11,9 @@ void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t);
 // else the model): a staged device path runs its own ring only where this
 // is the ring, so that its results have the host path's bits.
 const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const Tuning& t);
+// The algorithm reduceScatter() runs for `bytes` (all blocks together) of dt
+// data on c, with the same purpose.
+const Algorithm* reduceScatterAlgorithm(const Comm& c, size_t bytes, DType dt, const Tuning& t);
 // a.buf holds the full input (size() blocks, *a.blocks, of a.dt reduced
 // with a.op); on return block rank() holds the result.
 void reduceScatter(Comm& c, const CollectiveArgs& a, const Tuning& t);

@@ -22,10 +22,11 @@ SMDCCL_ENV_INT(kCudaStageChunkKB, "SMDCCL_CUDA_STAGE_CHUNK_KB", 4096, 64, 1 << 2
                "go through pinned host memory in chunks of this many KiB, so copies overlap the "
                "network.");
 SMDCCL_ENV_INT(kCudaStagedRing, "SMDCCL_CUDA_STAGED_RING", 1, 0, 1,
-               "CUDA allreduce across nodes: 1 lets the GPU run the staged ring where the host "
-               "algorithm would be the ring (the GPU packs pinned slots, cast to the 16-bit "
-               "wire, and unpack-reduces them; smdccl's thread ships them); 0 copies each chunk "
-               "to pinned memory for the host algorithm. Same results either way.");
+               "CUDA allreduce and reduce_scatter_tensor across nodes: 1 lets the GPU run the "
+               "staged ring where the host algorithm would be the ring (the GPU packs pinned "
+               "slots, cast to the 16-bit wire, and unpack-reduces them; smdccl's thread ships "
+               "them); 0 copies the data to pinned memory for the host algorithm. Same results "
+               "either way.");
 SMDCCL_ENV_INT(kCudaStreamBarrier, "SMDCCL_CUDA_STREAM_BARRIER", 1, 0, 1,
                "CUDA IPC collectives: 1 queues the node's barriers between their steps on the "
                "GPU stream (stream memory operations on flags in shared memory), so the host "

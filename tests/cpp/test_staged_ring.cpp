@@ -162,7 +162,8 @@ TEST(staged_ring_reduce_scatter_matches_host_ring_bits) {
             std::vector<char> slots(plan.hostBytes());
             uint64_t sent = 0;
             c.ctx.sentBytes = &sent;
-            stagedRingReduceScatter(c, device, {.buf = buf.data(), .each = each, .dt = dt, .op = op},
+            stagedRingReduceScatter(c, device,
+                                    {.buf = buf.data(), .each = each, .dt = dt, .op = op},
                                     slots.data(), plan);
             c.ctx.sentBytes = nullptr;
             const size_t mine = static_cast<size_t>(r) * each * es;

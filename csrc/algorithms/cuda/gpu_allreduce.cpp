@@ -15,9 +15,9 @@
 #include "algorithms/collectives.h"
 #include "algorithms/slices.h"
 #include "algorithms/staged_ring.h"
-#include "algorithms/cuda/cuda_stage_device.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
+#include "algorithms/cuda/staged_schedule.h"
 #include "common/log.h"
 #include "common/trace.h"
 
@@ -111,42 +111,14 @@ const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes) {
 
 namespace {
 
-// The slots of the staged ring: a piece of at most 1 MiB per slot, so a
-// 4 MiB staging chunk still pipelines inside itself.
-constexpr size_t kRingSlotBytes = 1u << 20;
-
-bool isRing(const Algorithm* a) { return a == findAlgorithm("ring"); }
-
 // Where the host path would run the ring on every staging chunk, the device
 // runs it (staged_ring.h): same bits, the 16-bit cast done by the GPU, half
 // the bytes over PCIe with a compressed wire, and copies out, network and
 // copies in overlapping per piece.
 bool stagedRingFits(const Comm& c, size_t count, size_t chunk, DType dt, const Tuning& t) {
-  if (!isRing(allreduceAlgorithm(c, std::min(chunk, count), dt, t))) return false;
+  if (!isRingAlgorithm(allreduceAlgorithm(c, std::min(chunk, count), dt, t))) return false;
   size_t tail = count % chunk;
-  return count <= chunk || tail == 0 || isRing(allreduceAlgorithm(c, tail, dt, t));
-}
-
-void stagedRing(Comm& c, GpuContext& g, const CollectiveArgs& a, size_t chunkBytes) {
-  const DType dt = a.dt;
-  StagePlan plan;
-  plan.slotBytes = std::min(kRingSlotBytes, std::max(chunkBytes, elementSize(dt)));
-  plan.slots = static_cast<int>(kStageSlots);
-  plan.chunkBytes = chunkBytes;
-  // The previous op's copies are done: it waited for its stream at its end.
-  char* slots = g.staging().reserve(plan.hostBytes());
-  CudaStageDevice& d = g.stage();
-  const uint64_t out0 = d.bytesToHost(), in0 = d.bytesFromHost();
-  d.begin(g.stream(), slots, plan, c.ctx);
-  try {
-    stagedRingAllreduce(c, d, a, slots, plan);
-  } catch (...) {
-    d.abandon();
-    g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
-    throw;
-  }
-  d.finish();
-  g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
+  return count <= chunk || tail == 0 || isRingAlgorithm(allreduceAlgorithm(c, tail, dt, t));
 }
 
 }  // namespace
@@ -160,7 +132,10 @@ void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuni
   const size_t es = elementSize(dt);
   const size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
   if (g.tuning().stagedRing && stagedRingFits(c, count, chunk, dt, t)) {
-    stagedRing(c, g, a, chunk * es);
+    runStagedSchedule(g, c.ctx, chunk * es, dt,
+                      [&](StageDevice& d, char* slots, const StagePlan& plan) {
+                        stagedRingAllreduce(c, d, a, slots, plan);
+                      });
     waitForStream(g.stream(), c.ctx, "the staged ring's copies into device memory");
     return;
   }

@@ -48,6 +48,13 @@ class GpuContext {
   }
   uint64_t bytesToHost() const { return bytesToHost_.load(); }
   uint64_t bytesFromHost() const { return bytesFromHost_.load(); }
+  // Device memory for one op's working copy (`bytes`), allocated for the
+  // context's stream and kept while the handle lives; nullptr when no
+  // allocator was given (the paths that need one then stage on the host).
+  using ScratchAllocator = std::function<std::shared_ptr<char>(size_t bytes)>;
+  void setScratchAllocator(ScratchAllocator a) { scratch_ = std::move(a); }
+  std::shared_ptr<char> scratch(size_t bytes) const { return scratch_ ? scratch_(bytes) : nullptr; }
+  bool hasScratch() const { return static_cast<bool>(scratch_); }
   // `n` reusable events (timing off), recorded and waited on by one op at a time.
   cudaEvent_t event(size_t i);
   // The node's IPC buffers (and its stream barriers, SMDCCL_CUDA_STREAM_BARRIER),
@@ -90,6 +97,7 @@ class GpuContext {
   std::function<void(const std::string&)> barrierFailed_;
   std::unique_ptr<CudaStageDevice> stage_;
   std::function<void()> freeCached_;
+  ScratchAllocator scratch_;
   std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};
   bool tuningAgreed_ = false;
 };

@@ -1,12 +1,13 @@
 // Reduce-scatter and allgather of device memory (reduce_scatter_tensor and
 // all_gather_into_tensor, what FSDP calls): CUDA IPC inside one node, pinned
-// host staging otherwise. Steps are ordered across processes by the host,
-// as in gpu_allreduce.cpp (ipc_steps.h).
+// host staging otherwise. The IPC steps are ordered across processes by
+// node barriers on the stream, as in gpu_allreduce.cpp (ipc_steps.h).
 #include <algorithm>
 #include <vector>
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
+#include "algorithms/cuda/staged_schedule.h"
 #include "common/trace.h"
 
 namespace smdccl {
@@ -40,7 +41,41 @@ void copyAndWait(Comm& c, GpuContext& g, const Copy& cp, const char* what) {
   waitForStream(g.stream(), c.ctx, what);
 }
 
+// Where the host would run the ring reduce-scatter, the device runs it
+// (staged_ring.h) on a working copy of the input: the same bits, the
+// 16-bit cast done by the GPU (half the bytes over PCIe with a compressed
+// wire), copies and network overlapping per piece.
+bool stagedRingReduceScatterFits(const Comm& c, const GpuContext& g, const BlockReduction& r,
+                                 const Tuning& t) {
+  const size_t bytes = r.each * elementSize(r.dt) * static_cast<size_t>(c.size());
+  return g.tuning().stagedRing && g.hasScratch() &&
+         isRingAlgorithm(reduceScatterAlgorithm(c, bytes, r.dt, t));
+}
+
+void stagedRingReduceScatterOnDevice(Comm& c, GpuContext& g, const BlockReduction& r) {
+  const size_t blockBytes = r.each * elementSize(r.dt);
+  const size_t total = blockBytes * static_cast<size_t>(c.size());
+  std::shared_ptr<char> work = g.scratch(total);  // `in` is left as it was
+  checkCuda(cudaMemcpyAsync(work.get(), r.in, total, cudaMemcpyDeviceToDevice, g.stream()),
+            "copy into the reduce-scatter's working buffer");
+  runStagedSchedule(g, c.ctx, g.tuning().stageChunkBytes, r.dt,
+                    [&](StageDevice& d, char* slots, const StagePlan& plan) {
+                      stagedRingReduceScatter(
+                          c, d, {.buf = work.get(), .each = r.each, .dt = r.dt, .op = r.op}, slots,
+                          plan);
+                    });
+  // Also keeps `work` until the stream is done with it.
+  copyAndWait(c, g,
+              {r.out, work.get() + blockBytes * static_cast<size_t>(c.rank()), blockBytes,
+               cudaMemcpyDeviceToDevice},
+              "the staged ring's copies into device memory");
+}
+
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
+  if (stagedRingReduceScatterFits(c, g, r, t)) {
+    stagedRingReduceScatterOnDevice(c, g, r);
+    return;
+  }
   const char* in = r.in;
   char* out = r.out;
   const size_t each = r.each;

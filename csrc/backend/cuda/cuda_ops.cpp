@@ -101,6 +101,15 @@ struct CudaState {
     // torch's caching allocator holds idle, then retry once.
     gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv(),
                                        [] { c10::cuda::CUDACachingAllocator::emptyCache(); });
+    // Working copies (the staged reduce-scatter's) come from torch's caching
+    // allocator, for the internal stream: transient, not held by the group.
+    gpu->setScratchAllocator([dev, s = stream](size_t bytes) {
+      c10::cuda::CUDAStreamGuard guard(s);
+      auto t = std::make_shared<at::Tensor>(at::empty(
+          {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(
+                                             at::kCUDA, static_cast<c10::DeviceIndex>(dev))));
+      return std::shared_ptr<char>(t, static_cast<char*>(t->data_ptr()));
+    });
   }
   ~CudaState() {
     c10::cuda::CUDAGuard guard(device);
