@@ -40,6 +40,20 @@ void StreamBarrier::release() {
         ->store(past, std::memory_order_release);
 }
 
+void StreamBarrier::giveUp(uint32_t epoch) {
+  uint64_t none = 0;
+  const uint64_t mine = (static_cast<uint64_t>(me_ + 1) << 32) | epoch;
+  reinterpret_cast<std::atomic<uint64_t>*>(flags_.verdict())
+      ->compare_exchange_strong(none, mine, std::memory_order_acq_rel);
+}
+
+StreamBarrier::Verdict StreamBarrier::verdict() const {
+  const uint64_t v = reinterpret_cast<const std::atomic<uint64_t>*>(flags_.verdict())
+                         ->load(std::memory_order_acquire);
+  if (v == 0) return {};
+  return {static_cast<int>(v >> 32) - 1, static_cast<uint32_t>(v)};
+}
+
 void BarrierWatch::add(Pending p) {
   std::lock_guard<std::mutex> lock(mu_);
   pending_.push_back(std::move(p));
@@ -61,6 +75,13 @@ bool BarrierWatch::oldest(const StreamBarrier& b, uint32_t* epoch) {
 std::string BarrierWatch::check(const StreamBarrier& b, const std::function<int(int)>& groupRank,
                                 uint32_t* epoch) {
   std::lock_guard<std::mutex> lock(mu_);
+  const StreamBarrier::Verdict v = b.verdict();
+  if (v.by >= 0 && v.by != b.me()) {
+    if (epoch) *epoch = v.epoch;
+    return strCat("smdccl: rank ", groupRank(v.by),
+                  " gave up at a GPU barrier of the node (it failed or timed out there), so "
+                  "the GPU work this rank queued from that barrier on cannot be trusted");
+  }
   while (!pending_.empty()) {
     std::vector<int> gone = b.missing(pending_.front().epoch);
     if (gone.empty()) {

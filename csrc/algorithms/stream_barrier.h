@@ -53,8 +53,13 @@ struct FlagMatrix {
                 static_cast<size_t>(arriver)) *
                    stride);
   }
+  // After the slots: the node's verdict (StreamBarrier::giveUp), 8 bytes.
+  uint64_t* verdict() const {
+    return reinterpret_cast<uint64_t*>(base + static_cast<size_t>(localSize) *
+                                                  static_cast<size_t>(localSize) * stride);
+  }
   static size_t bytesFor(int localSize, size_t stride = 64) {
-    return static_cast<size_t>(localSize) * static_cast<size_t>(localSize) * stride;
+    return static_cast<size_t>(localSize) * static_cast<size_t>(localSize) * stride + stride;
   }
 };
 
@@ -79,6 +84,16 @@ class StreamBarrier {
   // finds its own failure. A late arrival of a node-mate overwrites its
   // slot, so call it until the stream has drained.
   void release();
+  // After a failure at barrier `epoch`, before release(): tells the node.
+  // A node-mate that still arrives later (slow, not gone) would pass
+  // barriers this rank let pass unmet and read buffers it has moved on
+  // from: its watch finds the verdict instead. The first one stays.
+  void giveUp(uint32_t epoch);
+  struct Verdict {
+    int by = -1;  // the local rank that gave up; -1: none did
+    uint32_t epoch = 0;
+  };
+  Verdict verdict() const;
   int localSize() const { return flags_.localSize; }
   int me() const { return me_; }
 
@@ -103,7 +118,8 @@ class BarrierWatch {
   // Drops the barriers b has passed. When the oldest left is past its
   // deadline, returns the error message, naming the op and the missing
   // ranks (`groupRank` maps a local index to the group's rank), and
-  // `*epoch` is set to that barrier's; "" otherwise.
+  // `*epoch` is set to that barrier's; when a node-mate gave up (b's
+  // verdict), the message says so and `*epoch` is its barrier's; "" otherwise.
   std::string check(const StreamBarrier& b, const std::function<int(int)>& groupRank,
                     uint32_t* epoch = nullptr);
   // Drops the barriers b has passed; false when none is left, else the

@@ -29,7 +29,7 @@ struct LocalFlags {
   std::vector<uint64_t> words;
   int n;
   explicit LocalFlags(int localSize, uint32_t start = 0)
-      : words(FlagMatrix::bytesFor(localSize) / 8), n(localSize) {
+      : words(FlagMatrix::bytesFor(localSize) / 8, 0), n(localSize) {
     for (int w = 0; w < n; ++w)
       for (int a = 0; a < n; ++a) *matrix().slot(w, a) = start;
   }
@@ -130,6 +130,18 @@ TEST(stream_barrier_names_a_missing_rank_and_release_drains_one_queue) {
   CHECK(watch.oldest(b0, &first) && first == e);
   CHECK(msg.find("allreduce #3 on group 'g'") != std::string::npos);
   CHECK(msg.find("rank 21 has not arrived") != std::string::npos);
+
+  // Rank 0 gives up: its node-mates' watches hear of it (its own does not).
+  CHECK(b1.verdict().by == -1);
+  b0.giveUp(late);
+  b1.giveUp(late + 5);  // the first verdict stays
+  CHECK(b1.verdict().by == 0 && b1.verdict().epoch == late);
+  BarrierWatch other;
+  uint32_t at = 0;
+  std::string heard = other.check(b1, groupRank, &at);
+  CHECK(heard.find("rank 1 gave up at a GPU barrier") != std::string::npos);
+  CHECK(at == late);
+  CHECK(patient.check(b0, groupRank).empty());  // its own verdict: nothing new
 
   b0.release();
   CHECK(q0->drain(Deadline::after(5s)));

@@ -110,7 +110,7 @@ void GpuNodeBarrier::onFailure(std::function<void(const std::string&)> handler) 
 void GpuNodeBarrier::abort(const std::string& cause) {
   uint32_t oldest = 0;
   if (!pending_.oldest(barrier_, &oldest)) oldest = barrier_.lastEpoch() + 1;
-  failure_->record(cause, oldest);
+  if (failure_->record(cause, oldest)) barrier_.giveUp(oldest);
   cv_.notify_all();
 }
 
@@ -133,6 +133,7 @@ void GpuNodeBarrier::watch() {
     uint32_t epoch = 0;
     std::string msg = pending_.check(barrier_, groupRank, &epoch);
     if (!msg.empty() && failure_->record(msg, epoch)) {
+      barrier_.giveUp(epoch);  // first: the node hears of it before the release below
       SMDCCL_WARN(msg);
       // Under its own lock: onFailure(nullptr) waits for a call in progress.
       std::lock_guard<std::mutex> hl(handlerMu_);
