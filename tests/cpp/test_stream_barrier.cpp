@@ -14,6 +14,7 @@
 
 #include "algorithms/host_flag_queue.h"
 #include "algorithms/stream_barrier.h"
+#include "algorithms/stream_gate.h"
 #include "check.h"
 #include "memory_store.h"
 #include "transport/node_flags.h"
@@ -219,4 +220,37 @@ TEST(node_flags_are_unusable_everywhere_when_one_rank_cannot_attach) {
     CHECK(usable[r] == 0);
     CHECK(why[r] == "local rank 1: cannot map it");
   }
+}
+
+// A gate holds the queue's later work until the host releases it; a
+// release opens every earlier gate too, and never closes a later one.
+TEST(stream_gate_holds_work_until_released) {
+  alignas(64) uint32_t flag = 0;
+  StreamGate gate(&flag);
+  HostFlagQueue q;
+  std::atomic<int> ran{0};
+  uint32_t first = gate.hold(q);
+  q.run([&] { ran = 1; });
+  uint32_t second = gate.hold(q);
+  q.run([&] { ran = 2; });
+  std::this_thread::sleep_for(20ms);
+  CHECK(ran.load() == 0 && !q.idle());
+  CHECK(!gate.released(first));
+  gate.release(first);
+  CHECK(waitUntil([&] { return ran.load() == 1; }));
+  std::this_thread::sleep_for(20ms);
+  CHECK(ran.load() == 1);  // the second gate still holds
+  gate.release(second);
+  gate.release(first);  // late: changes nothing
+  CHECK(gate.released(second));
+  CHECK(q.drain(Deadline::after(5s)));
+  CHECK(ran.load() == 2);
+  // Tickets wrap like epochs.
+  flag = 0xFFFFFFFFu;
+  StreamGate wrapped(&flag);
+  uint32_t t = wrapped.hold(q);  // ticket 1, flag behind it by 2
+  CHECK(t == 1 && !wrapped.released(t));
+  wrapped.release(t);
+  CHECK(wrapped.released(t) && flag == 1);
+  CHECK(q.drain(Deadline::after(5s)));
 }
