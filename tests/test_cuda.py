@@ -510,7 +510,8 @@ def blocking_call_behind_queued_work() -> dict:
     """Issue 23's "no host wait": a blocking 4 KiB all_reduce (one node, CUDA
     IPC) issued behind ~1 s of GPU work on the caller's stream returns to the
     host once it is queued, and is still right once the stream gets there;
-    so do reduce_scatter_tensor and all_gather_into_tensor."""
+    so do reduce_scatter_tensor and all_gather_into_tensor, and broadcast and
+    all_gather (which run on the host, their copies back behind a gate)."""
     dev = _device()
     rank, ws = dist.get_rank(), dist.get_world_size()
     expect = float(sum(r + 1 for r in range(ws)))
@@ -532,12 +533,20 @@ def blocking_call_behind_queued_work() -> dict:
     timed("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(rs, blocks))
     ag = torch.zeros(ws * 256, device=dev)
     timed("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(ag, rs))
+    # Collectives that run on the host between a copy in and a copy back:
+    # the copies back wait behind a gate in the stream, not the host.
+    b = torch.full((1024,), float(rank + 7), device=dev)
+    timed("broadcast", lambda: dist.broadcast(b, src=0))
+    parts = [torch.zeros(1024, device=dev) for _ in range(ws)]
+    timed("all_gather", lambda: dist.all_gather(parts, t))
     torch.cuda.synchronize()
     tri = ws * (ws + 1) / 2
     want_rs = torch.arange(rank * 256, (rank + 1) * 256, dtype=torch.float32) * tri
     want_ag = torch.arange(ws * 256, dtype=torch.float32) * tri
     return {"seconds": seconds, "allreduce_ok": bool(torch.all(t == expect).item()),
-            "rs_ok": torch.equal(rs.cpu(), want_rs), "ag_ok": torch.equal(ag.cpu(), want_ag)}
+            "rs_ok": torch.equal(rs.cpu(), want_rs), "ag_ok": torch.equal(ag.cpu(), want_ag),
+            "host_staged_ok": bool(torch.all(b == 7.0).item())
+            and all(bool(torch.all(p == expect).item()) for p in parts)}
 
 
 @needs_gpu
@@ -547,6 +556,7 @@ def test_cuda_blocking_call_returns_once_queued(stream_barrier):
                     env={"SMDCCL_CUDA_STREAM_BARRIER": stream_barrier})
     for r, got in enumerate(res):
         assert got["allreduce_ok"] and got["rs_ok"] and got["ag_ok"], f"rank {r}: {got}"
+        assert got["host_staged_ok"], f"rank {r}: {got}"
         if stream_barrier == "1":
             # The node's barriers are on the stream: the host only queues.
             for name, sec in got["seconds"].items():

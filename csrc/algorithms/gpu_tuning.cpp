@@ -28,10 +28,11 @@ SMDCCL_ENV_INT(kCudaStagedRing, "SMDCCL_CUDA_STAGED_RING", 1, 0, 1,
                "them); 0 copies the data to pinned memory for the host algorithm. Same results "
                "either way.");
 SMDCCL_ENV_INT(kCudaStreamBarrier, "SMDCCL_CUDA_STREAM_BARRIER", 1, 0, 1,
-               "CUDA IPC collectives: 1 queues the node's barriers between their steps on the "
-               "GPU stream (stream memory operations on flags in shared memory), so the host "
-               "queues a collective whole and never waits for the GPU; 0 meets them on the host "
-               "(the host waits for each step). Same results either way.");
+               "CUDA collectives: 1 queues their waits on the GPU stream (stream memory "
+               "operations on flags in host memory): the node's barriers between the steps of "
+               "CUDA IPC collectives, and the copies back of collectives that run on the host, "
+               "behind a gate the host opens; Work.wait() then returns once the collective is "
+               "queued. 0: the host waits for each step and copy. Same results either way.");
 SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
                "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
                "A cap leaves the rest to the training's own kernels so that collectives overlap "

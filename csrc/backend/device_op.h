@@ -9,6 +9,8 @@
 //                   every tensor is recordStream'ed on the internal stream
 //   progress thread prepare(): the internal stream waits for that event,
 //                   staged inputs are copied to pinned host memory;
+//                   beforeBody(): the copies back are queued behind a gate
+//                   (host-staged ops), the host waits for the copies in;
 //                   the body runs (kernels on the internal stream: allreduce,
 //                   reduce, reduce_scatter_tensor, all_gather_into_tensor;
 //                   or host algorithms on the pinned copies: the rest);
@@ -17,6 +19,10 @@
 //   Work.wait()     once that event is recorded (the host waits for it), the
 //                   caller's current stream waits for it; the future is
 //                   CUDA-aware.
+// An op on host() copies queues its copies back before its body, behind a
+// gate (queueCopyOut): its Work.wait() returns once they are queued, and a
+// failure of its body surfaces as the group's error (the next call raises,
+// is_success() is false), as with ProcessGroupNCCL.
 // A CUDA-IPC collective's node barriers are queued on the internal stream
 // (SMDCCL_CUDA_STREAM_BARRIER): its body queues the whole collective and
 // returns, so the event is recorded at once and Work.wait() does not wait on
@@ -50,7 +56,17 @@ class DeviceOp {
   // A pinned host copy of device tensor `dev` for a body that runs on the
   // host: copied in before the body when `in`, back after it when `out`.
   virtual at::Tensor host(const at::Tensor& dev, bool in, bool out) = 0;
+  // Queues the copies in (no host wait).
   virtual void prepare(const OpContext& ctx) = 0;
+  // After prepare() and the op's checks, right before its body: an op that
+  // runs on the host() copies queues its copies back now, behind a gate in
+  // the stream that finishBody() (or signal(), after a failure) opens, and
+  // marks its end, so that the caller's stream can wait for it at once;
+  // then the host waits for the copies in.
+  virtual void beforeBody(const OpContext& ctx) = 0;
+  // Whether the op runs on host() copies (not run inline on the caller's
+  // thread: a blocking call returns once its copies are queued).
+  virtual bool hostStaged() const { return false; }
   virtual void finishBody(const OpContext& ctx) = 0;
   // Records the event behind the op's GPU work (also after a failure, so
   // that nothing waits for it forever).

@@ -39,7 +39,9 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(OpRequest r) {
   if (r.device && r.call.sig.shapeHash)
     r.call.sig.shapeHash = (r.call.sig.shapeHash ^ 1) * 1099511628211ull;
   op->queuedUs = trace::enabled() ? trace::nowUs() : 0;
-  const bool asyncOp = r.asyncOp;
+  // An op on host copies of CUDA tensors is queued even when blocking: its
+  // Work's wait() returns once its copies back are queued.
+  const bool asyncOp = r.asyncOp || (r.device && r.device->hostStaged());
   op->request = std::move(r);
   c10::intrusive_ptr<SmdcclWork> work = op->work;
   // Issued by a completion callback, on the progress thread itself: DDP's
@@ -145,6 +147,7 @@ void SmdcclBackend::runWork(QueuedOp& op) {
       trace::Span phase("NaN/Inf check", "check", track);
       checkFinite(c, call.inputs);
     }
+    if (device) device->beforeBody(ctx);
     op.request.body(c);
     if (device) device->finishBody(ctx);
   } catch (const InvalidArgument&) {  // the ranks agreed on it (the NaN check): the group goes on

@@ -29,6 +29,9 @@ class DeviceCompletion {
   // The op's GPU work failed after the op had returned (a node barrier
   // was let pass unmet); nullptr otherwise.
   virtual std::exception_ptr error() const { return nullptr; }
+  // The op's GPU work, its end included, was all queued before its host
+  // part ran: wait() returns once the caller's stream waits for it.
+  virtual bool queuedEarly() const { return false; }
 };
 
 class SmdcclWork : public ::c10d::Work {

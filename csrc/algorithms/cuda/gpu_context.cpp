@@ -9,6 +9,7 @@
 #include "kernels/cuda/sm_cap.h"
 #include "algorithms/comm.h"
 #include "common/error.h"
+#include "common/log.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
 
@@ -133,6 +134,21 @@ void GpuContext::onBarrierFailure(std::function<void(const std::string&)> handle
 
 void GpuContext::abortBarriers(const std::string& cause) {
   if (nodeBarrier_) nodeBarrier_->abort(cause);
+}
+
+StreamGate* GpuContext::gate() {
+  if (gateTried_ || !tuning_.streamBarrier) return gate_.get();
+  gateTried_ = true;
+  auto page = std::make_unique<MappedFlagPage>();
+  if (!page->why().empty()) {
+    SMDCCL_INFO("CUDA collectives that run on the host wait for their copies on the host: ",
+                page->why());
+    return nullptr;
+  }
+  gateQueue_ = std::make_unique<CudaFlagQueue>(stream_, page->base());
+  gate_ = std::make_unique<StreamGate>(reinterpret_cast<uint32_t*>(page->base()));
+  gatePage_ = std::move(page);
+  return gate_.get();
 }
 
 }  // namespace smdccl

@@ -15,6 +15,7 @@
 
 #include "algorithms/cuda/node_barrier.h"
 #include "algorithms/gpu_tuning.h"
+#include "algorithms/stream_gate.h"
 #include "common/store.h"
 #include "transport/cuda/ipc_space.h"
 #include "transport/cuda/pinned_buffer.h"
@@ -77,6 +78,13 @@ class GpuContext {
   void onBarrierFailure(std::function<void(const std::string&)> handler);
   // The group was aborted: the stream passes the barriers it has queued.
   void abortBarriers(const std::string& cause);
+  // The gate of the collectives that run on the host between a copy in and
+  // a copy out (algorithms/stream_gate.h), on this context's stream, made
+  // at first use: nullptr with SMDCCL_CUDA_STREAM_BARRIER=0, or where the
+  // GPU cannot map its flag (the host then waits for the copies).
+  StreamGate* gate();
+  // The stream's flag queue for gate()'s holds.
+  FlagQueue& gateQueue() { return *gateQueue_; }
   // Once per group, at its first GPU collective (every rank calls it there):
   // the ranks' SMDCCL_CUDA_* must agree, or they take different paths (a
   // rank with SMDCCL_CUDA_IPC=0 among IPC ranks would leave its node-mates
@@ -93,6 +101,10 @@ class GpuContext {
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
   std::unique_ptr<GpuNodeBarrier> nodeBarrier_;
+  bool gateTried_ = false;
+  std::unique_ptr<MappedFlagPage> gatePage_;
+  std::unique_ptr<CudaFlagQueue> gateQueue_;
+  std::unique_ptr<StreamGate> gate_;
   std::mutex handlerMu_;
   std::function<void(const std::string&)> barrierFailed_;
   std::unique_ptr<CudaStageDevice> stage_;

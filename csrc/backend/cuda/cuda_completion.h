@@ -54,6 +54,8 @@ struct OpEnd : GpuEvent {
   // a failure that let them pass unmet (written before `recorded`).
   std::shared_ptr<const BarrierFailure> barriers;
   uint32_t barrierFrom = 0, barrierUpTo = 0;
+  // Recorded before the op's host part ran (copies back behind a gate).
+  std::atomic<bool> early{false};
   // When the op started to run (steady clock, ns; 0 while it is queued).
   std::atomic<int64_t> startedNs{0};
   explicit OpEnd(int dev) : GpuEvent(dev) {}
@@ -72,8 +74,10 @@ inline int64_t steadyNowNs() {
 // collective never finished). So the host waits until the progress thread
 // has queued the op's GPU work, then the caller's stream waits for the
 // event behind it. A CUDA-IPC collective with stream barriers is queued
-// whole, so that wait is short; the staged ones drive their steps from the
-// host, and it lasts about as long as the collective.
+// whole, so that wait is short; a collective on host copies queues its
+// copies back behind a gate before it runs (queuedEarly: wait() returns
+// then); the staged ones drive their steps from the host, and it lasts
+// about as long as the collective.
 class CudaCompletion : public DeviceCompletion {
  public:
   // `what` names the op in errors ("collective #7"); `stream`: where the
@@ -90,6 +94,7 @@ class CudaCompletion : public DeviceCompletion {
   c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
   c10::Stream stream() const override { return stream_; }
   std::exception_ptr error() const override;
+  bool queuedEarly() const override { return end_->early.load(std::memory_order_acquire); }
 
  private:
   int device_;

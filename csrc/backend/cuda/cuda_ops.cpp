@@ -13,6 +13,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -162,10 +163,43 @@ class CudaOp : public DeviceOp {
       h.copy_(dev, /*non_blocking=*/true);
       s_->gpu->countCopies(h.nbytes(), 0);
     }
-    waitForStream(s_->stream.stream(), ctx, "copy to host memory");
+    copiedIn_.emplace(s_->device);
+    SMDCCL_CUDA_CHECK(cudaEventRecord(copiedIn_->event, s_->stream.stream()));
+  }
+
+  bool hostStaged() const override { return !copyIn_.empty() || !copyOut_.empty(); }
+
+  void beforeBody(const OpContext& ctx) override {
+    CaptureSafeScope captureSafe;
+    if (hostStaged()) queueCopyOut();
+    // Not the whole stream: the gate just queued waits for the body.
+    if (copiedIn_) waitForEvent(copiedIn_->event, ctx, "copy to host memory");
+  }
+
+  // Queues the copies back behind a gate that the body opens when it has
+  // filled the pinned copies, and the op's end behind them.
+  void queueCopyOut() {
+    StreamGate* gate = s_->gpu->gate();
+    if (!gate) return;  // the host waits for the copies back (finishBody)
+    c10::cuda::CUDAStreamGuard guard(s_->stream);
+    if (!copyOut_.empty()) {
+      ticket_ = gate->hold(s_->gpu->gateQueue());
+      for (auto& [dev, h] : copyOut_) {
+        dev.copy_(h, /*non_blocking=*/true);  // also keeps h's block until done
+        s_->gpu->countCopies(0, h.nbytes());
+      }
+    }
+    end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
+    end_->early.store(true, std::memory_order_release);
+    end_->recorded.store(true, std::memory_order_release);
+    gated_ = true;
   }
 
   void finishBody(const OpContext& ctx) override {
+    if (gated_) {
+      openGate();
+      return;
+    }
     if (copyOut_.empty()) return;
     CaptureSafeScope captureSafe;
     c10::cuda::CUDAStreamGuard guard(s_->stream);
@@ -181,6 +215,10 @@ class CudaOp : public DeviceOp {
     // Also after a failure: nothing may wait for it forever (the event then
     // marks whatever reached the stream). On the progress thread this
     // also switches the capture mode for the future's completion after it.
+    if (gated_) {  // its end is recorded; after a failure the copies back still go
+      openGate();
+      return;
+    }
     CaptureSafeScope captureSafe;
     end_->barriers = s_->gpu->barrierFailure();
     end_->barrierUpTo = s_->gpu->barrierEpoch();
@@ -213,6 +251,14 @@ class CudaOp : public DeviceOp {
   std::shared_ptr<OpEnd> end_;
   GpuEvent ready_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
+  std::optional<GpuEvent> copiedIn_;                                 // behind the copies in
+  bool gated_ = false;   // queueCopyOut() queued the copies back and the end
+  uint32_t ticket_ = 0;  // their gate (0: none, no copies back)
+
+  void openGate() noexcept {
+    if (ticket_) s_->gpu->gate()->release(ticket_);
+    ticket_ = 0;
+  }
 };
 
 class CudaDeviceOps : public DeviceOps {

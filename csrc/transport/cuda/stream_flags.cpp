@@ -1,6 +1,7 @@
 #include "transport/cuda/stream_flags.h"
 
 #include <cuda.h>
+#include <sys/mman.h>
 
 #include "transport/cuda/cuda_check.h"
 
@@ -58,6 +59,26 @@ std::string attachStreamFlags(char* base, size_t bytes) {
 
 void undoStreamFlags(char* base) {
   if (cudaHostUnregister(base) != cudaSuccess) (void)cudaGetLastError();
+}
+
+namespace {
+constexpr size_t kPage = 4096;
+}  // namespace
+
+MappedFlagPage::MappedFlagPage() {
+  void* p = mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    why_ = "mmap of a flag page failed";
+    return;
+  }
+  base_ = static_cast<char*>(p);  // zero-filled
+  why_ = attachStreamFlags(base_, kPage);
+  attached_ = why_.empty();
+}
+
+MappedFlagPage::~MappedFlagPage() {
+  if (attached_) undoStreamFlags(base_);
+  if (base_) munmap(base_, kPage);
 }
 
 CudaFlagQueue::CudaFlagQueue(cudaStream_t stream, char* base) : stream_(stream), host_(base) {

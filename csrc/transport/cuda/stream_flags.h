@@ -25,6 +25,24 @@ namespace smdccl {
 std::string attachStreamFlags(char* base, size_t bytes);
 void undoStreamFlags(char* base);
 
+// A page of this process's host memory that the current device maps, for
+// flags of its own (a StreamGate's).
+class MappedFlagPage {
+ public:
+  MappedFlagPage();
+  ~MappedFlagPage();
+  MappedFlagPage(const MappedFlagPage&) = delete;
+  MappedFlagPage& operator=(const MappedFlagPage&) = delete;
+  // "" when the device maps it, else why not.
+  const std::string& why() const { return why_; }
+  char* base() const { return base_; }
+
+ private:
+  char* base_ = nullptr;
+  bool attached_ = false;
+  std::string why_;
+};
+
 class CudaFlagQueue : public FlagQueue {
  public:
   // `base`: the memory attachStreamFlags() made visible.
