@@ -55,12 +55,12 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                               c, *self, runSeq_,
                               {.one =
                                    [&](QueuedAllreduce& q) {
-                                     allreduceOne(c, q.tensor, q.spec, q.device, tuning_);
+                                     reduce_.allreduceOne(c, q.tensor, q.spec, q.device, tuning_);
                                    },
                                .flat =
                                    [&](std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
                                        const std::shared_ptr<DeviceOp>& dev) {
-                                     allreduceFlat(c, ts, specs, dev);
+                                     reduce_.allreduceFlat(c, ts, specs, dev);
                                    }});
                         },
                     .timeout = opts.timeout,
@@ -73,7 +73,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                   .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
                   .outputs = tensors,
                   .body = [this, t, spec, tuning,
-                           dev](Comm& c) mutable { allreduceOne(c, t, spec, dev, tuning); },
+                           dev](Comm& c) mutable { reduce_.allreduceOne(c, t, spec, dev, tuning); },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,
                   .device = dev});
@@ -110,57 +110,6 @@ WorkPtr SmdcclBackend::allreduceSparse(at::Tensor t, const ::c10d::AllreduceOpti
                   .asyncOp = opts.asyncOp});
 }
 
-void SmdcclBackend::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
-                                 const std::shared_ptr<DeviceOp>& dev, const Tuning& tuning) {
-  DType dt = toDType(t.scalar_type(), "allreduce");
-  WireOverflowCheck overflow(useWire(c, dt, spec));
-  applyPreScale(t, spec);
-  allreduceOn(dev, c,
-              {.buf = bytesOf(t), .count = static_cast<size_t>(t.numel()), .dt = dt, .op = spec.op},
-              tuning);
-  applyPostDivide(t, spec);
-  overflow.finish(c);
-}
-
-void SmdcclBackend::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
-                                  std::vector<ReduceSpec>& specs,
-                                  const std::shared_ptr<DeviceOp>& dev) {
-  DType dt = toDType(ts[0].scalar_type(), "allreduce");
-  Wire wire = Wire::F32;
-  int64_t total = 0;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    wire = useWire(c, dt, specs[i]);
-    applyPreScale(ts[i], specs[i]);
-    total += ts[i].numel();
-  }
-  WireOverflowCheck overflow(wire);
-  if (!dev) {
-    at::Tensor flat = scratch_.take(total, ts[0].scalar_type());
-    packInto(bytesOf(flat), ts);
-    smdccl::allreduce(
-        c, {.buf = bytesOf(flat), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op},
-        tuning_);
-    unpackFrom(bytesOf(flat), ts);
-  } else {
-    // On the device, on the op's stream (the body's current stream): one
-    // flat buffer through the IPC / staged GPU allreduce, no host copy.
-    at::Tensor flat = at::empty({total}, ts[0].options());
-    std::vector<at::Tensor> parts;
-    int64_t at = 0;
-    for (auto& t : ts) {
-      parts.push_back(flat.narrow(0, at, t.numel()));
-      at += t.numel();
-    }
-    for (size_t i = 0; i < ts.size(); ++i) parts[i].copy_(ts[i].reshape({-1}));
-    dev->allreduce(
-        c, {.buf = bytesOf(flat), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op},
-        tuning_);
-    for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
-  }
-  for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
-  overflow.finish(c);
-}
-
 WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                            const ::c10d::AllreduceCoalescedOptions& opts) {
   TORCH_CHECK_VALUE(!tensors.empty(), "smdccl: allreduce_coalesced needs at least one tensor");
@@ -189,7 +138,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                             group.push_back(ts[i]);
                             groupSpecs.push_back(specs[i]);
                           }
-                          allreduceFlat(c, group, groupSpecs, dev);
+                          reduce_.allreduceFlat(c, group, groupSpecs, dev);
                         }
                       },
                   .timeout = opts.timeout,
@@ -216,7 +165,7 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
                        root = static_cast<int>(opts.rootRank)](Comm& c) mutable {
                         // Non-roots reduce a scratch copy: their input stays as it was.
                         at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
-                        WireOverflowCheck overflow(useWire(c, dt, spec));
+                        WireOverflowCheck overflow(reduce_.useWire(c, dt, spec));
                         applyPreScale(buf, spec);
                         if (dev)  // CUDA tensors: the device path's allreduce
                           allreduceOn(dev, c,

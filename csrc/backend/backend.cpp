@@ -227,6 +227,11 @@ c10::intrusive_ptr<::c10d::Backend::Options> SmdcclBackend::getBackendOptions() 
   return o;
 }
 
+bool SmdcclBackend::compressesSomeHop() const {
+  Comm c{*mesh_, OpContext{}, ring_, &levels_, /*members: the whole group*/ {}};
+  return reduce_.compressesSomeHop(c);
+}
+
 std::chrono::milliseconds SmdcclBackend::effectiveTimeout(std::chrono::milliseconds op) const {
   if (op > std::chrono::milliseconds(0)) return op;
   return std::chrono::milliseconds(timeoutMs_.load());

@@ -19,6 +19,7 @@
 #include "backend/group_failure.h"
 #include "backend/op_request.h"
 #include "backend/progress_thread.h"
+#include "backend/reduce_semantics.h"
 #include "backend/scratch_pool.h"
 #include "backend/tensor_checks.h"
 #include "backend/watchdog.h"
@@ -216,14 +217,6 @@ class SmdcclBackend : public ::c10d::Backend {
   // all_reduce of a sparse COO tensor (sparse_allreduce.h): SUM or AVG, CPU.
   c10::intrusive_ptr<::c10d::Work> allreduceSparse(at::Tensor t,
                                                    const ::c10d::AllreduceOptions& opts);
-  // One allreduce in place (on the op's device, or the host): pre-scale,
-  // reduce, post-divide, fp16 overflow check.
-  void allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec, const std::shared_ptr<DeviceOp>& dev,
-                    const Tuning& tuning);
-  // One allreduce over `ts` packed flat (same dtype and op): on the host, or
-  // on `dev`'s device for CUDA tensors.
-  void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
-                     const std::shared_ptr<DeviceOp>& dev);
   // A failure that leaves the group's ranks out of step (`cause`: what
   // happened on this rank, in op `ctx`): records it as the group's cause,
   // aborts the links so that peers fail at once, fails what is queued.
@@ -241,14 +234,6 @@ class SmdcclBackend : public ::c10d::Backend {
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);
   std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds opTimeout) const;
-  // Sets c's wire for a float32 reduction with some compressed hop
-  // (Comm::compressesSomeHop) and makes AVG pre-scale (16-bit range);
-  // returns the wire (F32: no hop compressed, the op runs uncompressed).
-  Wire useWire(Comm& c, DType dt, ReduceSpec& spec) const;
-  // The data parts of reduce-scatter shared by its three entry points.
-  // Block c.rank() of `work` (laid out as `blocks`) reduced over the group, into `output`.
-  void runReduceScatter(Comm& c, at::Tensor& work, const Blocks& blocks, at::Tensor& output,
-                        const ReduceSpec& spec);
 
   BackendConfig cfg_;
   std::atomic<uint64_t> monitoredBarriers_{0};
@@ -270,6 +255,8 @@ class SmdcclBackend : public ::c10d::Backend {
   ExchangeBook exchangeBook_;
   Tuning tuning_;
   ScratchPool scratch_;  // host copies for ops that leave their input as it was
+  // Wire choice, AVG / PREMUL_SUM scaling, fp16 overflow: the reductions' bodies call it.
+  ReduceSemantics reduce_{WireChoice{cfg_.wire, cfg_.wireIntra}, tuning_, scratch_};
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
   // Ops issued (getSequenceNumberForGroup): caller threads and callbacks.

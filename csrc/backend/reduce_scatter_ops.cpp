@@ -1,6 +1,6 @@
-// SmdcclBackend's reduce-scatter (all forms) and the choice of the
-// 16-bit wire for reductions. Checks on the caller's thread, data movement
-// on the progress thread (see enqueue()).
+// SmdcclBackend's reduce-scatter (all forms). Checks on the caller's
+// thread, data movement on the progress thread (see enqueue()); the
+// reduction's wire and scaling are ReduceSemantics'.
 #include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -23,44 +23,6 @@ using ::c10d::OpType;
 using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 // ---------------------------------------------------------------- reduce-scatter
-
-void SmdcclBackend::runReduceScatter(Comm& c, at::Tensor& work, const Blocks& blocks,
-                                     at::Tensor& output, const ReduceSpec& given) {
-  size_t mine = output.nbytes();
-  ReduceSpec spec = given;
-  DType dt = toDType(output.scalar_type(), "reduce_scatter");
-  WireOverflowCheck overflow(useWire(c, dt, spec));
-  applyPreScale(work, spec);
-  smdccl::reduceScatter(c, {.buf = bytesOf(work), .dt = dt, .op = spec.op, .blocks = &blocks},
-                        tuning_);
-  if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
-  applyPostDivide(output, spec);
-  overflow.finish(c);
-}
-
-bool SmdcclBackend::compressesSomeHop() const {
-  Comm c{*mesh_, OpContext{}, ring_, &levels_, /*members: the whole group*/ {}};
-  c.wire = cfg_.wire;
-  c.wireIntra = cfg_.wireIntra;
-  return c.compressesSomeHop(DType::F32);
-}
-
-Wire SmdcclBackend::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
-  c.wire = cfg_.wire;
-  c.wireIntra = cfg_.wireIntra;
-  // No compressed hop (one node, compression_intra off): the op is the
-  // uncompressed group's, bit for bit (AVG divides after the sum, no fp16
-  // overflow round).
-  if (!c.compressesSomeHop(dt)) {
-    c.wire = Wire::F32;
-    return Wire::F32;
-  }
-  if (spec.postDivide != 1.0) {  // AVG: divide before the wire, where 16 bits must hold it
-    spec.preScale = 1.0 / spec.postDivide;
-    spec.postDivide = 1.0;
-  }
-  return c.wire;
-}
 
 WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                       std::vector<std::vector<at::Tensor>>& inputs,
@@ -87,7 +49,7 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                         at::Tensor work =
                             scratch_.take(static_cast<int64_t>(numelOf(ins)), out.scalar_type());
                         packInto(bytesOf(work), ins);
-                        runReduceScatter(c, work, blocks, out, spec);
+                        reduce_.reduceScatter(c, {work, blocks, out}, spec);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,
@@ -122,7 +84,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     .body =
                         [this, input, output, spec, tuning, dev](Comm& c) mutable {
                           DType dt = toDType(output.scalar_type(), "reduce_scatter_tensor");
-                          WireOverflowCheck overflow(useWire(c, dt, spec));
+                          WireOverflowCheck overflow(reduce_.useWire(c, dt, spec));
                           // The input is left as it was: a pre-scale works on a copy.
                           at::Tensor in = input;
                           if (spec.needsPreScale()) {
@@ -150,8 +112,8 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                   .body =
                       [this, input, output, spec](Comm& c) mutable {
                         at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
-                        runReduceScatter(c, work, Blocks::equal(c.size(), output.nbytes()), output,
-                                         spec);
+                        Blocks blocks = Blocks::equal(c.size(), output.nbytes());
+                        reduce_.reduceScatter(c, {work, blocks, output}, spec);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp});
@@ -194,8 +156,8 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
                       [this, ins, outs, specs](Comm& c) mutable {
                         for (size_t i = 0; i < ins.size(); ++i) {
                           at::Tensor work = ins[i].clone();
-                          runReduceScatter(c, work, Blocks::equal(c.size(), outs[i].nbytes()),
-                                           outs[i], specs[i]);
+                          Blocks blocks = Blocks::equal(c.size(), outs[i].nbytes());
+                          reduce_.reduceScatter(c, {work, blocks, outs[i]}, specs[i]);
                         }
                       },
                   .timeout = opts.timeout,

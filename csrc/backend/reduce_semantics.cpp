@@ -1,0 +1,103 @@
+#include "backend/reduce_semantics.h"
+
+#include <cstring>
+
+#include "algorithms/collectives.h"
+#include "backend/host_buffers.h"
+#include "backend/wire_overflow_check.h"
+
+namespace smdccl {
+
+Wire ReduceSemantics::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
+  c.wire = wire_.wire;
+  c.wireIntra = wire_.intra;
+  // No compressed hop (one node, compression_intra off): the op is the
+  // uncompressed group's, bit for bit (AVG divides after the sum, no fp16
+  // overflow round).
+  if (!c.compressesSomeHop(dt)) {
+    c.wire = Wire::F32;
+    return Wire::F32;
+  }
+  if (spec.postDivide != 1.0) {  // AVG: divide before the wire, where 16 bits must hold it
+    spec.preScale = 1.0 / spec.postDivide;
+    spec.postDivide = 1.0;
+  }
+  return c.wire;
+}
+
+void ReduceSemantics::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
+                                   const std::shared_ptr<DeviceOp>& dev,
+                                   const Tuning& tuning) const {
+  DType dt = toDType(t.scalar_type(), "allreduce");
+  WireOverflowCheck overflow(useWire(c, dt, spec));
+  applyPreScale(t, spec);
+  allreduceOn(dev, c,
+              {.buf = bytesOf(t), .count = static_cast<size_t>(t.numel()), .dt = dt, .op = spec.op},
+              tuning);
+  applyPostDivide(t, spec);
+  overflow.finish(c);
+}
+
+void ReduceSemantics::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
+                                    std::vector<ReduceSpec>& specs,
+                                    const std::shared_ptr<DeviceOp>& dev) const {
+  DType dt = toDType(ts[0].scalar_type(), "allreduce");
+  Wire wire = Wire::F32;
+  int64_t total = 0;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    wire = useWire(c, dt, specs[i]);
+    applyPreScale(ts[i], specs[i]);
+    total += ts[i].numel();
+  }
+  WireOverflowCheck overflow(wire);
+  if (!dev) {
+    at::Tensor flat = scratch_.take(total, ts[0].scalar_type());
+    packInto(bytesOf(flat), ts);
+    smdccl::allreduce(
+        c, {.buf = bytesOf(flat), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op},
+        tuning_);
+    unpackFrom(bytesOf(flat), ts);
+  } else {
+    // On the device, on the op's stream (the body's current stream): one
+    // flat buffer through the IPC / staged GPU allreduce, no host copy.
+    at::Tensor flat = at::empty({total}, ts[0].options());
+    std::vector<at::Tensor> parts;
+    int64_t at = 0;
+    for (auto& t : ts) {
+      parts.push_back(flat.narrow(0, at, t.numel()));
+      at += t.numel();
+    }
+    for (size_t i = 0; i < ts.size(); ++i) parts[i].copy_(ts[i].reshape({-1}));
+    dev->allreduce(
+        c, {.buf = bytesOf(flat), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op},
+        tuning_);
+    for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
+  }
+  for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
+  overflow.finish(c);
+}
+
+void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
+                                    const ReduceSpec& given) const {
+  at::Tensor& work = r.work;
+  const Blocks& blocks = r.blocks;
+  at::Tensor& output = r.output;
+  size_t mine = output.nbytes();
+  ReduceSpec spec = given;
+  DType dt = toDType(output.scalar_type(), "reduce_scatter");
+  WireOverflowCheck overflow(useWire(c, dt, spec));
+  applyPreScale(work, spec);
+  smdccl::reduceScatter(c, {.buf = bytesOf(work), .dt = dt, .op = spec.op, .blocks = &blocks},
+                        tuning_);
+  if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
+  applyPostDivide(output, spec);
+  overflow.finish(c);
+}
+
+bool ReduceSemantics::compressesSomeHop(Comm& c) const {
+  c.wire = wire_.wire;
+  c.wireIntra = wire_.intra;
+  return c.compressesSomeHop(DType::F32);
+}
+
+}  // namespace smdccl

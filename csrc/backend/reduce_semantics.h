@@ -1,0 +1,63 @@
+#pragma once
+// What a reduction means beyond moving data, for one group: which wire a
+// float32 reduction crosses (SMDCCL_COMPRESSION, decided from the
+// topology), AVG and PREMUL_SUM scaling around it (AVG divides before a
+// 16-bit wire, whose range must hold the values, after the sum otherwise),
+// and the fp16 overflow check. The collectives' bodies call it on the
+// progress thread.
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <vector>
+
+#include "algorithms/comm.h"
+#include "algorithms/select.h"
+#include "backend/device_op.h"
+#include "backend/scratch_pool.h"
+#include "backend/tensor_checks.h"
+
+namespace smdccl {
+
+// The group's compression: its 16-bit wire between nodes (F32: none), and
+// whether it compresses inside nodes too.
+struct WireChoice {
+  Wire wire = Wire::F32;
+  bool intra = false;
+};
+
+class ReduceSemantics {
+ public:
+  // `tuning` and `scratch` are the group's, and outlive this.
+  ReduceSemantics(WireChoice wire, const Tuning& tuning, ScratchPool& scratch)
+      : wire_(wire), tuning_(tuning), scratch_(scratch) {}
+
+  // Sets c's wire for a dt reduction with some compressed hop
+  // (Comm::compressesSomeHop) and makes AVG pre-scale (16-bit range);
+  // returns the wire (F32: no hop compressed, the op runs uncompressed).
+  Wire useWire(Comm& c, DType dt, ReduceSpec& spec) const;
+  // One allreduce of t in place (on the op's device, or the host):
+  // pre-scale, reduce, post-divide, fp16 overflow check.
+  void allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec, const std::shared_ptr<DeviceOp>& dev,
+                    const Tuning& tuning) const;
+  // One allreduce over `ts` packed flat (same dtype and op): on the host, or
+  // on `dev`'s device for CUDA tensors.
+  void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
+                     const std::shared_ptr<DeviceOp>& dev) const;
+  // A host reduce-scatter: `work` (laid out as blocks) holds every block;
+  // block c.rank() reduced over the group lands in `output`.
+  struct HostReduceScatter {
+    at::Tensor& work;
+    const Blocks& blocks;
+    at::Tensor& output;
+  };
+  void reduceScatter(Comm& c, const HostReduceScatter& r, const ReduceSpec& spec) const;
+  // Whether a float32 reduction over the whole of c would cross a 16-bit hop.
+  bool compressesSomeHop(Comm& c) const;
+
+ private:
+  WireChoice wire_;
+  const Tuning& tuning_;
+  ScratchPool& scratch_;
+};
+
+}  // namespace smdccl
