@@ -162,11 +162,17 @@ class StagedRing {
 
 }  // namespace
 
-void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
-                         const StagePlan& plan) {
-  SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(a.dt),
+namespace {
+void checkPlan(const StagePlan& plan, DType dt) {
+  SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(dt),
                    "staged ring: need at least one slot of one element (slots ", plan.slots,
                    ", slot bytes ", plan.slotBytes, ")");
+}
+}  // namespace
+
+void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
+                         const StagePlan& plan) {
+  checkPlan(plan, a.dt);
   if (a.count == 0 || c.size() == 1) return;
   const size_t es = elementSize(a.dt), count = a.count;
   const size_t chunk = plan.chunkBytes ? std::max<size_t>(1, plan.chunkBytes / es) : count;
@@ -187,9 +193,7 @@ void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, 
 
 void stagedRingReduceScatter(Comm& c, StageDevice& device, const RingBlocks& r, char* slots,
                              const StagePlan& plan) {
-  SMDCCL_CHECK_ARG(plan.slots >= 1 && plan.slotBytes >= elementSize(r.dt),
-                   "staged ring: need at least one slot of one element (slots ", plan.slots,
-                   ", slot bytes ", plan.slotBytes, ")");
+  checkPlan(plan, r.dt);
   if (r.each == 0 || c.size() == 1) return;
   const size_t es = elementSize(r.dt), each = r.each;
   const int p = c.size();
