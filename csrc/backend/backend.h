@@ -21,6 +21,7 @@
 #include "backend/progress_thread.h"
 #include "backend/reduce_semantics.h"
 #include "backend/scratch_pool.h"
+#include "backend/split_children.h"
 #include "backend/tensor_checks.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
@@ -241,10 +242,7 @@ class SmdcclBackend : public ::c10d::Backend {
   // The store torch gave this group, under this incarnation's prefix (store_
   // wraps it): shrink() makes its child's store from it.
   c10::intrusive_ptr<::c10d::Store> c10dStore_;
-  // split()'s children, by the store torch handed them (see split()).
-  std::mutex splitMu_;
-  std::vector<std::pair<const ::c10d::Store*, c10::weak_intrusive_ptr<SmdcclBackend>>>
-      splitChildren_;
+  SplitChildren splitChildren_;     // split()'s, by the store torch handed them
   std::shared_ptr<KVStore> store_;  // shared with the watchdog's thread
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Mesh> mesh_;

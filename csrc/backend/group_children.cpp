@@ -43,17 +43,8 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
   }
   auto mine = std::find(ranks.begin(), ranks.end(), rank_);
   if (mine == ranks.end()) return {};  // not a member: torch returns NON_GROUP_MEMBER
-  {
-    std::lock_guard<std::mutex> lock(splitMu_);
-    // The same child for each device type of one split (same store object);
-    // a child that is gone no longer holds its store, whose address may be reused.
-    for (auto& [s, weak] : splitChildren_)
-      if (s == store.get())
-        if (auto child = weak.lock()) return child;
-    splitChildren_.erase(std::remove_if(splitChildren_.begin(), splitChildren_.end(),
-                                        [](const auto& e) { return e.second.expired(); }),
-                         splitChildren_.end());
-  }
+  // The same child for each device type of one split (same store object).
+  if (auto child = splitChildren_.find(store.get())) return child;
   BackendConfig child =
       childConfig(ranks,
                   opts && !opts->group_name.empty()
@@ -65,8 +56,7 @@ c10::intrusive_ptr<::c10d::Backend> SmdcclBackend::split(
     GilReleasedIfHeld released;  // construction rendezvouses through the store
     backend = c10::make_intrusive<SmdcclBackend>(store, std::move(child));
   }
-  std::lock_guard<std::mutex> lock(splitMu_);
-  splitChildren_.emplace_back(store.get(), c10::weak_intrusive_ptr<SmdcclBackend>(backend));
+  splitChildren_.remember(store.get(), backend);
   return backend;
 }
 
