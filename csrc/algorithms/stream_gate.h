@@ -24,6 +24,8 @@ class StreamGate {
   uint32_t hold(FlagQueue& q);
   // Opens the gate `ticket`, and every one held before it.
   void release(uint32_t ticket);
+  // Opens every gate held so far (a context that goes away).
+  void releaseAll() { release(held_); }
   // Whether `ticket` has been released.
   bool released(uint32_t ticket) const;
 

@@ -64,6 +64,10 @@ class DeviceOp {
   // marks its end, so that the caller's stream can wait for it at once;
   // then the host waits for the copies in.
   virtual void beforeBody(const OpContext& ctx) = 0;
+  // Waits for the copies in (before a check that reads the host copies).
+  virtual void awaitInputs(const OpContext& ctx) = 0;
+  // beforeBody() queued the op's end before its body ran.
+  virtual bool endQueuedEarly() const { return false; }
   // Whether the op runs on host() copies (not run inline on the caller's
   // thread: a blocking call returns once its copies are queued).
   virtual bool hostStaged() const { return false; }

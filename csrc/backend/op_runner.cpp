@@ -86,6 +86,15 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   throw InvalidArgument(msg + ". The collective did not run.");
 }
 
+std::exception_ptr SmdcclBackend::agreedError(const OpContext& ctx, const DeviceOp* device,
+                                              const std::string& what) {
+  // Its copies back were queued before the body (the caller may have
+  // returned, its stream ordered after them): only the group's failure
+  // still tells it.
+  if (device && device->endQueuedEarly()) return failGroup(ctx, CommError::Kind::System, what);
+  return toTorchError(std::current_exception());
+}
+
 void SmdcclBackend::runWork(QueuedOp& op) {
   SmdcclWork& work = *op.work;
   const OpCall& call = op.request.call;
@@ -137,6 +146,8 @@ void SmdcclBackend::runWork(QueuedOp& op) {
       timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   try {
     if (device) device->prepare(ctx);
+    // The NaN check reads the inputs: host copies must have landed first.
+    if (device && nanCheck_ && call.sig.dtype >= 0) device->awaitInputs(ctx);
     if (detailChecks_) {
       trace::Span phase("fingerprint (DETAIL)", "check", track);
       // Full fingerprint: an empty direct allgather puts this op's header
@@ -150,10 +161,10 @@ void SmdcclBackend::runWork(QueuedOp& op) {
     if (device) device->beforeBody(ctx);
     op.request.body(c);
     if (device) device->finishBody(ctx);
-  } catch (const InvalidArgument&) {  // the ranks agreed on it (the NaN check): the group goes on
-    err = toTorchError(std::current_exception());
-  } catch (const c10::ValueError&) {  // likewise (the fp16 overflow check)
-    err = toTorchError(std::current_exception());
+  } catch (const InvalidArgument& e) {  // the ranks agreed on it (the NaN check): the group goes on
+    err = agreedError(ctx, device, e.what());
+  } catch (const c10::ValueError& e) {  // likewise (the fp16 overflow check)
+    err = agreedError(ctx, device, e.what_without_backtrace());
   } catch (const CommError& e) {
     err = failGroup(ctx, e.kind(), e.what());
   } catch (const c10::Error& e) {

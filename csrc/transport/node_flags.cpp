@@ -14,8 +14,10 @@ constexpr char kFailed = '!';
 std::atomic<int> segmentsMade{0};
 }  // namespace
 
-NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline) : localSize_(s.localSize) {
-  const size_t bytes = std::max<size_t>(FlagMatrix::bytesFor(s.localSize), 4096);
+NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline)
+    : localSize_(s.localSize), detach_(s.detach) {
+  constexpr size_t kPage = 4096;  // whole pages: what cudaHostRegister maps
+  const size_t bytes = (FlagMatrix::bytesFor(s.localSize) + kPage - 1) / kPage * kPage;
   std::string name;
   if (s.localRank == 0) {
     name = strCat("/smdccl-flags-", getpid(), "-", segmentsMade.fetch_add(1));
@@ -23,8 +25,17 @@ NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline) : localSi
       segment_ = ShmSegment::create(name, bytes);
     } catch (const std::exception& e) { name = strCat(kFailed, e.what()); }
   }
-  std::vector<std::string> names = allGatherStrings(
-      store, {strCat(s.keyPrefix, "/name"), s.localRank, s.localSize, deadline}, name);
+  auto unlinkMine = [&] {
+    if (s.localRank == 0 && segment_.data()) ShmSegment::unlink(name);
+  };
+  std::vector<std::string> names;
+  try {
+    names = allGatherStrings(
+        store, {strCat(s.keyPrefix, "/name"), s.localRank, s.localSize, deadline}, name);
+  } catch (...) {
+    unlinkMine();
+    throw;
+  }
   const std::string& published = names[0];
   std::string mine;
   if (published.empty() || published[0] == kFailed) {
@@ -33,7 +44,10 @@ NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline) : localSi
   } else {
     try {
       if (s.localRank != 0) segment_ = ShmSegment::open(published, bytes);
-      if (s.attach) mine = s.attach(segment_.data(), segment_.size());
+      if (s.attach) {
+        mine = s.attach(segment_.data(), segment_.size());
+        attached_ = mine.empty();
+      }
     } catch (const std::exception& e) { mine = e.what(); }
   }
   std::vector<std::string> verdicts;
@@ -41,13 +55,27 @@ NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline) : localSi
     verdicts = allGatherStrings(
         store, {strCat(s.keyPrefix, "/attached"), s.localRank, s.localSize, deadline}, mine);
   } catch (...) {
-    if (s.localRank == 0 && segment_.data()) ShmSegment::unlink(published);
+    unlinkMine();
+    detach();  // before the segment is unmapped
     throw;
   }
-  if (s.localRank == 0 && segment_.data()) ShmSegment::unlink(published);
+  unlinkMine();
   for (int l = 0; l < s.localSize && why_.empty(); ++l)
     if (!verdicts[static_cast<size_t>(l)].empty())
       why_ = strCat("local rank ", l, ": ", verdicts[static_cast<size_t>(l)]);
+  if (!why_.empty()) detach();  // unusable: nobody will use what this rank attached
+}
+
+NodeFlags::~NodeFlags() { detach(); }
+
+void NodeFlags::detach() {
+  if (attached_ && detach_) detach_(segment_.data());
+  attached_ = false;
+}
+
+void NodeFlags::keepMapped() {
+  attached_ = false;
+  leaked_ = new ShmSegment(std::move(segment_));
 }
 
 }  // namespace smdccl

@@ -20,11 +20,20 @@ class NodeFlags {
     // Run on the mapped segment by every rank: "" when it can use it (e.g.
     // its GPU could map it), else why not. May be empty (always usable).
     std::function<std::string(char* base, size_t bytes)> attach;
+    // Undoes a successful attach: before the segment is unmapped, and at
+    // once when the flags are unusable on the node. May be empty.
+    std::function<void(char* base)> detach;
   };
   // Local rank 0 creates the segment (zero-filled: every epoch starts at 0)
   // and names it in the store; the others open it; then all tell each other
   // whether `attach` worked, and the name is unlinked.
   NodeFlags(KVStore& store, const Spec& s, Deadline deadline);
+  ~NodeFlags();
+  NodeFlags(const NodeFlags&) = delete;
+  NodeFlags& operator=(const NodeFlags&) = delete;
+  // The GPU may still read the flags (its stream never drained): leaves the
+  // segment mapped and attached for the life of the process.
+  void keepMapped();
 
   FlagMatrix matrix() const { return {segment_.data(), localSize_}; }
   // Every rank of the node attached: the flags may be used.
@@ -35,8 +44,13 @@ class NodeFlags {
   size_t bytes() const { return segment_.size(); }
 
  private:
+  void detach();
+
   int localSize_;
+  std::function<void(char*)> detach_;
   ShmSegment segment_;
+  bool attached_ = false;
+  ShmSegment* leaked_ = nullptr;  // keepMapped(): never unmapped
   std::string why_;
 };
 

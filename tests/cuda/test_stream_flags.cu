@@ -37,7 +37,8 @@ struct Flags {
     base = static_cast<char*>(
         mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     std::memset(base, 0, bytes);
-    attached = attachStreamFlags(base, bytes).empty();
+    // The probe word: the last one of the page, beyond the flags.
+    attached = attachStreamFlags(base, bytes, base + bytes - 4).empty();
     matrix = {base, localSize};
   }
   ~Flags() {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <thread>
 
 #include "algorithms/collectives.h"
 #include "algorithms/cuda/cuda_stage_device.h"
@@ -54,17 +56,33 @@ GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTunin
       stream_(stream),
       store_(store),
       tuning_(tuning),
-      staging_(device, stream, tuning.pinnedShrinkOps),
+      staging_(std::make_unique<PinnedBuffer>(device, stream, tuning.pinnedShrinkOps)),
       freeCached_(std::move(freeCached)) {
   cuda::setMaxSms(tuning_.maxSms);
 }
 
 GpuContext::~GpuContext() {
-  // First: it lets the stream pass barriers that a node-mate that is gone
-  // will never meet, so that the wait below ends.
+  // First: a gate an op never opened (it failed while queueing its copies
+  // back), and barriers a node-mate that is gone will never meet, must not
+  // hold the stream.
+  if (gate_) gate_->releaseAll();
   nodeBarrier_.reset();
-  // Nothing of ours may still be running when the buffers go.
-  cudaStreamSynchronize(stream_);
+  // Nothing of ours may still be running when the buffers go. A stream that
+  // does not drain keeps them: leaked, not freed under the GPU's feet (and
+  // cudaFreeHost would wait for it for ever).
+  using Clock = std::chrono::steady_clock;
+  const auto until = Clock::now() + kDrainWait;
+  while (queried(cudaStreamQuery(stream_)) == cudaErrorNotReady) {
+    if (Clock::now() > until) {
+      SMDCCL_WARN("smdccl: the group's CUDA stream did not drain within ", kDrainWait.count(),
+                  " s of its end: its buffers are left allocated");
+      staging_.release();
+      ipc_.release();
+      stage_.release();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -33,12 +34,14 @@ class GpuContext {
   // once before giving up on an allocation of smdccl's own (may be empty).
   GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTuning tuning,
              std::function<void()> freeCached = nullptr);
+  // Waits (up to kDrainWait) for the stream to drain; past that its buffers are leaked.
   ~GpuContext();
+  static constexpr std::chrono::seconds kDrainWait{10};
 
   cudaStream_t stream() const { return stream_; }
   const GpuTuning& tuning() const { return tuning_; }
-  PinnedBuffer& staging() { return staging_; }
-  const PinnedBuffer& staging() const { return staging_; }
+  PinnedBuffer& staging() { return *staging_; }
+  const PinnedBuffer& staging() const { return *staging_; }
   // The device side of the staged ring (made at first use).
   CudaStageDevice& stage();
   // Bytes the group's staged collectives copied from device to host memory
@@ -97,7 +100,7 @@ class GpuContext {
   cudaStream_t stream_;
   KVStore& store_;
   GpuTuning tuning_;
-  PinnedBuffer staging_;
+  std::unique_ptr<PinnedBuffer> staging_;  // (leaked, like the IPC buffers, if the stream hangs)
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
   std::unique_ptr<GpuNodeBarrier> nodeBarrier_;

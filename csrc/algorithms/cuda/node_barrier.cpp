@@ -23,15 +23,20 @@ std::unique_ptr<GpuNodeBarrier> GpuNodeBarrier::make(KVStore& store, const Spec&
   SMDCCL_CUDA_CHECK(cudaSetDevice(s.device));
   auto flags = std::make_unique<NodeFlags>(
       store,
-      NodeFlags::Spec{
-          .keyPrefix = s.keyPrefix,
-          .localRank = s.localRank,
-          .localSize = static_cast<int>(s.groupRanks.size()),
-          .attach = [](char* base, size_t bytes) { return attachStreamFlags(base, bytes); }},
+      NodeFlags::Spec{.keyPrefix = s.keyPrefix,
+                      .localRank = s.localRank,
+                      .localSize = static_cast<int>(s.groupRanks.size()),
+                      .attach =
+                          [me = s.localRank, n = static_cast<int>(s.groupRanks.size())](
+                              char* base, size_t bytes) {
+                            // Its own diagonal slot: nobody writes it.
+                            FlagMatrix m{base, n};
+                            return attachStreamFlags(base, bytes,
+                                                     reinterpret_cast<char*>(m.slot(me, me)));
+                          },
+                      .detach = [](char* base) { undoStreamFlags(base); }},
       deadline);
   if (!flags->usable()) {
-    // A rank whose own attach worked undoes it; one that failed has nothing to undo.
-    if (flags->base()) undoStreamFlags(flags->base());
     SMDCCL_INFO(
         "CUDA IPC steps meet at host barriers: the node's stream barriers are "
         "unavailable (",
@@ -57,32 +62,40 @@ GpuNodeBarrier::~GpuNodeBarrier() {
   thread_.join();
   CaptureSafeScope captureSafe;
   const auto start = Clock::now();
-  bool released = false;
   for (;;) {
     cudaError_t e = queried(cudaStreamQuery(spec_.stream));
     if (e != cudaErrorNotReady) break;
-    if (failure_->failed() || Clock::now() - start > kDrainWait) {
-      if (!released)
-        SMDCCL_WARN(
-            "smdccl: a node-mate never reached this rank's last CUDA IPC barriers "
-            "within ",
-            kDrainWait.count(),
-            " s of the group's end: letting the stream "
-            "pass them");
-      released = true;
-      barrier_.release();
+    if (!failure_->failed() && Clock::now() - start > kDrainWait) {
+      // Letting the stream pass barriers unmet: its node-mates must hear of
+      // it (the verdict), or a slow one would take what follows for a
+      // success.
+      uint32_t oldest = 0;
+      if (!pending_.oldest(barrier_, &oldest)) oldest = barrier_.lastEpoch() + 1;
+      std::string why = strCat(
+          "smdccl: the group was destroyed while this rank's GPU stream "
+          "still waited at a node barrier after ",
+          kDrainWait.count(), " s: letting it pass");
+      if (failure_->record(why, oldest)) barrier_.giveUp(oldest);
+      SMDCCL_WARN(why);
     }
+    if (failure_->failed()) barrier_.release();
     if (Clock::now() - start > 2 * kDrainWait) {
-      // The GPU may still read the flags: leave them mapped (a leak, not a crash).
+      // The GPU may still read the flags: they stay mapped (a leak, not a crash).
       SMDCCL_WARN("smdccl: the group's CUDA stream did not drain; its barrier flags stay mapped");
+      flags_->keepMapped();
       return;
     }
     std::this_thread::sleep_for(kReleaseEvery);
   }
-  undoStreamFlags(flags_->base());
+}
+
+bool GpuNodeBarrier::drained() const {
+  return queried(cudaStreamQuery(spec_.stream)) != cudaErrorNotReady;
 }
 
 void GpuNodeBarrier::arrive(const OpContext& ctx, const char* what) {
+  // With abort(): a barrier is in pending_ as soon as its epoch is taken.
+  std::lock_guard<std::mutex> lock(arriveMu_);
   const uint32_t e = barrier_.arrive(queue_);
   pending_.add({e, ctx.deadline, [ctx, what] { return strCat(ctx.describe(), " (", what, ")"); }});
 }
@@ -108,6 +121,7 @@ void GpuNodeBarrier::onFailure(std::function<void(const std::string&)> handler) 
 }
 
 void GpuNodeBarrier::abort(const std::string& cause) {
+  std::lock_guard<std::mutex> lock(arriveMu_);
   uint32_t oldest = 0;
   if (!pending_.oldest(barrier_, &oldest)) oldest = barrier_.lastEpoch() + 1;
   if (failure_->record(cause, oldest)) barrier_.giveUp(oldest);

@@ -57,8 +57,10 @@ class GpuNodeBarrier {
   // Collective over the node's ranks. nullptr (and a log line saying why)
   // when some rank's GPU cannot map the flags: the host meets the barriers.
   static std::unique_ptr<GpuNodeBarrier> make(KVStore& store, const Spec& s, Deadline deadline);
-  // Waits (up to kDrainWait) for the stream to pass its barriers, then lets
-  // it pass the rest (a node-mate that is gone never arrives).
+  // Waits (up to kDrainWait) for the stream to pass its barriers; then
+  // fails them (the node hears the verdict) and lets it pass the rest (a
+  // node-mate that is gone never arrives); past 2 x kDrainWait the flags
+  // stay mapped for good.
   ~GpuNodeBarrier();
   static constexpr std::chrono::seconds kDrainWait{10};
   GpuNodeBarrier(const GpuNodeBarrier&) = delete;
@@ -69,6 +71,8 @@ class GpuNodeBarrier {
   void arrive(const OpContext& ctx, const char* what);
   // The latest barrier queued (ops note it before and after their steps).
   uint32_t epoch() const { return barrier_.lastEpoch(); }
+  // Whether the stream has passed everything queued on it.
+  bool drained() const;
   // The barriers' failure record.
   std::shared_ptr<const BarrierFailure> failure() const { return failure_; }
   // Called once, on the watch thread, when a barrier times out (nullptr: nobody).
@@ -86,6 +90,7 @@ class GpuNodeBarrier {
   CudaFlagQueue queue_;
   BarrierWatch pending_;
 
+  std::mutex arriveMu_;  // arrive() against abort()
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -115,9 +115,9 @@ struct CudaState {
   ~CudaState() {
     c10::cuda::CUDAGuard guard(device);
     CaptureSafeScope captureSafe;
-    gpu.reset();  // waits for the stream first
-    cudaStreamSynchronize(raw);
-    InternalStreams::giveBack(device, raw);
+    gpu.reset();  // waits (bounded) for the stream first
+    // A stream that never drained (see ~GpuContext) is not handed on.
+    if (queried(cudaStreamQuery(raw)) == cudaSuccess) InternalStreams::giveBack(device, raw);
   }
   CudaState(const CudaState&) = delete;
   CudaState& operator=(const CudaState&) = delete;
@@ -172,9 +172,16 @@ class CudaOp : public DeviceOp {
   void beforeBody(const OpContext& ctx) override {
     CaptureSafeScope captureSafe;
     if (hostStaged()) queueCopyOut();
-    // Not the whole stream: the gate just queued waits for the body.
+    awaitInputs(ctx);
+  }
+
+  void awaitInputs(const OpContext& ctx) override {
+    CaptureSafeScope captureSafe;
+    // Not the whole stream: a gate queued behind the copies waits for the body.
     if (copiedIn_) waitForEvent(copiedIn_->event, ctx, "copy to host memory");
   }
+
+  bool endQueuedEarly() const override { return gated_; }
 
   // Queues the copies back behind a gate that the body opens when it has
   // filled the pinned copies, and the op's end behind them.
@@ -215,10 +222,9 @@ class CudaOp : public DeviceOp {
     // Also after a failure: nothing may wait for it forever (the event then
     // marks whatever reached the stream). On the progress thread this
     // also switches the capture mode for the future's completion after it.
-    if (gated_) {  // its end is recorded; after a failure the copies back still go
-      openGate();
-      return;
-    }
+    // Also a gate held by a queueCopyOut() that failed half-way.
+    openGate();
+    if (gated_) return;  // its end is recorded; after a failure the copies back still go
     CaptureSafeScope captureSafe;
     end_->barriers = s_->gpu->barrierFailure();
     end_->barrierUpTo = s_->gpu->barrierEpoch();

@@ -19,10 +19,12 @@
 
 namespace smdccl {
 
-// Makes [base, base + bytes) (page-aligned host memory) visible to the
-// current device: "" when done, else why not (no stream memory operations,
+// Makes [base, base + bytes) (page-aligned host memory, whole pages) visible
+// to the current device and checks that its streams can write and wait on
+// it, with `probeWord` (a word in it that nothing else uses meanwhile, left
+// zero): "" when done, else why not (no stream memory operations,
 // registration refused). undoStreamFlags() undoes it.
-std::string attachStreamFlags(char* base, size_t bytes);
+std::string attachStreamFlags(char* base, size_t bytes, char* probeWord);
 void undoStreamFlags(char* base);
 
 // A page of this process's host memory that the current device maps, for
