@@ -66,7 +66,13 @@ GpuContext::~GpuContext() {
   // back), and barriers a node-mate that is gone will never meet, must not
   // hold the stream.
   if (gate_) gate_->releaseAll();
-  nodeBarrier_.reset();
+  {
+    std::unique_ptr<GpuNodeBarrier> barrier;
+    {
+      std::lock_guard<std::mutex> lock(handlerMu_);
+      barrier = std::move(nodeBarrier_);
+    }
+  }  // destroyed outside the lock: it may wait for the stream
   // Nothing of ours may still be running when the buffers go. A stream that
   // does not drain keeps them: leaked, not freed under the GPU's feet (and
   // cudaFreeHost would wait for it for ever).
@@ -115,15 +121,16 @@ CudaIpcSpace& GpuContext::ipc(const Hierarchy& h, Deadline deadline) {
                          .freeCached = freeCached_},
       deadline);
   if (tuning_.streamBarrier) {
-    nodeBarrier_ =
-        GpuNodeBarrier::make(store_,
-                             {.keyPrefix = strCat("smdccl/cuda_ipc/node", node, "/flags"),
-                              .device = device_,
-                              .stream = stream_,
-                              .localRank = localRank,
-                              .groupRanks = h.nodes[static_cast<size_t>(h.myNode)]},
-                             deadline);
+    auto made = GpuNodeBarrier::make(store_,
+                                     {.keyPrefix = strCat("smdccl/cuda_ipc/node", node, "/flags"),
+                                      .device = device_,
+                                      .stream = stream_,
+                                      .localRank = localRank,
+                                      .groupRanks = h.nodes[static_cast<size_t>(h.myNode)]},
+                                     deadline);
+    // Under the lock: abort() may read it from any thread.
     std::lock_guard<std::mutex> lock(handlerMu_);
+    nodeBarrier_ = std::move(made);
     if (nodeBarrier_) nodeBarrier_->onFailure(barrierFailed_);
   }
   return *ipc_;
@@ -151,6 +158,7 @@ void GpuContext::onBarrierFailure(std::function<void(const std::string&)> handle
 }
 
 void GpuContext::abortBarriers(const std::string& cause) {
+  std::lock_guard<std::mutex> lock(handlerMu_);
   if (nodeBarrier_) nodeBarrier_->abort(cause);
 }
 
