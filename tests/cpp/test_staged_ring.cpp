@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -64,17 +65,16 @@ std::string caseName(const Case& k, DType dt, RedOp op, size_t n, const StagePla
          (deferred ? " deferred" : "");
 }
 
-}  // namespace
-
-TEST(staged_ring_matches_host_ring_bits) {
-  const std::vector<Case> cases = {{{4}, Wire::F32, false},        {{2, 2}, Wire::F16, false},
-                                   {{1, 1, 1}, Wire::BF16, false}, {{3, 2}, Wire::F16, false},
-                                   {{5}, Wire::F16, true},         {{1, 1}, Wire::F32, false}};
-  const size_t sizes[] = {1, 7, 1021, 16411};
-  // A piece per 16 elements in one slot; 1 KiB pieces in 2 slots, 8 KiB
-  // chunks (each its own ring); everything in one piece.
-  const StagePlan plans[] = {{64, 1}, {1024, 2, 8192}, {1u << 20, 4}};
-  int checked = 0;
+// Runs `check` for every case, dtype/op, size and plan on every rank
+// (deferred device every other time); returns the failures ("" from check:
+// passed) and counts rank 0's checks in *checked.
+using StagedCheck = std::function<std::string(int r, Comm& c, DType dt, RedOp op, size_t n,
+                                              const StagePlan& plan, bool deferred)>;
+std::vector<std::string> runStagedMatrix(const std::vector<Case>& cases,
+                                         const std::vector<size_t>& sizes,
+                                         const std::vector<StagePlan>& plans,
+                                         const std::vector<std::pair<DType, RedOp>>& ops,
+                                         const StagedCheck& check, int* checked) {
   std::mutex mu;
   std::vector<std::string> failures;
   for (const Case& k : cases) {
@@ -83,48 +83,65 @@ TEST(staged_ring_matches_host_ring_bits) {
       c.wire = k.wire;
       c.wireIntra = k.intra;
       int variant = 0;
-      for (auto [dt, op] : {std::pair{DType::F32, RedOp::Sum}, std::pair{DType::F32, RedOp::Max},
-                            std::pair{DType::I64, RedOp::Sum}}) {
-        for (size_t n : sizes) {
+      for (auto [dt, op] : ops)
+        for (size_t n : sizes)
           for (const StagePlan& plan : plans) {
             bool deferred = (variant++ % 2) == 1;
-            std::vector<char> ref, buf;
-            fill(ref, dt, r, n);
-            buf = ref;
-            const size_t es = elementSize(dt);
-            const size_t chunk = plan.chunkBytes ? plan.chunkBytes / es : n;
-            for (size_t at = 0; at < n; at += chunk)
-              ringAllreduce(c, ref.data() + at * es, std::min(chunk, n - at), dt, op);
-            HostStageDevice device(deferred);
-            std::vector<char> slots(plan.hostBytes());
-            uint64_t sent = 0;
-            c.ctx.sentBytes = &sent;
-            stagedRingAllreduce(c, device, {.buf = buf.data(), .count = n, .dt = dt, .op = op},
-                                slots.data(), plan);
-            c.ctx.sentBytes = nullptr;
-            std::string what = caseName(k, dt, op, n, plan, deferred);
-            std::string why;
-            if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
-              why = "bits differ from the host ring";
-            // Every byte on the wire was packed by the device, every byte
-            // received was unpacked by it; a ring receives what it sends
-            // give or take one element per block.
-            else if (device.bytesToHost() != sent) why = "bytes to host != bytes sent";
-            else if (n >= static_cast<size_t>(c.size()) && device.bytesFromHost() == 0)
-              why = "nothing came back";
-            if (!why.empty()) {
-              std::lock_guard<std::mutex> lock(mu);
-              failures.push_back("rank " + std::to_string(r) + ": " + what + ": " + why);
-            }
-            if (r == 0) ++checked;
+            std::string why = check(r, c, dt, op, n, plan, deferred);
+            std::lock_guard<std::mutex> lock(mu);
+            if (!why.empty())
+              failures.push_back("rank " + std::to_string(r) + ": " +
+                                 caseName(k, dt, op, n, plan, deferred) + ": " + why);
+            if (r == 0) ++*checked;
           }
-        }
-      }
     });
     if (!error.empty()) failures.push_back(error);
   }
   for (size_t i = 0; i < failures.size() && i < 10; ++i)
     std::fprintf(stderr, "  FAIL %s\n", failures[i].c_str());
+  return failures;
+}
+
+}  // namespace
+
+TEST(staged_ring_matches_host_ring_bits) {
+  const std::vector<Case> cases = {{{4}, Wire::F32, false},        {{2, 2}, Wire::F16, false},
+                                   {{1, 1, 1}, Wire::BF16, false}, {{3, 2}, Wire::F16, false},
+                                   {{5}, Wire::F16, true},         {{1, 1}, Wire::F32, false}};
+  // A piece per 16 elements in one slot; 1 KiB pieces in 2 slots, 8 KiB
+  // chunks (each its own ring); everything in one piece.
+  const std::vector<StagePlan> plans = {{64, 1}, {1024, 2, 8192}, {1u << 20, 4}};
+  int checked = 0;
+  auto check = [](int r, Comm& c, DType dt, RedOp op, size_t n, const StagePlan& plan,
+                  bool deferred) -> std::string {
+    std::vector<char> ref, buf;
+    fill(ref, dt, r, n);
+    buf = ref;
+    const size_t es = elementSize(dt);
+    const size_t chunk = plan.chunkBytes ? plan.chunkBytes / es : n;
+    for (size_t at = 0; at < n; at += chunk)
+      ringAllreduce(c, ref.data() + at * es, std::min(chunk, n - at), dt, op);
+    HostStageDevice device(deferred);
+    std::vector<char> slots(plan.hostBytes());
+    uint64_t sent = 0;
+    c.ctx.sentBytes = &sent;
+    stagedRingAllreduce(c, device, {.buf = buf.data(), .count = n, .dt = dt, .op = op},
+                        slots.data(), plan);
+    c.ctx.sentBytes = nullptr;
+    if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
+      return "bits differ from the host ring";
+    // Every byte on the wire was packed by the device, every byte received
+    // was unpacked by it; a ring receives what it sends give or take one
+    // element per block.
+    if (device.bytesToHost() != sent) return "bytes to host != bytes sent";
+    if (n >= static_cast<size_t>(c.size()) && device.bytesFromHost() == 0)
+      return "nothing came back";
+    return "";
+  };
+  auto failures = runStagedMatrix(
+      cases, {1, 7, 1021, 16411}, plans,
+      {{DType::F32, RedOp::Sum}, {DType::F32, RedOp::Max}, {DType::I64, RedOp::Sum}}, check,
+      &checked);
   CHECK(failures.empty());
   CHECK(checked == static_cast<int>(cases.size() * 3 * 4 * 3));
 }
@@ -136,56 +153,34 @@ TEST(staged_ring_reduce_scatter_matches_host_ring_bits) {
                                    {{2, 2}, Wire::F16, false},
                                    {{1, 1, 1}, Wire::BF16, false},
                                    {{3, 2}, Wire::F16, false}};
-  const size_t sizes[] = {1, 7, 1021, 4099};  // elements per rank's block
-  const StagePlan plans[] = {{64, 1}, {1024, 2, 8192}, {1u << 20, 4}};
+  const std::vector<StagePlan> plans = {{64, 1}, {1024, 2, 8192}, {1u << 20, 4}};
   int checked = 0;
-  std::mutex mu;
-  std::vector<std::string> failures;
-  for (const Case& k : cases) {
-    MemoryFabric fabric(k.nodes);
-    std::string error = fabric.run([&](int r, Comm& c) {
-      c.wire = k.wire;
-      c.wireIntra = k.intra;
-      const size_t p = static_cast<size_t>(c.size());
-      int variant = 0;
-      for (auto [dt, op] : {std::pair{DType::F32, RedOp::Sum}, std::pair{DType::F32, RedOp::Min},
-                            std::pair{DType::I64, RedOp::Sum}}) {
-        for (size_t each : sizes) {
-          for (const StagePlan& plan : plans) {
-            bool deferred = (variant++ % 2) == 1;
-            const size_t es = elementSize(dt);
-            std::vector<char> ref, buf;
-            fill(ref, dt, r, each * p);
-            buf = ref;
-            ringReduceScatter(c, ref.data(), Blocks::equal(c.size(), each * es), dt, op);
-            HostStageDevice device(deferred);
-            std::vector<char> slots(plan.hostBytes());
-            uint64_t sent = 0;
-            c.ctx.sentBytes = &sent;
-            stagedRingReduceScatter(c, device,
-                                    {.buf = buf.data(), .each = each, .dt = dt, .op = op},
-                                    slots.data(), plan);
-            c.ctx.sentBytes = nullptr;
-            const size_t mine = static_cast<size_t>(r) * each * es;
-            std::string why;
-            if (std::memcmp(buf.data() + mine, ref.data() + mine, each * es) != 0)
-              why = "bits of this rank's block differ from the host ring's";
-            else if (device.bytesToHost() != sent) why = "bytes to host != bytes sent";
-            else if (each * es >= 4 && device.bytesFromHost() == 0) why = "nothing came back";
-            if (!why.empty()) {
-              std::lock_guard<std::mutex> lock(mu);
-              failures.push_back("rank " + std::to_string(r) + ": " +
-                                 caseName(k, dt, op, each, plan, deferred) + ": " + why);
-            }
-            if (r == 0) ++checked;
-          }
-        }
-      }
-    });
-    if (!error.empty()) failures.push_back(error);
-  }
-  for (size_t i = 0; i < failures.size() && i < 10; ++i)
-    std::fprintf(stderr, "  FAIL %s\n", failures[i].c_str());
+  // n: elements per rank's block.
+  auto check = [](int r, Comm& c, DType dt, RedOp op, size_t each, const StagePlan& plan,
+                  bool deferred) -> std::string {
+    const size_t es = elementSize(dt), p = static_cast<size_t>(c.size());
+    std::vector<char> ref, buf;
+    fill(ref, dt, r, each * p);
+    buf = ref;
+    ringReduceScatter(c, ref.data(), Blocks::equal(c.size(), each * es), dt, op);
+    HostStageDevice device(deferred);
+    std::vector<char> slots(plan.hostBytes());
+    uint64_t sent = 0;
+    c.ctx.sentBytes = &sent;
+    stagedRingReduceScatter(c, device, {.buf = buf.data(), .each = each, .dt = dt, .op = op},
+                            slots.data(), plan);
+    c.ctx.sentBytes = nullptr;
+    const size_t mine = static_cast<size_t>(r) * each * es;
+    if (std::memcmp(buf.data() + mine, ref.data() + mine, each * es) != 0)
+      return "bits of this rank's block differ from the host ring's";
+    if (device.bytesToHost() != sent) return "bytes to host != bytes sent";
+    if (each * es >= 4 && device.bytesFromHost() == 0) return "nothing came back";
+    return "";
+  };
+  auto failures = runStagedMatrix(
+      cases, {1, 7, 1021, 4099}, plans,
+      {{DType::F32, RedOp::Sum}, {DType::F32, RedOp::Min}, {DType::I64, RedOp::Sum}}, check,
+      &checked);
   CHECK(failures.empty());
   CHECK(checked == static_cast<int>(cases.size() * 3 * 4 * 3));
 }
