@@ -63,19 +63,16 @@ GpuNodeBarrier::~GpuNodeBarrier() {
   CaptureSafeScope captureSafe;
   const auto start = Clock::now();
   for (;;) {
-    cudaError_t e = queried(cudaStreamQuery(spec_.stream));
-    if (e != cudaErrorNotReady) break;
+    if (drained()) break;
     if (!failure_->failed() && Clock::now() - start > kDrainWait) {
       // Letting the stream pass barriers unmet: its node-mates must hear of
       // it (the verdict), or a slow one would take what follows for a
       // success.
-      uint32_t oldest = 0;
-      if (!pending_.oldest(barrier_, &oldest)) oldest = barrier_.lastEpoch() + 1;
       std::string why = strCat(
           "smdccl: the group was destroyed while this rank's GPU stream "
           "still waited at a node barrier after ",
           kDrainWait.count(), " s: letting it pass");
-      if (failure_->record(why, oldest)) barrier_.giveUp(oldest);
+      failAtOldest(why);
       SMDCCL_WARN(why);
     }
     if (failure_->failed()) barrier_.release();
@@ -121,11 +118,15 @@ void GpuNodeBarrier::onFailure(std::function<void(const std::string&)> handler) 
 }
 
 void GpuNodeBarrier::abort(const std::string& cause) {
+  failAtOldest(cause);
+  cv_.notify_all();
+}
+
+void GpuNodeBarrier::failAtOldest(const std::string& cause) {
   std::lock_guard<std::mutex> lock(arriveMu_);
   uint32_t oldest = 0;
   if (!pending_.oldest(barrier_, &oldest)) oldest = barrier_.lastEpoch() + 1;
   if (failure_->record(cause, oldest)) barrier_.giveUp(oldest);
-  cv_.notify_all();
 }
 
 void GpuNodeBarrier::watch() {
@@ -140,7 +141,7 @@ void GpuNodeBarrier::watch() {
     if (failure_->failed()) {
       // A node-mate's late arrival overwrites its slot: release again until
       // this rank's stream is past every barrier it queued.
-      if (queried(cudaStreamQuery(spec_.stream)) == cudaErrorNotReady) barrier_.release();
+      if (!drained()) barrier_.release();
       continue;
     }
     lock.unlock();

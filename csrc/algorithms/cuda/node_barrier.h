@@ -83,6 +83,9 @@ class GpuNodeBarrier {
  private:
   GpuNodeBarrier(const Spec& s, std::unique_ptr<NodeFlags> flags);
   void watch();
+  // Records `cause` as the failure at the oldest barrier not passed (or the
+  // next one) and tells the node (the verdict); the first failure stays.
+  void failAtOldest(const std::string& cause);
 
   Spec spec_;
   std::unique_ptr<NodeFlags> flags_;
