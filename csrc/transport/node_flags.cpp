@@ -28,14 +28,19 @@ NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline)
   auto unlinkMine = [&] {
     if (s.localRank == 0 && segment_.data()) ShmSegment::unlink(name);
   };
-  std::vector<std::string> names;
-  try {
-    names = allGatherStrings(
-        store, {strCat(s.keyPrefix, "/name"), s.localRank, s.localSize, deadline}, name);
-  } catch (...) {
-    unlinkMine();
-    throw;
-  }
+  // One store round of the node; when it fails, nothing is left behind:
+  // the name unlinked, an attach undone before the segment is unmapped.
+  auto round = [&](const char* step, const std::string& value) {
+    try {
+      return allGatherStrings(
+          store, {strCat(s.keyPrefix, "/", step), s.localRank, s.localSize, deadline}, value);
+    } catch (...) {
+      unlinkMine();
+      detach();
+      throw;
+    }
+  };
+  std::vector<std::string> names = round("name", name);
   const std::string& published = names[0];
   std::string mine;
   if (published.empty() || published[0] == kFailed) {
@@ -50,15 +55,7 @@ NodeFlags::NodeFlags(KVStore& store, const Spec& s, Deadline deadline)
       }
     } catch (const std::exception& e) { mine = e.what(); }
   }
-  std::vector<std::string> verdicts;
-  try {
-    verdicts = allGatherStrings(
-        store, {strCat(s.keyPrefix, "/attached"), s.localRank, s.localSize, deadline}, mine);
-  } catch (...) {
-    unlinkMine();
-    detach();  // before the segment is unmapped
-    throw;
-  }
+  std::vector<std::string> verdicts = round("attached", mine);
   unlinkMine();
   for (int l = 0; l < s.localSize && why_.empty(); ++l)
     if (!verdicts[static_cast<size_t>(l)].empty())
