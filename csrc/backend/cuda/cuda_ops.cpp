@@ -181,7 +181,7 @@ class CudaOp : public DeviceOp {
     if (copiedIn_) waitForEvent(copiedIn_->event, ctx, "copy to host memory");
   }
 
-  bool endQueuedEarly() const override { return gated_; }
+  bool endQueuedEarly() const override { return end_->early.load(std::memory_order_acquire); }
 
   // Queues the copies back behind a gate that the body opens when it has
   // filled the pinned copies, and the op's end behind them.
@@ -199,11 +199,10 @@ class CudaOp : public DeviceOp {
     end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
     end_->early.store(true, std::memory_order_release);
     end_->recorded.store(true, std::memory_order_release);
-    gated_ = true;
   }
 
   void finishBody(const OpContext& ctx) override {
-    if (gated_) {
+    if (endQueuedEarly()) {
       openGate();
       return;
     }
@@ -222,9 +221,8 @@ class CudaOp : public DeviceOp {
     // Also after a failure: nothing may wait for it forever (the event then
     // marks whatever reached the stream). On the progress thread this
     // also switches the capture mode for the future's completion after it.
-    // Also a gate held by a queueCopyOut() that failed half-way.
-    openGate();
-    if (gated_) return;  // its end is recorded; after a failure the copies back still go
+    openGate();                    // also one held by a queueCopyOut() that failed half-way
+    if (endQueuedEarly()) return;  // its end is recorded; after a failure the copies back still go
     CaptureSafeScope captureSafe;
     end_->barriers = s_->gpu->barrierFailure();
     end_->barrierUpTo = s_->gpu->barrierEpoch();
@@ -258,8 +256,7 @@ class CudaOp : public DeviceOp {
   GpuEvent ready_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
   std::optional<GpuEvent> copiedIn_;                                 // behind the copies in
-  bool gated_ = false;   // queueCopyOut() queued the copies back and the end
-  uint32_t ticket_ = 0;  // their gate (0: none, no copies back)
+  uint32_t ticket_ = 0;  // the copies back's gate (0: none held)
 
   void openGate() noexcept {
     if (ticket_) s_->gpu->gate()->release(ticket_);
