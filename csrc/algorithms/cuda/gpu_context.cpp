@@ -4,7 +4,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <thread>
 
 #include "algorithms/collectives.h"
 #include "algorithms/cuda/cuda_stage_device.h"
@@ -66,20 +65,19 @@ GpuContext::~GpuContext() {
   // back), and barriers a node-mate that is gone will never meet, must not
   // hold the stream.
   if (gate_) gate_->releaseAll();
+  std::unique_ptr<GpuNodeBarrier> barrier;
   {
-    std::unique_ptr<GpuNodeBarrier> barrier;
-    {
-      std::lock_guard<std::mutex> lock(handlerMu_);
-      barrier = std::move(nodeBarrier_);
-    }
-  }  // destroyed outside the lock: it may wait for the stream
+    std::lock_guard<std::mutex> lock(handlerMu_);
+    barrier = std::move(nodeBarrier_);
+  }
+  barrier.reset();  // outside the lock: it may wait for the stream
   // Nothing of ours may still be running when the buffers go. A stream that
   // does not drain keeps them: leaked, not freed under the GPU's feet (and
   // cudaFreeHost would wait for it for ever).
-  using Clock = std::chrono::steady_clock;
-  const auto until = Clock::now() + kDrainWait;
-  while (queried(cudaStreamQuery(stream_)) == cudaErrorNotReady) {
-    if (Clock::now() > until) {
+  try {
+    waitForStream(stream_, Deadline::after(kDrainWait), "the group's stream at its end");
+  } catch (const CommError& e) {
+    if (e.kind() == CommError::Kind::Timeout) {
       SMDCCL_WARN("smdccl: the group's CUDA stream did not drain within ", kDrainWait.count(),
                   " s of its end: its buffers are left allocated");
       staging_.release();
@@ -87,7 +85,6 @@ GpuContext::~GpuContext() {
       stage_.release();
       return;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
 }

@@ -60,4 +60,10 @@ void waitForEvent(cudaEvent_t ev, Deadline deadline, const std::string& what) {
                 what.c_str());
 }
 
+void waitForStream(cudaStream_t s, Deadline deadline, const std::string& what) {
+  pollUntilDone([s] { return cudaStreamQuery(s); }, deadline,
+                [&] { return strCat("smdccl: timed out waiting for the GPU (", what, ")"); },
+                what.c_str());
+}
+
 }  // namespace smdccl

@@ -15,5 +15,6 @@ void waitForEvent(cudaEvent_t ev, const OpContext& ctx, const char* what);
 void waitForStream(cudaStream_t s, const OpContext& ctx, const char* what);
 // Outside a collective (a send's copy): `what` names the wait.
 void waitForEvent(cudaEvent_t ev, Deadline deadline, const std::string& what);
+void waitForStream(cudaStream_t s, Deadline deadline, const std::string& what);
 
 }  // namespace smdccl
