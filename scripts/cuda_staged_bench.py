@@ -55,22 +55,22 @@ def counters(group) -> tuple[float, int]:
     return backend.progress_cpu_seconds, copied["to_host"] + copied["from_host"]
 
 
-def call(collective: str, x: torch.Tensor, group, async_op: bool):
+def collective_call(collective: str, x: torch.Tensor):
+    """run(group, async_op): the timed collective on x (its output made once, here)."""
     if collective == "allreduce":
-        return dist.all_reduce(x, group=group, async_op=async_op)
+        return lambda group, async_op: dist.all_reduce(x, group=group, async_op=async_op)
     out = torch.empty(x.numel() // dist.get_world_size(), device=x.device)
-    return dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
+    return lambda group, async_op: dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
 
 
-def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool,
-                collective: str) -> dict:
+def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool, run) -> dict:
     times = []
     cpu0, bytes0 = counters(group) if smdccl else (0.0, 0)
     for _ in range(iters):
         x.fill_(value)  # sums stay small: a growing tensor would overflow the fp16 wire
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        call(collective, x, group, True).wait()
+        run(group, True).wait()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     cpu1, bytes1 = counters(group) if smdccl else (0.0, 0)
@@ -107,12 +107,13 @@ def main() -> int:
         value = 1.0 / (rank + 1)
         n -= n % dist.get_world_size()  # reduce_scatter: whole blocks
         x = torch.full((n,), value, device="cuda")
+        run = collective_call(args.collective, x)
         for group in paths.values():
             for _ in range(args.warmup):
                 x.fill_(value)
-                call(args.collective, x, group, False)
+                run(group, False)
             torch.cuda.synchronize()
-        got = {name: timed_calls(paths[name], x, value, args.iters, name != "gloo", args.collective)
+        got = {name: timed_calls(paths[name], x, value, args.iters, name != "gloo", run)
                for name in paths}
         for name, r in got.items():
             s, cpu, pcie = max_over_ranks([r["s"], r["cpu_s"], r["pcie_bytes"]], ctrl)
