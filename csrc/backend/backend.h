@@ -228,6 +228,10 @@ class SmdcclBackend : public ::c10d::Backend {
   // barrier timed out; `cause` names the op and the ranks): the group fails
   // as failGroup fails it, from the thread that found it.
   void failFromDevice(const std::string& cause);
+  // From a thread other than the progress thread (abort(), a GPU failure):
+  // has the progress thread record `cause` for the peers and close the
+  // links, then stop; what is queued fails at once.
+  void tellPeersAndStop(const std::string& cause);
   // Runs one op where enqueue() put it: its checks, its body, its failure
   // handling, the completion of its Work and of the ops fused into it.
   void runWork(QueuedOp& op);

@@ -101,12 +101,17 @@ void SmdcclBackend::abort() {
   deviceOps_->abort(cause);  // GPU work waiting for node-mates stops waiting
   p2p_->abort(err);          // first: a transfer that sees the cancel below reports this cause
   mesh_->cancelWaits();      // the op in flight stops at its next wait (Exchange, connection waits)
+  tellPeersAndStop(cause);
+}
+
+void SmdcclBackend::tellPeersAndStop(const std::string& cause) {
   // The rest belongs to the progress thread, once the op in flight has
-  // stopped: this thread must not block on the store (abort() returns at
-  // once, also with the store gone) nor touch the links the progress thread
-  // may be connecting. It records the cause for the peers' errors first
-  // (the op in flight may record it before, in failGroup: the first record
-  // wins), then closes the links so that peers fail naming it.
+  // stopped: this thread must not block on the store (it may be the
+  // caller's, and abort() returns at once, also with the store gone) nor
+  // touch the links the progress thread may be connecting. It records the
+  // cause for the peers' errors first (the op in flight may record it
+  // before, in failGroup: the first record wins), then closes the links so
+  // that peers fail naming it.
   bool posted = progress_->post([this, cause] {
     withFirstFailure(*store_, cause);
     mesh_->abortLinks();
@@ -149,13 +154,7 @@ void SmdcclBackend::failFromDevice(const std::string& cause) {
   if (fate_.fatal()) return;  // failed (or aborted) first: that is the group's error
   auto err = toTorchError(std::make_exception_ptr(CommError(CommError::Kind::Timeout, cause)));
   fate_.fail(err, CommError::Kind::Timeout);
-  // As abort(): the store and the links belong to the progress thread.
-  bool posted = progress_->post([this, cause] {
-    withFirstFailure(*store_, cause);
-    mesh_->abortLinks();
-  });
-  if (!posted) mesh_->abortLinks();
-  progress_->stopWhenIdle();
+  tellPeersAndStop(cause);  // from the barrier's watch thread, as abort() from any
 }
 
 }  // namespace smdccl
