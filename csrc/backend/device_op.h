@@ -103,15 +103,15 @@ class DeviceOps {
   virtual int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) = 0;
   // Point-to-point on CUDA tensors goes through host memory. A send's
   // pinned copy of `dev` is queued on the caller's current stream, behind
-  // its work, without blocking the caller; `ready` (run by the send thread
-  // before it sends) waits for that copy, up to the send's deadline.
+  // its work, without blocking the caller; `ready` (polled by the send/recv
+  // loop before it sends) says whether that copy has ended.
   struct HostCopy {
     at::Tensor host;
-    std::function<void(Deadline)> ready;
+    std::function<bool()> ready;
   };
   virtual HostCopy hostCopyForSend(const at::Tensor& dev) = 0;
   // A receive into CUDA tensor `dev` lands in pinned `host`. `land` runs
-  // once, where the receive completes (the receive thread, or the caller's
+  // once, where the receive completes (the send/recv loop, or the caller's
   // thread when the message was there first): with `arrived`, it queues the
   // copy into `dev` after the work that the caller had queued on its current
   // stream when it called recv (which may still read or write `dev`), and

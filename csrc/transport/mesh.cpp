@@ -39,6 +39,7 @@ Mesh::Mesh(KVStore& store, const MeshConfig& cfg, Deadline deadline)
   if (cfg_.size > 1) {
     listener_ = &TcpListener::instance(pickLocalAddress(cfg_.masterAddr));
     listener_->registerGroup(token_, cfg_.size, cfg_.rank);
+    arrivalFd_ = listener_->arrivalFd(token_);
     store_.set(strCat("smdccl/addr/", cfg_.rank), listener_->address());
     for (int r = 0; r < cfg_.size; ++r)
       listenerProbes_.push_back(std::make_unique<ListenerProbe>(token_, cfg_.rank, r));
@@ -85,7 +86,7 @@ std::string Mesh::peerAddress(int peer, Deadline deadline, bool waitForIt) {
   }
   std::string key = strCat("smdccl/addr/", peer);
   if (!waitForIt && !store_.check(key)) return "";
-  // The progress thread (collective links) and send threads (p2p) may ask
+  // The progress thread (collective links) and the p2p connector may ask
   // at once: both read the same value; the store wait is outside the lock.
   std::string addr = store_.get(key, deadline);
   std::lock_guard<std::mutex> lock(addrMu_);
@@ -150,6 +151,20 @@ Link& Mesh::link(int peer, Deadline deadline) {
     }
   }
   return *links_[peer];
+}
+
+int Mesh::acceptP2P(int peer) {
+  if (!listener_) return -1;
+  {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    if (p2pIn_[peer] >= 0) return p2pIn_[peer];
+  }
+  int fd = listener_->tryTake(token_, peer, Channel::PointToPoint);
+  if (fd < 0) return -1;
+  tuneDataSocket(fd);
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  p2pIn_[peer] = fd;
+  return fd;
 }
 
 int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {

@@ -67,6 +67,14 @@ class Mesh {
   // A connected blocking socket for send/recv to/from `peer` (thread-safe);
   // `outgoing` picks which of the two per-pair sockets.
   int p2pSocket(int peer, bool outgoing, Deadline deadline);
+  // Without waiting: `peer`'s send/recv connection to this rank once it has
+  // dialled, else -1 (throws once the group is shut down here).
+  int acceptP2P(int peer);
+  // Readable when a connection for this group arrives (-1: no listener).
+  int p2pArrivalFd() const { return arrivalFd_; }
+  // Why `peer`, which has not dialled this rank for send/recv, never will
+  // (peerGone, the group failed, or its listener refuses connections), or "".
+  std::string p2pSenderGone(int peer) { return connectionWaitGone(peer, /*accepting=*/true); }
   // Why `peer` is known to be gone (its process exited, or its group
   // failed: same node, from shared memory; another node, from the collective
   // connection it closed), or "" while there is no sign of it. Thread-safe.
@@ -99,11 +107,12 @@ class Mesh {
   std::vector<int> localRanks_;
   std::shared_ptr<ShmNode> shm_;
   TcpListener* listener_ = nullptr;
+  int arrivalFd_ = -1;
   std::vector<std::unique_ptr<Link>> links_;
   Doorbell* givenBell_ = nullptr;
   std::mutex p2pMu_;
   std::vector<int> p2pOut_, p2pIn_;
-  std::mutex addrMu_;  // addrCache_: the progress thread and send threads both connect
+  std::mutex addrMu_;  // addrCache_: the progress thread and the p2p connector both dial
   std::vector<std::string> addrCache_;
   // The collective TCP link's socket per peer (-1: none yet), readable from
   // any thread (links_ belongs to the progress thread).

@@ -1,7 +1,10 @@
+// P2PEngine's posting side: send / recv / recvAny queue their request (or a
+// receive completes at once from a message that arrived first), matching,
+// and failing a peer. The loop that moves the bytes: p2p_loop.cpp.
 #include "transport/p2p_engine.h"
 
-#include <cstdint>
-#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -9,14 +12,13 @@
 #include "common/error.h"
 #include "common/exit_fence.h"
 #include "common/log.h"
-#include "common/own_thread.h"
 #include "transport/mesh.h"
-#include "transport/socket_util.h"
 
 namespace smdccl {
 
-SocketWait P2PEngine::payloadWait(const std::string& what) const {
-  return {.deadline = Deadline::after(timeout_()), .what = what, .cancel = mesh_.cancelFlag()};
+void P2PEngine::runLater(Later& later) {
+  for (auto& f : later) f();
+  dropOrLeak(later);  // the requests may hold the last reference to Python's tensors
 }
 
 P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
@@ -26,142 +28,166 @@ P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
       timeout_(std::move(timeout)),
       // Off unless a sane positive number of seconds (NaN, inf, 1e10 would
       // overflow the clock arithmetic below).
-      warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0) {}
+      warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0) {
+  for (int r = 0; r < mesh_.size(); ++r) peers_.push_back(std::make_unique<Peer>(r));
+  for (int* fd : {&wakeOut_, &wakeIn_}) {
+    *fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (*fd < 0) throwSystemError("eventfd", errno);
+  }
+}
 
 P2PEngine::~P2PEngine() {
-  stop_ = true;
-  mesh_.cancelWaits();
-  matchCv_.notify_all();
-  for (auto& [rank, p] : peers_) {
-    p->cv.notify_all();
-    if (p->sender.joinable()) p->sender.join();
-    if (p->receiver.joinable()) p->receiver.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
   }
-  // What the threads left queued must not wait for ever (a wait() without
-  // a timeout on a work of a destroyed group).
+  mesh_.cancelWaits();  // a dial in progress gives up
+  dialCv_.notify_all();
+  wakeBoth();
+  for (std::thread* t : {&sender_, &receiver_, &connector_})
+    if (t->joinable()) t->join();
+  // What is left must not wait for ever (a wait() without a timeout on a
+  // work of a destroyed group).
   auto gone = std::make_exception_ptr(CommError(
       CommError::Kind::System,
       strCat("smdccl: group '", group_, "' was destroyed before this send/recv completed")));
-  for (auto& [rank, p] : peers_) {
-    for (auto& snd : p->sends) snd.done(gone);
-    dropOrLeak(p->sends);
-    failRecvs(p->recvs, gone);
+  Later later;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r = 0; r < mesh_.size(); ++r) {
+      failPeer(r, gone, later);
+      endOut(*peers_[r], later);
+      endIn(r, *peers_[r], later);
+    }
+    for (RecvReq& req : anyRecvs_) finishLater(later, std::move(req), -1, gone);
+    anyRecvs_.clear();
   }
-  failRecvs(anyRecvs_, gone);
+  runLater(later);
+  close(wakeOut_);
+  close(wakeIn_);
 }
 
-P2PEngine::Peer& P2PEngine::peer(int rank) {
+void P2PEngine::startThreads() {
+  if (sender_.joinable() || stop_) return;
+  sender_ = std::thread([this] { loop(Direction::Out); });
+  receiver_ = std::thread([this] { loop(Direction::In); });
+  connector_ = std::thread([this] { connector(); });
+}
+
+int P2PEngine::threads() const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& p = peers_[rank];
-  if (!p) {
-    p = std::make_unique<Peer>();
-    p->failed = aborted_;
-  }
-  return *p;
+  return int(sender_.joinable()) + int(receiver_.joinable()) + int(connector_.joinable());
+}
+
+void P2PEngine::wake(Direction d) {
+  uint64_t one = 1;
+  ssize_t n = write(d == Direction::Out ? wakeOut_ : wakeIn_, &one, sizeof one);
+  (void)n;  // EAGAIN: the counter is full, so the loop wakes anyway
+}
+
+void P2PEngine::wakeBoth() {
+  wake(Direction::Out);
+  wake(Direction::In);
 }
 
 void P2PEngine::abort(std::exception_ptr why) {
-  std::vector<Peer*> all;
+  Later later;
   {
     std::lock_guard<std::mutex> lock(mu_);
     aborted_ = why;
-    for (auto& [rank, p] : peers_) all.push_back(p.get());
-  }
-  std::deque<RecvReq> anys;
-  {
-    // Also with no peer yet: an any-source receive must not wait for one.
-    std::lock_guard<std::mutex> match(matchMu_);
+    // Also with no peer reading yet: an any-source receive must not wait.
     if (!anyFailed_) anyFailed_ = why;
-    anys.swap(anyRecvs_);
+    for (RecvReq& req : anyRecvs_) finishLater(later, std::move(req), -1, why);
+    anyRecvs_.clear();
+    for (int r = 0; r < mesh_.size(); ++r)
+      if (r != mesh_.rank()) failPeer(r, why, later);
   }
-  failRecvs(anys, why);
-  for (Peer* p : all) failAll(*p, why);
+  wakeBoth();  // the loops end what they have in flight
+  runLater(later);
 }
 
 void P2PEngine::send(int rank, Outgoing m) {
-  Peer& p = peer(rank);
-  std::lock_guard<std::mutex> lock(p.mu);
+  std::unique_lock<std::mutex> lock(mu_);
+  Peer& p = *peers_[rank];
   if (p.failed) {
-    m.done(p.failed);
+    std::exception_ptr e = p.failed;
+    lock.unlock();
+    m.done(e);
     return;
   }
-  p.sends.push_back({nextSendId_++, m.buf, m.bytes, m.tag, m.deadline, std::move(m.done),
-                     std::move(m.ready), m.flags});
-  if (!p.sender.joinable()) p.sender = std::thread([this, rank, &p] { senderLoop(rank, p); });
-  p.cv.notify_all();
+  p.sends.push_back(
+      {m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), std::move(m.ready), m.flags});
+  startThreads();
+  lock.unlock();
+  wake(Direction::Out);
 }
 
 void P2PEngine::recv(int rank, Incoming m) {
-  Peer& p = peer(rank);
-  const int64_t tag = m.tag;
+  std::unique_lock<std::mutex> lock(mu_);
+  Peer& p = *peers_[rank];
   RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, nullptr};
-  std::unique_lock<std::mutex> match(matchMu_);
-  std::exception_ptr failed;
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    failed = p.failed;
-  }
-  if (failed) {
-    match.unlock();
-    finish(req, rank, failed);
+  if (p.failed) {
+    std::exception_ptr e = p.failed;
+    lock.unlock();
+    finish(req, rank, e);
     return;
   }
   // No any-source receive of this tag is pending when a message of it waits
   // here: that receive would have taken it on arrival.
-  auto early = p.early.find(tag);
+  auto early = p.early.find(m.tag);
   if (early != p.early.end()) {
     Arrived msg = takeEarly(p, early);
-    match.unlock();
+    lock.unlock();
     completeFromBuffer(rank, req, msg);
     return;
   }
   p.recvs.push_back(std::move(req));
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    ensureReceiver(rank, p);
-  }
-  matchCv_.notify_all();
+  // The receiving loop starts on a peer at its first receive; after that
+  // the message's arrival wakes it, and its deadline is within its
+  // 100 ms turn.
+  bool first = !p.reading;
+  p.reading = true;
+  startThreads();
+  lock.unlock();
+  if (first) wake(Direction::In);
 }
 
 void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
-  const int64_t tag = m.tag;
+  std::unique_lock<std::mutex> lock(mu_);
   RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, std::move(source)};
-  std::unique_lock<std::mutex> match(matchMu_);
   if (anyFailed_) {
     std::exception_ptr failed = anyFailed_;
-    match.unlock();
+    lock.unlock();
     finish(req, -1, failed);
     return;
   }
   // The oldest message of the tag that has already arrived, from any peer.
   int from = -1;
-  Peer* fromPeer = nullptr;
   EarlyMap::iterator queue;
   for (int r = 0; r < mesh_.size(); ++r) {
     if (r == mesh_.rank()) continue;
-    Peer& p = peer(r);
-    auto it = p.early.find(tag);
-    if (it == p.early.end()) continue;
-    if (!fromPeer || it->second.front().arrived < queue->second.front().arrived) {
+    auto it = peers_[r]->early.find(m.tag);
+    if (it == peers_[r]->early.end()) continue;
+    if (from < 0 || it->second.front().arrived < queue->second.front().arrived) {
       queue = it;
-      fromPeer = &p;
       from = r;
     }
   }
-  if (fromPeer) {
-    Arrived msg = takeEarly(*fromPeer, queue);
-    match.unlock();
+  if (from >= 0) {
+    Arrived msg = takeEarly(*peers_[from], queue);
+    lock.unlock();
     completeFromBuffer(from, req, msg);
     return;
   }
   anyRecvs_.push_back(std::move(req));
+  bool first = false;
   for (int r = 0; r < mesh_.size(); ++r) {
-    if (r == mesh_.rank()) continue;
-    Peer& p = peer(r);
-    std::lock_guard<std::mutex> lock(p.mu);
-    ensureReceiver(r, p);
+    if (r == mesh_.rank() || peers_[r]->reading) continue;
+    peers_[r]->reading = first = true;
   }
-  matchCv_.notify_all();
+  startThreads();
+  lock.unlock();
+  if (first) wake(Direction::In);
 }
 
 P2PEngine::Arrived P2PEngine::takeEarly(Peer& p, EarlyMap::iterator it) {
@@ -169,16 +195,6 @@ P2PEngine::Arrived P2PEngine::takeEarly(Peer& p, EarlyMap::iterator it) {
   it->second.pop_front();
   if (it->second.empty()) p.early.erase(it);  // tags come and go: keep the map small
   return msg;
-}
-
-void P2PEngine::failRecvs(std::deque<RecvReq>& q, std::exception_ptr e) {
-  for (auto& r : q) finish(r, -1, e);
-  dropOrLeak(q);  // they may hold the last reference to Python's tensors
-}
-
-void P2PEngine::ensureReceiver(int rank, Peer& p) {
-  if (!p.receiver.joinable() && !p.failed && !stop_)
-    p.receiver = std::thread([this, rank, &p] { receiverLoop(rank, p); });
 }
 
 bool P2PEngine::takeMatch(Peer& p, int64_t tag, RecvReq* out) {
@@ -203,7 +219,11 @@ void P2PEngine::finish(RecvReq& req, int rank, std::exception_ptr err) {
   req.done(err);
 }
 
-void P2PEngine::completeFromBuffer(int rank, RecvReq& req, const Arrived& msg) {
+void P2PEngine::finishLater(Later& later, RecvReq req, int rank, std::exception_ptr err) {
+  later.push_back([r = std::move(req), rank, err]() mutable { finish(r, rank, err); });
+}
+
+void P2PEngine::completeFromBuffer(int rank, RecvReq& req, const Arrived& msg) const {
   if (P2PHeader::carriesReport(msg.flags)) {
     failFromSender(rank, req, msg.flags, msg.payload);
     return;
@@ -240,233 +260,36 @@ InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t s
                                 " bytes but the matching send carried ", sent));
 }
 
-void P2PEngine::failAll(Peer& p, std::exception_ptr e) {
-  std::deque<SendReq> sends;
-  std::deque<RecvReq> recvs, anys;
-  {
-    std::lock_guard<std::mutex> match(matchMu_);
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (!p.failed) {
-      p.failed = e;  // the first cause (e.g. abort()) names it for good
-      ++failedPeers_;
-    }
-    e = p.failed;
-    sends.swap(p.sends);
-    recvs.swap(p.recvs);
-    // Any-source receives wait on while some rank could still send (one
-    // that finished and exited must not fail them); with none left, fail.
-    if (failedPeers_ >= mesh_.size() - 1) {
-      if (!anyFailed_) anyFailed_ = e;
-      anys.swap(anyRecvs_);
-    }
-  }
-  for (auto& snd : sends) snd.done(e);
-  dropOrLeak(sends);  // they may hold the last reference to Python's tensors
-  failRecvs(recvs, e);
-  failRecvs(anys, e);
+std::exception_ptr P2PEngine::sendFailure(int rank, int64_t tag, const std::string& why) const {
+  return std::make_exception_ptr(
+      CommError(CommError::Kind::PeerFailure, strCat("smdccl: send to rank ", rank, " (tag ", tag,
+                                                     ") on group '", group_, "' failed: ", why)));
 }
 
-void P2PEngine::senderLoop(int rank, Peer& p) {
-  markOwnThread();
-  std::string what = strCat("rank ", rank);
-  int fd = -1;
-  while (true) {
-    SendReq req;
-    {
-      std::unique_lock<std::mutex> lock(p.mu);
-      p.cv.wait(lock, [&] { return stop_ || !p.sends.empty(); });
-      if (stop_) return;
-      req = p.sends.front();
-    }
-    // A local failure before the data is there (the GPU copy) fails this
-    // send only: the receiver gets why in place of the data and fails the
-    // matching receive (instead of waiting for it, or taking the next
-    // message of the tag); the link stays in step.
-    std::exception_ptr notReady;
-    std::string why;
-    if (req.ready) {
-      try {
-        req.ready(req.deadline);
-      } catch (const std::exception& e) {
-        notReady = std::current_exception();
-        why = e.what();
-      } catch (...) {
-        notReady = std::current_exception();
-        why = "an exception of unknown type";
-      }
-    }
-    P2PHeader head{P2PHeader::kMagic, req.flags, req.tag, req.bytes};
-    const void* payload = req.buf;
-    if (notReady) {
-      head.flags = P2PHeader::kSenderFailed;
-      head.bytes = why.size();
-      payload = why.data();
-    }
-    try {
-      if (fd < 0) fd = mesh_.p2pSocket(rank, /*outgoing=*/true, req.deadline);
-      uint8_t h[sizeof(P2PHeader)];
-      encodeP2PHeader(head, h);
-      SendProgress progress;
-      progress.total = sizeof h + head.bytes;
-      sendWatched(rank, fd, req, {h, sizeof h}, &progress);
-      sendWatched(rank, fd, req, {payload, head.bytes}, &progress);
-    } catch (const std::exception& e) {
-      SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
-      failAll(p, std::make_exception_ptr(
-                     CommError(CommError::Kind::PeerFailure,
-                               strCat("smdccl: send to rank ", rank, " (tag ", req.tag,
-                                      ") on group '", group_, "' failed: ", e.what()))));
-      return;
-    }
-    // failAll (the receiver failing, abort()) may have completed this
-    // request and emptied the queue while it was being sent.
-    bool stillQueued;
-    {
-      std::lock_guard<std::mutex> lock(p.mu);
-      stillQueued = !p.sends.empty() && p.sends.front().id == req.id;
-      if (stillQueued) p.sends.pop_front();
-    }
-    if (stillQueued) req.done(notReady);
-    dropOrLeak(req);  // it may hold the last reference to Python's tensors
-  }
+std::exception_ptr P2PEngine::recvFailure(int rank, const std::string& why) const {
+  return std::make_exception_ptr(
+      CommError(CommError::Kind::PeerFailure,
+                strCat("smdccl: recv from rank ", rank, " on group '", group_, "': ", why)));
 }
 
-int P2PEngine::acceptSender(int rank, Peer& p) {
-  while (!stop_) {
-    Deadline until = Deadline::never();
-    Deadline warnAt = Deadline::never();
-    {
-      std::unique_lock<std::mutex> match(matchMu_);
-      if (!earliestDeadline(p, &until)) {
-        // Nothing this peer could complete: wait for a receive to be posted.
-        matchCv_.wait_for(match, std::chrono::milliseconds(100));
-        continue;
-      }
-      warnAt = nextWarning(p);
-    }
-    // Short slices: a receive posted meanwhile may be due earlier (a
-    // shorter timeout, its warning).
-    Deadline slice = Deadline::after(std::chrono::milliseconds(100));
-    for (const Deadline& d : {until, warnAt})
-      if (d.at() < slice.at()) slice = d;
-    try {
-      return mesh_.p2pSocket(rank, /*outgoing=*/false, slice);
-    } catch (const CommError& e) {
-      if (e.kind() != CommError::Kind::Timeout || stop_) throw;
-      warnLate(rank, p, /*connected=*/false);
-      expireLate(rank, p);  // the peer may still send later: only these receives fail
-    }
+void P2PEngine::failPeer(int rank, std::exception_ptr e, Later& later) {
+  Peer& p = *peers_[rank];
+  if (!p.failed) {
+    p.failed = e;  // the first cause (e.g. abort()) names it for good
+    ++failedPeers_;
   }
-  return -1;
-}
-
-void P2PEngine::receiverLoop(int rank, Peer& p) {
-  markOwnThread();
-  std::string what = strCat("rank ", rank);
-  int fd = -1;
-  auto failWith = [&](const std::string& msg) {
-    failAll(p, std::make_exception_ptr(CommError(
-                   CommError::Kind::PeerFailure,
-                   strCat("smdccl: recv from rank ", rank, " on group '", group_, "': ", msg))));
-  };
-  try {
-    fd = acceptSender(rank, p);
-  } catch (const std::exception& e) {
-    failWith(e.what());
-    return;
-  }
-  while (!stop_) {
-    // Wait for a header, failing pending receives whose deadline passes.
-    bool ready = false;
-    while (!stop_ && !ready) {
-      pollfd pf{fd, POLLIN, 0};
-      ready = poll(&pf, 1, 100) > 0;
-      if (!ready) {
-        warnLate(rank, p, /*connected=*/true);
-        expireLate(rank, p);
-      }
-    }
-    if (stop_) return;
-    {
-      // Failed by the send side: nothing can take this peer's messages now.
-      std::lock_guard<std::mutex> lock(p.mu);
-      if (p.failed) return;
-    }
-    // Also while the peer keeps sending other tags: a due receive fails at
-    // its deadline, not when the line goes quiet.
-    warnLate(rank, p, /*connected=*/true);
-    expireLate(rank, p);
-    // A receive taken off the queue is this thread's to complete, also when
-    // its payload never arrives (failAll only sees the queues).
-    RecvReq target{};
-    bool matched = false;
-    try {
-      uint8_t wire[sizeof(P2PHeader)];
-      recvAll(fd, wire, sizeof wire, payloadWait(what));
-      P2PHeaderParse parsed = parseP2PHeader(wire, sizeof wire);
-      if (!parsed.ok)
-        throw CommError(CommError::Kind::Protocol,
-                        strCat("corrupt message header (", parsed.why, ")"));
-      const P2PHeader& h = parsed.header;
-      {
-        std::lock_guard<std::mutex> match(matchMu_);
-        matched = takeMatch(p, h.tag, &target);
-      }
-      if (matched && P2PHeader::carriesReport(h.flags)) {
-        std::vector<char> report;
-        recvPayload(fd, report, h.bytes, payloadWait(what));
-        matched = false;
-        failFromSender(rank, target, h.flags, report);
-        dropOrLeak(target);
-        continue;
-      }
-      if (matched && target.bytes == h.bytes) {
-        // The message is arriving: a receive due meanwhile still gets it
-        // (a partial read would leave the stream unusable).
-        recvAll(fd, target.buf, h.bytes, payloadWait(what));
-        matched = false;
-        finish(target, rank, nullptr);
-        dropOrLeak(target);  // it may hold the last reference to Python's tensors
-        continue;
-      }
-      if (matched) {
-        // Drained through a small buffer: only the size goes into the error.
-        discardPayload(fd, h.bytes, payloadWait(what));
-        matched = false;
-        finish(target, rank, std::make_exception_ptr(sizeMismatch(rank, target, h.bytes)));
-        dropOrLeak(target);
-        continue;
-      }
-      Arrived msg{{}, h.flags, 0};
-      recvPayload(fd, msg.payload, h.bytes, payloadWait(what));
-      // A receive may have been posted while the payload was arriving.
-      RecvReq late{};
-      bool lateMatch;
-      {
-        std::lock_guard<std::mutex> match(matchMu_);
-        lateMatch = takeMatch(p, h.tag, &late);
-        if (!lateMatch) {
-          msg.arrived = nextArrival_++;
-          p.early[h.tag].push_back(std::move(msg));
-        }
-      }
-      if (lateMatch) {
-        completeFromBuffer(rank, late, msg);
-        dropOrLeak(late);
-      }
-    } catch (const std::exception& e) {
-      failWith(e.what());
-      if (matched) {
-        std::exception_ptr why;
-        {
-          std::lock_guard<std::mutex> lock(p.mu);
-          why = p.failed;
-        }
-        finish(target, rank, why);
-        dropOrLeak(target);
-      }
-      return;
-    }
+  e = p.failed;
+  wakeBoth();  // the loops end what they have in flight for it
+  for (SendReq& s : p.sends) later.push_back([s = std::move(s), e] { s.done(e); });
+  p.sends.clear();
+  for (RecvReq& r : p.recvs) finishLater(later, std::move(r), -1, e);
+  p.recvs.clear();
+  // Any-source receives wait on while some rank could still send (one that
+  // finished and exited must not fail them); with none left, fail.
+  if (failedPeers_ >= mesh_.size() - 1) {
+    if (!anyFailed_) anyFailed_ = e;
+    for (RecvReq& r : anyRecvs_) finishLater(later, std::move(r), -1, e);
+    anyRecvs_.clear();
   }
 }
 

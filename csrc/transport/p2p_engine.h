@@ -1,11 +1,14 @@
 #pragma once
-// User-level send/recv with tags (wire format: p2p_frame.h; transfers that
-// take long: p2p_watch.cpp). Each (peer, direction) gets its own socket
-// and thread, so a send never waits behind a collective or behind a receive
-// (two ranks may both send first). A message is a header {tag, bytes} and the
-// payload; receives match the oldest pending receive of the same tag (from
-// that peer, or from any source), and messages that arrive before their
-// receive is posted are buffered.
+// User-level send/recv with tags (wire format: p2p_frame.h). Two event loop
+// threads per group move every peer's messages over non-blocking sockets,
+// one sending and one receiving (p2p_loop.cpp), and one helper thread makes
+// the connections and asks whether a silent peer is gone
+// (p2p_connector.cpp): the threads do not grow with the number of peers. Each (peer, direction) has
+// its own socket, dialled by the sender, so a send never waits behind a collective or behind a
+// receive (two ranks may both send first). A message is a header {tag, bytes} and the payload;
+// receives match the oldest pending receive of the same tag (from that peer, or from any source),
+// and messages that arrive before their receive is posted are buffered. Deadlines and
+// SMDCCL_WARN_AFTER's warnings: p2p_watch.cpp.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -19,10 +22,12 @@
 #include <thread>
 #include <vector>
 
+#include <poll.h>
+
 #include "common/deadline.h"
 #include "common/error.h"
 #include "transport/p2p_frame.h"
-#include "transport/socket_util.h"
+#include "transport/p2p_reader.h"
 
 namespace smdccl {
 
@@ -42,9 +47,10 @@ class P2PEngine {
   ~P2PEngine();
 
   // A message to send: `bytes` at `buf`, matched by `tag`, due by
-  // `deadline`; `done` runs once with its outcome. `ready`, when given,
-  // runs on the send thread before anything is sent (e.g. waits for a GPU
-  // copy into `buf`); what it throws fails this send and the receive it
+  // `deadline`; `done` runs once with its outcome. `ready`, when given, is
+  // polled by the loop before anything is sent: false while the data is not
+  // in `buf` yet (e.g. a GPU copy into it), true once it is; what it throws
+  // (or the deadline passing first) fails this send and the receive it
   // matches (the receiver gets why), nothing else. `flags` go into the
   // header (P2PHeader::kNonFinite: buf is a report).
   struct Outgoing {
@@ -53,7 +59,7 @@ class P2PEngine {
     int64_t tag = 0;
     Deadline deadline;
     Completion done;
-    std::function<void(Deadline)> ready = nullptr;
+    std::function<bool()> ready = nullptr;
     uint32_t flags = 0;
   };
   void send(int peer, Outgoing m);
@@ -74,20 +80,22 @@ class P2PEngine {
   // at its deadline, or once every peer has failed (or abort()).
   void recvAny(Incoming m, std::function<void(int)> source);
   // ProcessGroup.abort(): every pending and later send and receive fails
-  // with `why`. Transfers in flight stop at their next wait (they watch the
-  // mesh's cancel flag, which the caller sets).
+  // with `why`, those in flight included.
   void abort(std::exception_ptr why);
+  // Threads this engine runs (0 before the first send or receive): tests
+  // check that they do not grow with the peers.
+  int threads() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct SendReq {
-    uint64_t id;  // which request the sender thread holds, once failAll may have taken it
-    const void* buf;
-    size_t bytes;
-    int64_t tag;
+    const void* buf = nullptr;
+    size_t bytes = 0;
+    int64_t tag = 0;
     Deadline deadline;
     Completion done;
-    std::function<void(Deadline)> ready;
-    uint32_t flags;
+    std::function<bool()> ready;
+    uint32_t flags = 0;
   };
   struct RecvReq {
     void* buf = nullptr;
@@ -97,7 +105,7 @@ class P2PEngine {
     Completion done;
     uint64_t posted = 0;              // post order over all receives
     std::function<void(int)> source;  // recvAny: told the sender's rank
-    std::chrono::steady_clock::time_point postedAt = std::chrono::steady_clock::now();
+    Clock::time_point postedAt = Clock::now();
     bool warned = false;  // SMDCCL_WARN_AFTER: said once
   };
   // A message read before a receive for it was posted.
@@ -107,88 +115,131 @@ class P2PEngine {
     uint64_t arrived;  // arrival order over all peers (recvAny takes the oldest)
   };
   using EarlyMap = std::map<int64_t, std::deque<Arrived>>;
+  // The send the sending loop is moving (that thread's only).
+  struct Outbound {
+    bool active = false;
+    bool ready = false;  // the data (or the report of why not) is there
+    SendReq req;
+    uint8_t head[sizeof(P2PHeader)];
+    const char* payload = nullptr;
+    uint64_t payloadBytes = 0;
+    std::string report;  // kSenderFailed: why the data is not there
+    std::exception_ptr notReady;
+    uint64_t sent = 0;  // of the header and the payload
+    Clock::time_point lastMoved;
+    bool warned = false;  // SMDCCL_WARN_AFTER: said once
+  };
+  // The message the receiving loop is reading (that thread's only).
+  struct Inbound {
+    explicit Inbound(int rank) : reader(strCat("rank ", rank)) {}
+    P2PReader reader;
+    bool matched = false;  // `target` is this message's receive
+    RecvReq target;
+    Deadline due;  // the group's timeout from the message's first byte
+  };
   struct Peer {
-    std::mutex mu;  // sends, failed, the threads; taken after matchMu_
-    std::condition_variable cv;
-    std::deque<SendReq> sends;
-    std::deque<RecvReq> recvs;  // under matchMu_
-    EarlyMap early;             // under matchMu_: arrived before a recv, by tag
-    std::thread sender, receiver;
+    explicit Peer(int rank) : in(rank) {}
+    // Under mu_:
+    std::deque<SendReq> sends;  // not started yet
+    std::deque<RecvReq> recvs;
+    EarlyMap early;             // arrived before a recv, by tag
     std::exception_ptr failed;  // sticky: the peer is gone
+    bool reading = false;       // a receive from it was posted: accept and read
+    bool dialing = false;       // the connector is connecting `outFd`...
+    Deadline dialBy;            // ...by the deadline of the send that needs it
+    int64_t dialTag = 0;
+    int outFd = -1, inFd = -1;
+    // Loop thread only:
+    Outbound out;
+    Inbound in;
   };
+  // What completes after mu_ is released (completions may call back in).
+  using Later = std::vector<std::function<void()>>;
+  static void runLater(Later& later);
 
-  Peer& peer(int rank);
-  void senderLoop(int rank, Peer& p);
-  void receiverLoop(int rank, Peer& p);
-  // Waits for `rank`'s send connection while receives that it could complete
-  // are pending; a deadline passing fails those receives only. -1: stopped
-  // or failed (then everything pending is failed).
-  int acceptSender(int rank, Peer& p);
-  // Starts `rank`'s receiver thread if it is not running (p.mu held).
-  void ensureReceiver(int rank, Peer& p);
-  void failAll(Peer& p, std::exception_ptr e);
-  // Fails the receives `rank`'s thread serves (its own and the any-source
-  // ones) whose deadline has passed.
-  void expireLate(int rank, Peer& p);
-  // SMDCCL_WARN_AFTER: logs, once each, the receives `rank`'s thread serves
-  // that have waited that long. `connected`: whether the peer has connected
-  // for send/recv at all.
-  void warnLate(int rank, Peer& p, bool connected);
-  // Sends `out` (part of `req`'s message) to `rank` on `fd` by its deadline;
-  // once no byte of it has gone out for SMDCCL_WARN_AFTER (e.g. the peer
-  // posts no receive from this rank, so nothing reads the socket once its
-  // buffers are full), logs once what is stuck. `progress` carries the
-  // message's bytes out, when one last moved and "said once" across the
-  // header and the payload.
-  struct SendProgress {
-    uint64_t sent = 0;
-    uint64_t total = 0;  // header and payload
-    std::chrono::steady_clock::time_point lastMoved = std::chrono::steady_clock::now();
-    bool warned = false;
-  };
-  struct Span {
-    const void* data;
-    size_t bytes;
-  };
-  void sendWatched(int rank, int fd, const SendReq& req, Span out, SendProgress* progress) const;
-  // When the next of those warnings is due (never when off or none pending; matchMu_ held).
-  Deadline nextWarning(Peer& p) const;
-  // The receive a message of `tag` from `p` completes: the earliest posted
-  // of p's receives of the tag and the any-source ones, removed from its
-  // queue (matchMu_ held).
-  bool takeMatch(Peer& p, int64_t tag, RecvReq* out);
-  // The earliest deadline of the receives `p`'s thread serves; false: none.
-  bool earliestDeadline(Peer& p, Deadline* out);
-  // The oldest buffered message of `it`'s tag, removed (matchMu_ held).
+  // p2p_engine.cpp: posting, matching, failing.
+  void startThreads();  // mu_ held
+  enum class Direction { Out, In };
+  void wake(Direction d);
+  void wakeBoth();
+  bool takeMatch(Peer& p, int64_t tag, RecvReq* out);  // mu_ held
   static Arrived takeEarly(Peer& p, EarlyMap::iterator it);
-  // Completes every request of `q` with `e` and empties it (no lock held).
-  static void failRecvs(std::deque<RecvReq>& q, std::exception_ptr e);
-  void completeFromBuffer(int rank, RecvReq& req, const Arrived& msg);
+  void completeFromBuffer(int rank, RecvReq& req, const Arrived& msg) const;
   static void finish(RecvReq& req, int rank, std::exception_ptr err);
-  // A receive matched by a kNonFinite or kSenderFailed message (`flags`):
-  // fails with the sender's report.
+  static void finishLater(Later& later, RecvReq req, int rank, std::exception_ptr err);
   void failFromSender(int rank, RecvReq& req, uint32_t flags,
                       const std::vector<char>& report) const;
   InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
-  // A read off `what`'s connection: bounded by the group's timeout from now.
-  SocketWait payloadWait(const std::string& what) const;
+  // Fails everything queued for `rank` (and, once every peer has failed,
+  // the any-source receives) with `e`, or the peer's first failure (mu_
+  // held; the completions go to `later`).
+  void failPeer(int rank, std::exception_ptr e, Later& later);
+  std::exception_ptr sendFailure(int rank, int64_t tag, const std::string& why) const;
+  std::exception_ptr recvFailure(int rank, const std::string& why) const;
+
+  // p2p_loop.cpp: the event loops, one per direction (sends are written
+  // while messages are read, as two peers' sockets need).
+  void loop(Direction d);
+  // One turn's bookkeeping under mu_: deadlines, warnings, what to poll.
+  void prepareOut(Later& later, std::vector<std::string>& warnings, std::vector<pollfd>& fds,
+                  std::vector<int>& owner);
+  void prepareIn(Later& later, std::vector<std::string>& warnings, std::vector<pollfd>& fds,
+                 std::vector<int>& owner);
+  // One peer's turn after poll(): start, move and end its transfers.
+  void serveOut(int rank, Peer& p, Later& later);
+  bool startSend(Peer& p);  // mu_ held
+  void pollReady(Peer& p);  // mu_ held
+  // Reads what is there of the current message; false: the peer failed.
+  bool readSome(int rank, Peer& p, Later& later);
+  // A message's header is in: match it, and say where its payload goes.
+  void headerRead(int rank, Peer& p, Later& later);
+  // A receive posted while a message nobody had asked for was arriving
+  // takes it now, if it would take it at its end.
+  void matchMidMessage(Peer& p);
+  // A message is in: complete its receive, or keep it for one.
+  void messageRead(int rank, Peer& p, Later& later);
+  // End the loops' own transfers of a failed peer with its error (mu_ held).
+  void endOut(Peer& p, Later& later);
+  void endIn(int rank, Peer& p, Later& later);
+  // Takes the connections of peers whose messages are wanted (mu_ held).
+  void acceptArrivals();
+
+  // p2p_connector.cpp: the helper thread for what may block.
+  void connector();
+  void dial(int rank);
+
+  // p2p_watch.cpp: deadlines and warnings (mu_ held).
+  // Fails the receives whose deadline has passed, and a message that
+  // stopped arriving.
+  void expireRecvs(Later& later);
+  // A send in flight past its deadline fails its peer; one whose data was
+  // never ready tells the receiver so.
+  void expireSends(Later& later);
+  // SMDCCL_WARN_AFTER: the receives that have waited that long, and the
+  // sends that have not moved for that long, once each.
+  void warnRecvs(std::vector<std::string>& lines);
+  void warnSends(std::vector<std::string>& lines);
+  // How long a loop may sleep: until its next deadline or warning, at most
+  // 100 ms.
+  int pollTimeoutMs(Direction d) const;
+  Deadline nextWarning(Direction d) const;
 
   Mesh& mesh_;
   std::string group_;
   std::function<std::chrono::milliseconds()> timeout_;
-  std::mutex mu_;
-  std::map<int, std::unique_ptr<Peer>> peers_;
-  std::exception_ptr aborted_;  // under mu_: peers made after abort() start failed
-  // Receive matching: every peer's recvs and early messages, and the
-  // any-source receives; taken before any Peer::mu.
-  std::mutex matchMu_;
-  std::condition_variable matchCv_;  // a receive was posted (receivers waiting to connect)
+  double warnAfterS_;
+  mutable std::mutex mu_;
+  std::condition_variable dialCv_;  // the connector: a dial is asked for
+  std::deque<int> dials_;           // peers to connect to, under mu_
+  std::vector<std::unique_ptr<Peer>> peers_;
   std::deque<RecvReq> anyRecvs_;
   std::exception_ptr anyFailed_;  // every peer failed (or abort()): any-source receives fail
-  int failedPeers_ = 0;           // under matchMu_
-  std::atomic<uint64_t> nextPost_{1}, nextArrival_{1};
-  double warnAfterS_;
-  std::atomic<uint64_t> nextSendId_{1};
+  std::exception_ptr aborted_;
+  int failedPeers_ = 0;
+  uint64_t nextPost_ = 1, nextArrival_ = 1;
+  // eventfds: a loop's poll() returns when its is written
+  int wakeOut_ = -1, wakeIn_ = -1;
+  std::thread sender_, receiver_, connector_;
   std::atomic<bool> stop_{false};
 };
 

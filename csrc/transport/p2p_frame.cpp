@@ -34,28 +34,4 @@ void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]) {
   storeLE(out + 16, h.bytes, 8);
 }
 
-void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, const SocketWait& w) {
-  out.clear();
-  size_t got = 0;
-  while (got < bytes) {
-    // Grow by what has arrived so far (at least a chunk): the allocation
-    // follows the data, not the length field.
-    size_t step =
-        static_cast<size_t>(std::min<uint64_t>(bytes - got, std::max(kPayloadChunk, got)));
-    out.resize(got + step);
-    recvAll(fd, out.data() + got, step, w);
-    got += step;
-  }
-}
-
-void discardPayload(int fd, uint64_t bytes, const SocketWait& w) {
-  if (bytes == 0) return;
-  std::vector<char> sink(static_cast<size_t>(std::min<uint64_t>(bytes, kPayloadChunk)));
-  while (bytes > 0) {
-    size_t step = static_cast<size_t>(std::min<uint64_t>(bytes, sink.size()));
-    recvAll(fd, sink.data(), step, w);
-    bytes -= step;
-  }
-}
-
 }  // namespace smdccl

@@ -1,12 +1,9 @@
 #pragma once
 // The send/recv wire format: a fixed header {magic, flags, tag, bytes} in
-// front of each payload, and the payload reads whose length comes off the
-// wire. Pure parsing and bounded reads, shared with the fuzz test.
+// front of each payload. Pure parsing, shared with the fuzz test (the
+// payload reads whose length comes off the wire: p2p_reader.h).
 #include <cstddef>
 #include <cstdint>
-#include <vector>
-
-#include "transport/socket_util.h"
 
 namespace smdccl {
 
@@ -39,14 +36,5 @@ struct P2PHeaderParse {
 };
 P2PHeaderParse parseP2PHeader(const uint8_t* data, size_t len);
 void encodeP2PHeader(const P2PHeader& h, uint8_t out[sizeof(P2PHeader)]);
-
-// Payload reads whose length comes off the wire. The buffer grows as bytes
-// actually arrive (at most doubling, from kPayloadChunk), so a header that
-// claims more than its sender sends costs at most about twice what was sent,
-// never the claimed size. `out` is resized to `bytes` on success.
-constexpr size_t kPayloadChunk = size_t(4) << 20;
-void recvPayload(int fd, std::vector<char>& out, uint64_t bytes, const SocketWait& w);
-// Reads and drops `bytes` through a kPayloadChunk buffer.
-void discardPayload(int fd, uint64_t bytes, const SocketWait& w);
 
 }  // namespace smdccl

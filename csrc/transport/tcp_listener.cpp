@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -130,7 +131,9 @@ TcpListener::TcpListener(const std::string& localIp) {
 
 void TcpListener::registerGroup(const GroupToken& token, int groupSize, int myRank) {
   std::lock_guard<std::mutex> lock(mu_);
-  groups_[token] = Group{HelloGroup{groupSize, myRank}, {}};
+  Group& g = groups_[token] = Group{HelloGroup{groupSize, myRank}, {}};
+  g.arrivalFd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (g.arrivalFd < 0) throwSystemError("eventfd", errno);
 }
 
 void TcpListener::unregisterGroup(const GroupToken& token) {
@@ -138,7 +141,30 @@ void TcpListener::unregisterGroup(const GroupToken& token) {
   auto it = groups_.find(token);
   if (it == groups_.end()) return;
   for (auto& [key, fd] : it->second.inbox) close(fd);
+  close(it->second.arrivalFd);
   groups_.erase(it);
+}
+
+int TcpListener::arrivalFd(const GroupToken& token) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto g = groups_.find(token);
+  return g == groups_.end() ? -1 : g->second.arrivalFd;
+}
+
+int TcpListener::tryTake(const GroupToken& token, int srcRank, Channel channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return takeLocked(token, {srcRank, static_cast<uint16_t>(channel)});
+}
+
+int TcpListener::takeLocked(const GroupToken& token, std::pair<int, uint16_t> key) {
+  auto g = groups_.find(token);
+  if (g == groups_.end() || g->second.closed)
+    throw CommError(CommError::Kind::Protocol, "group is shut down");
+  auto it = g->second.inbox.find(key);
+  if (it == g->second.inbox.end()) return -1;
+  int fd = it->second;
+  g->second.inbox.erase(it);
+  return fd;
 }
 
 void TcpListener::closeGroup(const GroupToken& token) {
@@ -161,15 +187,8 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, con
   std::unique_lock<std::mutex> lock(mu_);
   auto key = std::make_pair(srcRank, static_cast<uint16_t>(channel));
   while (true) {
-    auto g = groups_.find(token);
-    if (g == groups_.end() || g->second.closed)
-      throw CommError(CommError::Kind::Protocol, "group is shut down");
-    auto it = g->second.inbox.find(key);
-    if (it != g->second.inbox.end()) {
-      int fd = it->second;
-      g->second.inbox.erase(it);
-      return fd;
-    }
+    int fd = takeLocked(token, key);
+    if (fd >= 0) return fd;
     if (cancel && cancel->load())
       throw CommError(CommError::Kind::Protocol, "shut down while waiting for " + what);
     if (deadline.expired())
@@ -179,7 +198,7 @@ int TcpListener::take(const GroupToken& token, int srcRank, Channel channel, con
       lock.unlock();
       throwIfGone(gone);
       lock.lock();
-      g = groups_.find(token);
+      auto g = groups_.find(token);
       if (g == groups_.end() || g->second.closed || g->second.inbox.count(key)) continue;
     }
     // Short slices so a cancel is noticed.
@@ -217,6 +236,9 @@ void TcpListener::onHello(int fd, const std::string& from, const uint8_t* data, 
         why = "could not acknowledge";
       } else {
         g->second.inbox[{h.srcRank, h.channel}] = fd;
+        uint64_t one = 1;
+        ssize_t n = write(g->second.arrivalFd, &one, sizeof one);
+        (void)n;  // EAGAIN: the counter is full, so it reads as readable anyway
       }
     }
   }

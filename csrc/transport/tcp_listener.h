@@ -94,6 +94,12 @@ class TcpListener {
   // Waits for the connection `srcRank` opens to us on `channel` (`gone`:
   // see connectTo).
   int take(const GroupToken& token, int srcRank, Channel channel, const SocketWait& w);
+  // The same without waiting: the connection, or -1 while there is none.
+  int tryTake(const GroupToken& token, int srcRank, Channel channel);
+  // An eventfd that turns readable when a connection for the group arrives
+  // (an event loop polls it; reading it is the poller's), -1 once the group
+  // is unregistered.
+  int arrivalFd(const GroupToken& token) const;
   // Counts connections dropped for a bad handshake (tests read it).
   uint64_t rejectedCount() const { return rejected_; }
   // A flood must not flood the log too: at most this many "dropped
@@ -114,7 +120,11 @@ class TcpListener {
     HelloGroup shape;
     std::map<std::pair<int, uint16_t>, int> inbox;
     bool closed = false;  // closeGroup()
+    int arrivalFd = -1;
   };
+  // The connection `key` = (srcRank, channel) of a group, or -1 (mu_ held;
+  // throws once the group is shut down).
+  int takeLocked(const GroupToken& token, std::pair<int, uint16_t> key);
   int listenFd_;
   std::string address_;
   mutable std::mutex mu_;

@@ -473,37 +473,61 @@ void writeAll(int fd, const char* p, size_t n) {
   }
 }
 
+// A header claiming `bytes`, as a sender puts it on the wire.
+std::vector<char> headerFor(uint64_t bytes, int64_t tag = 9) {
+  std::vector<char> h(sizeof(P2PHeader));
+  encodeP2PHeader({P2PHeader::kMagic, 0, tag, bytes}, reinterpret_cast<uint8_t*>(h.data()));
+  return h;
+}
+
+// Reads the next message off `fd` as the send/recv loop does (non-blocking
+// reads as the socket turns readable), its payload going to `sink` (`into`
+// for Sink::Into); throws what the reader throws, or Timeout at `deadline`.
+void readMessage(P2PReader& r, int fd, P2PReader::Sink sink, Deadline deadline,
+                 void* into = nullptr) {
+  while (true) {
+    uint64_t budget = uint64_t(1) << 20;  // the loop's turns are bounded too
+    P2PReader::Event ev = r.read(fd, &budget);
+    if (ev == P2PReader::Event::Header) r.sinkTo(sink, into);
+    if (r.complete()) return;
+    if (ev != P2PReader::Event::Idle) continue;
+    if (deadline.expired()) throw CommError(CommError::Kind::Timeout, "timed out");
+    pollfd pf{fd, POLLIN, 0};
+    poll(&pf, 1, 10);
+  }
+}
+
 TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
   // Honest: the claimed length arrives; the buffer holds exactly it.
   for (size_t n : {size_t(0), size_t(1), size_t(4096), kPayloadChunk - 1, kPayloadChunk + 1,
                    3 * kPayloadChunk + 12345}) {
     SocketPair sp;
-    std::vector<char> data(n);
-    for (size_t i = 0; i < n; ++i) data[i] = static_cast<char>(i * 131 + 7);
-    std::thread w([&] { writeAll(sp.writer, data.data(), n); });
-    std::vector<char> got;
-    recvPayload(sp.reader, got, n,
-                {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "writer"});
+    std::vector<char> data = headerFor(n);
+    for (size_t i = 0; i < n; ++i) data.push_back(static_cast<char>(i * 131 + 7));
+    std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
+    P2PReader r("writer");
+    readMessage(r, sp.reader, P2PReader::Sink::Buffer, Deadline::after(std::chrono::seconds(20)));
     w.join();
-    CHECK(got.size() == n && got == data);
+    std::vector<char> got = r.takeBuffer();
+    CHECK(got.size() == n && std::equal(got.begin(), got.end(), data.begin() + sizeof(P2PHeader)));
   }
   // Lying: the header claims up to the limit (1 TiB) or a "mere" 6 GiB, the
-  // sender sends 64 KiB and hangs up. The old code sized the buffer from the
-  // claim (std::vector<char> msg(h.bytes): 6 GiB zero-filled up front, a
-  // bad_alloc at 1 TiB); now what is allocated is bounded by what was sent.
+  // sender sends 64 KiB and hangs up. A buffer sized from the claim would
+  // be 6 GiB zero-filled up front, a bad_alloc at 1 TiB; what is allocated
+  // is bounded by what was sent.
   for (uint64_t claim : {P2PHeader::kMaxBytes, uint64_t(6) << 30, uint64_t(kPayloadChunk) * 3}) {
     SocketPair sp;
     const size_t sent = 64 << 10;
-    std::vector<char> data(sent, 'x');
+    std::vector<char> data = headerFor(claim);
+    data.resize(data.size() + sent, 'x');
     std::thread w([&] {
-      writeAll(sp.writer, data.data(), sent);
+      writeAll(sp.writer, data.data(), data.size());
       sp.closeWriter();
     });
-    std::vector<char> got;
+    P2PReader r("liar");
     bool peerFailure = false;
     try {
-      recvPayload(sp.reader, got, claim,
-                  {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "liar"});
+      readMessage(r, sp.reader, P2PReader::Sink::Buffer, Deadline::after(std::chrono::seconds(20)));
     } catch (const CommError& e) {
       peerFailure = e.kind() == CommError::Kind::PeerFailure;
     } catch (const std::exception& e) {  // std::bad_alloc from a buffer sized by the claim
@@ -512,45 +536,85 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     }
     w.join();
     CHECK(peerFailure);
-    CHECK(got.capacity() <= 2 * sent + kPayloadChunk);
+    CHECK(r.bufferCapacity() <= 2 * sent + kPayloadChunk);
   }
   // A long message grows its buffer geometrically, not by a chunk at a time.
   {
     SocketPair sp;
     const size_t n = 10 * kPayloadChunk + 1;
-    std::vector<char> data(n, 'y');
-    std::thread w([&] { writeAll(sp.writer, data.data(), n); });
-    std::vector<char> got;
-    recvPayload(sp.reader, got, n,
-                {.deadline = Deadline::after(std::chrono::seconds(60)), .what = "writer"});
+    std::vector<char> data = headerFor(n);
+    data.resize(data.size() + n, 'y');
+    std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
+    P2PReader r("writer");
+    readMessage(r, sp.reader, P2PReader::Sink::Buffer, Deadline::after(std::chrono::seconds(60)));
     w.join();
+    CHECK(r.bufferCapacity() <= 2 * n);
+    std::vector<char> got = r.takeBuffer();
     CHECK(got.size() == n && got.capacity() <= 2 * n);
   }
-  // A mismatched message is drained without buffering it: the next bytes on
-  // the stream are intact.
+  // A mismatched message is drained without buffering it, and a matched one
+  // lands in the receiver's buffer: the next message on the stream is intact.
   {
     SocketPair sp;
     const size_t n = 5 * kPayloadChunk + 3;
-    std::vector<char> data(n + 4, 'z');
-    std::memcpy(data.data() + n, "NEXT", 4);
+    std::vector<char> data = headerFor(n, 1);
+    data.resize(data.size() + n, 'z');
+    std::vector<char> second = headerFor(4, 2);
+    data.insert(data.end(), second.begin(), second.end());
+    data.insert(data.end(), {'N', 'E', 'X', 'T'});
     std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
-    discardPayload(sp.reader, n,
-                   {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "writer"});
-    char next[4];
-    recvAll(sp.reader, next, 4,
-            {.deadline = Deadline::after(std::chrono::seconds(20)), .what = "writer"});
+    P2PReader r("writer");
+    readMessage(r, sp.reader, P2PReader::Sink::Drain, Deadline::after(std::chrono::seconds(20)));
+    CHECK(r.header().tag == 1 && r.bufferCapacity() == 0);
+    r.next();
+    char next[4] = {};
+    readMessage(r, sp.reader, P2PReader::Sink::Into, Deadline::after(std::chrono::seconds(20)),
+                next);
     w.join();
-    CHECK(std::memcmp(next, "NEXT", 4) == 0);
+    CHECK(r.header().tag == 2 && std::memcmp(next, "NEXT", 4) == 0);
   }
-  // A claimed length that never arrives times out instead of waiting forever.
+  // A receive posted while a message is being buffered takes the rest in
+  // place: what had come is copied over, nothing is lost or repeated.
   {
     SocketPair sp;
-    std::vector<char> got;
-    CHECK_THROWS(recvPayload(sp.reader, got, uint64_t(1) << 30,
-                             {.deadline = Deadline::after(std::chrono::milliseconds(200)),
-                              .what = "silent"}),
+    const size_t n = 3 * kPayloadChunk + 77;
+    std::vector<char> data = headerFor(n);
+    for (size_t i = 0; i < n; ++i) data.push_back(static_cast<char>(i * 31 + 5));
+    std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
+    P2PReader r("writer");
+    uint64_t some = sizeof(P2PHeader);
+    while (r.read(sp.reader, &some) != P2PReader::Event::Header) {
+      pollfd pf{sp.reader, POLLIN, 0};
+      poll(&pf, 1, 10);
+      some = sizeof(P2PHeader);
+    }
+    r.sinkTo(P2PReader::Sink::Buffer);
+    for (uint64_t part = kPayloadChunk + 3; part > 0;) {
+      if (r.read(sp.reader, &part) == P2PReader::Event::Idle && part > 0) {
+        pollfd pf{sp.reader, POLLIN, 0};
+        poll(&pf, 1, 10);
+      }
+    }
+    CHECK(r.buffering());
+    std::vector<char> target(n);
+    r.redirect(P2PReader::Sink::Into, target.data());
+    readMessage(r, sp.reader, P2PReader::Sink::Into, Deadline::after(std::chrono::seconds(20)),
+                target.data());
+    w.join();
+    CHECK(r.bufferCapacity() == 0);
+    CHECK(std::equal(target.begin(), target.end(), data.begin() + sizeof(P2PHeader)));
+  }
+  // A claimed length that never arrives is a message still in progress
+  // (the loop fails it at its deadline), with no buffer sized from it.
+  {
+    SocketPair sp;
+    std::vector<char> h = headerFor(uint64_t(1) << 30);
+    writeAll(sp.writer, h.data(), h.size());
+    P2PReader r("silent");
+    CHECK_THROWS(readMessage(r, sp.reader, P2PReader::Sink::Buffer,
+                             Deadline::after(std::chrono::milliseconds(200))),
                  CommError);
-    CHECK(got.capacity() <= kPayloadChunk);
+    CHECK(r.midMessage() && r.bufferCapacity() <= kPayloadChunk);
   }
 }
 

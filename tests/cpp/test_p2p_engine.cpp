@@ -65,7 +65,7 @@ void p2pRank(int rank, FileStore& store) {
             .tag = 5,
             .deadline = soon(),
             .done = bad.completion(),
-            .ready = [](Deadline) { throw std::runtime_error("the copy to host memory failed"); }});
+            .ready = []() -> bool { throw std::runtime_error("the copy to host memory failed"); }});
     p2p.send(1, {.buf = data.data(),
                  .bytes = data.size() * sizeof(int),
                  .tag = 5,

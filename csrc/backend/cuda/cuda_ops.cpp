@@ -321,16 +321,19 @@ class CudaDeviceOps : public DeviceOps {
     CaptureSafeScope captureSafe;
     at::Tensor h = pinnedHostLike(dev);
     // On the caller's current stream, after its queued work; the caller
-    // goes on at once (as with ProcessGroupNCCL's send), the send thread
-    // waits for the copy.
+    // goes on at once (as with ProcessGroupNCCL's send), the send/recv loop
+    // polls for the copy's end.
     h.copy_(dev, /*non_blocking=*/true);
     auto copied = std::make_shared<GpuEvent>(d);
     copied->recordOnCurrentStream(d);
-    // The send thread runs this: it has no current device of its own.
-    return {h, [copied](Deadline deadline) {
+    // The loop's thread runs this: it has no current device of its own.
+    return {h, [copied]() -> bool {
               c10::cuda::CUDAGuard guard(copied->device);
               CaptureSafeScope captureSafe;
-              waitForEvent(copied->event, deadline, "the copy of a CUDA send into host memory");
+              cudaError_t e = queried(cudaEventQuery(copied->event));
+              if (e == cudaErrorNotReady) return false;
+              if (e != cudaSuccess) throwCudaError(e, "the copy of a CUDA send into host memory");
+              return true;
             }};
   }
 

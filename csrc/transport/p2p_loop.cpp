@@ -1,0 +1,299 @@
+// P2PEngine's event loops: one thread polls every peer's sending sockets,
+// another every receiving one, and each moves what a socket can take
+// without blocking. The state of a message in flight (Outbound, Inbound)
+// is its loop's alone; the queues they take from and the matching are
+// under mu_, the socket I/O is not.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/log.h"
+#include "common/own_thread.h"
+#include "transport/mesh.h"
+#include "transport/p2p_engine.h"
+
+namespace smdccl {
+
+namespace {
+// One peer's turn ends after this many bytes, so that a large message does
+// not hold the others up.
+constexpr uint64_t kTurnBytes = uint64_t(16) << 20;
+
+void drain(int fd) {
+  uint64_t n;
+  while (read(fd, &n, sizeof n) > 0) {}
+}
+}  // namespace
+
+void P2PEngine::loop(Direction d) {
+  markOwnThread();
+  const int wakeFd = d == Direction::Out ? wakeOut_ : wakeIn_;
+  std::vector<pollfd> fds;
+  std::vector<int> owner;  // the rank of each socket entry
+  while (!stop_) {
+    Later later;
+    std::vector<std::string> warnings;
+    fds.assign({{wakeFd, POLLIN, 0}});
+    owner.assign(1, -1);
+    int timeoutMs;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (d == Direction::Out) prepareOut(later, warnings, fds, owner);
+      else prepareIn(later, warnings, fds, owner);
+      timeoutMs = pollTimeoutMs(d);
+    }
+    for (const std::string& line : warnings) SMDCCL_WARN(line);
+    runLater(later);
+    int n = poll(fds.data(), fds.size(), timeoutMs);
+    if (n < 0 && errno != EINTR) throwSystemError("poll", errno);
+    if (n <= 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      if (owner[i] < 0) {
+        drain(fds[i].fd);  // the wake-up, or the listener's arrivals
+      } else if (d == Direction::Out) {
+        serveOut(owner[i], *peers_[owner[i]], later);
+      } else if (!readSome(owner[i], *peers_[owner[i]], later)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        endIn(owner[i], *peers_[owner[i]], later);
+      }
+    }
+    runLater(later);
+  }
+}
+
+void P2PEngine::prepareOut(Later& later, std::vector<std::string>& warnings,
+                           std::vector<pollfd>& fds, std::vector<int>& owner) {
+  expireSends(later);
+  warnSends(warnings);
+  for (int r = 0; r < mesh_.size(); ++r) {
+    if (r == mesh_.rank()) continue;
+    Peer& p = *peers_[r];
+    if (p.failed) {
+      endOut(p, later);
+      continue;
+    }
+    if (!p.out.active) startSend(p);
+    if (p.out.active && !p.out.ready) pollReady(p);
+    if (!p.out.active || !p.out.ready) continue;
+    if (p.outFd >= 0) {
+      fds.push_back({p.outFd, POLLOUT, 0});
+      owner.push_back(r);
+    } else if (!p.dialing) {
+      p.dialing = true;
+      p.dialBy = p.out.req.deadline;
+      p.dialTag = p.out.req.tag;
+      dials_.push_back(r);
+      dialCv_.notify_one();
+    }
+  }
+}
+
+void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings,
+                          std::vector<pollfd>& fds, std::vector<int>& owner) {
+  int arrivals = mesh_.p2pArrivalFd();
+  if (arrivals >= 0) {
+    fds.push_back({arrivals, POLLIN, 0});
+    owner.push_back(-1);
+  }
+  acceptArrivals();
+  expireRecvs(later);
+  warnRecvs(warnings);
+  for (int r = 0; r < mesh_.size(); ++r) {
+    if (r == mesh_.rank()) continue;
+    Peer& p = *peers_[r];
+    if (p.failed) {
+      endIn(r, p, later);
+    } else if (p.reading && p.inFd >= 0) {
+      fds.push_back({p.inFd, POLLIN, 0});
+      owner.push_back(r);
+    }
+  }
+}
+
+void P2PEngine::acceptArrivals() {
+  for (int r = 0; r < mesh_.size(); ++r) {
+    Peer& p = *peers_[r];
+    if (r == mesh_.rank() || !p.reading || p.inFd >= 0 || p.failed) continue;
+    // Connections wait in the listener until a receive from their sender
+    // is posted: until then its data stays with the sender (a send nobody
+    // receives shows as stuck there, not as memory here).
+    try {
+      p.inFd = mesh_.acceptP2P(r);
+    } catch (const std::exception&) {
+      // The group was closed here (abort, failure): its own path fails the peers.
+    }
+  }
+}
+
+bool P2PEngine::startSend(Peer& p) {
+  if (p.sends.empty()) return false;
+  p.out = Outbound{};
+  p.out.active = true;
+  p.out.req = std::move(p.sends.front());
+  p.sends.pop_front();
+  return true;
+}
+
+void P2PEngine::pollReady(Peer& p) {
+  Outbound& o = p.out;
+  // A local failure before the data is there (the GPU copy) fails this send
+  // only: the receiver gets why in place of the data and fails the matching
+  // receive (instead of waiting for it, or taking the next message of the
+  // tag); the link stays in step.
+  try {
+    o.ready = !o.req.ready || o.req.ready();
+  } catch (const std::exception& e) {
+    o.notReady = std::current_exception();
+    o.report = e.what();
+    o.ready = true;
+  } catch (...) {
+    o.notReady = std::current_exception();
+    o.report = "an exception of unknown type";
+    o.ready = true;
+  }
+  if (!o.ready) return;
+  P2PHeader head{P2PHeader::kMagic, o.req.flags, o.req.tag, o.req.bytes};
+  o.payload = static_cast<const char*>(o.req.buf);
+  if (o.notReady) {
+    head.flags = P2PHeader::kSenderFailed;
+    head.bytes = o.report.size();
+    o.payload = o.report.data();
+  }
+  o.payloadBytes = head.bytes;
+  encodeP2PHeader(head, o.head);
+  o.lastMoved = Clock::now();
+}
+
+void P2PEngine::serveOut(int rank, Peer& p, Later& later) {
+  Outbound& o = p.out;
+  if (!o.active) return;
+  const uint64_t total = sizeof o.head + o.payloadBytes;
+  uint64_t moved = 0;
+  while (o.sent < total && moved < kTurnBytes) {
+    // The header and the payload in one call: a small message is one segment.
+    iovec iov[2];
+    msghdr msg{};
+    msg.msg_iov = iov;
+    if (o.sent < sizeof o.head) {
+      iov[msg.msg_iovlen++] = {o.head + o.sent, sizeof o.head - o.sent};
+      if (o.payloadBytes) iov[msg.msg_iovlen++] = {const_cast<char*>(o.payload), o.payloadBytes};
+    } else {
+      iov[msg.msg_iovlen++] = {const_cast<char*>(o.payload) + (o.sent - sizeof o.head),
+                               static_cast<size_t>(total - o.sent)};
+    }
+    ssize_t k = ::sendmsg(p.outFd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      o.sent += static_cast<uint64_t>(k);
+      moved += static_cast<uint64_t>(k);
+      o.lastMoved = Clock::now();
+      continue;
+    }
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    std::string why = strCat("connection to rank ", rank, " failed: ", std::strerror(errno));
+    SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", why);
+    std::lock_guard<std::mutex> lock(mu_);
+    failPeer(rank, sendFailure(rank, o.req.tag, why), later);
+    endOut(p, later);
+    return;
+  }
+  if (o.sent < total) return;
+  later.push_back([req = std::move(o.req), e = o.notReady] { req.done(e); });
+  o = Outbound{};
+  std::lock_guard<std::mutex> lock(mu_);
+  if (startSend(p)) pollReady(p);  // the next one, while the socket is writable
+}
+
+bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
+  Inbound& in = p.in;
+  uint64_t budget = kTurnBytes;
+  if (in.reader.buffering() && !in.matched) matchMidMessage(p);
+  try {
+    while (true) {
+      bool began = !in.reader.midMessage();
+      P2PReader::Event ev = in.reader.read(p.inFd, &budget);
+      if (began && in.reader.midMessage()) in.due = Deadline::after(timeout_());
+      if (ev == P2PReader::Event::Idle) return true;
+      if (ev == P2PReader::Event::Header) headerRead(rank, p, later);
+      if (in.reader.complete()) messageRead(rank, p, later);
+    }
+  } catch (const CommError& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failPeer(rank, recvFailure(rank, e.what()), later);
+    return false;
+  }
+}
+
+void P2PEngine::headerRead(int rank, Peer& p, Later& later) {
+  Inbound& in = p.in;
+  const P2PHeader& h = in.reader.header();
+  in.due = Deadline::after(timeout_());  // the payload follows its header
+  std::lock_guard<std::mutex> lock(mu_);
+  in.matched = takeMatch(p, h.tag, &in.target);
+  if (!in.matched || P2PHeader::carriesReport(h.flags))
+    in.reader.sinkTo(P2PReader::Sink::Buffer);  // a message nobody asked for yet, or a report
+  else if (in.target.bytes == h.bytes) in.reader.sinkTo(P2PReader::Sink::Into, in.target.buf);
+  else in.reader.sinkTo(P2PReader::Sink::Drain);  // only its size goes into the error
+}
+
+void P2PEngine::matchMidMessage(Peer& p) {
+  Inbound& in = p.in;
+  const P2PHeader& h = in.reader.header();
+  if (P2PHeader::carriesReport(h.flags)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // The receive that its end would take (see messageRead): what has come
+  // is copied over once, the rest lands in place, not in a buffer first.
+  if (!takeMatch(p, h.tag, &in.target)) return;
+  in.matched = true;
+  if (in.target.bytes == h.bytes) in.reader.redirect(P2PReader::Sink::Into, in.target.buf);
+  else in.reader.redirect(P2PReader::Sink::Drain);
+}
+
+void P2PEngine::messageRead(int rank, Peer& p, Later& later) {
+  Inbound& in = p.in;
+  const P2PHeader h = in.reader.header();
+  const bool report = P2PHeader::carriesReport(h.flags);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in.matched && report) {
+    later.push_back(
+        [this, rank, flags = h.flags, r = std::move(in.target),
+         text = in.reader.takeBuffer()]() mutable { failFromSender(rank, r, flags, text); });
+  } else if (in.matched && in.target.bytes == h.bytes) {
+    finishLater(later, std::move(in.target), rank, nullptr);
+  } else if (in.matched) {
+    auto e = std::make_exception_ptr(sizeMismatch(rank, in.target, h.bytes));
+    finishLater(later, std::move(in.target), rank, e);
+  } else {
+    Arrived msg{in.reader.takeBuffer(), h.flags, 0};
+    // A receive may have been posted while the payload was arriving.
+    RecvReq late;
+    if (takeMatch(p, h.tag, &late)) {
+      later.push_back([this, rank, r = std::move(late), m = std::move(msg)]() mutable {
+        completeFromBuffer(rank, r, m);
+      });
+    } else {
+      msg.arrived = nextArrival_++;
+      p.early[h.tag].push_back(std::move(msg));
+    }
+  }
+  in.matched = false;
+  in.reader.next();
+}
+
+void P2PEngine::endOut(Peer& p, Later& later) {
+  if (p.out.active) later.push_back([req = std::move(p.out.req), e = p.failed] { req.done(e); });
+  p.out = Outbound{};
+}
+
+void P2PEngine::endIn(int rank, Peer& p, Later& later) {
+  if (p.in.matched) finishLater(later, std::move(p.in.target), rank, p.failed);
+  p.in.matched = false;
+  p.in.reader.next();
+}
+
+}  // namespace smdccl

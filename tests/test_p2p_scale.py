@@ -1,0 +1,79 @@
+"""send/recv at 16 ranks: every pair, and threads that do not grow with the peers.
+
+Why: a thread pair per peer (what smdccl's send/recv had) is 30 threads per
+process at 16 ranks and 126 at 64; a group's event loops (one sending, one
+receiving) and its connector serve every peer with three threads, whatever
+the group's size.
+
+What (16 ranks, smdccl): each rank first exchanges a message with one
+neighbour, then with all 15 peers at once (isend / irecv to and from each,
+plus any-source receives). Every message arrives intact from its sender
+(both backends); with smdccl, the process's thread count after talking to
+all 15 peers equals the count after talking to one, which is at most 3 more
+than before any send/recv.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from harness import IS_SMDCCL, run_ranks
+
+WORLD = 16
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _message(src: int, dst: int, n: int = 1000) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) + 1000.0 * src + dst
+
+
+def all_pairs() -> dict:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dist.barrier()  # every collective link is up: only send/recv adds threads below
+    before = _threads()
+    # One neighbour: rank r sends to r+1 and receives from r-1.
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    got = torch.zeros(1000)
+    works = [dist.isend(_message(rank, nxt), nxt, tag=1), dist.irecv(got, prv, tag=1)]
+    for w in works:
+        w.wait()
+    assert torch.equal(got, _message(prv, rank)), "neighbour's message"
+    dist.barrier()
+    one_peer = _threads()
+    # Every peer at once, both directions, then one any-source message each.
+    peers = [p for p in range(size) if p != rank]
+    inbox = {p: torch.zeros(1000) for p in peers}
+    works = [dist.irecv(inbox[p], p, tag=2) for p in peers]
+    works += [dist.isend(_message(rank, p), p, tag=2) for p in peers]
+    for w in works:
+        w.wait()
+    bad = [p for p in peers if not torch.equal(inbox[p], _message(p, rank))]
+    assert not bad, f"messages from ranks {bad} arrived wrong"
+    sends = [dist.isend(torch.tensor([float(rank)]), p, tag=3) for p in peers]
+    sources = []
+    for _ in peers:
+        t = torch.zeros(1)
+        src = dist.recv(t, tag=3)
+        assert int(t.item()) == src, (t, src)
+        sources.append(src)
+    for w in sends:
+        w.wait()
+    assert sorted(sources) == peers, sources
+    dist.barrier()
+    return {"before": before, "one_peer": one_peer, "all_peers": _threads()}
+
+
+def test_send_recv_at_16_ranks_with_threads_that_do_not_grow_with_peers():
+    results = run_ranks(WORLD, all_pairs, timeout=600)
+    print(f"\nthreads per process (rank 0): {results[0]}")
+    if not IS_SMDCCL:
+        return  # gloo's threads are its own business; its messages were checked
+    for rank, r in enumerate(results):
+        assert r["all_peers"] == r["one_peer"], (rank, r)
+        assert r["one_peer"] - r["before"] <= 3, (rank, r)
