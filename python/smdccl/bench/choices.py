@@ -5,7 +5,8 @@ parser does not depend on torch; :mod:`~smdccl.bench.collectives` maps these
 names to torch dtypes and ReduceOps.
 """
 
-COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce")
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "reduce",
+               "sendrecv")
 #: what runs without --collectives
 DEFAULT_COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
 DTYPES = ("float32", "float16", "bfloat16", "float64",

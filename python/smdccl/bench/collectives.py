@@ -1,11 +1,11 @@
-"""The six collectives: buffers, the call, the expected result, bandwidth.
+"""The six collectives and sendrecv: buffers, the call, the expected result, bandwidth.
 
 Sizes and bandwidths follow nccl-tests (doc/PERFORMANCE.md and
 src/common.cu), so the numbers can be read side by side with theirs:
 
 ``size`` (bytes)
     The larger of the per-rank send and receive buffers:
-    allreduce, broadcast and reduce the buffer itself; allgather the full *output*
+    allreduce, broadcast, reduce and sendrecv the buffer itself; allgather the full *output*
     (world * chunk elements); reduce_scatter the full *input*
     (world * chunk); alltoall the full send buffer (world * chunk).
     A requested size is rounded down to a whole number of elements and, for
@@ -13,13 +13,17 @@ src/common.cu), so the numbers can be read side by side with theirs:
     element per rank), exactly as nccl-tests does; the table shows the
     rounded size.
 ``count`` (elements)
-    The count nccl's own API takes: allreduce/broadcast/reduce the whole buffer,
+    The count nccl's own API takes: allreduce/broadcast/reduce/sendrecv the whole buffer,
     allgather the per-rank input, reduce_scatter the per-rank output,
     alltoall the chunk sent to each peer.
 ``algbw`` = size / time (GB/s, 1 GB = 1e9 bytes).
 ``busbw`` = algbw * factor, with n = world size:
     allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n;
-    broadcast and reduce 1.
+    broadcast, reduce and sendrecv 1.
+
+sendrecv is nccl-tests' sendrecv_perf: each rank sends its buffer to rank + 1
+and receives rank - 1's (isend / irecv, both waited for), so it times the
+send/recv path rather than a collective algorithm.
 
 Correctness: inputs are integer-valued and small enough that every partial
 result is exact in the chosen dtype, so sum/max/min/product can be compared
@@ -63,7 +67,7 @@ def busbw_factor(name: str, world: int) -> float:
     """nccl-tests PERFORMANCE.md bus-bandwidth correction factor."""
     if name == "allreduce":
         return 2.0 * (world - 1) / world
-    if name in ("broadcast", "reduce"):
+    if name in ("broadcast", "reduce", "sendrecv"):
         return 1.0
     return (world - 1) / world
 
@@ -119,6 +123,14 @@ def _reduce(values: _Values, idx: torch.Tensor, op: str, world: int) -> torch.Te
     return acc / world if op == "avg" else acc
 
 
+def _sendrecv(inp: torch.Tensor, out: torch.Tensor, group, rank: int, world: int) -> None:
+    """``inp`` to rank + 1, ``out`` from rank - 1 (group ranks = global ranks)."""
+    works = [dist.irecv(out, (rank - 1) % world, group=group),
+             dist.isend(inp, (rank + 1) % world, group=group)]
+    for w in works:
+        w.wait()
+
+
 @dataclass
 class Case:
     """One collective at one size on one group: buffers plus the call."""
@@ -160,6 +172,8 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
             return _reduce(values, rank * count + torch.arange(count), op, world)
         if name == "allgather":
             return torch.cat([values(r, torch.arange(count)) for r in range(world)])
+        if name == "sendrecv":
+            return values((rank - 1) % world, torch.arange(count))
         return torch.cat([values(r, rank * count + torch.arange(count)) for r in range(world)])
 
     in_place_reduction = name in ("allreduce", "reduce")
@@ -195,6 +209,7 @@ def make_case(name, nbytes, dtype, op, group, rank, world, device) -> Case:
         "broadcast": lambda: dist.broadcast(inp, src=0, group=group),
         "reduce": lambda: dist.reduce(inp, dst=0, op=redop, group=group),
         "alltoall": lambda: dist.all_to_all_single(out, inp, group=group),
+        "sendrecv": lambda: _sendrecv(inp, out, group, rank, world),
     }
     return Case(name, size, count, calls[name], fill, count_wrong,
                 restore if in_place_reduction else None)
