@@ -129,27 +129,6 @@ int ranksOnThisMachine(const std::vector<std::string>& hostKeys, int myRank) {
   return std::max(n, 1);
 }
 
-// The keys of this incarnation of the group. A group re-created under the
-// same name on a store that outlived the first one (destroy_process_group()
-// then init_process_group() on torchrun's agent store, or on a store the
-// caller passes again) would otherwise read the earlier one's keys: its
-// token, addresses, shared-memory names, recorded failure. Each rank counts
-// its joins of groups with this name and these members (torch reuses names,
-// also for other members or sizes); the count is the incarnation's prefix,
-// the same on its ranks as each of them joins each incarnation once.
-c10::intrusive_ptr<::c10d::Store> incarnationStore(const c10::intrusive_ptr<::c10d::Store>& store,
-                                                   const BackendConfig& cfg) {
-  Fnv1a members;  // of the members' global ranks
-  members.mix(static_cast<uint64_t>(cfg.size));
-  for (int r = 0; r < cfg.size; ++r)
-    members.mix(static_cast<uint64_t>(
-        cfg.globalRanks.empty() ? r : cfg.globalRanks[static_cast<size_t>(r)]));
-  char tag[17];
-  std::snprintf(tag, sizeof tag, "%016llx", static_cast<unsigned long long>(members.value));
-  int64_t joined = store->add(strCat("smdccl/joined/", tag, "/", cfg.rank), 1);
-  return c10::make_intrusive<::c10d::PrefixStore>(strCat("smdccl/", tag, "/", joined - 1), store);
-}
-
 }  // namespace
 
 SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendConfig cfg)

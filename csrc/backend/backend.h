@@ -15,13 +15,14 @@
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
 #include "backend/allreduce_fusion.h"
+#include "backend/backend_config.h"
 #include "backend/device_op.h"
+#include "backend/group_children.h"
 #include "backend/group_failure.h"
 #include "backend/op_request.h"
 #include "backend/progress_thread.h"
 #include "backend/reduce_semantics.h"
 #include "backend/scratch_pool.h"
-#include "backend/split_children.h"
 #include "backend/tensor_checks.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
@@ -53,20 +54,6 @@ struct TorchHasBackendShrink<
                                 const std::vector<int64_t>&, int,
                                 const c10::intrusive_ptr<typename B::Options>&)>(&B::shrink))>>
     : std::true_type {};
-
-struct BackendConfig {
-  int rank = 0;
-  int size = 1;
-  std::string groupName;
-  std::vector<int> globalRanks;  // of the group's members, by group rank
-  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
-  std::string masterAddr;  // interface hint
-  int worldSize = 0;       // of the default group (to validate SMDCCL_TOPOLOGY)
-  // Float32 allreduce / reduce-scatter data between nodes as 16 bits
-  // (SMDCCL_COMPRESSION, or pg_options); wireIntra: inside nodes too.
-  Wire wire = Wire::F32;
-  bool wireIntra = false;
-};
 
 class SmdcclBackend : public ::c10d::Backend {
  public:
@@ -161,7 +148,9 @@ class SmdcclBackend : public ::c10d::Backend {
   bool supportsShrinking() const { return TorchHasBackendShrink<::c10d::Backend>::value; }
   c10::intrusive_ptr<::c10d::Backend> shrink(const std::vector<int64_t>& ranksToExclude,
                                              int shrinkFlags,
-                                             const c10::intrusive_ptr<Options>& opts);
+                                             const c10::intrusive_ptr<Options>& opts) {
+    return children_.shrink(ranksToExclude, shrinkFlags, opts, [this] { abort(); });
+  }
 
   // dist.split_group(), and DeviceMesh / new_group() once the default group
   // is bound to a device (init_process_group(device_id=...)): a child group
@@ -175,7 +164,9 @@ class SmdcclBackend : public ::c10d::Backend {
   bool supportsSplitting() const override { return TorchHasBackendSplit<::c10d::Backend>::value; }
   c10::intrusive_ptr<::c10d::Backend> split(const c10::intrusive_ptr<::c10d::Store>& store,
                                             const std::vector<int>& ranks,
-                                            const c10::intrusive_ptr<Options>& opts);
+                                            const c10::intrusive_ptr<Options>& opts) {
+    return children_.split(store, ranks, opts);
+  }
 
   // Introspection for tests and `python -m smdccl.info`.
   std::string describeTopology() const { return mesh_->topology().describe(); }
@@ -202,13 +193,6 @@ class SmdcclBackend : public ::c10d::Backend {
   size_t pinnedStagingBytes() const { return deviceOps_->pinnedStagingBytes(); }
 
  private:
-  // split() and shrink(): ValueError unless `r` is a rank of this group.
-  void checkRankOfGroup(const char* api, int64_t r) const;
-  // split() and shrink(): the config of a child group of this group's
-  // `ranks` (in child-rank order; this rank is one of them) named `name`,
-  // with this group's compression and `opts`' timeout, if any.
-  BackendConfig childConfig(const std::vector<int>& ranks, std::string name,
-                            const c10::intrusive_ptr<Options>& opts) const;
   // The op runner (op_runner.cpp). Runs `r.body` on the progress thread (or
   // inline: see there) with a fresh deadline; the Work completes with
   // `r.outputs` or the error.
@@ -247,11 +231,9 @@ class SmdcclBackend : public ::c10d::Backend {
 
   BackendConfig cfg_;
   std::atomic<uint64_t> monitoredBarriers_{0};
-  std::atomic<uint64_t> shrinks_{0};
   // The store torch gave this group, under this incarnation's prefix (store_
-  // wraps it): shrink() makes its child's store from it.
+  // wraps it).
   c10::intrusive_ptr<::c10d::Store> c10dStore_;
-  SplitChildren splitChildren_;     // split()'s, by the store torch handed them
   std::shared_ptr<KVStore> store_;  // shared with the watchdog's thread
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Mesh> mesh_;
@@ -266,6 +248,9 @@ class SmdcclBackend : public ::c10d::Backend {
   ReduceSemantics reduce_{WireChoice{cfg_.wire, cfg_.wireIntra}, tuning_, scratch_};
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
+  // split()'s and shrink()'s groups, with this group's settings.
+  GroupChildren children_{cfg_, c10dStore_,
+                          [this] { return std::chrono::milliseconds(timeoutMs_.load()); }};
   // Ops issued (getSequenceNumberForGroup): caller threads and callbacks.
   std::atomic<uint64_t> seq_{0};
   // Ops started, in run order: the number the ranks compare (op headers,
