@@ -13,6 +13,8 @@ its fix.
   naming the destroyed group (it used to wait for ever).
 - An any-source receive posted while a third rank exits normally: it is
   served by the rank that does send (it used to fail with the exit).
+- A receive posted after its sender sent and exited: it gets the message
+  that waits on this host (the gone-peer probe must not fail it first).
 - A receive posted after ``dist.set_timeout`` shortened the group's timeout,
   behind one posted with the long timeout, before the peer ever connected:
   it raises at its own, shorter deadline (it waited for the older one).
@@ -154,6 +156,29 @@ def test_any_source_recv_survives_a_rank_that_exits():
     r0 = run_ranks(3, one_rank_leaves, timeout=120)[0]
     assert r0["recv"][1] is None, r0
     assert r0["source"] == 1, r0
+
+
+def sender_exits_first() -> dict:
+    rank = dist.get_rank()
+    store = harness_store()
+    out = {}
+    if rank == 1:
+        dist.send(torch.full((3,), 7.0), dst=0, tag=4)  # lands in rank 0's socket buffer
+        store.set("exits/sent", "1")
+        return out  # finishes: destroys its group and exits
+    store.wait(["exits/sent"], datetime.timedelta(seconds=60))
+    time.sleep(1.5)  # rank 1 has exited by now
+    got = torch.zeros(3)
+    out["recv"] = _raises(lambda: dist.recv(got, src=1, tag=4))
+    out["got"] = got.tolist()
+    return out
+
+
+def test_recv_gets_the_message_of_a_sender_that_has_exited():
+    for _ in range(3):  # the probe and the receiving loop race: give it chances to lose
+        r0 = run_ranks(2, sender_exits_first, timeout=120)[0]
+        assert r0["recv"][1] is None, r0
+        assert r0["got"] == [7.0] * 3, r0
 
 
 def shortened_timeout() -> dict:

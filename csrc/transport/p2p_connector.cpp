@@ -1,10 +1,13 @@
 // P2PEngine's helper thread, for what may block and so must not stop the
-// loop: dialling a peer's listener for a send (its address may not be in
-// the store yet), and asking whether a peer that has not connected while
-// receives from it wait is gone (its process exited, its group failed, its
-// listener refuses connections), so that they fail at once rather than at
-// their deadline.
+// loops: dialling a peer's listener for a send (its address may not be in
+// the store yet; each dial on a short-lived thread of its own), and asking
+// whether a peer that has not connected while receives from it wait is
+// gone (its process exited, its group failed, its listener refuses
+// connections), so that they fail at once rather than at their deadline.
 #include <chrono>
+#include <map>
+#include <thread>
+#include <vector>
 
 #include "common/log.h"
 #include "common/own_thread.h"
@@ -15,38 +18,79 @@ namespace smdccl {
 
 void P2PEngine::connector() {
   markOwnThread();
+  std::map<int, std::thread> dialers;  // by peer: its dial in progress
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    if (!dials_.empty()) {
-      int rank = dials_.front();
-      dials_.pop_front();
-      lock.unlock();
-      dial(rank);
-      lock.lock();
-      continue;
-    }
-    std::vector<int> silent;
-    for (int r = 0; r < mesh_.size(); ++r) {
-      const Peer& p = *peers_[r];
-      if (r != mesh_.rank() && p.reading && p.inFd < 0 && !p.failed &&
-          (!p.recvs.empty() || !anyRecvs_.empty()))
-        silent.push_back(r);
-    }
+  while (true) {
+    std::vector<int> ended;
+    ended.swap(dialed_);
     lock.unlock();
-    for (int r : silent) {
-      std::string why = mesh_.p2pSenderGone(r);  // may ask the store or dial a probe
-      if (why.empty()) continue;
-      Later later;
-      {
-        std::lock_guard<std::mutex> relock(mu_);
-        failPeer(r, recvFailure(r, why), later);  // wakes the loops
-      }
-      runLater(later);
+    for (int r : ended) {
+      dialers[r].join();
+      dialers.erase(r);
     }
     lock.lock();
-    dialCv_.wait_for(lock, std::chrono::milliseconds(100),
-                     [this] { return stop_ || !dials_.empty(); });
+    if (stop_ && dialers.empty()) return;
+    // Each dial on a short-lived thread of its own: a peer that hangs in
+    // the handshake (stopped, swapping) holds up no other peer's sends.
+    std::deque<int> later;  // peers whose last dial's thread is not joined yet
+    for (; !dials_.empty() && !stop_; dials_.pop_front()) {
+      int r = dials_.front();
+      if (dialers.count(r)) {
+        later.push_back(r);
+        continue;
+      }
+      dialers[r] = std::thread([this, r] {
+        markOwnThread();
+        dial(r);
+        std::lock_guard<std::mutex> relock(mu_);
+        dialed_.push_back(r);
+        dialCv_.notify_all();
+      });
+    }
+    dials_.insert(dials_.end(), later.begin(), later.end());
+    if (!stop_) probeSilentPeers(lock);
+    const size_t queued = dials_.size();
+    dialCv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
+      return !dialed_.empty() || dials_.size() > queued || (stop_ && dialers.empty());
+    });
   }
+}
+
+void P2PEngine::probeSilentPeers(std::unique_lock<std::mutex>& lock) {
+  std::vector<int> silent;
+  for (int r = 0; r < mesh_.size(); ++r) {
+    const Peer& p = *peers_[r];
+    if (r != mesh_.rank() && p.reading && p.inFd < 0 && !p.failed &&
+        (!p.recvs.empty() || !anyRecvs_.empty()))
+      silent.push_back(r);
+  }
+  lock.unlock();
+  for (int r : silent) {
+    std::string why = mesh_.p2pSenderGone(r);  // may ask the store or dial a probe
+    if (why.empty()) continue;
+    Later later;
+    {
+      std::lock_guard<std::mutex> relock(mu_);
+      Peer& p = *peers_[r];
+      if (p.failed || p.inFd >= 0) continue;  // the receiving loop took its connection meanwhile
+      // A peer that connected, sent and exited is gone, but what it sent
+      // is here to be read.
+      int fd = -1;
+      try {
+        fd = mesh_.acceptP2P(r);
+      } catch (const std::exception&) {
+        // The group is shut down here: fail the peer as below.
+      }
+      if (fd >= 0) {
+        p.inFd = fd;
+        wake(Direction::In);
+        continue;
+      }
+      failPeer(r, recvFailure(r, why), later);  // wakes the loops
+    }
+    runLater(later);
+  }
+  lock.lock();
 }
 
 void P2PEngine::dial(int rank) {

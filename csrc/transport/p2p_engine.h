@@ -207,6 +207,9 @@ class P2PEngine {
   // p2p_connector.cpp: the helper thread for what may block.
   void connector();
   void dial(int rank);
+  // Fails the peers that receives wait for, that have not connected and
+  // are gone (mu_ held by `lock`, released meanwhile).
+  void probeSilentPeers(std::unique_lock<std::mutex>& lock);
 
   // p2p_watch.cpp: deadlines and warnings (mu_ held).
   // Fails the receives whose deadline has passed, and a message that
@@ -231,6 +234,7 @@ class P2PEngine {
   mutable std::mutex mu_;
   std::condition_variable dialCv_;  // the connector: a dial is asked for
   std::deque<int> dials_;           // peers to connect to, under mu_
+  std::vector<int> dialed_;         // peers whose dial thread has ended, under mu_
   std::vector<std::unique_ptr<Peer>> peers_;
   std::deque<RecvReq> anyRecvs_;
   std::exception_ptr anyFailed_;  // every peer failed (or abort()): any-source receives fail

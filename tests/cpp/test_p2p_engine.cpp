@@ -3,6 +3,11 @@
 // store in a directory: a send whose data could not be made ready (a CUDA
 // send's copy failed) fails its matching receive with the sender's reason,
 // and the next message of the same tag still goes to the next receive.
+// And with three ranks (the test runs itself as rank 2): a peer that hangs
+// in the connection handshake holds up no other peer's send.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -130,5 +135,103 @@ TEST(p2p_failed_send_fails_only_its_matching_recv) {
   CHECK(recv2.empty());
   CHECK(result("lost_untouched") == "yes");
   CHECK(result("got") == "7,8,9,10");
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// ------------------------------------------------ a peer that hangs in the handshake
+//
+// Rank 1 of three never runs: its listener address in the store is a
+// socket that takes connections (the kernel's backlog) but never answers a
+// Hello, as a stopped or swapping process does. Rank 0 sends to rank 1,
+// then to rank 2 (another process): the second send completes at once,
+// while the first one's dial waits for its deadline and then fails it.
+
+namespace {
+
+constexpr auto kHungDeadline = std::chrono::seconds(10);
+
+void hungPeerRank(int rank, FileStore& store) {
+  MeshConfig mc;
+  mc.rank = rank;
+  mc.size = 3;
+  mc.topology = topologyFromSpec({1, 1, 1}, {0, 1, 2}, true);  // three nodes: TCP
+  mc.masterAddr = "127.0.0.1";
+  Mesh mesh(store, mc, soon());
+  P2PEngine p2p(mesh, "hung-peer-test", [] { return std::chrono::milliseconds(20000); });
+  std::vector<int> data(4, rank + 2);
+  if (rank == 0) {
+    Outcome toHung, toLive;
+    auto start = std::chrono::steady_clock::now();
+    p2p.send(1, {.buf = data.data(),
+                 .bytes = data.size() * sizeof(int),
+                 .tag = 1,
+                 .deadline = Deadline::after(kHungDeadline),
+                 .done = toHung.completion()});
+    p2p.send(2, {.buf = data.data(),
+                 .bytes = data.size() * sizeof(int),
+                 .tag = 1,
+                 .deadline = soon(),
+                 .done = toLive.completion()});
+    store.set("result/live", toLive.get());
+    double liveS = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    store.set("result/live_s", std::to_string(liveS));
+    store.set("result/hung", toHung.get());
+  } else {
+    Outcome in;
+    std::vector<int> got(4, 0);
+    p2p.recv(0, {.buf = got.data(),
+                 .bytes = got.size() * sizeof(int),
+                 .tag = 1,
+                 .deadline = soon(),
+                 .done = in.completion()});
+    store.set("result/recv", in.get());
+    store.set("result/got", std::to_string(got[0]));
+  }
+  storeBarrier(store, "hung-peer-done", 2, soon());  // ranks 0 and 2
+}
+
+ChildRegistrar hungPeerChild("p2p_hung_rank2", [](const std::vector<std::string>& args) {
+  FileStore store(args.at(0));
+  hungPeerRank(2, store);
+  return 0;
+});
+
+}  // namespace
+
+TEST(p2p_a_peer_hung_in_the_handshake_holds_up_no_other_send) {
+  char dirTemplate[] = "/tmp/smdccl-p2p-hung-XXXXXX";
+  std::string dir = mkdtemp(dirTemplate);
+  FileStore store(dir);
+  // Rank 1's "listener": accepts in the kernel, never reads or answers.
+  int silent = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  CHECK(bind(silent, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  CHECK(listen(silent, 16) == 0);
+  CHECK(getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  store.set("smdccl/addr/1", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  pid_t child = fork();
+  if (child == 0) {
+    execl("/proc/self/exe", "smdccl_core_tests", "--child", "p2p_hung_rank2", dir.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  CHECK(child > 0);
+  hungPeerRank(0, store);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(silent);
+  auto result = [&](const char* name) { return store.get(std::string("result/") + name, soon()); };
+  std::string live = result("live"), hung = result("hung"), recv = result("recv");
+  double liveS = std::stod(result("live_s"));
+  std::fprintf(stderr, "  send to rank 2: '%s' after %.2f s\n  send to rank 1: '%s'\n",
+               live.c_str(), liveS, hung.c_str());
+  CHECK(live.empty() && recv.empty() && result("got") == "2");
+  // Behind the hung dial it would take its 10 s deadline.
+  CHECK(liveS < std::chrono::duration<double>(kHungDeadline).count() / 2);
+  CHECK(hung.find("send to rank 1 (tag 1)") != std::string::npos);
   std::system(("rm -rf " + dir).c_str());
 }
