@@ -118,7 +118,8 @@ class P2PEngine {
   // The send the sending loop is moving (that thread's only).
   struct Outbound {
     bool active = false;
-    bool ready = false;  // the data (or the report of why not) is there
+    bool ready = false;      // the data (or the report of why not) is there
+    bool connected = false;  // polled on its peer's socket
     SendReq req;
     uint8_t head[sizeof(P2PHeader)];
     const char* payload = nullptr;
@@ -180,15 +181,18 @@ class P2PEngine {
   // p2p_loop.cpp: the event loops, one per direction (sends are written
   // while messages are read, as two peers' sockets need).
   void loop(Direction d);
-  // One turn's bookkeeping under mu_: deadlines, warnings, what to poll.
-  void prepareOut(Later& later, std::vector<std::string>& warnings, std::vector<pollfd>& fds,
-                  std::vector<int>& owner);
+  void turn(Direction d);
+  // The sending loop's bookkeeping (mu_ held): deadlines, warnings, the
+  // next send of each peer; then which sockets to poll, and dials to ask for.
+  void startSends(Later& later, std::vector<std::string>& warnings);
+  void pollSends(std::vector<pollfd>& fds, std::vector<int>& owner);
+  // The receiving loop's (mu_ held): connections, deadlines, warnings, what to poll.
   void prepareIn(Later& later, std::vector<std::string>& warnings, std::vector<pollfd>& fds,
                  std::vector<int>& owner);
   // One peer's turn after poll(): start, move and end its transfers.
   void serveOut(int rank, Peer& p, Later& later);
   bool startSend(Peer& p);  // mu_ held
-  void pollReady(Peer& p);  // mu_ held
+  void pollReady(Peer& p);  // the sending loop's own state
   // Reads what is there of the current message; false: the peer failed.
   bool readSome(int rank, Peer& p, Later& later);
   // A message's header is in: match it, and say where its payload goes.
@@ -202,7 +206,7 @@ class P2PEngine {
   void endOut(Peer& p, Later& later);
   void endIn(int rank, Peer& p, Later& later);
   // Takes the connections of peers whose messages are wanted (mu_ held).
-  void acceptArrivals();
+  void acceptArrivals(Later& later);
 
   // p2p_connector.cpp: the helper thread for what may block.
   void connector();

@@ -32,56 +32,90 @@ void drain(int fd) {
 
 void P2PEngine::loop(Direction d) {
   markOwnThread();
-  const int wakeFd = d == Direction::Out ? wakeOut_ : wakeIn_;
-  std::vector<pollfd> fds;
-  std::vector<int> owner;  // the rank of each socket entry
   while (!stop_) {
-    Later later;
-    std::vector<std::string> warnings;
-    fds.assign({{wakeFd, POLLIN, 0}});
-    owner.assign(1, -1);
-    int timeoutMs;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (d == Direction::Out) prepareOut(later, warnings, fds, owner);
-      else prepareIn(later, warnings, fds, owner);
-      timeoutMs = pollTimeoutMs(d);
-    }
-    for (const std::string& line : warnings) SMDCCL_WARN(line);
-    runLater(later);
-    int n = poll(fds.data(), fds.size(), timeoutMs);
-    if (n < 0 && errno != EINTR) throwSystemError("poll", errno);
-    if (n <= 0) continue;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      if (owner[i] < 0) {
-        drain(fds[i].fd);  // the wake-up, or the listener's arrivals
-      } else if (d == Direction::Out) {
-        serveOut(owner[i], *peers_[owner[i]], later);
-      } else if (!readSome(owner[i], *peers_[owner[i]], later)) {
+    try {
+      turn(d);
+    } catch (const std::exception& e) {
+      // poll() or an allocation failed: nothing this loop serves can go on.
+      SMDCCL_WARN("send/recv on group '", group_, "' failed: ", e.what());
+      Later later;
+      {
         std::lock_guard<std::mutex> lock(mu_);
-        endIn(owner[i], *peers_[owner[i]], later);
+        auto why = std::make_exception_ptr(
+            CommError(CommError::Kind::System,
+                      strCat("smdccl: send/recv on group '", group_, "' failed: ", e.what())));
+        for (int r = 0; r < mesh_.size(); ++r)
+          if (r != mesh_.rank()) failPeer(r, why, later);
       }
+      runLater(later);
     }
-    runLater(later);
   }
 }
 
-void P2PEngine::prepareOut(Later& later, std::vector<std::string>& warnings,
-                           std::vector<pollfd>& fds, std::vector<int>& owner) {
+void P2PEngine::turn(Direction d) {
+  const int wakeFd = d == Direction::Out ? wakeOut_ : wakeIn_;
+  std::vector<pollfd> fds{{wakeFd, POLLIN, 0}};
+  std::vector<int> owner{-1};  // the rank of each socket entry
+  Later later;
+  std::vector<std::string> warnings;
+  int timeoutMs;
+  if (d == Direction::Out) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      startSends(later, warnings);
+    }
+    // The data's readiness (a GPU copy's event) is asked outside the lock:
+    // Peer::out is this loop's own.
+    for (int r = 0; r < mesh_.size(); ++r)
+      if (r != mesh_.rank() && peers_[r]->out.active && !peers_[r]->out.ready)
+        pollReady(*peers_[r]);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (d == Direction::Out) pollSends(fds, owner);
+    else prepareIn(later, warnings, fds, owner);
+    timeoutMs = pollTimeoutMs(d);
+  }
+  for (const std::string& line : warnings) SMDCCL_WARN(line);
+  runLater(later);
+  int n = poll(fds.data(), fds.size(), timeoutMs);
+  if (n < 0 && errno != EINTR) throwSystemError("poll", errno);
+  if (n <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    if (owner[i] < 0) {
+      drain(fds[i].fd);  // the wake-up, or the listener's arrivals
+    } else if (d == Direction::Out) {
+      serveOut(owner[i], *peers_[owner[i]], later);
+    } else if (!readSome(owner[i], *peers_[owner[i]], later)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      endIn(owner[i], *peers_[owner[i]], later);
+    }
+  }
+  runLater(later);
+}
+
+void P2PEngine::startSends(Later& later, std::vector<std::string>& warnings) {
   expireSends(later);
   warnSends(warnings);
   for (int r = 0; r < mesh_.size(); ++r) {
     if (r == mesh_.rank()) continue;
     Peer& p = *peers_[r];
-    if (p.failed) {
-      endOut(p, later);
-      continue;
-    }
-    if (!p.out.active) startSend(p);
-    if (p.out.active && !p.out.ready) pollReady(p);
-    if (!p.out.active || !p.out.ready) continue;
+    if (p.failed) endOut(p, later);
+    else if (!p.out.active) startSend(p);
+  }
+}
+
+void P2PEngine::pollSends(std::vector<pollfd>& fds, std::vector<int>& owner) {
+  for (int r = 0; r < mesh_.size(); ++r) {
+    if (r == mesh_.rank()) continue;
+    Peer& p = *peers_[r];
+    if (p.failed || !p.out.active || !p.out.ready) continue;
     if (p.outFd >= 0) {
+      if (!p.out.connected) {
+        p.out.connected = true;
+        p.out.lastMoved = Clock::now();  // "has sent nothing for" counts from here
+      }
       fds.push_back({p.outFd, POLLOUT, 0});
       owner.push_back(r);
     } else if (!p.dialing) {
@@ -101,7 +135,7 @@ void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings,
     fds.push_back({arrivals, POLLIN, 0});
     owner.push_back(-1);
   }
-  acceptArrivals();
+  acceptArrivals(later);
   expireRecvs(later);
   warnRecvs(warnings);
   for (int r = 0; r < mesh_.size(); ++r) {
@@ -116,7 +150,7 @@ void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings,
   }
 }
 
-void P2PEngine::acceptArrivals() {
+void P2PEngine::acceptArrivals(Later& later) {
   for (int r = 0; r < mesh_.size(); ++r) {
     Peer& p = *peers_[r];
     if (r == mesh_.rank() || !p.reading || p.inFd >= 0 || p.failed) continue;
@@ -125,8 +159,10 @@ void P2PEngine::acceptArrivals() {
     // receives shows as stuck there, not as memory here).
     try {
       p.inFd = mesh_.acceptP2P(r);
-    } catch (const std::exception&) {
-      // The group was closed here (abort, failure): its own path fails the peers.
+    } catch (const std::exception& e) {
+      // The group failed here (its links are closed): a receive waiting
+      // for this peer's connection never gets it.
+      if (!p.recvs.empty() || !anyRecvs_.empty()) failPeer(r, recvFailure(r, e.what()), later);
     }
   }
 }
@@ -167,7 +203,6 @@ void P2PEngine::pollReady(Peer& p) {
   }
   o.payloadBytes = head.bytes;
   encodeP2PHeader(head, o.head);
-  o.lastMoved = Clock::now();
 }
 
 void P2PEngine::serveOut(int rank, Peer& p, Later& later) {
@@ -206,7 +241,7 @@ void P2PEngine::serveOut(int rank, Peer& p, Later& later) {
   later.push_back([req = std::move(o.req), e = o.notReady] { req.done(e); });
   o = Outbound{};
   std::lock_guard<std::mutex> lock(mu_);
-  if (startSend(p)) pollReady(p);  // the next one, while the socket is writable
+  if (!p.failed) startSend(p);  // the next one; its readiness is asked next turn
 }
 
 bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
@@ -222,7 +257,7 @@ bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
       if (ev == P2PReader::Event::Header) headerRead(rank, p, later);
       if (in.reader.complete()) messageRead(rank, p, later);
     }
-  } catch (const CommError& e) {
+  } catch (const std::exception& e) {  // the connection, or memory for a message
     std::lock_guard<std::mutex> lock(mu_);
     failPeer(rank, recvFailure(rank, e.what()), later);
     return false;
@@ -234,7 +269,8 @@ void P2PEngine::headerRead(int rank, Peer& p, Later& later) {
   const P2PHeader& h = in.reader.header();
   in.due = Deadline::after(timeout_());  // the payload follows its header
   std::lock_guard<std::mutex> lock(mu_);
-  in.matched = takeMatch(p, h.tag, &in.target);
+  // A failed peer's receives have failed; its turn ends with this one.
+  in.matched = !p.failed && takeMatch(p, h.tag, &in.target);
   if (!in.matched || P2PHeader::carriesReport(h.flags))
     in.reader.sinkTo(P2PReader::Sink::Buffer);  // a message nobody asked for yet, or a report
   else if (in.target.bytes == h.bytes) in.reader.sinkTo(P2PReader::Sink::Into, in.target.buf);
@@ -248,7 +284,7 @@ void P2PEngine::matchMidMessage(Peer& p) {
   std::lock_guard<std::mutex> lock(mu_);
   // The receive that its end would take (see messageRead): what has come
   // is copied over once, the rest lands in place, not in a buffer first.
-  if (!takeMatch(p, h.tag, &in.target)) return;
+  if (p.failed || !takeMatch(p, h.tag, &in.target)) return;
   in.matched = true;
   if (in.target.bytes == h.bytes) in.reader.redirect(P2PReader::Sink::Into, in.target.buf);
   else in.reader.redirect(P2PReader::Sink::Drain);

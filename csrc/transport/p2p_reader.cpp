@@ -25,6 +25,7 @@ void P2PReader::redirect(Sink sink, void* into) {
 }
 
 void P2PReader::next() {
+  if (stage_ == Stage::Drain) std::vector<char>().swap(sink_);  // drains are rare: not kept
   stage_ = Stage::Header;
   headGot_ = 0;
   got_ = 0;

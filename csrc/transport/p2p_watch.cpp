@@ -83,7 +83,7 @@ Deadline P2PEngine::nextWarning(Direction d) const {
   };
   if (d == Direction::Out) {
     for (const auto& p : peers_)
-      if (p->out.active && p->out.ready) consider(p->out.warned, p->out.lastMoved);
+      if (p->out.active && p->out.connected) consider(p->out.warned, p->out.lastMoved);
     return next;
   }
   for (const auto& p : peers_)
@@ -106,9 +106,10 @@ int P2PEngine::pollTimeoutMs(Direction d) const {
       for (const RecvReq& r : p->recvs) consider(r.deadline);
       if (p->in.reader.midMessage()) consider(p->in.due);
     } else if (p->out.active) {
-      // A send whose data is not there yet is polled (a GPU copy's event).
+      // A send whose data is not there yet is polled (a GPU copy's event);
+      // one being dialled has the dial's deadline, not this loop's.
       if (!p->out.ready) return 1;
-      consider(p->out.req.deadline);
+      if (p->out.connected) consider(p->out.req.deadline);
     }
   }
   consider(nextWarning(d));
@@ -172,8 +173,7 @@ void P2PEngine::warnSends(std::vector<std::string>& lines) {
     Outbound& o = peers_[q]->out;
     // Once nothing has moved for a window (e.g. the peer posts no receive
     // from this rank, so nothing reads the socket once its buffers are full).
-    if (!o.active || !o.ready || o.warned || peers_[q]->outFd < 0 || now - o.lastMoved < window)
-      continue;
+    if (!o.active || !o.connected || o.warned || now - o.lastMoved < window) continue;
     o.warned = true;
     lines.push_back(
         strCat("smdccl: send to rank ", q, " (tag ", o.req.tag, ", ", o.req.bytes,
