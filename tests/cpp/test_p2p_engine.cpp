@@ -33,6 +33,35 @@ namespace {
 
 Deadline soon() { return Deadline::after(std::chrono::seconds(20)); }
 
+// `body` as rank `rank` of a test, in this binary run again (--child):
+// the store is the directory named by its argument.
+ChildMain asRank(void (*body)(int, FileStore&), int rank) {
+  return [body, rank](const std::vector<std::string>& args) {
+    FileStore store(args.at(0));
+    body(rank, store);
+    return 0;
+  };
+}
+
+// Starts child `name` over the store in `dir`, in a fresh process (exec,
+// not the threads of this one).
+pid_t spawnChild(const char* name, const std::string& dir) {
+  pid_t child = fork();
+  if (child == 0) {
+    execl("/proc/self/exe", "smdccl_core_tests", "--child", name, dir.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  CHECK(child > 0);
+  return child;
+}
+
+void reapChild(pid_t child) {
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 // A completion as a future of its error ("" on success).
 struct Outcome {
   std::promise<std::string> promise;
@@ -101,11 +130,7 @@ void p2pRank(int rank, FileStore& store) {
   storeBarrier(store, "p2p-test-done", 2, soon());  // both done before either tears down
 }
 
-ChildRegistrar p2pChild("p2p_rank1", [](const std::vector<std::string>& args) {
-  FileStore store(args.at(0));
-  p2pRank(1, store);
-  return 0;
-});
+ChildRegistrar p2pChild("p2p_rank1", asRank(p2pRank, 1));
 
 }  // namespace
 
@@ -113,17 +138,9 @@ TEST(p2p_failed_send_fails_only_its_matching_recv) {
   char dirTemplate[] = "/tmp/smdccl-p2p-test-XXXXXX";
   std::string dir = mkdtemp(dirTemplate);
   FileStore store(dir);
-  pid_t child = fork();
-  if (child == 0) {  // a fresh process: exec, not the threads of this one
-    execl("/proc/self/exe", "smdccl_core_tests", "--child", "p2p_rank1", dir.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  CHECK(child > 0);
+  pid_t child = spawnChild("p2p_rank1", dir);
   p2pRank(0, store);
-  int status = 0;
-  waitpid(child, &status, 0);
-  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  reapChild(child);
   auto result = [&](const char* name) { return store.get(std::string("result/") + name, soon()); };
   std::string send1 = result("send1"), send2 = result("send2"), recv1 = result("recv1"),
               recv2 = result("recv2");
@@ -202,11 +219,7 @@ void hungPeerRank(int rank, FileStore& store) {
   storeBarrier(store, "hung-peer-done", 2, soon());  // ranks 0 and 2
 }
 
-ChildRegistrar hungPeerChild("p2p_hung_rank2", [](const std::vector<std::string>& args) {
-  FileStore store(args.at(0));
-  hungPeerRank(2, store);
-  return 0;
-});
+ChildRegistrar hungPeerChild("p2p_hung_rank2", asRank(hungPeerRank, 2));
 
 }  // namespace
 
@@ -224,17 +237,9 @@ TEST(p2p_a_peer_hung_in_the_handshake_holds_up_no_other_send) {
   CHECK(listen(silent, 16) == 0);
   CHECK(getsockname(silent, reinterpret_cast<sockaddr*>(&a), &len) == 0);
   store.set("smdccl/addr/1", "127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
-  pid_t child = fork();
-  if (child == 0) {
-    execl("/proc/self/exe", "smdccl_core_tests", "--child", "p2p_hung_rank2", dir.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  CHECK(child > 0);
+  pid_t child = spawnChild("p2p_hung_rank2", dir);
   hungPeerRank(0, store);
-  int status = 0;
-  waitpid(child, &status, 0);
-  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  reapChild(child);
   close(silent);
   auto result = [&](const char* name) { return store.get(std::string("result/") + name, soon()); };
   std::string live = result("live"), hung = result("hung"), recv = result("recv");
