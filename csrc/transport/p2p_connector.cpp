@@ -9,7 +9,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/log.h"
 #include "common/own_thread.h"
 #include "transport/mesh.h"
 #include "transport/p2p_engine.h"
@@ -107,12 +106,11 @@ void P2PEngine::dial(int rank) {
     peers_[rank]->outFd = fd;
     peers_[rank]->dialing = false;
   } catch (const std::exception& e) {
-    SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", e.what());
     Later later;
     {
       std::lock_guard<std::mutex> lock(mu_);
       peers_[rank]->dialing = false;
-      failPeer(rank, sendFailure(rank, tag, e.what()), later);
+      failSending(rank, tag, e.what(), later);
     }
     runLater(later);
   }

@@ -260,10 +260,13 @@ InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t s
                                 " bytes but the matching send carried ", sent));
 }
 
-std::exception_ptr P2PEngine::sendFailure(int rank, int64_t tag, const std::string& why) const {
-  return std::make_exception_ptr(
-      CommError(CommError::Kind::PeerFailure, strCat("smdccl: send to rank ", rank, " (tag ", tag,
-                                                     ") on group '", group_, "' failed: ", why)));
+void P2PEngine::failSending(int rank, int64_t tag, const std::string& why, Later& later) {
+  SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", why);
+  failPeer(rank,
+           std::make_exception_ptr(CommError(CommError::Kind::PeerFailure,
+                                             strCat("smdccl: send to rank ", rank, " (tag ", tag,
+                                                    ") on group '", group_, "' failed: ", why))),
+           later);
 }
 
 std::exception_ptr P2PEngine::recvFailure(int rank, const std::string& why) const {

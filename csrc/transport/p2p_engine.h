@@ -175,7 +175,9 @@ class P2PEngine {
   // the any-source receives) with `e`, or the peer's first failure (mu_
   // held; the completions go to `later`).
   void failPeer(int rank, std::exception_ptr e, Later& later);
-  std::exception_ptr sendFailure(int rank, int64_t tag, const std::string& why) const;
+  // A send to `rank` (of `tag`) failed for `why`: logs it and fails the
+  // peer (mu_ held).
+  void failSending(int rank, int64_t tag, const std::string& why, Later& later);
   std::exception_ptr recvFailure(int rank, const std::string& why) const;
 
   // p2p_loop.cpp: the event loops, one per direction (sends are written

@@ -231,9 +231,8 @@ void P2PEngine::serveOut(int rank, Peer& p, Later& later) {
     }
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     std::string why = strCat("connection to rank ", rank, " failed: ", std::strerror(errno));
-    SMDCCL_WARN("send to rank ", rank, " on group '", group_, "' failed: ", why);
     std::lock_guard<std::mutex> lock(mu_);
-    failPeer(rank, sendFailure(rank, o.req.tag, why), later);
+    failSending(rank, o.req.tag, why, later);
     endOut(p, later);
     return;
   }

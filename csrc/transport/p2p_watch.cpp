@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "common/log.h"
 #include "transport/mesh.h"
 #include "transport/p2p_engine.h"
 
@@ -66,9 +65,7 @@ void P2PEngine::expireSends(Later& later) {
       o.req.deadline = Deadline::after(timeout_());
       pollReady(p);
     } else if (p.outFd >= 0) {  // a dial has its own deadline
-      std::string why = strCat("timed out sending to rank ", r);
-      SMDCCL_WARN("send to rank ", r, " on group '", group_, "' failed: ", why);
-      failPeer(r, sendFailure(r, o.req.tag, why), later);
+      failSending(r, o.req.tag, strCat("timed out sending to rank ", r), later);
       endOut(p, later);
     }
   }
