@@ -90,7 +90,7 @@ run_step kernel-tests 60 "$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2
   grep -m20 FAIL "$LOGS/kernel-tests.txt"
 tail -1 "$LOGS/kernel-tests.txt"
 
-pytest_step stream 200 "stream_semantics or returns_once_queued or never_arrives" tests/test_cuda.py
+pytest_step stream 260 "stream_semantics or returns_once_queued or never_arrives" tests/test_cuda.py
 # A failed stream-semantics test is re-run once with CUDA's lazy module
 # loading off: a stream that waits on work not yet queued can deadlock
 # against a lazy load (which synchronizes the context), so the two outcomes

@@ -507,12 +507,14 @@ def test_cuda_stream_semantics(world_size):
 
 
 def blocking_call_behind_queued_work() -> dict:
-    """Issue 23's "no host wait": a blocking 4 KiB all_reduce (one node, CUDA
-    IPC) issued behind ~1 s of GPU work on the caller's stream returns to the
-    host once it is queued, and is still right once the stream gets there;
-    so do reduce_scatter_tensor and all_gather_into_tensor, and broadcast
-    (which runs on the host, its copy back behind a gate). An all_gather
-    behind the broadcast is checked for its result only."""
+    """Issue 23's "no host wait": a blocking 4 KiB all_reduce issued behind
+    ~1 s of GPU work on the caller's stream returns to the host once it is
+    queued, and is still right once the stream gets there; so do
+    reduce_scatter_tensor and all_gather_into_tensor, and broadcast (which
+    runs on the host, its copy back behind a gate). One node: CUDA IPC with
+    barriers on the stream; across emulated nodes: staged, its copies
+    queued behind gates that the proxy opens after the call returned. An
+    all_gather behind the broadcast is checked for its result only."""
     dev = _device()
     rank, ws = dist.get_rank(), dist.get_world_size()
     expect = float(sum(r + 1 for r in range(ws)))
@@ -554,18 +556,24 @@ def blocking_call_behind_queued_work() -> dict:
 
 @needs_gpu
 @pytest.mark.parametrize("stream_barrier", ["1", "0"])
-def test_cuda_blocking_call_returns_once_queued(stream_barrier):
-    res = run_ranks(2, blocking_call_behind_queued_work, timeout=120, pg_timeout=PG_TIMEOUT,
-                    env={"SMDCCL_CUDA_STREAM_BARRIER": stream_barrier})
+@pytest.mark.parametrize("layout", ["one-node", "2x1", "2x2"])
+def test_cuda_blocking_call_returns_once_queued(stream_barrier, layout):
+    env = {"SMDCCL_CUDA_STREAM_BARRIER": stream_barrier}
+    if layout != "one-node":
+        env["SMDCCL_TOPOLOGY"] = layout
+    res = run_ranks(4 if layout == "2x2" else 2, blocking_call_behind_queued_work, timeout=120,
+                    pg_timeout=PG_TIMEOUT, env=env)
     for r, got in enumerate(res):
         assert got["allreduce_ok"] and got["rs_ok"] and got["ag_ok"], f"rank {r}: {got}"
         assert got["host_staged_ok"], f"rank {r}: {got}"
         if stream_barrier == "1":
-            # The node's barriers are on the stream: the host only queues.
+            # The node's barriers and the staged copies' gates are on the
+            # stream: the host only queues.
             for name, sec in got["seconds"].items():
                 assert sec < 0.010, f"rank {r}: blocking {name} held the host {sec * 1e3:.1f} ms"
         else:
-            # Host barriers wait for the stream, which holds ~1 s of sleep.
+            # Host barriers, and staged copies queued as they go, wait for
+            # the stream, which holds ~1 s of sleep.
             assert got["seconds"]["all_reduce"] > 0.3, f"rank {r}: {got}"
 
 

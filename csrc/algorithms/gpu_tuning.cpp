@@ -30,9 +30,10 @@ SMDCCL_ENV_INT(kCudaStagedRing, "SMDCCL_CUDA_STAGED_RING", 1, 0, 1,
 SMDCCL_ENV_INT(kCudaStreamBarrier, "SMDCCL_CUDA_STREAM_BARRIER", 1, 0, 1,
                "CUDA collectives: 1 queues their waits on the GPU stream (stream memory "
                "operations on flags in host memory): the node's barriers between the steps of "
-               "CUDA IPC collectives, and the copies back of collectives that run on the host, "
-               "behind a gate the host opens; Work.wait() then returns once the collective is "
-               "queued. 0: the host waits for each step and copy. Same results either way.");
+               "CUDA IPC collectives, the copies back of collectives that run on the host, and "
+               "the copies of the staged collectives across nodes, behind gates the host opens; "
+               "Work.wait() then returns once the collective is queued. 0: the host waits for "
+               "each step and copy. Same results either way.");
 SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
                "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
                "A cap leaves the rest to the training's own kernels so that collectives overlap "

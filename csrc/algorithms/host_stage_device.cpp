@@ -6,56 +6,89 @@
 
 namespace smdccl {
 
-StageDevice::Ticket HostStageDevice::queue(int q, std::function<void()> work) {
-  Queue& Q = queues_[q];
-  Ticket t = (++Q.queued << 1) | static_cast<Ticket>(q);
-  if (!deferred_) {
-    work();
-    ++Q.ran;
+HostStageDevice::HostStageDevice(Mode mode) : mode_(mode) {
+  if (mode != Mode::Gated) return;
+  for (Lane& l : lanes_) {
+    l.queue = std::make_unique<HostFlagQueue>();
+    l.gated = std::make_unique<GatedLane>(*l.queue, &l.flags[0], &l.flags[1]);
+  }
+}
+
+HostStageDevice::~HostStageDevice() {
+  if (mode_ != Mode::Gated) return;
+  // A schedule that failed may have left copies behind closed gates, or
+  // running: nothing of them may outlive the memory they use.
+  abandon();
+  for (Lane& l : lanes_) l.queue->drain(Deadline::never());
+}
+
+void HostStageDevice::run(const Copy& c) {
+  const DType dt = c.how.dt;
+  const Wire wire = c.how.wire;
+  float* f = reinterpret_cast<float*>(c.dev);
+  if (c.out) {
+    if (packed(dt, wire)) packToWire(c.slot, f, c.count, wire);
+    else std::memcpy(c.slot, c.dev, c.count * elementSize(dt));
+  } else if (!c.how.reduce) {
+    if (packed(dt, wire)) unpackFromWire(f, c.slot, c.count, wire);
+    else std::memcpy(c.dev, c.slot, c.count * elementSize(dt));
+  } else if (packed(dt, wire)) {
+    reduceFromWire(f, c.slot, c.count, {wire, c.how.op, c.how.roundTo});
   } else {
-    Q.pending.push_back(std::move(work));
+    reduceInto(c.dev, c.slot, c.count, dt, c.how.op);
+    if (dt == DType::F32) roundToWire(f, c.count, c.how.roundTo);
   }
-  return t;
 }
 
-bool HostStageDevice::done(Ticket t) {
-  Queue& Q = queues_[queueOf(t)];
-  // One step per poll: the proxy sees work in flight, as with a GPU.
-  if (Q.ran < numberOf(t) && !Q.pending.empty()) {
-    auto work = std::move(Q.pending.front());
-    Q.pending.pop_front();
-    work();
-    ++Q.ran;
+void HostStageDevice::planned(int lane, uint64_t number, const Copy& c) {
+  Lane& l = lanes_[lane];
+  if (mode_ == Mode::Gated) l.gated->queue(number, [&] { l.queue->run([c] { run(c); }); });
+  else l.planned.push_back(c);
+}
+
+void HostStageDevice::release(int lane, uint64_t number) {
+  Lane& l = lanes_[lane];
+  if (mode_ == Mode::Gated) {
+    l.gated->release(number);
+    return;
   }
-  return Q.ran >= numberOf(t);
-}
-
-StageDevice::Ticket HostStageDevice::queueToHost(void* slot, const char* src, size_t count,
-                                                 DType dt, Wire wire) {
-  return queue(0, [=] {
-    if (packed(dt, wire)) packToWire(slot, reinterpret_cast<const float*>(src), count, wire);
-    else std::memcpy(slot, src, count * elementSize(dt));
-  });
-}
-
-StageDevice::Ticket HostStageDevice::queueFromHost(char* dst, const void* slot, size_t count,
-                                                   const Unpack& how) {
-  const DType dt = how.dt;
-  const Wire wire = how.wire, roundTo = how.roundTo;
-  const bool reduce = how.reduce;
-  const RedOp op = how.op;
-  return queue(1, [=] {
-    float* f = reinterpret_cast<float*>(dst);
-    if (!reduce) {
-      if (packed(dt, wire)) unpackFromWire(f, slot, count, wire);
-      else std::memcpy(dst, slot, count * elementSize(dt));
-    } else if (packed(dt, wire)) {
-      reduceFromWire(f, slot, count, {wire, op, roundTo});
+  // Ungated: copies ran + pending.size() + 1 .. number come off the plan.
+  while (l.ran + l.pending.size() < number) {
+    Copy c = l.planned.front();
+    l.planned.pop_front();
+    if (mode_ == Mode::Immediate) {
+      run(c);
+      ++l.ran;
     } else {
-      reduceInto(dst, slot, count, dt, op);
-      if (dt == DType::F32) roundToWire(f, count, roundTo);
+      l.pending.push_back(c);
     }
-  });
+  }
+}
+
+bool HostStageDevice::ran(int lane, uint64_t number) {
+  Lane& l = lanes_[lane];
+  if (mode_ == Mode::Gated) return l.gated->ran(number);
+  // Deferred: one copy per poll, so the proxy sees work in flight.
+  if (l.ran < number && !l.pending.empty()) {
+    run(l.pending.front());
+    l.pending.pop_front();
+    ++l.ran;
+  }
+  return l.ran >= number;
+}
+
+void HostStageDevice::dropPlanned(int lane, uint64_t released, uint64_t planned) {
+  Lane& l = lanes_[lane];
+  if (mode_ == Mode::Gated) {
+    l.gated->release(planned);  // they run, as on a GPU, so that nothing waits for them
+    return;
+  }
+  // Nothing reads what they would have written: drop them, and those
+  // released and not run yet; numbers go on after them.
+  (void)released;
+  l.planned.clear();
+  l.pending.clear();
+  l.ran = planned;
 }
 
 }  // namespace smdccl

@@ -2,41 +2,58 @@
 // A StageDevice whose memory is host memory: copies are memcpy, the wire
 // casts and reductions are the CPU kernels (the ones the exchange uses for
 // host tensors). It stands in for the GPU where there is none, so that the
-// staged schedules (slots, ordering, failures, byte counts) run in CI.
+// staged schedules (slots, ordering, gates, failures, byte counts) run in CI.
 //
-// Deferred mode models an asynchronous device: work waits in one queue per
-// direction (like the GPU's copy-out and copy-in streams) and runs a step
-// at a time as done() is polled, so the proxy sees work still pending and
-// must not touch a slot before its ticket is done.
+// Modes:
+//  - Immediate: a copy runs when go() lets it.
+//  - Deferred: an asynchronous, ungated device: copies wait in one queue
+//    per lane and run a step at a time as done() is polled, so the proxy
+//    sees work still pending and must not touch a slot before its copy is done.
+//  - Gated: the GPU's gated mode: each lane is a thread (HostFlagQueue)
+//    that runs every planned copy as soon as its gate opens, concurrently
+//    with the proxy, as the GPU's two copy streams do.
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 
+#include "algorithms/gated_lane.h"
+#include "algorithms/host_flag_queue.h"
 #include "algorithms/stage_device.h"
 
 namespace smdccl {
 
 class HostStageDevice final : public StageDevice {
  public:
-  explicit HostStageDevice(bool deferred = false) : deferred_(deferred) {}
-  bool done(Ticket t) override;
+  enum class Mode { Immediate, Deferred, Gated };
+  explicit HostStageDevice(Mode mode = Mode::Immediate);
+  // Gated: lets every planned copy run, then stops the lanes.
+  ~HostStageDevice() override;
+  HostStageDevice(const HostStageDevice&) = delete;
+  HostStageDevice& operator=(const HostStageDevice&) = delete;
+  bool gated() const override { return mode_ == Mode::Gated; }
+
+  // What `c` does, run on the host.
+  static void run(const Copy& c);
 
  protected:
-  Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) override;
-  Ticket queueFromHost(char* dst, const void* slot, size_t count, const Unpack& how) override;
+  void planned(int lane, uint64_t number, const Copy& c) override;
+  void release(int lane, uint64_t number) override;
+  bool ran(int lane, uint64_t number) override;
+  void dropPlanned(int lane, uint64_t released, uint64_t planned) override;
 
  private:
-  struct Queue {
-    std::deque<std::function<void()>> pending;
-    uint64_t queued = 0, ran = 0;  // tickets issued and run, in order
+  struct Lane {
+    std::deque<Copy> planned;  // not released yet (ungated)
+    std::deque<Copy> pending;  // released, not run (Deferred)
+    uint64_t ran = 0;          // copies run, in order (ungated)
+    // Gated: the thread, and the gate and progress flags.
+    std::unique_ptr<HostFlagQueue> queue;
+    uint32_t flags[2] = {0, 0};
+    std::unique_ptr<GatedLane> gated;
   };
-  Ticket queue(int q, std::function<void()> work);
-  // Tickets carry their queue in the low bit.
-  static int queueOf(Ticket t) { return static_cast<int>(t & 1); }
-  static uint64_t numberOf(Ticket t) { return t >> 1; }
-
-  bool deferred_;
-  Queue queues_[2];  // 0: to host, 1: from host
+  Mode mode_;
+  Lane lanes_[2];
 };
 
 }  // namespace smdccl

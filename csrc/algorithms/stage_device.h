@@ -1,17 +1,25 @@
 #pragma once
-// The device half of a staged collective (staged_ring.h). The device moves
-// data between its memory and pinned host slots, casting float32 to a 16-bit
-// wire on the way out and widening (and reducing) on the way in; the proxy,
-// the thread that runs the exchange, only ships slots over the links, as
-// NCCL's network proxy does. Every call queues work and returns at once with
-// a ticket; done() says whether that work has run.
+// The device half of a staged collective (staged_ring.h, staged_rounds.h).
+// The device moves data between its memory and pinned host slots, casting
+// float32 to a 16-bit wire on the way out and widening (and reducing) on
+// the way in; the proxy, the thread that runs the exchange, only ships
+// slots over the links, as NCCL's network proxy does.
 //
-// Implementations: CUDA streams and events (algorithms/cuda/), and
-// HostStageDevice (host_stage_device.h), whose memory is host memory: the CI
-// tests run the staged schedules with it, and the GPU run checks the CUDA
-// one against it bit for bit.
+// A schedule plans every copy of an op first, then lets each go when the
+// data and slots it needs are ready. Copies run in their lane's plan order
+// (lane 0: out to host, lane 1: in from host), like two device streams. A
+// gated device queues each planned copy at once, behind a gate that go()
+// opens: the whole op is on the device before its proxy starts, so the
+// caller's stream can wait for its end at once (no host wait in
+// Work.wait()). An ungated device queues a copy when go() lets it.
+//
+// Implementations: CUDA streams (algorithms/cuda/), and HostStageDevice
+// (host_stage_device.h), whose memory is host memory: the CI tests run the
+// staged schedules with it, and the GPU run checks the CUDA one against it
+// bit for bit.
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 
 #include "common/dtype.h"
 
@@ -19,16 +27,11 @@ namespace smdccl {
 
 class StageDevice {
  public:
+  // A planned copy: its lane in the low bit, its number on the lane above.
   using Ticket = uint64_t;
   virtual ~StageDevice() = default;
 
-  // slot = src[0, count) as `wire` carries dt data: the bytes themselves
-  // (F32), or float32 rounded to fp16/bf16 (half the bytes).
-  Ticket toHost(void* slot, const char* src, size_t count, DType dt, Wire wire) {
-    bytesToHost_ += count * wireElementSize(dt, wire);
-    return queueToHost(slot, src, count, dt, wire);
-  }
-  // What fromHost does with a slot's values: dt data as `wire` carries it,
+  // What a copy in does with a slot's values: dt data as `wire` carries it,
   // widened; with `reduce`, dst op= them and float32 results are rounded to
   // `roundTo`'s precision (F32: not rounded), as Exchange::recvReduce does;
   // else dst = them.
@@ -39,16 +42,32 @@ class StageDevice {
     RedOp op = RedOp::Sum;
     Wire roundTo = Wire::F32;
   };
-  // dst[0, count) from the slot, as `how` says.
-  Ticket fromHost(char* dst, const void* slot, size_t count, const Unpack& how) {
-    bytesFromHost_ += count * wireElementSize(how.dt, how.wire);
-    return queueFromHost(dst, slot, count, how);
-  }
-  // Whether the work behind `t` has run (never blocks).
-  virtual bool done(Ticket t) = 0;
+  // One copy. Out: slot = dev[0, count) as `how.wire` carries how.dt data
+  // (the bytes themselves, or float32 rounded to fp16/bf16: half the
+  // bytes). In: dev[0, count) from the slot, as `how` says.
+  struct Copy {
+    bool out = true;
+    void* slot = nullptr;
+    char* dev = nullptr;
+    size_t count = 0;
+    Unpack how{DType::U8};
+  };
 
-  // Bytes this device has copied out to host slots and in from them: what
-  // crosses PCIe on a GPU.
+  Ticket planToHost(void* slot, const char* src, size_t count, DType dt, Wire wire);
+  Ticket planFromHost(char* dst, const void* slot, size_t count, const Unpack& how);
+  // `t` may run once every copy planned before it on its lane may. Never blocks.
+  void go(Ticket t);
+  // Whether `t` has run (never blocks; false before go()).
+  bool done(Ticket t);
+  // After a failure: the copies planned and not let go never will be. A
+  // gated device lets them all run on whatever memory holds, so that no
+  // stream waits for them for ever.
+  void abandon();
+  // Whether copies are queued when planned (see above).
+  virtual bool gated() const { return false; }
+
+  // Bytes this device has planned to copy out to host slots and in from
+  // them: what crosses PCIe on a GPU.
   uint64_t bytesToHost() const { return bytesToHost_; }
   uint64_t bytesFromHost() const { return bytesFromHost_; }
 
@@ -60,11 +79,35 @@ class StageDevice {
   }
 
  protected:
-  virtual Ticket queueToHost(void* slot, const char* src, size_t count, DType dt, Wire wire) = 0;
-  virtual Ticket queueFromHost(char* dst, const void* slot, size_t count, const Unpack& how) = 0;
+  // Copy `number` (from 1, per lane, never reused) of `lane` was planned:
+  // a gated device queues it now, to run once release() reaches it.
+  virtual void planned(int lane, uint64_t number, const Copy& c) = 0;
+  // The copies of `lane` up to `number` may run (increasing, never twice).
+  virtual void release(int lane, uint64_t number) = 0;
+  // Whether copy `number` of `lane` (released) has run. Never blocks.
+  virtual bool ran(int lane, uint64_t number) = 0;
+  // The copies of `lane` after `released` up to `planned` will never be
+  // let go (abandon()).
+  virtual void dropPlanned(int lane, uint64_t released, uint64_t planned) = 0;
 
  private:
+  Ticket plan(const Copy& c);
+  struct Lane {
+    uint64_t planned = 0, released = 0;
+    std::deque<bool> ready;  // copies released + 1 .. planned: go() called
+  };
+  Lane lanes_[2];
   uint64_t bytesToHost_ = 0, bytesFromHost_ = 0;
+};
+
+// The host's part of a staged op whose copies are planned: run() ships the
+// slots and lets each copy go, and returns once every copy has run. Made
+// and run on one thread (the proxy's); dropped without run() or after a
+// failed one, it abandon()s its device's planned copies.
+class StagedProxy {
+ public:
+  virtual ~StagedProxy() = default;
+  virtual void run() = 0;
 };
 
 }  // namespace smdccl

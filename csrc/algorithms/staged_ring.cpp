@@ -1,6 +1,9 @@
 #include "algorithms/staged_ring.h"
 
 #include <algorithm>
+#include <deque>
+#include <memory>
+#include <optional>
 #include <functional>
 #include <vector>
 
@@ -26,11 +29,11 @@ struct RingChunks {
   std::function<Blocks(size_t j)> blocksOf;
 };
 
-class StagedRing {
+class StagedRing final : public StagedProxy {
  public:
-  StagedRing(Comm& c, StageDevice& d, const RingChunks& job, char* slots, const StagePlan& plan)
-      : c_(c), d_(d), job_(job), dt_(job.dt), op_(job.op), plan_(plan), ex_(c.exchange()) {
-    const DType dt = job.dt;
+  StagedRing(Comm& c, StageDevice& d, RingChunks job, char* slots, const StagePlan& plan)
+      : c_(c), d_(d), job_(std::move(job)), dt_(job_.dt), op_(job_.op), plan_(plan) {
+    const DType dt = job_.dt;
     const int p = c.size();
     const int i = c.ringPosition();
     next_ = c.ring[(i + 1) % p];
@@ -44,22 +47,45 @@ class StagedRing {
     pieceElems_ = std::max<size_t>(1, plan.slotBytes / es_);
     sendSlots_ = slots;
     recvSlots_ = slots + static_cast<size_t>(plan.slots) * plan.slotBytes;
-    sendFree_.assign(plan.slots, -1);
-    recvFree_.assign(plan.slots, -1);
+    walk(/*planning=*/true);
   }
 
-  void run() {
+  // A failed op lets go of what it planned and never ran.
+  ~StagedRing() override {
+    if (!ran_) d_.abandon();
+  }
+
+  void run() override {
+    try {
+      walk(/*planning=*/false);
+    } catch (...) {
+      d_.abandon();
+      throw;
+    }
+    ran_ = true;
+  }
+
+ private:
+  // Walks every chunk's ring in schedule order: planning, every device copy
+  // is planned (a gated device queues it); running, the exchange gets the
+  // transfers and lets each planned copy go once what it needs is there.
+  void walk(bool planning) {
+    planning_ = planning;
     const int p = c_.size();
     const int i = c_.ringPosition();
     const Wire roundLast = c_.resultWire(dt_);
+    sendTurn_ = recvTurn_ = 0;
+    if (!planning) ex_.emplace(c_.ctx, c_.mesh.myBell(), c_.mesh.shmNode(), c_.book);
+    sendFree_.assign(plan_.slots, -1);
+    recvFree_.assign(plan_.slots, -1);
     size_t inWindow = 0;
     for (size_t j = 0; j < job_.chunks; ++j) {
       // One ring per chunk; the chunks share the slots and stream together,
       // kWindowChunks per exchange run: each pass of the exchange walks its
       // open transfers, so a whole large message in one run would cost
       // CPU on every pass.
-      if (inWindow == kWindowChunks) {
-        ex_.run();
+      if (!planning && inWindow == kWindowChunks) {
+        ex_->run();
         std::fill(sendFree_.begin(), sendFree_.end(), -1);  // indices of the finished run
         std::fill(recvFree_.begin(), recvFree_.end(), -1);
         inWindow = 0;
@@ -82,10 +108,9 @@ class StagedRing {
         for (int s = 0; s < p - 1; ++s)
           step(ringDataBlock(c_, i + 1 - s), ringDataBlock(c_, i - s), false, Wire::F32);
     }
-    ex_.run();
+    if (!planning) ex_->run();
   }
 
- private:
   size_t piecesOf(int block) const {
     size_t n = blocks_.length[block] / es_;
     return (n + pieceElems_ - 1) / pieceElems_;
@@ -96,55 +121,69 @@ class StagedRing {
   char* at(int block, size_t k) const {
     return job_.buf + blocks_.offset[block] + k * pieceElems_ * es_;
   }
+  // The next planned copy, as an exchange step that lets it go.
+  int deviceStep(Exchange::Deps deps) {
+    const StageDevice::Ticket t = tickets_.front();
+    tickets_.pop_front();
+    return ex_->device(
+        d_,
+        [this, t] {
+          d_.go(t);
+          return t;
+        },
+        deps);
+  }
 
   void step(int sendBlock, int recvBlock, bool reduce, Wire roundTo) {
-    Link& next = c_.link(next_);
-    Link& prev = c_.link(prev_);
     for (size_t k = 0; k < piecesOf(sendBlock); ++k) {
       const size_t n = elemsOf(sendBlock, k);
       const int s = static_cast<int>(sendTurn_++ % plan_.slots);
       char* slot = sendSlots_ + s * plan_.slotBytes;
-      const char* src = at(sendBlock, k);
+      if (planning_) {
+        tickets_.push_back(d_.planToHost(slot, at(sendBlock, k), n, dt_, sendWire_));
+        continue;
+      }
       // The piece is final here once its last write (an earlier step's
       // receive) has landed, and the slot is free once its last send left.
-      int packed =
-          ex_.device(d_, [this, slot, src, n] { return d_.toHost(slot, src, n, dt_, sendWire_); },
-                     {ex_.join(written_[sendBlock][k], sendFree_[s]), -1});
+      int packed = deviceStep({ex_->join(written_[sendBlock][k], sendFree_[s]), -1});
       read_[sendBlock][k] = packed;
-      ex_.send(next, slot, n * StageDevice::wireElementSize(dt_, sendWire_), {packed, -1});
-      sendFree_[s] = ex_.size() - 1;
+      ex_->send(c_.link(next_), slot, n * StageDevice::wireElementSize(dt_, sendWire_),
+                {packed, -1});
+      sendFree_[s] = ex_->size() - 1;
     }
     for (size_t k = 0; k < piecesOf(recvBlock); ++k) {
       const size_t n = elemsOf(recvBlock, k);
       const int s = static_cast<int>(recvTurn_++ % plan_.slots);
       char* slot = recvSlots_ + s * plan_.slotBytes;
-      char* dst = at(recvBlock, k);
-      ex_.recv(prev, slot, n * StageDevice::wireElementSize(dt_, recvWire_), {recvFree_[s], -1});
-      int got = ex_.size() - 1;
-      const Wire wire = recvWire_;
-      int landed = ex_.device(
-          d_,
-          [this, dst, slot, n, wire, reduce, roundTo] {
-            return d_.fromHost(
-                dst, slot, n,
-                {.dt = dt_, .wire = wire, .reduce = reduce, .op = op_, .roundTo = roundTo});
-          },
-          // After the piece's last write, and after its last read: the
-          // allgather overwrites what the reduce-scatter packed (the ring's
-          // data flow orders them too; this keeps it local).
-          {ex_.join(got, ex_.join(written_[recvBlock][k], read_[recvBlock][k])), -1});
+      if (planning_) {
+        tickets_.push_back(d_.planFromHost(
+            at(recvBlock, k), slot, n,
+            {.dt = dt_, .wire = recvWire_, .reduce = reduce, .op = op_, .roundTo = roundTo}));
+        continue;
+      }
+      ex_->recv(c_.link(prev_), slot, n * StageDevice::wireElementSize(dt_, recvWire_),
+                {recvFree_[s], -1});
+      int got = ex_->size() - 1;
+      // After the piece's last write, and after its last read: the
+      // allgather overwrites what the reduce-scatter packed (the ring's
+      // data flow orders them too; this keeps it local).
+      int landed =
+          deviceStep({ex_->join(got, ex_->join(written_[recvBlock][k], read_[recvBlock][k])), -1});
       recvFree_[s] = landed;
       written_[recvBlock][k] = landed;
     }
   }
 
-  Comm& c_;
+  Comm c_;  // a copy: the proxy may run after the caller's Comm is gone
   StageDevice& d_;
-  const RingChunks& job_;
+  RingChunks job_;
   DType dt_;
   RedOp op_;
-  const StagePlan& plan_;
-  Exchange ex_;
+  StagePlan plan_;
+  std::optional<Exchange> ex_;  // made by run()
+  bool planning_ = true, ran_ = false;
+  // The planned copies, in walk order, until run() lets them go.
+  std::deque<StageDevice::Ticket> tickets_;
   int next_ = 0, prev_ = 0;
   Wire sendWire_ = Wire::F32, recvWire_ = Wire::F32;
   size_t es_ = 1, pieceElems_ = 1;
@@ -170,10 +209,11 @@ void checkPlan(const StagePlan& plan, DType dt) {
 }
 }  // namespace
 
-void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
-                         const StagePlan& plan) {
+std::unique_ptr<StagedProxy> planStagedRingAllreduce(Comm& c, StageDevice& device,
+                                                     const CollectiveArgs& a, char* slots,
+                                                     const StagePlan& plan) {
   checkPlan(plan, a.dt);
-  if (a.count == 0 || c.size() == 1) return;
+  if (a.count == 0 || c.size() == 1) return nullptr;
   const size_t es = elementSize(a.dt), count = a.count;
   const size_t chunk = plan.chunkBytes ? std::max<size_t>(1, plan.chunkBytes / es) : count;
   const int p = c.size();
@@ -188,13 +228,14 @@ void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, 
                    for (size_t& o : b.offset) o += at * es;
                    return b;
                  }};
-  StagedRing(c, device, job, slots, plan).run();
+  return std::make_unique<StagedRing>(c, device, std::move(job), slots, plan);
 }
 
-void stagedRingReduceScatter(Comm& c, StageDevice& device, const RingBlocks& r, char* slots,
-                             const StagePlan& plan) {
+std::unique_ptr<StagedProxy> planStagedRingReduceScatter(Comm& c, StageDevice& device,
+                                                         const RingBlocks& r, char* slots,
+                                                         const StagePlan& plan) {
   checkPlan(plan, r.dt);
-  if (r.each == 0 || c.size() == 1) return;
+  if (r.each == 0 || c.size() == 1) return nullptr;
   const size_t es = elementSize(r.dt), each = r.each;
   const int p = c.size();
   // Every rank's block cut alike: chunk j is the same slice of each block.
@@ -214,7 +255,17 @@ void stagedRingReduceScatter(Comm& c, StageDevice& device, const RingBlocks& r, 
                    }
                    return b;
                  }};
-  StagedRing(c, device, job, slots, plan).run();
+  return std::make_unique<StagedRing>(c, device, std::move(job), slots, plan);
+}
+
+void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
+                         const StagePlan& plan) {
+  if (auto proxy = planStagedRingAllreduce(c, device, a, slots, plan)) proxy->run();
+}
+
+void stagedRingReduceScatter(Comm& c, StageDevice& device, const RingBlocks& r, char* slots,
+                             const StagePlan& plan) {
+  if (auto proxy = planStagedRingReduceScatter(c, device, r, slots, plan)) proxy->run();
 }
 
 }  // namespace smdccl

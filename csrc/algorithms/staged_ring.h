@@ -13,6 +13,7 @@
 // sum of the reduce-scatter is rounded to c.resultWire() so that every rank
 // holds the same bits.
 #include <cstddef>
+#include <memory>
 
 #include "algorithms/comm.h"
 #include "algorithms/stage_device.h"
@@ -31,8 +32,14 @@ struct StagePlan {
 };
 
 // In-place allreduce of a.count a.dt elements at device address a.buf
-// (a.op) over c's ranks. `slots` is host memory of plan.hostBytes() (pinned on a GPU).
-// Returns when every piece has been copied back into device memory.
+// (a.op) over c's ranks. `slots` is host memory of plan.hostBytes() (pinned
+// on a GPU). Plans every copy on `device` and returns the proxy that runs
+// the op (nullptr: nothing to do; it keeps a copy of c); the device and
+// the slots must outlive it.
+std::unique_ptr<StagedProxy> planStagedRingAllreduce(Comm& c, StageDevice& device,
+                                                     const CollectiveArgs& a, char* slots,
+                                                     const StagePlan& plan);
+// Plans and runs it: returns when every piece is back in device memory.
 void stagedRingAllreduce(Comm& c, StageDevice& device, const CollectiveArgs& a, char* slots,
                          const StagePlan& plan);
 
@@ -49,6 +56,9 @@ struct RingBlocks {
 // hold partial sums). The bits of the host ring reduce-scatter
 // (ringReduceScatter) over the same blocks. Each block is cut alike into
 // chunks, plan.chunkBytes per chunk over all blocks.
+std::unique_ptr<StagedProxy> planStagedRingReduceScatter(Comm& c, StageDevice& device,
+                                                         const RingBlocks& r, char* slots,
+                                                         const StagePlan& plan);
 void stagedRingReduceScatter(Comm& c, StageDevice& device, const RingBlocks& r, char* slots,
                              const StagePlan& plan);
 

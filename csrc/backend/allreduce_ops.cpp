@@ -183,7 +183,7 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
                                           .root = root},
                                          tuning);
                         if (isRoot) applyPostDivide(buf, spec);
-                        overflow.finish(c);
+                        overflow.finish(c, dev.get());
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,

@@ -16,6 +16,8 @@
 //                   or host algorithms on the pinned copies: the rest);
 //                   finishBody(): staged outputs are copied back;
 //                   signal(seq): an event is recorded behind the op's GPU work
+//                   (a staged op queued whole: the event is recorded first,
+//                   then its proxies run, in finishBody())
 //   Work.wait()     once that event is recorded (the host waits for it), the
 //                   caller's current stream waits for it; the future is
 //                   CUDA-aware.
@@ -71,6 +73,16 @@ class DeviceOp {
   // Whether the op runs on host() copies (not run inline on the caller's
   // thread: a blocking call returns once its copies are queued).
   virtual bool hostStaged() const { return false; }
+  // Whether the host drives some step of the op's device collectives in a
+  // group of nodes `h` (a staged path: the proxy, across nodes or without
+  // CUDA IPC), or it runs on host() copies: such an op is never run on the
+  // caller's thread, so that a blocking call returns once it is queued.
+  virtual bool hostDriven(const Hierarchy& h) const { return hostStaged(); }
+  // Host work that must come after the op's GPU work is all queued (the
+  // fp16 overflow check of an op whose staged proxies run after its body):
+  // true when `work` was taken, to run in finishBody() after the proxies;
+  // false when the caller runs it now.
+  virtual bool deferHostWork(std::function<void()> work) { return false; }
   virtual void finishBody(const OpContext& ctx) = 0;
   // Records the event behind the op's GPU work (also after a failure, so
   // that nothing waits for it forever).

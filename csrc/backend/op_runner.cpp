@@ -39,9 +39,10 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(OpRequest r) {
   if (r.device && r.call.sig.shapeHash)
     r.call.sig.shapeHash = (r.call.sig.shapeHash ^ 1) * 1099511628211ull;
   op->queuedUs = trace::enabled() ? trace::nowUs() : 0;
-  // An op on host copies of CUDA tensors is queued even when blocking: its
-  // Work's wait() returns once its copies back are queued.
-  const bool asyncOp = r.asyncOp || (r.device && r.device->hostStaged());
+  // An op on host copies of CUDA tensors, or with a staged step the host
+  // drives, is queued even when blocking: its Work's wait() returns once its
+  // GPU work is queued, and the host drives the rest on the progress thread.
+  const bool asyncOp = r.asyncOp || (r.device && r.device->hostDriven(levels_));
   op->request = std::move(r);
   c10::intrusive_ptr<SmdcclWork> work = op->work;
   // Issued by a completion callback, on the progress thread itself: DDP's

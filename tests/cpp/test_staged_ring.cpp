@@ -2,7 +2,8 @@
 // device (HostStageDevice), ranks as threads: the same bits as the host
 // ring on the same data for every wire, slot count and slot size (one slot
 // per piece up to pieces much smaller than a block), with the device's work
-// completing at once or a step per poll; bytes across the device boundary
+// completing at once, a step per poll, or on lanes of its own behind gates
+// (the GPU's mode: every copy queued before the proxy runs); bytes across the device boundary
 // equal to the bytes on the wire (half with a 16-bit wire); a device that
 // fails mid-pipeline fails the op on every rank; a device or a peer that
 // never finishes runs into the deadline with a message that says so.
@@ -11,9 +12,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "algorithms/algorithm.h"
@@ -23,9 +26,11 @@
 #include "check.h"
 #include "common/error.h"
 #include "memory_fabric.h"
+#include "stuck_stage_device.h"
 
 using namespace smdccl;
 using smdccl::testing::MemoryFabric;
+using smdccl::testing::StuckStageDevice;
 
 namespace {
 
@@ -54,22 +59,28 @@ void fill(std::vector<char>& buf, DType dt, int r, size_t n) {
   }
 }
 
+using Mode = HostStageDevice::Mode;
+
+const char* modeName(Mode m) {
+  return m == Mode::Immediate ? "immediate" : m == Mode::Deferred ? "deferred" : "gated";
+}
+
 std::string caseName(const Case& k, DType dt, RedOp op, size_t n, const StagePlan& plan,
-                     bool deferred) {
+                     Mode mode) {
   std::string nodes;
   for (int x : k.nodes) nodes += (nodes.empty() ? "" : ",") + std::to_string(x);
   return "nodes " + nodes + " wire " + wireName(k.wire) + (k.intra ? " intra" : "") + " dt " +
          std::to_string(static_cast<int>(dt)) + " op " + std::to_string(static_cast<int>(op)) +
          " n=" + std::to_string(n) + " slot " + std::to_string(plan.slotBytes) + "x" +
-         std::to_string(plan.slots) + " chunk " + std::to_string(plan.chunkBytes) +
-         (deferred ? " deferred" : "");
+         std::to_string(plan.slots) + " chunk " + std::to_string(plan.chunkBytes) + " " +
+         modeName(mode);
 }
 
-// Runs `check` for every case, dtype/op, size and plan on every rank
-// (deferred device every other time); returns the failures ("" from check:
-// passed) and counts rank 0's checks in *checked.
+// Runs `check` for every case, dtype/op, size and plan on every rank (the
+// device's mode in turn: immediate, deferred, gated); returns the failures
+// ("" from check: passed) and counts rank 0's checks in *checked.
 using StagedCheck = std::function<std::string(int r, Comm& c, DType dt, RedOp op, size_t n,
-                                              const StagePlan& plan, bool deferred)>;
+                                              const StagePlan& plan, Mode mode)>;
 std::vector<std::string> runStagedMatrix(const std::vector<Case>& cases,
                                          const std::vector<size_t>& sizes,
                                          const std::vector<StagePlan>& plans,
@@ -86,12 +97,12 @@ std::vector<std::string> runStagedMatrix(const std::vector<Case>& cases,
       for (auto [dt, op] : ops)
         for (size_t n : sizes)
           for (const StagePlan& plan : plans) {
-            bool deferred = (variant++ % 2) == 1;
-            std::string why = check(r, c, dt, op, n, plan, deferred);
+            const Mode mode = static_cast<Mode>(variant++ % 3);
+            std::string why = check(r, c, dt, op, n, plan, mode);
             std::lock_guard<std::mutex> lock(mu);
             if (!why.empty())
               failures.push_back("rank " + std::to_string(r) + ": " +
-                                 caseName(k, dt, op, n, plan, deferred) + ": " + why);
+                                 caseName(k, dt, op, n, plan, mode) + ": " + why);
             if (r == 0) ++*checked;
           }
     });
@@ -113,7 +124,7 @@ TEST(staged_ring_matches_host_ring_bits) {
   const std::vector<StagePlan> plans = {{64, 1}, {1024, 2, 8192}, {1u << 20, 4}};
   int checked = 0;
   auto check = [](int r, Comm& c, DType dt, RedOp op, size_t n, const StagePlan& plan,
-                  bool deferred) -> std::string {
+                  Mode mode) -> std::string {
     std::vector<char> ref, buf;
     fill(ref, dt, r, n);
     buf = ref;
@@ -121,7 +132,7 @@ TEST(staged_ring_matches_host_ring_bits) {
     const size_t chunk = plan.chunkBytes ? plan.chunkBytes / es : n;
     for (size_t at = 0; at < n; at += chunk)
       ringAllreduce(c, ref.data() + at * es, std::min(chunk, n - at), dt, op);
-    HostStageDevice device(deferred);
+    HostStageDevice device(mode);
     std::vector<char> slots(plan.hostBytes());
     uint64_t sent = 0;
     c.ctx.sentBytes = &sent;
@@ -157,13 +168,13 @@ TEST(staged_ring_reduce_scatter_matches_host_ring_bits) {
   int checked = 0;
   // n: elements per rank's block.
   auto check = [](int r, Comm& c, DType dt, RedOp op, size_t each, const StagePlan& plan,
-                  bool deferred) -> std::string {
+                  Mode mode) -> std::string {
     const size_t es = elementSize(dt), p = static_cast<size_t>(c.size());
     std::vector<char> ref, buf;
     fill(ref, dt, r, each * p);
     buf = ref;
     ringReduceScatter(c, ref.data(), Blocks::equal(c.size(), each * es), dt, op);
-    HostStageDevice device(deferred);
+    HostStageDevice device(mode);
     std::vector<char> slots(plan.hostBytes());
     uint64_t sent = 0;
     c.ctx.sentBytes = &sent;
@@ -196,7 +207,7 @@ TEST(staged_ring_16_bit_wire_halves_the_device_bytes) {
     for (Wire w : {Wire::F32, Wire::F16}) {
       c.wire = w;
       fill(buf, DType::F32, r, n);
-      HostStageDevice device(true);
+      HostStageDevice device(Mode::Deferred);
       uint64_t sent = 0;
       c.ctx.sentBytes = &sent;
       stagedRingAllreduce(c, device,
@@ -223,38 +234,37 @@ TEST(staged_ring_16_bit_wire_halves_the_device_bytes) {
 
 namespace {
 
-// A device that fails at its `failAt`-th copy out on one rank.
+// A device (deferred, on the host) whose copies out fail from the
+// `failAt`-th one let go on, on one rank.
 class FailingDevice final : public StageDevice {
  public:
-  FailingDevice(bool fails, int failAt) : fails_(fails), failAt_(failAt) {}
-  bool done(Ticket t) override { return inner_.done(t); }
+  FailingDevice(bool fails, uint64_t failAt) : fails_(fails), failAt_(failAt) {}
 
  protected:
-  Ticket queueToHost(void* slot, const char* src, size_t n, DType dt, Wire w) override {
-    if (fails_ && ++calls_ == failAt_)
+  void planned(int lane, uint64_t number, const Copy& c) override { copies_[lane].push_back(c); }
+  void release(int lane, uint64_t number) override {
+    if (fails_ && lane == 0 && number >= failAt_)
       throw CommError(CommError::Kind::System, "test device: copy to host failed");
-    return inner_.toHost(slot, src, n, dt, w);
+    while (released_[lane] < number) pending_[lane].push_back(copies_[lane][released_[lane]++]);
   }
-  Ticket queueFromHost(char* dst, const void* slot, size_t n, const Unpack& how) override {
-    return inner_.fromHost(dst, slot, n, how);
+  bool ran(int lane, uint64_t number) override {
+    if (ran_[lane] < number && !pending_[lane].empty()) {  // one per poll
+      HostStageDevice::run(pending_[lane].front());
+      pending_[lane].pop_front();
+      ++ran_[lane];
+    }
+    return ran_[lane] >= number;
   }
+  void dropPlanned(int, uint64_t, uint64_t) override {}
 
  private:
-  HostStageDevice inner_{true};
   bool fails_;
-  int failAt_;
-  int calls_ = 0;
+  uint64_t failAt_;
+  std::vector<Copy> copies_[2];
+  std::deque<Copy> pending_[2];
+  uint64_t released_[2] = {0, 0}, ran_[2] = {0, 0};
 };
 
-// A device whose work never finishes.
-class StuckDevice final : public StageDevice {
- public:
-  bool done(Ticket) override { return false; }
-
- protected:
-  Ticket queueToHost(void*, const char*, size_t, DType, Wire) override { return 1; }
-  Ticket queueFromHost(char*, const void*, size_t, const Unpack&) override { return 2; }
-};
 
 }  // namespace
 
@@ -291,7 +301,7 @@ TEST(staged_ring_stuck_device_times_out_naming_it) {
   std::string error = fabric.run(
       [&](int r, Comm& c) {
         std::vector<char> buf(4096 * 4), slots(StagePlan{1024, 2}.hostBytes());
-        StuckDevice device;
+        StuckStageDevice device;
         try {
           stagedRingAllreduce(
               c, device, {.buf = buf.data(), .count = 4096, .dt = DType::F32, .op = RedOp::Sum},
@@ -327,7 +337,7 @@ TEST(staged_ring_op_header_rides_the_first_slot) {
     std::vector<char> buf, ref, slots(StagePlan{2048, 2}.hostBytes());
     fill(buf, DType::F32, r, 3000);
     ref = buf;
-    HostStageDevice device(true);
+    HostStageDevice device(Mode::Deferred);
     stagedRingAllreduce(c, device,
                         {.buf = buf.data(), .count = 3000, .dt = DType::F32, .op = RedOp::Sum},
                         slots.data(), StagePlan{2048, 2});
@@ -383,7 +393,7 @@ TEST(staged_ring_has_the_host_paths_bits_where_that_runs_the_ring) {
                 t);
     StagePlan plan{1u << 20, 4, 4u << 20};
     std::vector<char> slots(plan.hostBytes());
-    HostStageDevice device(true);
+    HostStageDevice device(Mode::Deferred);
     stagedRingAllreduce(c, device,
                         {.buf = buf.data(), .count = n, .dt = DType::F32, .op = RedOp::Sum},
                         slots.data(), plan);
@@ -394,4 +404,71 @@ TEST(staged_ring_has_the_host_paths_bits_where_that_runs_the_ring) {
   if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
   CHECK(error.empty());
   CHECK(compared == 1);
+}
+
+TEST(staged_ring_gated_device_queues_every_copy_before_the_proxy_runs) {
+  // The GPU's gated mode: planning queues the whole op on the device (so
+  // the caller's stream can wait for its end at once); nothing may run
+  // until the proxy lets it, and then the bits are the host ring's.
+  MemoryFabric fabric({1, 1, 1});
+  std::string error = fabric.run([&](int r, Comm& c) {
+    c.wire = Wire::BF16;
+    const size_t n = 20000;
+    StagePlan plan{4096, 2, 16384};
+    std::vector<char> buf, ref, slots(plan.hostBytes(), 0);
+    fill(buf, DType::F32, r, n);
+    ref = buf;
+    for (size_t at = 0; at < n; at += 4096)
+      ringAllreduce(c, ref.data() + at * 4, std::min<size_t>(4096, n - at), DType::F32, RedOp::Sum);
+    HostStageDevice device(Mode::Gated);
+    auto proxy = planStagedRingAllreduce(
+        c, device, {.buf = buf.data(), .count = n, .dt = DType::F32, .op = RedOp::Sum},
+        slots.data(), plan);
+    // Out and back: 2 (p-1)/p of the data each way, in 16-bit values.
+    const uint64_t each = 2 * 2 * n * 2 / 3;
+    if (device.bytesToHost() + 16 < each || device.bytesFromHost() + 16 < each)
+      throw std::runtime_error("not every copy was planned before the proxy ran");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (char b : slots)
+      if (b != 0) throw std::runtime_error("a gated copy ran before the proxy let it go");
+    proxy->run();
+    if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
+      throw std::runtime_error("bits differ from the host ring");
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
+
+TEST(staged_ring_gated_devices_drain_when_a_peer_dies_mid_pipeline) {
+  // Rank 2 fails after part of the ring: the others' proxies fail, their
+  // planned copies are let go (nothing waits behind a closed gate for
+  // ever) and the devices go away; nobody hangs.
+  MemoryFabric fabric({2, 2});
+  std::atomic<int> failed{0};
+  std::string error = fabric.run(
+      [&](int r, Comm& c) {
+        c.wire = Wire::F16;
+        const size_t n = 60000;
+        StagePlan plan{2048, 2};
+        std::vector<char> slots(plan.hostBytes()), buf;
+        fill(buf, DType::F32, r, n);
+        HostStageDevice device(Mode::Gated);
+        auto proxy = planStagedRingAllreduce(
+            c, device, {.buf = buf.data(), .count = n, .dt = DType::F32, .op = RedOp::Sum},
+            slots.data(), plan);
+        if (r == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          ++failed;
+          throw CommError(CommError::Kind::System, "rank 2 died");
+        }
+        try {
+          proxy->run();
+        } catch (const CommError&) {
+          ++failed;
+          throw;
+        }
+      },
+      20);
+  CHECK(error.find("rank 2 died") != std::string::npos);
+  CHECK(failed.load() == 4);
 }

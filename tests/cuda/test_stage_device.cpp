@@ -2,8 +2,9 @@
 // ring (algorithms/staged_ring.h) with ranks as threads sharing this GPU,
 // each with a CudaStageDevice, must give the host ring's bits, count the
 // same bytes across PCIe, and raise the fp16 overflow count where the host
-// pack does. Runs only where a GPU is (test_kernels.cu exits 77 first
-// otherwise).
+// pack does; in the gated mode (the op queued whole: the stream waits behind
+// the gates until the proxy runs) and in the ungated one. Runs only where a
+// GPU is (test_kernels.cu exits 77 first otherwise).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -38,10 +39,19 @@ void cudaOk(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+struct GpuRun {
+  size_t n;
+  StagePlan plan;
+  float scale = 1.0f;
+  bool gated = false;  // the device's gated mode: the op queued whole before its proxy runs
+};
+
 // Runs the staged ring on the GPU (device buffer, CudaStageDevice) and the
 // host ring on the same chunks; returns "" when the bits agree.
-std::string compareOnGpu(Comm& c, int r, size_t n, const StagePlan& plan, float scale,
-                         uint64_t* overflowsSeen) {
+std::string compareOnGpu(Comm& c, int r, const GpuRun& run, uint64_t* overflowsSeen) {
+  const size_t n = run.n;
+  const StagePlan& plan = run.plan;
+  const float scale = run.scale;
   std::vector<float> host(n), ref(n), back(n);
   for (size_t i = 0; i < n; ++i) host[i] = ref[i] = valueOf(r, i, scale);
   const size_t chunk = plan.chunkBytes ? plan.chunkBytes / 4 : n;
@@ -58,17 +68,24 @@ std::string compareOnGpu(Comm& c, int r, size_t n, const StagePlan& plan, float 
   cudaOk(cudaMemcpy(dev, host.data(), n * 4, cudaMemcpyHostToDevice), "copy in");
   std::string why;
   {
-    CudaStageDevice d;
+    CudaStageDevice d(nullptr, run.gated);
+    if (d.gated() != run.gated) why = "the gated mode is not available on this GPU";
     uint64_t before = tlsFp16Overflows;
     d.begin(stream, static_cast<char*>(slots), plan, c.ctx);
-    stagedRingAllreduce(
+    auto proxy = planStagedRingAllreduce(
         c, d, {.buf = static_cast<char*>(dev), .count = n, .dt = DType::F32, .op = RedOp::Sum},
         static_cast<char*>(slots), plan);
+    d.queueEnd();
+    // Gated, the stream now holds the whole op, behind gates only the proxy opens.
+    if (run.gated && proxy && n >= static_cast<size_t>(c.size()) &&
+        cudaStreamQuery(stream) != cudaErrorNotReady)
+      why = "the op's stream did not wait for the gated copies";
+    if (proxy) proxy->run();
     d.finish();
     cudaOk(cudaStreamSynchronize(stream), "sync");
     *overflowsSeen = tlsFp16Overflows - before;
     cudaOk(cudaMemcpy(back.data(), dev, n * 4, cudaMemcpyDeviceToHost), "copy out");
-    if (std::memcmp(back.data(), ref.data(), n * 4) != 0)
+    if (why.empty() && std::memcmp(back.data(), ref.data(), n * 4) != 0)
       why = "GPU staged ring bits differ from the host ring";
     size_t wireBytes = c.wire == Wire::F32 ? 4 : 2;
     // 2 (p-1)/p of the data each way, give or take an element per block and chunk.
@@ -101,12 +118,16 @@ TEST(cuda_staged_ring_has_the_host_rings_bits) {
     std::string error = fabric.run(
         [&](int r, Comm& c) {
           c.wire = s.wire;
+          int variant = 0;
           for (const StagePlan& plan : plans)
             for (size_t n : sizes) {
               if (plan.slotBytes < 1024 && n > 100000)
                 continue;  // a million tiny pieces: slow, not new
               uint64_t overflows = 0;
-              std::string why = compareOnGpu(c, r, n, plan, 1.0f, &overflows);
+              const bool gated = variant++ % 2 == 0;
+              std::string why = compareOnGpu(
+                  c, r, {.n = n, .plan = plan, .scale = 1.0f, .gated = gated}, &overflows);
+              if (!why.empty()) why += gated ? " (gated)" : " (ungated)";
               if (!why.empty()) {
                 std::lock_guard<std::mutex> lock(mu);
                 failures.push_back(std::string(wireName(s.wire)) +
@@ -132,7 +153,9 @@ TEST(cuda_staged_ring_counts_fp16_overflows) {
       [&](int r, Comm& c) {
         c.wire = Wire::F16;
         uint64_t overflows = 0;
-        compareOnGpu(c, r, 4096, StagePlan{4096, 2, 0}, 60000.0f, &overflows);
+        compareOnGpu(c, r,
+                     {.n = 4096, .plan = StagePlan{4096, 2, 0}, .scale = 60000.0f, .gated = r == 0},
+                     &overflows);
         seen[r] = overflows;
       },
       60);

@@ -1,16 +1,26 @@
 #include "algorithms/cuda/cuda_stage_device.h"
 
+#include <cstdint>
+
 #include "common/error.h"
+#include "common/log.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/kernels.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
 #include "transport/cuda/ipc_space.h"
-#include <cstdint>
 
 namespace smdccl {
 
-CudaStageDevice::CudaStageDevice(std::function<void()> freeCached)
+namespace {
+// Where each lane's gate and progress flags live in the flag page: a cache
+// line each.
+uint32_t* flagAt(char* page, int lane, int which) {
+  return reinterpret_cast<uint32_t*>(page + (2 * lane + which) * 64);
+}
+}  // namespace
+
+CudaStageDevice::CudaStageDevice(std::function<void()> freeCached, bool gated)
     : freeCached_(std::move(freeCached)) {
   for (Lane& l : lanes_) {
     SMDCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
@@ -18,38 +28,57 @@ CudaStageDevice::CudaStageDevice(std::function<void()> freeCached)
     for (cudaEvent_t& e : l.events)
       SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming));
+  for (cudaEvent_t* e : {&opMark_, &laneMark_, &counted_})
+    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   void* p = nullptr;
   SMDCCL_CUDA_CHECK(cudaMalloc(&p, sizeof(unsigned long long)));
   overflowsDev_ = static_cast<unsigned long long*>(p);
   SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(unsigned long long), cudaHostAllocPortable));
   overflowsHost_ = static_cast<unsigned long long*>(p);
+  if (!gated) return;
+  auto page = std::make_unique<MappedFlagPage>();
+  if (!page->why().empty()) {
+    SMDCCL_INFO("the staged CUDA collectives queue their copies from the host as they go: ",
+                page->why());
+    return;
+  }
+  for (int lane = 0; lane < 2; ++lane) {
+    Lane& l = lanes_[lane];
+    l.flags = std::make_unique<CudaFlagQueue>(l.stream, page->base());
+    l.gate = std::make_unique<GatedLane>(*l.flags, flagAt(page->base(), lane, 0),
+                                         flagAt(page->base(), lane, 1));
+  }
+  flagPage_ = std::move(page);
+  gatedLanes_ = true;
 }
 
 CudaStageDevice::~CudaStageDevice() {
-  // Nothing of ours may still run when the scratch goes.
+  // Nothing of ours may still run, or wait behind a gate, when the scratch
+  // and the flags go.
+  abandon();
   for (Lane& l : lanes_) {
     if (l.stream) cudaStreamSynchronize(l.stream);
     for (cudaEvent_t e : l.events) cudaEventDestroy(e);
     if (l.stream) cudaStreamDestroy(l.stream);
   }
-  if (start_) cudaEventDestroy(start_);
+  for (cudaEvent_t e : {opMark_, laneMark_, counted_})
+    if (e) cudaEventDestroy(e);
   if (scratch_) cudaFree(scratch_);
   if (overflowsDev_) cudaFree(overflowsDev_);
   if (overflowsHost_) cudaFreeHost(overflowsHost_);
 }
 
 void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan& plan,
-                            const OpContext& ctx) {
+                            const OpContext& ctx, bool scratch) {
   opStream_ = opStream;
   slots_ = slots;
   plan_ = plan;
   ctx_ = &ctx;
-  const size_t need = static_cast<size_t>(plan.slots) * (plan.slotBytes / 2 + plan.slotBytes);
+  const size_t need =
+      scratch ? static_cast<size_t>(plan.slots) * (plan.slotBytes / 2 + plan.slotBytes) : 0;
   if (need > scratchBytes_) {
-    // Only our lanes use the scratch, and they are idle between ops
-    // (finish() or abandon() joined them into the op stream, which the
-    // caller waited for).
+    // Only our lanes use the scratch, and every copy of earlier ops has
+    // run (their proxies waited for them) or is let go (after a failure).
     for (Lane& l : lanes_) waitForStream(l.stream, ctx, "the staged copies of an earlier op");
     if (scratch_) SMDCCL_CUDA_CHECK(cudaFree(scratch_));
     scratch_ = nullptr;
@@ -64,60 +93,104 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
   // Both lanes count fp16 overflows (packs out, roundings in): zero the
   // count before either starts.
   SMDCCL_CUDA_CHECK(cudaMemsetAsync(overflowsDev_, 0, sizeof(unsigned long long), opStream));
-  SMDCCL_CUDA_CHECK(cudaEventRecord(start_, opStream));
-  for (Lane& l : lanes_) SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(l.stream, start_, 0));
+  followStream();
 }
 
-cudaEvent_t CudaStageDevice::eventOf(Ticket t) const {
-  return lanes_[t & 1].events[(t >> 1) % kEvents];
+void CudaStageDevice::followStream() {
+  // A wait takes the event as recorded at the call: one event serves every mark.
+  SMDCCL_CUDA_CHECK(cudaEventRecord(opMark_, opStream_));
+  for (Lane& l : lanes_) SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(l.stream, opMark_, 0));
 }
 
-void CudaStageDevice::joinInto(cudaStream_t s) {
-  // The in lane joins the out lane, which the stream then waits for.
-  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, eventOf(record(1)), 0));
-  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s, eventOf(record(0)), 0));
+void CudaStageDevice::joinStream() {
+  // The in lane joins the out lane, which the op's stream then waits for.
+  SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[1].stream));
+  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, laneMark_, 0));
+  SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[0].stream));
+  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, laneMark_, 0));
+}
+
+void CudaStageDevice::queueEnd() {
+  SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[1].stream));
+  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, laneMark_, 0));
+  SMDCCL_CUDA_CHECK(cudaMemcpyAsync(overflowsHost_, overflowsDev_, sizeof(unsigned long long),
+                                    cudaMemcpyDeviceToHost, lanes_[0].stream));
+  SMDCCL_CUDA_CHECK(cudaEventRecord(counted_, lanes_[0].stream));
+  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, counted_, 0));
 }
 
 void CudaStageDevice::finish() {
-  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, eventOf(record(1)), 0));
-  SMDCCL_CUDA_CHECK(cudaMemcpyAsync(overflowsHost_, overflowsDev_, sizeof(unsigned long long),
-                                    cudaMemcpyDeviceToHost, lanes_[0].stream));
-  Ticket counted = record(0);
-  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, eventOf(counted), 0));
-  waitForEvent(eventOf(counted), *ctx_, "the fp16 overflow count of the staged copies");
+  waitForEvent(counted_, *ctx_, "the fp16 overflow count of the staged copies");
   tlsFp16Overflows += *overflowsHost_;
 }
 
-void CudaStageDevice::abandon() noexcept {
+void CudaStageDevice::fail() noexcept {
   try {
-    joinInto(opStream_);
+    joinStream();
   } catch (...) {  // the op has failed already; its error is the one that counts
   }
 }
 
-StageDevice::Ticket CudaStageDevice::record(int lane) {
-  Lane& l = lanes_[lane];
+uint64_t CudaStageDevice::record(Lane& l) {
   uint64_t seq = ++l.issued;
   if (seq > kEvents && l.completed < seq - kEvents) {
-    // The event is about to be reused for a newer ticket: the older one's
-    // work must have run first (in stream order, so all before it too).
+    // The event is about to be reused for a newer copy: the older one must
+    // have run first (in stream order, so all before it too).
     waitForEvent(l.events[seq % kEvents], *ctx_, "an earlier staged copy");
     l.completed = seq - kEvents;
   }
   SMDCCL_CUDA_CHECK(cudaEventRecord(l.events[seq % kEvents], l.stream));
-  return (seq << 1) | static_cast<Ticket>(lane);
+  return seq;
 }
 
-bool CudaStageDevice::done(Ticket t) {
-  Lane& l = lanes_[t & 1];
-  uint64_t seq = t >> 1;
+bool CudaStageDevice::eventDone(Lane& l, uint64_t seq) {
   if (seq <= l.completed) return true;
-  // Not yet reused: record() waits for a ticket before reusing its event.
+  // Not yet reused: record() waits for a copy before reusing its event.
   cudaError_t e = queried(cudaEventQuery(l.events[seq % kEvents]));
   if (e == cudaErrorNotReady) return false;
   if (e != cudaSuccess) throwCudaError(e, "cudaEventQuery (a staged copy)");
   l.completed = seq;
   return true;
+}
+
+void CudaStageDevice::planned(int lane, uint64_t number, const Copy& c) {
+  Lane& l = lanes_[lane];
+  if (gatedLanes_) l.gate->queue(number, [&] { queueCopy(lane, c); });
+  else l.waiting.push_back(c);
+}
+
+void CudaStageDevice::release(int lane, uint64_t number) {
+  Lane& l = lanes_[lane];
+  if (gatedLanes_) {
+    l.gate->release(number);
+    return;
+  }
+  while (l.queuedUpTo < number) {
+    queueCopy(lane, l.waiting.front());
+    l.waiting.pop_front();
+    l.eventOf[++l.queuedUpTo] = record(l);
+  }
+}
+
+bool CudaStageDevice::ran(int lane, uint64_t number) {
+  Lane& l = lanes_[lane];
+  if (gatedLanes_) return l.gate->ran(number);
+  auto it = l.eventOf.find(number);
+  if (it == l.eventOf.end()) return true;  // seen done (the lane runs in order)
+  if (!eventDone(l, it->second)) return false;
+  l.eventOf.erase(l.eventOf.begin(), std::next(it));
+  return true;
+}
+
+void CudaStageDevice::dropPlanned(int lane, uint64_t released, uint64_t planned) {
+  Lane& l = lanes_[lane];
+  (void)released;
+  if (gatedLanes_) {
+    l.gate->release(planned);  // they run on whatever the memory holds: nothing waits for ever
+    return;
+  }
+  l.waiting.clear();
+  l.queuedUpTo = planned;
 }
 
 size_t CudaStageDevice::slotIndex(const void* slot) const {
@@ -132,37 +205,41 @@ char* CudaStageDevice::scratch(int lane, size_t slot) const {
   return lane == 0 ? base : base + outBytes;
 }
 
-StageDevice::Ticket CudaStageDevice::queueToHost(void* slot, const char* src, size_t count,
-                                                 DType dt, Wire wire) {
-  cudaStream_t s = lanes_[0].stream;
-  if (packed(dt, wire)) {
-    char* out = scratch(0, slotIndex(slot));
-    SMDCCL_CUDA_CHECK(cuda::packToWire(out, reinterpret_cast<const float*>(src), count,
-                                       {wire, wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
-    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(slot, out, count * 2, cudaMemcpyDeviceToHost, s));
-  } else {
-    SMDCCL_CUDA_CHECK(
-        cudaMemcpyAsync(slot, src, count * elementSize(dt), cudaMemcpyDeviceToHost, s));
-  }
-  return record(0);
+void CudaStageDevice::queueCopy(int lane, const Copy& c) {
+  if (lane == 0) queueOut(lanes_[0].stream, c);
+  else queueIn(lanes_[1].stream, c);
 }
 
-StageDevice::Ticket CudaStageDevice::queueFromHost(char* dst, const void* slot, size_t count,
-                                                   const Unpack& how) {
-  const DType dt = how.dt;
-  const Wire wire = how.wire, roundTo = how.roundTo;
-  const bool reduce = how.reduce;
-  const RedOp op = how.op;
-  cudaStream_t s = lanes_[1].stream;
+void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {
+  const DType dt = c.how.dt;
+  const Wire wire = c.how.wire;
+  if (packed(dt, wire)) {
+    char* out = scratch(0, slotIndex(c.slot));
+    SMDCCL_CUDA_CHECK(cuda::packToWire(out, reinterpret_cast<const float*>(c.dev), c.count,
+                                       {wire, wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
+    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(c.slot, out, c.count * 2, cudaMemcpyDeviceToHost, s));
+  } else if (c.count) {
+    SMDCCL_CUDA_CHECK(
+        cudaMemcpyAsync(c.slot, c.dev, c.count * elementSize(dt), cudaMemcpyDeviceToHost, s));
+  }
+}
+
+void CudaStageDevice::queueIn(cudaStream_t s, const Copy& c) {
+  const DType dt = c.how.dt;
+  const Wire wire = c.how.wire, roundTo = c.how.roundTo;
+  const bool reduce = c.how.reduce;
+  const RedOp op = c.how.op;
+  const size_t count = c.count;
   const bool is16 = packed(dt, wire);
   const size_t bytes = count * wireElementSize(dt, wire);
+  char* dst = c.dev;
   float* f = reinterpret_cast<float*>(dst);
-  char* in = scratch(1, slotIndex(slot));
   if (!reduce && !is16) {
-    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, s));
-    return record(1);
+    if (bytes) SMDCCL_CUDA_CHECK(cudaMemcpyAsync(dst, c.slot, bytes, cudaMemcpyHostToDevice, s));
+    return;
   }
-  SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, slot, bytes, cudaMemcpyHostToDevice, s));
+  char* in = scratch(1, slotIndex(c.slot));
+  SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, c.slot, bytes, cudaMemcpyHostToDevice, s));
   if (!reduce) SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, wire, s));
   else if (is16) SMDCCL_CUDA_CHECK(cuda::unpackReduceFromWire(f, in, count, {wire, op}, s));
   else SMDCCL_CUDA_CHECK(cuda::reduce2(dst, dst, in, {count, dt, op}, s));
@@ -173,7 +250,6 @@ StageDevice::Ticket CudaStageDevice::queueFromHost(char* dst, const void* slot, 
         in, f, count, {roundTo, roundTo == Wire::F16 ? overflowsDev_ : nullptr}, s));
     SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, roundTo, s));
   }
-  return record(1);
 }
 
 }  // namespace smdccl

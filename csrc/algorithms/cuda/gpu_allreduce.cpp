@@ -10,11 +10,14 @@
 // for cannot run. With SMDCCL_CUDA_STREAM_BARRIER=0 the host meets them.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "algorithms/algorithm.h"
 #include "algorithms/collectives.h"
 #include "algorithms/slices.h"
 #include "algorithms/staged_ring.h"
+#include "algorithms/staged_rounds.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/cuda/staged_schedule.h"
@@ -121,52 +124,70 @@ bool stagedRingFits(const Comm& c, size_t count, size_t chunk, DType dt, const T
   return count <= chunk || tail == 0 || isRingAlgorithm(allreduceAlgorithm(c, tail, dt, t));
 }
 
+// The staged allreduces of one op over c: their element counts (each
+// counted once), the staging chunk in elements, what they need.
+struct StagedAllreduces {
+  Comm& c;
+  GpuContext& g;
+  DType dt;
+  const Tuning& t;
+  size_t chunk;
+  bool ring(size_t count) const {
+    return g.tuning().stagedRing && stagedRingFits(c, count, chunk, dt, t);
+  }
+  StagedOnGpu::Spec spec(const std::vector<size_t>& counts, bool whole) const {
+    const size_t es = elementSize(dt);
+    StagedOnGpu::Spec s{.plan = stagedRingPlan(chunk * es, dt), .scratch = false, .whole = whole};
+    for (size_t n : counts) {
+      if (n == 0) continue;
+      if (ring(n)) s.scratch = true;
+      else
+        s.hostBytes =
+            std::max(s.hostBytes, std::min((n + chunk - 1) / chunk, kStageSlots) * chunk * es);
+    }
+    return s;
+  }
+  // Plans the in-place allreduce of `a` (device memory) on `staged`: the
+  // staged ring, or staged rounds (chunk k out, the host allreduce, back;
+  // a few chunk-sized slots in turn, not a pinned copy of the whole tensor).
+  void plan(StagedOnGpu& staged, const CollectiveArgs& a) const {
+    StageDevice& d = staged.device();
+    if (a.count == 0 || c.size() == 1) {
+      staged.add(nullptr);
+      return;
+    }
+    if (ring(a.count)) {
+      staged.add(planStagedRingAllreduce(c, d, a, staged.slots(), staged.plan()));
+      return;
+    }
+    const size_t es = elementSize(dt);
+    StagedRoundsJob job;
+    job.slotBytes = chunk * es;
+    job.slots = static_cast<int>(std::min((a.count + chunk - 1) / chunk, kStageSlots));
+    for (size_t at = 0; at < a.count; at += chunk) {
+      const size_t n = std::min(chunk, a.count - at);
+      char* dev = a.buf + at * es;
+      job.rounds.push_back({{{dev, 0, n * es}},
+                            // A copy of c: its proxy may run after c is gone.
+                            [comm = c, &tuning = t, n, dt = dt, op = a.op](char* slot) mutable {
+                              allreduce(comm, {.buf = slot, .count = n, .dt = dt, .op = op},
+                                        tuning);
+                            },
+                            {{dev, 0, n * es}}});
+    }
+    staged.add(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
+  }
+};
+
 }  // namespace
 
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  char* dev = a.buf;
-  const size_t count = a.count;
-  const DType dt = a.dt;
-  const RedOp op = a.op;
-  if (count == 0 || c.size() == 1) return;
-  const size_t es = elementSize(dt);
-  const size_t chunk = std::max<size_t>(1, g.tuning().stageChunkBytes / es);
-  if (g.tuning().stagedRing && stagedRingFits(c, count, chunk, dt, t)) {
-    runStagedSchedule(g, c.ctx, chunk * es, dt,
-                      [&](StageDevice& d, char* slots, const StagePlan& plan) {
-                        stagedRingAllreduce(c, d, a, slots, plan);
-                      });
-    waitForStream(g.stream(), c.ctx, "the staged ring's copies into device memory");
-    return;
-  }
-  const size_t chunks = (count + chunk - 1) / chunk;
-  // Pinned memory for a few chunks, reused round-robin, not for the whole
-  // tensor: pinning is slow and takes host memory away for good.
-  const size_t slots = std::min(chunks, kStageSlots);
-  // Nothing may still be copying out of the staging buffer from an earlier op.
-  waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
-  char* host = g.staging().reserve(slots * chunk * es);
-  auto slot = [&](size_t k) { return host + (k % slots) * chunk * es; };
-  auto elements = [&](size_t k) { return std::min(chunk, count - k * chunk); };
-  auto copyIn = [&](size_t k) {
-    checkCuda(cudaMemcpyAsync(slot(k), dev + k * chunk * es, elements(k) * es,
-                              cudaMemcpyDeviceToHost, g.stream()),
-              "copy to pinned host memory");
-    g.countCopies(elements(k) * es, 0);
-    checkCuda(cudaEventRecord(g.event(k % slots), g.stream()), "cudaEventRecord");
-  };
-  for (size_t k = 0; k < slots; ++k) copyIn(k);
-  for (size_t k = 0; k < chunks; ++k) {
-    waitForEvent(g.event(k % slots), c.ctx, "copy to pinned host memory");
-    allreduce(c, {.buf = slot(k), .count = elements(k), .dt = dt, .op = op}, t);
-    checkCuda(cudaMemcpyAsync(dev + k * chunk * es, slot(k), elements(k) * es,
-                              cudaMemcpyHostToDevice, g.stream()),
-              "copy from pinned host memory");
-    g.countCopies(0, elements(k) * es);
-    // Queued behind that copy out of the slot, on the same stream.
-    if (k + slots < chunks) copyIn(k + slots);
-  }
-  waitForStream(g.stream(), c.ctx, "copy from pinned host memory");
+  if (a.count == 0 || c.size() == 1) return;
+  const StagedAllreduces staged{
+      c, g, a.dt, t, std::max<size_t>(1, g.tuning().stageChunkBytes / elementSize(a.dt))};
+  StagedOnGpu op(g, c.ctx, staged.spec({a.count}, /*whole=*/true));
+  staged.plan(op, a);
+  op.finish();
 }
 
 void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
@@ -191,6 +212,23 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   const bool multiNode = h.numNodes() > 1;
   Comm across = multiNode ? c.sub(h.acrossNodes(h.myLocal)) : local;
   size_t chunk = space.bytes() / es;
+  // Across nodes, each IPC chunk's slice goes through a staged allreduce.
+  // With the node barriers on the stream, the whole op is queued before
+  // any of them runs (StagedOnGpu).
+  std::optional<StagedAllreduces> inter;
+  std::optional<StagedOnGpu> staged;
+  if (multiNode) {
+    const int me = space.localRank();
+    auto sliceOf = [&](size_t n) {
+      Slices s(n, space.localSize(), es);
+      return s.end[me] - s.begin[me];
+    };
+    inter.emplace(
+        StagedAllreduces{across, g, dt, t, std::max<size_t>(1, g.tuning().stageChunkBytes / es)});
+    staged.emplace(g, c.ctx,
+                   inter->spec({sliceOf(std::min(chunk, count)), sliceOf(count % chunk)},
+                               /*whole=*/g.streamBarriers()));
+  }
   for (size_t at = 0; at < count; at += chunk) {
     size_t n = std::min(chunk, count - at);
     char* d = dev + at * es;
@@ -203,16 +241,15 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
     step.reduceMySlice(s);
     if (multiNode) {
       int me = space.localRank();
-      stagedAllreduce(across, g,
-                      {.buf = space.buffer(me) + s.begin[me] * es,
-                       .count = s.end[me] - s.begin[me],
-                       .dt = dt,
-                       .op = op},
-                      t);
+      inter->plan(*staged, {.buf = space.buffer(me) + s.begin[me] * es,
+                            .count = s.end[me] - s.begin[me],
+                            .dt = dt,
+                            .op = op});
       g.nodeBarrier(c, local, "inter-node allreduce");  // every slice final before the gather
     }
     step.gather(d, s);
   }
+  if (staged) staged->finish();
 }
 
 }  // namespace smdccl

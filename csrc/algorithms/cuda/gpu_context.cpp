@@ -90,7 +90,7 @@ GpuContext::~GpuContext() {
 }
 
 CudaStageDevice& GpuContext::stage() {
-  if (!stage_) stage_ = std::make_unique<CudaStageDevice>(freeCached_);
+  if (!stage_) stage_ = std::make_unique<CudaStageDevice>(freeCached_, tuning_.streamBarrier);
   return *stage_;
 }
 

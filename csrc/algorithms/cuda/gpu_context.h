@@ -42,8 +42,22 @@ class GpuContext {
   const GpuTuning& tuning() const { return tuning_; }
   PinnedBuffer& staging() { return *staging_; }
   const PinnedBuffer& staging() const { return *staging_; }
-  // The device side of the staged ring (made at first use).
+  // The device side of the staged schedules (made at first use; gated
+  // with SMDCCL_CUDA_STREAM_BARRIER where the GPU maps its flags).
   CudaStageDevice& stage();
+  // Whether the node barriers of the IPC steps are queued on the stream
+  // (decided at ipc()'s set-up): an op with IPC steps can then be queued whole.
+  bool streamBarriers() const { return nodeBarrier_ != nullptr; }
+  // Host work that must wait until the running op's GPU work is all queued
+  // (a staged op's proxies): while `list` is set (by the op, around its
+  // body; nullptr after), afterQueued() appends to it, and the op marks its
+  // end on the stream before it runs the list; otherwise it runs at once.
+  using HostWork = std::vector<std::function<void()>>;
+  void deferInto(HostWork* list) { deferred_ = list; }
+  void afterQueued(std::function<void()> work) {
+    if (deferred_) deferred_->push_back(std::move(work));
+    else work();
+  }
   // Bytes the group's staged collectives copied from device to host memory
   // and back (what crosses PCIe): counted by every staging path.
   void countCopies(uint64_t toHost, uint64_t fromHost) {
@@ -112,6 +126,7 @@ class GpuContext {
   std::function<void(const std::string&)> barrierFailed_;
   std::unique_ptr<CudaStageDevice> stage_;
   std::function<void()> freeCached_;
+  HostWork* deferred_ = nullptr;
   ScratchAllocator scratch_;
   std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};
   bool tuningAgreed_ = false;

@@ -8,6 +8,7 @@
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/cuda/staged_schedule.h"
+#include "algorithms/staged_rounds.h"
 #include "common/trace.h"
 
 namespace smdccl {
@@ -21,24 +22,11 @@ bool oneNodeIpc(const Comm& c, const GpuContext& g) {
   return ipcUsable(c, g) && c.levels->numNodes() == 1;
 }
 
-// A copy between host and device memory, or inside device memory.
-struct Copy {
-  void* dst;
-  const void* src;
-  size_t bytes;
-  cudaMemcpyKind kind;
-};
-
-// Queues `cp` on the context's stream and waits for it with the op's deadline.
-void copyAndWait(Comm& c, GpuContext& g, const Copy& cp, const char* what) {
-  void* dst = cp.dst;
-  const void* src = cp.src;
-  const size_t bytes = cp.bytes;
-  const cudaMemcpyKind kind = cp.kind;
-  if (bytes) checkCuda(cudaMemcpyAsync(dst, src, bytes, kind, g.stream()), what);
-  if (kind == cudaMemcpyDeviceToHost) g.countCopies(bytes, 0);
-  if (kind == cudaMemcpyHostToDevice) g.countCopies(0, bytes);
-  waitForStream(g.stream(), c.ctx, what);
+// Queues a copy inside device memory on the context's stream (the op's
+// end, recorded behind it, is what the caller waits for).
+void queueDeviceCopy(GpuContext& g, char* dst, const char* src, size_t bytes, const char* what) {
+  if (bytes)
+    checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream()), what);
 }
 
 // Where the host would run the ring reduce-scatter, the device runs it
@@ -55,20 +43,31 @@ bool stagedRingReduceScatterFits(const Comm& c, const GpuContext& g, const Block
 void stagedRingReduceScatterOnDevice(Comm& c, GpuContext& g, const BlockReduction& r) {
   const size_t blockBytes = r.each * elementSize(r.dt);
   const size_t total = blockBytes * static_cast<size_t>(c.size());
-  std::shared_ptr<char> work = g.scratch(total);  // `in` is left as it was
-  checkCuda(cudaMemcpyAsync(work.get(), r.in, total, cudaMemcpyDeviceToDevice, g.stream()),
-            "copy into the reduce-scatter's working buffer");
-  runStagedSchedule(g, c.ctx, g.tuning().stageChunkBytes, r.dt,
-                    [&](StageDevice& d, char* slots, const StagePlan& plan) {
-                      stagedRingReduceScatter(
-                          c, d, {.buf = work.get(), .each = r.each, .dt = r.dt, .op = r.op}, slots,
-                          plan);
-                    });
-  // Also keeps `work` until the stream is done with it.
-  copyAndWait(c, g,
-              {r.out, work.get() + blockBytes * static_cast<size_t>(c.rank()), blockBytes,
-               cudaMemcpyDeviceToDevice},
-              "the staged ring's copies into device memory");
+  // `in` is left as it was. Freed with this call: the allocator hands the
+  // block only to later work on the same stream, which waits for the copies.
+  std::shared_ptr<char> work = g.scratch(total);
+  queueDeviceCopy(g, work.get(), r.in, total, "copy into the reduce-scatter's working buffer");
+  StagedOnGpu staged(g, c.ctx,
+                     {.plan = stagedRingPlan(g.tuning().stageChunkBytes, r.dt), .whole = true});
+  StageDevice& d = staged.device();
+  staged.add(
+      planStagedRingReduceScatter(c, d, {.buf = work.get(), .each = r.each, .dt = r.dt, .op = r.op},
+                                  staged.slots(), staged.plan()));
+  queueDeviceCopy(g, r.out, work.get() + blockBytes * static_cast<size_t>(c.rank()), blockBytes,
+                  "copy out of the reduce-scatter's working buffer");
+  staged.finish();
+}
+
+// The host collective on one pinned copy of what it needs (staged_rounds.h,
+// one round): nothing to cast, so nothing for the device but the copies.
+void stagedOneRound(Comm& c, GpuContext& g, StagedRound round, size_t hostBytes) {
+  StagedOnGpu staged(g, c.ctx, {.hostBytes = hostBytes, .scratch = false, .whole = true});
+  StageDevice& d = staged.device();
+  StagedRoundsJob job;
+  job.slotBytes = hostBytes;
+  job.rounds.push_back(std::move(round));
+  staged.add(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
+  staged.finish();
 }
 
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
@@ -76,38 +75,26 @@ void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const 
     stagedRingReduceScatterOnDevice(c, g, r);
     return;
   }
-  const char* in = r.in;
-  char* out = r.out;
-  const size_t each = r.each;
-  const DType dt = r.dt;
-  const RedOp op = r.op;
-  size_t blockBytes = each * elementSize(dt);
-  // Nothing may still be copying out of the staging buffer from an earlier op.
-  waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
-  char* host = g.staging().reserve(blockBytes * static_cast<size_t>(c.size()));
-  copyAndWait(c, g, {host, in, blockBytes * static_cast<size_t>(c.size()), cudaMemcpyDeviceToHost},
-              "copy to pinned host memory");
-  Blocks blocks = Blocks::equal(c.size(), blockBytes);
-  reduceScatter(c, {.buf = host, .dt = dt, .op = op, .blocks = &blocks}, t);
-  copyAndWait(
-      c, g,
-      {out, host + blockBytes * static_cast<size_t>(c.rank()), blockBytes, cudaMemcpyHostToDevice},
-      "copy from pinned host memory");
+  const size_t blockBytes = r.each * elementSize(r.dt);
+  const size_t total = blockBytes * static_cast<size_t>(c.size());
+  stagedOneRound(c, g,
+                 {{{const_cast<char*>(r.in), 0, total}},
+                  [c, &t, blockBytes, dt = r.dt, op = r.op](char* host) mutable {
+                    Blocks blocks = Blocks::equal(c.size(), blockBytes);
+                    reduceScatter(c, {.buf = host, .dt = dt, .op = op, .blocks = &blocks}, t);
+                  },
+                  {{r.out, blockBytes * static_cast<size_t>(c.rank()), blockBytes}}},
+                 total);
 }
 
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
-  const char* in = b.in;
-  char* out = b.out;
-  const size_t eachBytes = b.eachBytes;
-  waitForStream(g.stream(), c.ctx, "the previous copy out of the staging buffer");
-  char* host = g.staging().reserve(eachBytes * static_cast<size_t>(c.size()));
-  copyAndWait(
+  const size_t each = b.eachBytes;
+  stagedOneRound(
       c, g,
-      {host + eachBytes * static_cast<size_t>(c.rank()), in, eachBytes, cudaMemcpyDeviceToHost},
-      "copy to pinned host memory");
-  allgather(c, host, Blocks::equal(c.size(), eachBytes), t);
-  copyAndWait(c, g, {out, host, eachBytes * static_cast<size_t>(c.size()), cudaMemcpyHostToDevice},
-              "copy from pinned host memory");
+      {{{const_cast<char*>(b.in), each * static_cast<size_t>(c.rank()), each}},
+       [c, &t, each](char* host) mutable { allgather(c, host, Blocks::equal(c.size(), each), t); },
+       {{b.out, 0, each * static_cast<size_t>(c.size())}}},
+      each * static_cast<size_t>(c.size()));
 }
 
 // One node, rank r = local rank r. Per piece of `m` elements of every block:
@@ -190,9 +177,7 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tun
   const DType dt = r.dt;
   if (each == 0) return;
   if (c.size() == 1) {
-    if (out != in)
-      copyAndWait(c, g, {out, in, each * elementSize(dt), cudaMemcpyDeviceToDevice},
-                  "copy to the output");
+    if (out != in) queueDeviceCopy(g, out, in, each * elementSize(dt), "copy to the output");
     return;
   }
   g.agreeOnTuning(c, t);
@@ -209,8 +194,7 @@ void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t)
   const size_t eachBytes = b.eachBytes;
   if (eachBytes == 0) return;
   if (c.size() == 1) {
-    if (out != in)
-      copyAndWait(c, g, {out, in, eachBytes, cudaMemcpyDeviceToDevice}, "copy to the output");
+    if (out != in) queueDeviceCopy(g, out, in, eachBytes, "copy to the output");
     return;
   }
   g.agreeOnTuning(c, t);

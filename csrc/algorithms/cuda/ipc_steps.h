@@ -19,10 +19,11 @@ inline void checkCuda(cudaError_t e, const char* what) {
 
 // The node's ranks can reach each other's buffers over CUDA IPC: the whole
 // group (not a sub-comm), IPC on, nodes of equal size with node-mates.
+inline bool ipcUsable(const Hierarchy& h, const GpuTuning& t) {
+  return t.ipc && h.localSize() > 1 && h.uniform() && h.localSize() <= cuda::kMaxReduceInputs;
+}
 inline bool ipcUsable(const Comm& c, const GpuContext& g) {
-  if (!g.tuning().ipc || !c.levels || !c.members.empty()) return false;
-  const Hierarchy& h = *c.levels;
-  return h.localSize() > 1 && h.uniform() && h.localSize() <= cuda::kMaxReduceInputs;
+  return c.levels && c.members.empty() && ipcUsable(*c.levels, g.tuning());
 }
 
 // This rank's stream is done with step `what`, and so is every node-mate's

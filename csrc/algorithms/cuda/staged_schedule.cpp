@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "algorithms/cuda/cuda_stage_device.h"
-
 namespace smdccl {
 
 namespace {
@@ -16,26 +14,68 @@ constexpr int kRingSlots = 4;
 
 bool isRingAlgorithm(const Algorithm* a) { return a == findAlgorithm("ring"); }
 
-void runStagedSchedule(GpuContext& g, const OpContext& ctx, size_t chunkBytes, DType dt,
-                       const StagedSchedule& schedule) {
+StagePlan stagedRingPlan(size_t chunkBytes, DType dt) {
   StagePlan plan;
   plan.slotBytes = std::min(kRingSlotBytes, std::max(chunkBytes, elementSize(dt)));
   plan.slots = kRingSlots;
   plan.chunkBytes = chunkBytes;
-  // The previous op's copies are done: it waited for its stream at its end.
-  char* slots = g.staging().reserve(plan.hostBytes());
-  CudaStageDevice& d = g.stage();
-  const uint64_t out0 = d.bytesToHost(), in0 = d.bytesFromHost();
-  d.begin(g.stream(), slots, plan, ctx);
-  try {
-    schedule(d, slots, plan);
-  } catch (...) {
-    d.abandon();
-    g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
-    throw;
+  return plan;
+}
+
+StagedOnGpu::StagedOnGpu(GpuContext& g, const OpContext& ctx, const Spec& spec)
+    : g_(g), ctx_(ctx), spec_(spec), d_(g.stage()), whole_(spec.whole && d_.gated()) {
+  // Every copy of earlier ops has run: their proxies waited for them.
+  slots_ = g.staging().reserve(std::max(spec.plan.hostBytes(), spec.hostBytes));
+  out0_ = d_.bytesToHost();
+  in0_ = d_.bytesFromHost();
+  d_.begin(g.stream(), slots_, spec.plan, ctx, spec.scratch);
+}
+
+StagedOnGpu::~StagedOnGpu() {
+  if (finished_) return;
+  proxies_.clear();  // each lets go of its planned copies
+  d_.abandon();
+  d_.fail();
+  g_.countCopies(d_.bytesToHost() - out0_, d_.bytesFromHost() - in0_);
+}
+
+StageDevice& StagedOnGpu::device() {
+  // Also for the first: the op may have queued steps of its own since begin().
+  d_.followStream();
+  return d_;
+}
+
+void StagedOnGpu::add(std::unique_ptr<StagedProxy> proxy) {
+  d_.joinStream();
+  if (!proxy) return;
+  if (whole_) proxies_.push_back(std::move(proxy));
+  else proxy->run();
+}
+
+void StagedOnGpu::finish() {
+  d_.queueEnd();
+  finished_ = true;
+  if (!whole_) {
+    d_.finish();
+    g_.countCopies(d_.bytesToHost() - out0_, d_.bytesFromHost() - in0_);
+    return;
   }
-  d.finish();
-  g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
+  // After the op's body (GpuContext::afterQueued): the proxies run once the
+  // op's end is marked behind all of its GPU work.
+  auto proxies = std::make_shared<std::vector<std::unique_ptr<StagedProxy>>>(std::move(proxies_));
+  g_.afterQueued([&g = g_, &d = d_, proxies, out0 = out0_, in0 = in0_] {
+    auto count = [&] { g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0); };
+    try {
+      for (auto& p : *proxies) p->run();
+      d.finish();
+    } catch (...) {
+      proxies->clear();  // each lets go of its planned copies
+      d.abandon();
+      count();
+      throw;
+    }
+    count();
+  });
 }
 
 }  // namespace smdccl

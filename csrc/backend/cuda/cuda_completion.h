@@ -76,8 +76,9 @@ inline int64_t steadyNowNs() {
 // event behind it. A CUDA-IPC collective with stream barriers is queued
 // whole, so that wait is short; a collective on host copies queues its
 // copies back behind a gate before it runs (queuedEarly: wait() returns
-// then); the staged ones drive their steps from the host, and it lasts
-// about as long as the collective.
+// then); a staged one queues its copies behind gates and marks its end
+// before its proxies run (finishBody), unless its gates are off, when it
+// lasts about as long as the collective.
 class CudaCompletion : public DeviceCompletion {
  public:
   // `what` names the op in errors ("collective #7"); `stream`: where the

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "algorithms/cuda/gpu_collectives.h"
+#include "algorithms/cuda/ipc_steps.h"
 #include "backend/cuda/cuda_completion.h"
 #include "backend/device_op.h"
 #include "backend/tensor_checks.h"
@@ -169,6 +170,17 @@ class CudaOp : public DeviceOp {
 
   bool hostStaged() const override { return !copyIn_.empty() || !copyOut_.empty(); }
 
+  bool hostDriven(const Hierarchy& h) const override {
+    // Only one node's CUDA IPC collectives are queued without a proxy.
+    return hostStaged() || !ipcUsable(h, s_->gpu->tuning()) || h.numNodes() > 1;
+  }
+
+  bool deferHostWork(std::function<void()> work) override {
+    if (afterQueued_.empty()) return false;
+    afterQueued_.push_back(std::move(work));
+    return true;
+  }
+
   void beforeBody(const OpContext& ctx) override {
     CaptureSafeScope captureSafe;
     if (hostStaged()) queueCopyOut();
@@ -202,6 +214,16 @@ class CudaOp : public DeviceOp {
   }
 
   void finishBody(const OpContext& ctx) override {
+    if (!afterQueued_.empty()) {
+      // A staged op queued whole: its end is marked behind all of its GPU
+      // work (the caller's stream may wait for it now), then the host runs
+      // its proxies, and the checks that read what they counted.
+      markEnd(/*early=*/true);
+      GpuContext::HostWork work = std::move(afterQueued_);
+      afterQueued_.clear();
+      for (auto& w : work) w();
+      return;
+    }
     if (endQueuedEarly()) {
       openGate();
       return;
@@ -221,27 +243,30 @@ class CudaOp : public DeviceOp {
     // Also after a failure: nothing may wait for it forever (the event then
     // marks whatever reached the stream). On the progress thread this
     // also switches the capture mode for the future's completion after it.
-    openGate();                    // also one held by a queueCopyOut() that failed half-way
-    if (endQueuedEarly()) return;  // its end is recorded; after a failure the copies back still go
+    openGate();  // also one held by a queueCopyOut() that failed half-way
+    // Proxies that never ran (the body failed after planning them) let go
+    // of their planned copies: nothing on the GPU waits for them.
     CaptureSafeScope captureSafe;
-    end_->barriers = s_->gpu->barrierFailure();
-    end_->barrierUpTo = s_->gpu->barrierEpoch();
-    end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
-    end_->recorded.store(true, std::memory_order_release);
+    afterQueued_.clear();
+    if (endQueuedEarly()) return;  // its end is recorded; after a failure the copies back still go
+    markEnd(/*early=*/false);
   }
 
   void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) override {
     CaptureSafeScope captureSafe;
+    DeferScope defer(*this);
     gpuAllreduce(c, *s_->gpu, a, t);
   }
 
   void reduceScatter(Comm& c, const BlockReduction& r, const Tuning& t) override {
     CaptureSafeScope captureSafe;
+    DeferScope defer(*this);
     gpuReduceScatter(c, *s_->gpu, r, t);
   }
 
   void allgather(Comm& c, const BlockGather& g, const Tuning& t) override {
     CaptureSafeScope captureSafe;
+    DeferScope defer(*this);
     gpuAllgather(c, *s_->gpu, g, t);
   }
 
@@ -257,6 +282,24 @@ class CudaOp : public DeviceOp {
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
   std::optional<GpuEvent> copiedIn_;                                 // behind the copies in
   uint32_t ticket_ = 0;  // the copies back's gate (0: none held)
+  // Host work after the op's GPU work is queued (GpuContext::afterQueued).
+  GpuContext::HostWork afterQueued_;
+
+  // Around a device collective: its staged proxies wait for finishBody().
+  struct DeferScope {
+    CudaOp& op;
+    explicit DeferScope(CudaOp& o) : op(o) { op.s_->gpu->deferInto(&op.afterQueued_); }
+    ~DeferScope() { op.s_->gpu->deferInto(nullptr); }
+  };
+
+  // Records the op's end behind what its stream has queued.
+  void markEnd(bool early) noexcept {
+    end_->barriers = s_->gpu->barrierFailure();
+    end_->barrierUpTo = s_->gpu->barrierEpoch();
+    end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
+    if (early) end_->early.store(true, std::memory_order_release);
+    end_->recorded.store(true, std::memory_order_release);
+  }
 
   void openGate() noexcept {
     if (ticket_) s_->gpu->gate()->release(ticket_);

@@ -1,0 +1,122 @@
+#include "algorithms/staged_rounds.h"
+
+#include <chrono>
+#include <thread>
+
+#include "common/error.h"
+
+namespace smdccl {
+
+void waitForDevice(const OpContext& ctx, const std::function<bool()>& ready, const char* what) {
+  for (int polls = 0; !ready(); ++polls) {
+    if (ctx.cancel && ctx.cancel->load(std::memory_order_relaxed))
+      throw CommError(CommError::Kind::System,
+                      strCat("smdccl: ", ctx.describe(), ": the group was aborted on this rank"));
+    if (ctx.deadline.expired())
+      throw CommError(
+          CommError::Kind::Timeout,
+          strCat("smdccl: ", ctx.describe(), " timed out waiting for the device (", what, ")"));
+    // A copy takes tens of microseconds or more: spin briefly, then nap.
+    if (polls < 100) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+namespace {
+
+class StagedRounds final : public StagedProxy {
+ public:
+  StagedRounds(const OpContext& ctx, StageDevice& d, StagedRoundsJob job, char* slots)
+      : ctx_(ctx), d_(d), job_(std::move(job)), slots_(slots) {
+    SMDCCL_CHECK_ARG(job_.slots >= 1, "staged rounds: need at least one slot");
+    out_.resize(job_.rounds.size());
+    in_.resize(job_.rounds.size());
+    for (size_t k = 0; k < job_.rounds.size(); ++k) {
+      char* slot = slotOf(k);
+      for (const StagedRange& r : job_.rounds[k].out) {
+        SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
+                         "staged rounds: a range ends past its slot");
+        if (r.bytes)
+          out_[k].push_back(
+              d_.planToHost(slot + r.slotOffset, r.dev, r.bytes, DType::U8, Wire::F32));
+      }
+      for (const StagedRange& r : job_.rounds[k].in) {
+        SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
+                         "staged rounds: a range ends past its slot");
+        if (r.bytes)
+          in_[k].push_back(d_.planFromHost(r.dev, slot + r.slotOffset, r.bytes, {DType::U8}));
+      }
+    }
+  }
+
+  ~StagedRounds() override {
+    if (!ran_) d_.abandon();
+  }
+
+  void run() override {
+    try {
+      const size_t rounds = job_.rounds.size();
+      for (size_t k = 0; k < rounds; ++k) {
+        waitForDevice(
+            ctx_,
+            [&] {
+              startCopiesOut();
+              return allDone(out_[k]);
+            },
+            "copy to host memory");
+        if (job_.rounds[k].host) job_.rounds[k].host(slotOf(k));
+        for (StageDevice::Ticket t : in_[k]) d_.go(t);
+      }
+      // The slots are free for the next op once the last copies back ran.
+      waitForDevice(
+          ctx_,
+          [&] {
+            for (size_t k = rounds > static_cast<size_t>(job_.slots) ? rounds - job_.slots : 0;
+                 k < rounds; ++k)
+              if (!allDone(in_[k])) return false;
+            return true;
+          },
+          "copy back from host memory");
+    } catch (...) {
+      d_.abandon();
+      throw;
+    }
+    ran_ = true;
+  }
+
+ private:
+  char* slotOf(size_t k) const {
+    return slots_ + (k % static_cast<size_t>(job_.slots)) * job_.slotBytes;
+  }
+  bool allDone(const std::vector<StageDevice::Ticket>& ts) {
+    for (StageDevice::Ticket t : ts)
+      if (!d_.done(t)) return false;
+    return true;
+  }
+  // Lets go the copies out of every round whose slot is free.
+  void startCopiesOut() {
+    const size_t slots = static_cast<size_t>(job_.slots);
+    while (nextOut_ < out_.size() && (nextOut_ < slots || allDone(in_[nextOut_ - slots]))) {
+      for (StageDevice::Ticket t : out_[nextOut_]) d_.go(t);
+      ++nextOut_;
+    }
+  }
+
+  OpContext ctx_;  // a copy: the proxy may run after the caller's is gone
+  StageDevice& d_;
+  StagedRoundsJob job_;
+  char* slots_;
+  std::vector<std::vector<StageDevice::Ticket>> out_, in_;
+  size_t nextOut_ = 0;
+  bool ran_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<StagedProxy> planStagedRounds(const OpContext& ctx, StageDevice& device,
+                                              StagedRoundsJob job, char* slots) {
+  if (job.rounds.empty()) return nullptr;
+  return std::make_unique<StagedRounds>(ctx, device, std::move(job), slots);
+}
+
+}  // namespace smdccl

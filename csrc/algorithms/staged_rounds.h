@@ -1,0 +1,57 @@
+#pragma once
+// A collective on device memory that runs on the host, staged through
+// pinned slots in rounds: each round copies device ranges out into its slot,
+// runs a host step on the slot (a host allreduce of one chunk, a
+// reduce-scatter, an allgather), then copies ranges of the slot back. Every
+// copy is planned up front (a gated device queues them all, so the caller's
+// stream can wait for the op's end at once); round k + slots reuses round
+// k's slot, so its copies out go once round k's copies back have run. With
+// several slots, round k+1's copy out and round k-1's copy back overlap
+// round k's host step.
+//
+// Where the host step is the ring and the data float32, staged_ring.h does
+// better: the device casts to the 16-bit wire. This carries everything else.
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "algorithms/op_context.h"
+#include "algorithms/stage_device.h"
+
+namespace smdccl {
+
+// `bytes` at device address `dev` and at `slotOffset` in the round's slot.
+struct StagedRange {
+  char* dev = nullptr;
+  size_t slotOffset = 0;
+  size_t bytes = 0;
+};
+
+struct StagedRound {
+  std::vector<StagedRange> out;          // device -> slot, before the host step
+  std::function<void(char* slot)> host;  // on the slot, once every copy out has run
+  std::vector<StagedRange> in;           // slot -> device, after it
+};
+
+struct StagedRoundsJob {
+  std::vector<StagedRound> rounds;
+  size_t slotBytes = 0;  // one slot: at least every range's end
+  int slots = 1;         // slots in turn (rounds in flight)
+  // Host bytes the job needs.
+  size_t hostBytes() const { return static_cast<size_t>(slots) * slotBytes; }
+};
+
+// Plans every copy of `job` on `device` and returns the proxy that runs it
+// (ctx: the op's deadline, cancel flag and name for its waits). `slots`:
+// job.hostBytes() of host memory (pinned on a GPU); it and the device must
+// outlive the proxy.
+std::unique_ptr<StagedProxy> planStagedRounds(const OpContext& ctx, StageDevice& device,
+                                              StagedRoundsJob job, char* slots);
+
+// Waits until `ready()` (polled, backing off to short sleeps), or throws a
+// CommError at ctx's deadline ("timed out waiting for the device (what)")
+// or when its group is aborted.
+void waitForDevice(const OpContext& ctx, const std::function<bool()>& ready, const char* what);
+
+}  // namespace smdccl

@@ -1,0 +1,226 @@
+// Staged rounds (algorithms/staged_rounds.h) with the host stand-in for a
+// device, ranks as threads: the GPU's fallback allreduce (a host allreduce
+// per chunk through a few slots in turn), its staged reduce-scatter and
+// allgather (one round each) give exactly what the host collectives give on
+// the same data, in every device mode and for slot counts from 1 to more
+// than the rounds; a device that never finishes runs into the deadline
+// with a message naming it; an aborted group stops the wait; a proxy
+// dropped without running lets its gated copies go.
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "algorithms/collectives.h"
+#include "algorithms/host_stage_device.h"
+#include "algorithms/staged_rounds.h"
+#include "check.h"
+#include "common/error.h"
+#include "memory_fabric.h"
+#include "stuck_stage_device.h"
+
+using namespace smdccl;
+using smdccl::testing::MemoryFabric;
+using smdccl::testing::StuckStageDevice;
+using Mode = HostStageDevice::Mode;
+
+namespace {
+
+std::vector<float> valuesOf(int r, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>(
+               static_cast<int64_t>(((i + 1) * 2654435761u ^ (r + 7) * 40503u) % 2001) - 1000) /
+           64.0f;
+  return v;
+}
+
+// The GPU path's fallback allreduce: chunk k out, allreduce() on the host, back.
+StagedRoundsJob chunkedAllreduce(Comm& c, float* buf, size_t n, size_t chunk, int slots) {
+  StagedRoundsJob job;
+  job.slotBytes = chunk * 4;
+  job.slots = slots;
+  for (size_t at = 0; at < n; at += chunk) {
+    const size_t len = std::min(chunk, n - at);
+    char* dev = reinterpret_cast<char*>(buf + at);
+    job.rounds.push_back(
+        {{{dev, 0, len * 4}},
+         [&c, len](char* slot) {
+           allreduce(c, {.buf = slot, .count = len, .dt = DType::F32, .op = RedOp::Sum}, Tuning{});
+         },
+         {{dev, 0, len * 4}}});
+  }
+  return job;
+}
+
+}  // namespace
+
+TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
+  int checked = 0;
+  std::mutex mu;
+  std::vector<std::string> failures;
+  for (std::vector<int> nodes : {std::vector<int>{1, 1}, {2, 2}, {1, 1, 1}}) {
+    MemoryFabric fabric(nodes);
+    std::string error = fabric.run([&](int r, Comm& c) {
+      int variant = 0;
+      for (size_t n : {size_t{1}, size_t{1000}, size_t{10007}})
+        for (size_t chunk : {size_t{256}, size_t{4096}, size_t{20000}})
+          for (int slots : {1, 2, 4}) {
+            const Mode mode = static_cast<Mode>(variant++ % 3);
+            std::vector<float> buf = valuesOf(r, n), ref = buf;
+            for (size_t at = 0; at < n; at += chunk)
+              allreduce(c,
+                        {.buf = reinterpret_cast<char*>(ref.data() + at),
+                         .count = std::min(chunk, n - at),
+                         .dt = DType::F32,
+                         .op = RedOp::Sum},
+                        Tuning{});
+            HostStageDevice device(mode);
+            StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, chunk, slots);
+            std::vector<char> host(job.hostBytes());
+            planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+            std::lock_guard<std::mutex> lock(mu);
+            if (std::memcmp(buf.data(), ref.data(), n * 4) != 0)
+              failures.push_back("rank " + std::to_string(r) + " n=" + std::to_string(n) +
+                                 " chunk " + std::to_string(chunk) + " slots " +
+                                 std::to_string(slots) + ": differs from the host allreduce");
+            if (device.bytesToHost() != n * 4 || device.bytesFromHost() != n * 4)
+              failures.push_back("rank " + std::to_string(r) + ": bytes across the device " +
+                                 std::to_string(device.bytesToHost()) + " / " +
+                                 std::to_string(device.bytesFromHost()) + ", expected " +
+                                 std::to_string(n * 4) + " each way");
+            if (r == 0) ++checked;
+          }
+    });
+    if (!error.empty()) failures.push_back(error);
+  }
+  for (size_t i = 0; i < failures.size() && i < 10; ++i)
+    std::fprintf(stderr, "  FAIL %s\n", failures[i].c_str());
+  CHECK(failures.empty());
+  CHECK(checked == 3 * 3 * 3 * 3);
+}
+
+TEST(staged_rounds_reduce_scatter_and_allgather_in_one_round) {
+  MemoryFabric fabric({2, 1});
+  std::string error = fabric.run([&](int r, Comm& c) {
+    const int p = c.size();
+    const size_t each = 333;
+    for (Mode mode : {Mode::Immediate, Mode::Deferred, Mode::Gated}) {
+      // Reduce-scatter: every block out, the host reduce-scatter, this rank's block back.
+      std::vector<float> in = valuesOf(r, each * p), out(each), ref = in;
+      Blocks blocks = Blocks::equal(p, each * 4);
+      reduceScatter(c,
+                    {.buf = reinterpret_cast<char*>(ref.data()),
+                     .dt = DType::F32,
+                     .op = RedOp::Sum,
+                     .blocks = &blocks},
+                    Tuning{});
+      HostStageDevice device(mode);
+      StagedRoundsJob rs;
+      rs.slotBytes = each * 4 * p;
+      rs.rounds.push_back(
+          {{{reinterpret_cast<char*>(in.data()), 0, each * 4 * p}},
+           [&](char* slot) {
+             reduceScatter(c, {.buf = slot, .dt = DType::F32, .op = RedOp::Sum, .blocks = &blocks},
+                           Tuning{});
+           },
+           {{reinterpret_cast<char*>(out.data()), each * 4 * r, each * 4}}});
+      std::vector<char> host(rs.hostBytes());
+      planStagedRounds(c.ctx, device, std::move(rs), host.data())->run();
+      if (std::memcmp(out.data(), ref.data() + each * r, each * 4) != 0)
+        throw std::runtime_error("reduce-scatter differs from the host's");
+      // Allgather: this rank's block out into its place, the host allgather, all back.
+      std::vector<float> mine = valuesOf(r + 10, each), all(each * p), want;
+      for (int q = 0; q < p; ++q) {
+        std::vector<float> b = valuesOf(q + 10, each);
+        want.insert(want.end(), b.begin(), b.end());
+      }
+      StagedRoundsJob ag;
+      ag.slotBytes = each * 4 * p;
+      ag.rounds.push_back(
+          {{{reinterpret_cast<char*>(mine.data()), each * 4 * r, each * 4}},
+           [&](char* slot) { allgather(c, slot, Blocks::equal(p, each * 4), Tuning{}); },
+           {{reinterpret_cast<char*>(all.data()), 0, each * 4 * p}}});
+      std::vector<char> host2(ag.hostBytes());
+      planStagedRounds(c.ctx, device, std::move(ag), host2.data())->run();
+      if (all != want) throw std::runtime_error("allgather differs");
+    }
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
+
+TEST(staged_rounds_stuck_device_times_out_naming_it) {
+  MemoryFabric fabric({1});
+  std::string error = fabric.run([&](int, Comm& c) {
+    c.ctx.deadline = Deadline::after(std::chrono::milliseconds(300));
+    std::vector<float> buf(64);
+    StuckStageDevice device;
+    StagedRoundsJob job = chunkedAllreduce(c, buf.data(), 64, 16, 2);
+    std::vector<char> host(job.hostBytes());
+    auto proxy = planStagedRounds(c.ctx, device, std::move(job), host.data());
+    try {
+      proxy->run();
+    } catch (const CommError& e) {
+      std::string what = e.what();
+      if (what.find("timed out waiting for the device (copy to host memory)") == std::string::npos)
+        throw std::runtime_error("unexpected message: " + what);
+      return;
+    }
+    throw std::runtime_error("a stuck device did not time out");
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
+
+TEST(staged_rounds_wait_stops_when_the_group_is_aborted) {
+  MemoryFabric fabric({1});
+  std::string error = fabric.run([&](int, Comm& c) {
+    std::atomic<bool> cancel{false};
+    c.ctx.cancel = &cancel;
+    std::vector<float> buf(64);
+    StuckStageDevice device;
+    StagedRoundsJob job = chunkedAllreduce(c, buf.data(), 64, 16, 2);
+    std::vector<char> host(job.hostBytes());
+    auto proxy = planStagedRounds(c.ctx, device, std::move(job), host.data());
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      cancel = true;
+    });
+    std::string what;
+    try {
+      proxy->run();
+    } catch (const CommError& e) { what = e.what(); }
+    aborter.join();
+    if (what.find("aborted") == std::string::npos)
+      throw std::runtime_error("an abort did not stop the wait: '" + what + "'");
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
+
+TEST(staged_rounds_gated_copies_wait_for_the_proxy_and_drain_when_dropped) {
+  MemoryFabric fabric({1});
+  std::string error = fabric.run([&](int, Comm& c) {
+    std::vector<float> buf(1000, 1.0f);
+    StagedRoundsJob job = chunkedAllreduce(c, buf.data(), 1000, 100, 2);
+    std::vector<char> host(job.hostBytes(), 0);
+    {
+      HostStageDevice device(Mode::Gated);
+      auto proxy = planStagedRounds(c.ctx, device, std::move(job), host.data());
+      // Every copy is queued on the lanes, and none may run before the proxy lets it.
+      if (device.bytesToHost() != 4000 || device.bytesFromHost() != 4000)
+        throw std::runtime_error("not every copy was planned up front");
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      for (char b : host)
+        if (b != 0) throw std::runtime_error("a gated copy ran before the proxy let it go");
+      // Dropped without running (the op failed before its proxy ran): the
+      // copies go, so the lanes drain and the device can go away.
+    }
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
