@@ -7,15 +7,16 @@
 namespace smdccl {
 
 HostStageDevice::HostStageDevice(Mode mode) : mode_(mode) {
-  if (mode != Mode::Gated) return;
+  if (!gated()) return;
   for (Lane& l : lanes_) {
-    l.queue = std::make_unique<HostFlagQueue>();
+    if (mode == Mode::Gated || !lanes_[0].queue) l.queue = std::make_shared<HostFlagQueue>();
+    else l.queue = lanes_[0].queue;  // one queue for both lanes
     l.gated = std::make_unique<GatedLane>(*l.queue, &l.flags[0], &l.flags[1]);
   }
 }
 
 HostStageDevice::~HostStageDevice() {
-  if (mode_ != Mode::Gated) return;
+  if (!gated()) return;
   // A schedule that failed may have left copies behind closed gates, or
   // running: nothing of them may outlive the memory they use.
   abandon();
@@ -42,13 +43,13 @@ void HostStageDevice::run(const Copy& c) {
 
 void HostStageDevice::planned(int lane, uint64_t number, const Copy& c) {
   Lane& l = lanes_[lane];
-  if (mode_ == Mode::Gated) l.gated->queue(number, [&] { l.queue->run([c] { run(c); }); });
+  if (gated()) l.gated->queue(number, [&] { l.queue->run([c] { run(c); }); });
   else l.planned.push_back(c);
 }
 
 void HostStageDevice::release(int lane, uint64_t number) {
   Lane& l = lanes_[lane];
-  if (mode_ == Mode::Gated) {
+  if (gated()) {
     l.gated->release(number);
     return;
   }
@@ -67,7 +68,7 @@ void HostStageDevice::release(int lane, uint64_t number) {
 
 bool HostStageDevice::ran(int lane, uint64_t number) {
   Lane& l = lanes_[lane];
-  if (mode_ == Mode::Gated) return l.gated->ran(number);
+  if (gated()) return l.gated->ran(number);
   // Deferred: one copy per poll, so the proxy sees work in flight.
   if (l.ran < number && !l.pending.empty()) {
     run(l.pending.front());
@@ -79,15 +80,18 @@ bool HostStageDevice::ran(int lane, uint64_t number) {
 
 void HostStageDevice::dropPlanned(int lane, uint64_t released, uint64_t planned) {
   Lane& l = lanes_[lane];
-  if (mode_ == Mode::Gated) {
+  if (gated()) {
     l.gated->release(planned);  // they run, as on a GPU, so that nothing waits for them
     return;
   }
-  // Nothing reads what they would have written: drop them, and those
-  // released and not run yet; numbers go on after them.
+  // Released ones are on the device's stream already: they still run, as
+  // on a GPU; the others never will. Numbers go on after them.
   (void)released;
+  while (!l.pending.empty()) {
+    run(l.pending.front());
+    l.pending.pop_front();
+  }
   l.planned.clear();
-  l.pending.clear();
   l.ran = planned;
 }
 

@@ -12,6 +12,10 @@
 //  - Gated: the GPU's gated mode: each lane is a thread (HostFlagQueue)
 //    that runs every planned copy as soon as its gate opens, concurrently
 //    with the proxy, as the GPU's two copy streams do.
+//  - GatedOneQueue: the same with both lanes on one thread, as when the two
+//    streams share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1): a
+//    closed gate then holds both lanes, so a plan order that needs a later
+//    copy before an earlier one deadlocks here as it would on the GPU.
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -25,13 +29,13 @@ namespace smdccl {
 
 class HostStageDevice final : public StageDevice {
  public:
-  enum class Mode { Immediate, Deferred, Gated };
+  enum class Mode { Immediate, Deferred, Gated, GatedOneQueue };
   explicit HostStageDevice(Mode mode = Mode::Immediate);
   // Gated: lets every planned copy run, then stops the lanes.
   ~HostStageDevice() override;
   HostStageDevice(const HostStageDevice&) = delete;
   HostStageDevice& operator=(const HostStageDevice&) = delete;
-  bool gated() const override { return mode_ == Mode::Gated; }
+  bool gated() const override { return mode_ == Mode::Gated || mode_ == Mode::GatedOneQueue; }
 
   // What `c` does, run on the host.
   static void run(const Copy& c);
@@ -48,7 +52,7 @@ class HostStageDevice final : public StageDevice {
     std::deque<Copy> pending;  // released, not run (Deferred)
     uint64_t ran = 0;          // copies run, in order (ungated)
     // Gated: the thread, and the gate and progress flags.
-    std::unique_ptr<HostFlagQueue> queue;
+    std::shared_ptr<HostFlagQueue> queue;
     uint32_t flags[2] = {0, 0};
     std::unique_ptr<GatedLane> gated;
   };

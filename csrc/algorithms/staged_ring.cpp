@@ -134,44 +134,54 @@ class StagedRing final : public StagedProxy {
         deps);
   }
 
+  // One ring step, piece by piece: each piece's copy out, then its copy
+  // in. Planned in that order, a copy out that waits (through the slots
+  // and the link) for the peer's earlier copies in comes after them in
+  // every lane, so lanes that share one queue never stop behind a gate
+  // that waits for work queued later.
   void step(int sendBlock, int recvBlock, bool reduce, Wire roundTo) {
-    for (size_t k = 0; k < piecesOf(sendBlock); ++k) {
-      const size_t n = elemsOf(sendBlock, k);
-      const int s = static_cast<int>(sendTurn_++ % plan_.slots);
-      char* slot = sendSlots_ + s * plan_.slotBytes;
-      if (planning_) {
-        tickets_.push_back(d_.planToHost(slot, at(sendBlock, k), n, dt_, sendWire_));
-        continue;
-      }
-      // The piece is final here once its last write (an earlier step's
-      // receive) has landed, and the slot is free once its last send left.
-      int packed = deviceStep({ex_->join(written_[sendBlock][k], sendFree_[s]), -1});
-      read_[sendBlock][k] = packed;
-      ex_->send(c_.link(next_), slot, n * StageDevice::wireElementSize(dt_, sendWire_),
-                {packed, -1});
-      sendFree_[s] = ex_->size() - 1;
+    const size_t pieces = std::max(piecesOf(sendBlock), piecesOf(recvBlock));
+    for (size_t k = 0; k < pieces; ++k) {
+      if (k < piecesOf(sendBlock)) sendPiece(sendBlock, k);
+      if (k < piecesOf(recvBlock)) recvPiece(recvBlock, k, reduce, roundTo);
     }
-    for (size_t k = 0; k < piecesOf(recvBlock); ++k) {
-      const size_t n = elemsOf(recvBlock, k);
-      const int s = static_cast<int>(recvTurn_++ % plan_.slots);
-      char* slot = recvSlots_ + s * plan_.slotBytes;
-      if (planning_) {
-        tickets_.push_back(d_.planFromHost(
-            at(recvBlock, k), slot, n,
-            {.dt = dt_, .wire = recvWire_, .reduce = reduce, .op = op_, .roundTo = roundTo}));
-        continue;
-      }
-      ex_->recv(c_.link(prev_), slot, n * StageDevice::wireElementSize(dt_, recvWire_),
-                {recvFree_[s], -1});
-      int got = ex_->size() - 1;
-      // After the piece's last write, and after its last read: the
-      // allgather overwrites what the reduce-scatter packed (the ring's
-      // data flow orders them too; this keeps it local).
-      int landed =
-          deviceStep({ex_->join(got, ex_->join(written_[recvBlock][k], read_[recvBlock][k])), -1});
-      recvFree_[s] = landed;
-      written_[recvBlock][k] = landed;
+  }
+
+  void sendPiece(int block, size_t k) {
+    const size_t n = elemsOf(block, k);
+    const int s = static_cast<int>(sendTurn_++ % plan_.slots);
+    char* slot = sendSlots_ + s * plan_.slotBytes;
+    if (planning_) {
+      tickets_.push_back(d_.planToHost(slot, at(block, k), n, dt_, sendWire_));
+      return;
     }
+    // The piece is final here once its last write (an earlier step's
+    // receive) has landed, and the slot is free once its last send left.
+    int packed = deviceStep({ex_->join(written_[block][k], sendFree_[s]), -1});
+    read_[block][k] = packed;
+    ex_->send(c_.link(next_), slot, n * StageDevice::wireElementSize(dt_, sendWire_), {packed, -1});
+    sendFree_[s] = ex_->size() - 1;
+  }
+
+  void recvPiece(int block, size_t k, bool reduce, Wire roundTo) {
+    const size_t n = elemsOf(block, k);
+    const int s = static_cast<int>(recvTurn_++ % plan_.slots);
+    char* slot = recvSlots_ + s * plan_.slotBytes;
+    if (planning_) {
+      tickets_.push_back(d_.planFromHost(
+          at(block, k), slot, n,
+          {.dt = dt_, .wire = recvWire_, .reduce = reduce, .op = op_, .roundTo = roundTo}));
+      return;
+    }
+    ex_->recv(c_.link(prev_), slot, n * StageDevice::wireElementSize(dt_, recvWire_),
+              {recvFree_[s], -1});
+    int got = ex_->size() - 1;
+    // After the piece's last write, and after its last read: the
+    // allgather overwrites what the reduce-scatter packed (the ring's
+    // data flow orders them too; this keeps it local).
+    int landed = deviceStep({ex_->join(got, ex_->join(written_[block][k], read_[block][k])), -1});
+    recvFree_[s] = landed;
+    written_[block][k] = landed;
   }
 
   Comm c_;  // a copy: the proxy may run after the caller's Comm is gone
