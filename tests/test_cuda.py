@@ -136,6 +136,15 @@ def cuda_matrix(big: bool) -> dict:
                             dist.all_reduce_coalesced(ts, op=make_op(op, _factor(kind)))
                             for m, t in zip((n, 5), ts):
                                 assert_matches(t.cpu(), ref(m, dtype, op, kind, seed=3 + m), f"tensor of {m}")
+                        if dtype == torch.float32 and kind == "int" and op in ("SUM", "MAX"):
+                            # Several dtypes: one device allreduce each, in one op (across
+                            # nodes their staged steps run one after the other).
+                            with chk.case(f"all_reduce_coalesced float32+float64+int32 {op} n={n}"):
+                                kinds = ((torch.float32, n), (torch.float64, 7), (torch.int32, 9))
+                                ts = [rank_input(rank, m, d, 5, kind).to(dev) for d, m in kinds]
+                                dist.all_reduce_coalesced(ts, op=make_op(op, _factor(kind)))
+                                for (d, m), t in zip(kinds, ts):
+                                    assert_matches(t.cpu(), ref(m, d, op, kind, seed=5), f"{d} tensor of {m}")
 
         if dtype in (torch.float32, torch.float16, torch.int8):
             # A view at an odd offset: misaligned against the 16-byte IPC

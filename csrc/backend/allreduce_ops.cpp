@@ -132,6 +132,9 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                         for (size_t i = 0; i < ts.size(); ++i)
                           byType[ts[i].scalar_type()].push_back(i);
                         for (auto& [type, idx] : byType) {
+                          // The previous dtype's staged steps finish before
+                          // this one allocates its flat buffer.
+                          if (dev) dev->flushHostWork();
                           std::vector<at::Tensor> group;
                           std::vector<ReduceSpec> groupSpecs;
                           for (size_t i : idx) {

@@ -74,6 +74,12 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
   slots_ = slots;
   plan_ = plan;
   ctx_ = &ctx;
+  if (abandoned_) {
+    // A failed op let its copies go (gated ones still run, on whatever the
+    // slots hold): none may touch the slots or the scratch of this one.
+    for (Lane& l : lanes_) waitForStream(l.stream, ctx, "the staged copies of a failed op");
+    abandoned_ = false;
+  }
   const size_t need =
       scratch ? static_cast<size_t>(plan.slots) * (plan.slotBytes / 2 + plan.slotBytes) : 0;
   if (need > scratchBytes_) {
@@ -185,6 +191,7 @@ bool CudaStageDevice::ran(int lane, uint64_t number) {
 void CudaStageDevice::dropPlanned(int lane, uint64_t released, uint64_t planned) {
   Lane& l = lanes_[lane];
   (void)released;
+  abandoned_ = true;
   if (gatedLanes_) {
     l.gate->release(planned);  // they run on whatever the memory holds: nothing waits for ever
     return;

@@ -97,6 +97,7 @@ class CudaStageDevice final : public StageDevice {
   Lane lanes_[2];  // 0: out to host, 1: in from host
   std::unique_ptr<MappedFlagPage> flagPage_;
   bool gatedLanes_ = false;
+  bool abandoned_ = false;   // copies were let go: begin() waits for them
   char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes in
   size_t scratchBytes_ = 0;
   std::function<void()> freeCached_;

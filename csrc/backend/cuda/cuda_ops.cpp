@@ -181,6 +181,12 @@ class CudaOp : public DeviceOp {
     return true;
   }
 
+  void flushHostWork() override {
+    GpuContext::HostWork work = std::move(afterQueued_);
+    afterQueued_.clear();
+    for (auto& w : work) w();
+  }
+
   void beforeBody(const OpContext& ctx) override {
     CaptureSafeScope captureSafe;
     if (hostStaged()) queueCopyOut();
@@ -219,9 +225,7 @@ class CudaOp : public DeviceOp {
       // work (the caller's stream may wait for it now), then the host runs
       // its proxies, and the checks that read what they counted.
       markEnd(/*early=*/true);
-      GpuContext::HostWork work = std::move(afterQueued_);
-      afterQueued_.clear();
-      for (auto& w : work) w();
+      flushHostWork();
       return;
     }
     if (endQueuedEarly()) {
@@ -286,9 +290,14 @@ class CudaOp : public DeviceOp {
   GpuContext::HostWork afterQueued_;
 
   // Around a device collective: its staged proxies wait for finishBody().
+  // What an earlier one of the same body deferred runs first (see
+  // DeviceOp::flushHostWork).
   struct DeferScope {
     CudaOp& op;
-    explicit DeferScope(CudaOp& o) : op(o) { op.s_->gpu->deferInto(&op.afterQueued_); }
+    explicit DeferScope(CudaOp& o) : op(o) {
+      op.flushHostWork();
+      op.s_->gpu->deferInto(&op.afterQueued_);
+    }
     ~DeferScope() { op.s_->gpu->deferInto(nullptr); }
   };
 
