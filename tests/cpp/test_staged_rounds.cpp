@@ -5,7 +5,8 @@
 // the same data, in every device mode and for slot counts from 1 to more
 // than the rounds; a device that never finishes runs into the deadline
 // with a message naming it; an aborted group stops the wait; a proxy
-// dropped without running lets its gated copies go.
+// dropped without running lets its gated copies go. The jobs are the GPU
+// paths' (staged_collectives.h).
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/host_stage_device.h"
+#include "algorithms/staged_collectives.h"
 #include "algorithms/staged_rounds.h"
 #include "check.h"
 #include "common/error.h"
@@ -29,6 +31,17 @@ using Mode = HostStageDevice::Mode;
 
 namespace {
 
+const Tuning kTuning{};
+
+// The GPU's fallback allreduce (allreduceRounds) in `slots` slots.
+StagedRoundsJob chunkedAllreduce(const Comm& c, float* buf, size_t n, size_t chunk, int slots) {
+  StagedRoundsJob job = allreduceRounds(
+      c, {.buf = reinterpret_cast<char*>(buf), .count = n, .dt = DType::F32, .op = RedOp::Sum},
+      chunk * 4, kTuning);
+  job.slots = slots;
+  return job;
+}
+
 std::vector<float> valuesOf(int r, size_t n) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i)
@@ -36,24 +49,6 @@ std::vector<float> valuesOf(int r, size_t n) {
                static_cast<int64_t>(((i + 1) * 2654435761u ^ (r + 7) * 40503u) % 2001) - 1000) /
            64.0f;
   return v;
-}
-
-// The GPU path's fallback allreduce: chunk k out, allreduce() on the host, back.
-StagedRoundsJob chunkedAllreduce(Comm& c, float* buf, size_t n, size_t chunk, int slots) {
-  StagedRoundsJob job;
-  job.slotBytes = chunk * 4;
-  job.slots = slots;
-  for (size_t at = 0; at < n; at += chunk) {
-    const size_t len = std::min(chunk, n - at);
-    char* dev = reinterpret_cast<char*>(buf + at);
-    job.rounds.push_back(
-        {{{dev, 0, len * 4}},
-         [&c, len](char* slot) {
-           allreduce(c, {.buf = slot, .count = len, .dt = DType::F32, .op = RedOp::Sum}, Tuning{});
-         },
-         {{dev, 0, len * 4}}});
-  }
-  return job;
 }
 
 }  // namespace
@@ -69,7 +64,7 @@ TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
       for (size_t n : {size_t{1}, size_t{1000}, size_t{10007}})
         for (size_t chunk : {size_t{256}, size_t{4096}, size_t{20000}})
           for (int slots : {1, 2, 4}) {
-            const Mode mode = static_cast<Mode>(variant++ % 3);
+            const Mode mode = static_cast<Mode>(variant++ % 4);
             std::vector<float> buf = valuesOf(r, n), ref = buf;
             for (size_t at = 0; at < n; at += chunk)
               allreduce(c,
@@ -77,7 +72,7 @@ TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
                          .count = std::min(chunk, n - at),
                          .dt = DType::F32,
                          .op = RedOp::Sum},
-                        Tuning{});
+                        kTuning);
             HostStageDevice device(mode);
             StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, chunk, slots);
             std::vector<char> host(job.hostBytes());
@@ -103,51 +98,62 @@ TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
   CHECK(checked == 3 * 3 * 3 * 3);
 }
 
-TEST(staged_rounds_reduce_scatter_and_allgather_in_one_round) {
+TEST(staged_rounds_reduce_scatter_and_allgather_match_the_host) {
   MemoryFabric fabric({2, 1});
   std::string error = fabric.run([&](int r, Comm& c) {
     const int p = c.size();
-    const size_t each = 333;
-    for (Mode mode : {Mode::Immediate, Mode::Deferred, Mode::Gated}) {
-      // Reduce-scatter: every block out, the host reduce-scatter, this rank's block back.
-      std::vector<float> in = valuesOf(r, each * p), out(each), ref = in;
-      Blocks blocks = Blocks::equal(p, each * 4);
-      reduceScatter(c,
-                    {.buf = reinterpret_cast<char*>(ref.data()),
-                     .dt = DType::F32,
-                     .op = RedOp::Sum,
-                     .blocks = &blocks},
-                    Tuning{});
-      HostStageDevice device(mode);
-      StagedRoundsJob rs;
-      rs.slotBytes = each * 4 * p;
-      rs.rounds.push_back(
-          {{{reinterpret_cast<char*>(in.data()), 0, each * 4 * p}},
-           [&](char* slot) {
-             reduceScatter(c, {.buf = slot, .dt = DType::F32, .op = RedOp::Sum, .blocks = &blocks},
-                           Tuning{});
-           },
-           {{reinterpret_cast<char*>(out.data()), each * 4 * r, each * 4}}});
-      std::vector<char> host(rs.hostBytes());
-      planStagedRounds(c.ctx, device, std::move(rs), host.data())->run();
-      if (std::memcmp(out.data(), ref.data() + each * r, each * 4) != 0)
-        throw std::runtime_error("reduce-scatter differs from the host's");
-      // Allgather: this rank's block out into its place, the host allgather, all back.
-      std::vector<float> mine = valuesOf(r + 10, each), all(each * p), want;
-      for (int q = 0; q < p; ++q) {
-        std::vector<float> b = valuesOf(q + 10, each);
-        want.insert(want.end(), b.begin(), b.end());
+    int variant = 0;
+    for (size_t each : {size_t{1}, size_t{333}, size_t{5000}})
+      for (size_t roundBytes : {size_t{64}, size_t{4096}, size_t{1} << 20}) {
+        const Mode mode = static_cast<Mode>(variant++ % 4);
+        HostStageDevice device(mode);
+        // Reduce-scatter: every block out, the host reduce-scatter, this
+        // rank's block back (one round, whatever its size).
+        std::vector<float> in = valuesOf(r, each * p), out(each), ref = in;
+        Blocks blocks = Blocks::equal(p, each * 4);
+        reduceScatter(c,
+                      {.buf = reinterpret_cast<char*>(ref.data()),
+                       .dt = DType::F32,
+                       .op = RedOp::Sum,
+                       .blocks = &blocks},
+                      kTuning);
+        StagedRoundsJob rs = reduceScatterRounds(c,
+                                                 {.in = reinterpret_cast<char*>(in.data()),
+                                                  .out = reinterpret_cast<char*>(out.data()),
+                                                  .each = each,
+                                                  .dt = DType::F32,
+                                                  .op = RedOp::Sum},
+                                                 kTuning);
+        if (rs.rounds.size() != 1) throw std::runtime_error("reduce-scatter in several rounds");
+        std::vector<char> host(rs.hostBytes());
+        planStagedRounds(c.ctx, device, std::move(rs), host.data())->run();
+        if (std::memcmp(out.data(), ref.data() + each * r, each * 4) != 0)
+          throw std::runtime_error("reduce-scatter differs from the host's");
+        // Allgather, in pieces of at most roundBytes a round (many rounds
+        // for the small ones); from a block of its own and in place.
+        std::vector<float> want;
+        for (int q = 0; q < p; ++q) {
+          std::vector<float> b = valuesOf(q + 10, each);
+          want.insert(want.end(), b.begin(), b.end());
+        }
+        for (bool inPlace : {false, true}) {
+          std::vector<float> mine = valuesOf(r + 10, each), all(each * p, -1.0f);
+          if (inPlace) std::copy(mine.begin(), mine.end(), all.begin() + each * r);
+          const char* src = inPlace ? reinterpret_cast<char*>(all.data() + each * r)
+                                    : reinterpret_cast<char*>(mine.data());
+          StagedRoundsJob ag = allgatherRounds(
+              c, {.in = src, .out = reinterpret_cast<char*>(all.data()), .eachBytes = each * 4},
+              roundBytes, kTuning);
+          if (ag.slotBytes > std::max<size_t>(roundBytes, 16 * p))
+            throw std::runtime_error("allgather rounds pin more than asked");
+          std::vector<char> host2(ag.hostBytes());
+          planStagedRounds(c.ctx, device, std::move(ag), host2.data())->run();
+          if (all != want)
+            throw std::runtime_error("allgather differs (each " + std::to_string(each) +
+                                     ", round bytes " + std::to_string(roundBytes) +
+                                     (inPlace ? ", in place)" : ")"));
+        }
       }
-      StagedRoundsJob ag;
-      ag.slotBytes = each * 4 * p;
-      ag.rounds.push_back(
-          {{{reinterpret_cast<char*>(mine.data()), each * 4 * r, each * 4}},
-           [&](char* slot) { allgather(c, slot, Blocks::equal(p, each * 4), Tuning{}); },
-           {{reinterpret_cast<char*>(all.data()), 0, each * 4 * p}}});
-      std::vector<char> host2(ag.hostBytes());
-      planStagedRounds(c.ctx, device, std::move(ag), host2.data())->run();
-      if (all != want) throw std::runtime_error("allgather differs");
-    }
   });
   if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
   CHECK(error.empty());

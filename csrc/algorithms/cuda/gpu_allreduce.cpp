@@ -17,7 +17,7 @@
 #include "algorithms/collectives.h"
 #include "algorithms/slices.h"
 #include "algorithms/staged_ring.h"
-#include "algorithms/staged_rounds.h"
+#include "algorithms/staged_collectives.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/cuda/staged_schedule.h"
@@ -27,10 +27,6 @@
 namespace smdccl {
 
 namespace {
-
-// Chunks of the staged pipeline in pinned memory at once: one being copied
-// in, one on the network, one being copied out, one spare.
-constexpr size_t kStageSlots = 4;
 
 struct IpcStep {
   Comm& c;
@@ -141,15 +137,13 @@ struct StagedAllreduces {
     for (size_t n : counts) {
       if (n == 0) continue;
       if (ring(n)) s.scratch = true;
-      else
-        s.hostBytes =
-            std::max(s.hostBytes, std::min((n + chunk - 1) / chunk, kStageSlots) * chunk * es);
+      else s.hostBytes = std::max(s.hostBytes, allreduceRoundsHostBytes(n, dt, chunk * es));
     }
     return s;
   }
   // Plans the in-place allreduce of `a` (device memory) on `staged`: the
-  // staged ring, or staged rounds (chunk k out, the host allreduce, back;
-  // a few chunk-sized slots in turn, not a pinned copy of the whole tensor).
+  // staged ring, or staged rounds (allreduceRounds: a few chunk-sized slots
+  // in turn, not a pinned copy of the whole tensor).
   void plan(StagedOnGpu& staged, const CollectiveArgs& a) const {
     StageDevice& d = staged.device();
     if (a.count == 0 || c.size() == 1) {
@@ -160,21 +154,7 @@ struct StagedAllreduces {
       staged.add(planStagedRingAllreduce(c, d, a, staged.slots(), staged.plan()));
       return;
     }
-    const size_t es = elementSize(dt);
-    StagedRoundsJob job;
-    job.slotBytes = chunk * es;
-    job.slots = static_cast<int>(std::min((a.count + chunk - 1) / chunk, kStageSlots));
-    for (size_t at = 0; at < a.count; at += chunk) {
-      const size_t n = std::min(chunk, a.count - at);
-      char* dev = a.buf + at * es;
-      job.rounds.push_back({{{dev, 0, n * es}},
-                            // A copy of c: its proxy may run after c is gone.
-                            [comm = c, &tuning = t, n, dt = dt, op = a.op](char* slot) mutable {
-                              allreduce(comm, {.buf = slot, .count = n, .dt = dt, .op = op},
-                                        tuning);
-                            },
-                            {{dev, 0, n * es}}});
-    }
+    StagedRoundsJob job = allreduceRounds(c, a, chunk * elementSize(dt), t);
     staged.add(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
   }
 };

@@ -8,7 +8,7 @@
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/cuda/staged_schedule.h"
-#include "algorithms/staged_rounds.h"
+#include "algorithms/staged_collectives.h"
 #include "common/trace.h"
 
 namespace smdccl {
@@ -58,43 +58,23 @@ void stagedRingReduceScatterOnDevice(Comm& c, GpuContext& g, const BlockReductio
   staged.finish();
 }
 
-// The host collective on one pinned copy of what it needs (staged_rounds.h,
-// one round): nothing to cast, so nothing for the device but the copies.
-void stagedOneRound(Comm& c, GpuContext& g, StagedRound round, size_t hostBytes) {
-  StagedOnGpu staged(g, c.ctx, {.hostBytes = hostBytes, .scratch = false, .whole = true});
+// Staged rounds of a host collective (staged_collectives.h) on the GPU.
+void stagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
+  StagedOnGpu staged(g, c.ctx, {.hostBytes = job.hostBytes(), .scratch = false, .whole = true});
   StageDevice& d = staged.device();
-  StagedRoundsJob job;
-  job.slotBytes = hostBytes;
-  job.rounds.push_back(std::move(round));
   staged.add(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
   staged.finish();
 }
 
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
-  if (stagedRingReduceScatterFits(c, g, r, t)) {
-    stagedRingReduceScatterOnDevice(c, g, r);
-    return;
-  }
-  const size_t blockBytes = r.each * elementSize(r.dt);
-  const size_t total = blockBytes * static_cast<size_t>(c.size());
-  stagedOneRound(c, g,
-                 {{{const_cast<char*>(r.in), 0, total}},
-                  [c, &t, blockBytes, dt = r.dt, op = r.op](char* host) mutable {
-                    Blocks blocks = Blocks::equal(c.size(), blockBytes);
-                    reduceScatter(c, {.buf = host, .dt = dt, .op = op, .blocks = &blocks}, t);
-                  },
-                  {{r.out, blockBytes * static_cast<size_t>(c.rank()), blockBytes}}},
-                 total);
+  if (stagedRingReduceScatterFits(c, g, r, t)) stagedRingReduceScatterOnDevice(c, g, r);
+  else stagedRounds(c, g, reduceScatterRounds(c, r, t));
 }
 
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
-  const size_t each = b.eachBytes;
-  stagedOneRound(
-      c, g,
-      {{{const_cast<char*>(b.in), each * static_cast<size_t>(c.rank()), each}},
-       [c, &t, each](char* host) mutable { allgather(c, host, Blocks::equal(c.size(), each), t); },
-       {{b.out, 0, each * static_cast<size_t>(c.size())}}},
-      each * static_cast<size_t>(c.size()));
+  // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
+  // and copies back of successive rounds overlap.
+  stagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
 }
 
 // One node, rank r = local rank r. Per piece of `m` elements of every block:

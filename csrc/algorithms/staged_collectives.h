@@ -1,0 +1,36 @@
+#pragma once
+// The staged rounds (staged_rounds.h) of the collectives that a device
+// stages through the host algorithms: which ranges go out to a pinned slot,
+// which host collective runs on it, which ranges come back. Device-neutral:
+// the GPU paths plan them on the CUDA StageDevice, the CI tests on the host
+// stand-in. Each keeps a copy of c (its proxy may run after c is gone); `t`
+// must outlive the job.
+#include <cstddef>
+
+#include "algorithms/algorithm.h"
+#include "algorithms/comm.h"
+#include "algorithms/staged_rounds.h"
+
+namespace smdccl {
+
+// Rounds in flight, a slot each.
+constexpr int kStagedRoundSlots = 4;
+
+// In-place allreduce of a (device memory), chunk by chunk: chunk k out, the
+// host allreduce of it (the host path's bits for its size), back.
+StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t chunkBytes,
+                                const Tuning& t);
+// Its hostBytes() for `count` dt elements.
+size_t allreduceRoundsHostBytes(size_t count, DType dt, size_t chunkBytes);
+// Every block of r.in out, the host reduce-scatter, this rank's block back
+// to r.out: one round, so that the host algorithm (and its bits) is the
+// one the whole message gets.
+StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, const Tuning& t);
+// The same piece of every rank's block per round (at most `roundBytes` of
+// pinned memory per round, 16-byte pieces at least): this rank's piece
+// out into its place, the host allgather, every piece back into b.out.
+// Nothing is reduced, so the pieces change no bits.
+StagedRoundsJob allgatherRounds(const Comm& c, const BlockGather& b, size_t roundBytes,
+                                const Tuning& t);
+
+}  // namespace smdccl
