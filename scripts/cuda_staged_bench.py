@@ -19,7 +19,10 @@ progress_cpu_seconds), per call, max over ranks.
       --sizes 4M,64M --iters 10 --json out.json
 
 ``--collective reduce_scatter`` times reduce_scatter_tensor instead (the size
-is the whole input, every rank's block together).
+is the whole input, every rank's block together). ``--collective burst``
+times issue 23's "100 async 4 KB allreduces cost <= 3x one": one
+async_op=True all_reduce of each size, then --burst of them issued back to
+back before the first wait (DDP's many small buckets), each path in turn.
 """
 
 from __future__ import annotations
@@ -78,6 +81,53 @@ def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool, 
             "pcie_bytes": (bytes1 - bytes0) / iters}
 
 
+def burst_calls(group, n: int, count: int, iters: int) -> tuple[float, float]:
+    """Median seconds of one async all_reduce of n floats, and of `count` issued
+    back to back (each its own tensor) before waiting for any; both to the end
+    of the GPU work (cuda.synchronize)."""
+    xs = [torch.ones(n, device="cuda") for _ in range(count)]
+    one, many = [], []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dist.all_reduce(xs[0], group=group, async_op=True).wait()
+        torch.cuda.synchronize()
+        one.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(x, group=group, async_op=True) for x in xs]
+        for w in works:
+            w.wait()
+        torch.cuda.synchronize()
+        many.append(time.perf_counter() - t0)
+        for x in xs:
+            x.fill_(1.0)
+    return statistics.median(one), statistics.median(many)
+
+
+def burst_main(args, paths: dict, ctrl, rank: int) -> None:
+    rows = []
+    for size in [parse_size(s) for s in args.sizes.split(",")]:
+        for name, group in paths.items():
+            burst_calls(group, size // 4, args.burst, 1)  # warm-up
+            one, many = max_over_ranks(list(burst_calls(group, size // 4, args.burst, args.iters)), ctrl)
+            rows.append({"path": name, "bytes": size, "one_us": one * 1e6, "burst_us": many * 1e6,
+                         "ratio": many / one})
+    if rank == 0:
+        print(f"# cuda_staged_bench: burst of {args.burst} async all_reduce, {dist.get_world_size()} ranks, "
+              f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+              f"{ {k: v for k, v in os.environ.items() if k.startswith('SMDCCL_')} }")
+        print("# one: one call (async_op + wait + cuda.synchronize); burst: all issued, then waited; "
+              "medians, max over ranks; target burst <= 3x one")
+        print(f"{'path':>14} {'bytes':>10} {'one(us)':>10} {'burst(us)':>11} {'ratio':>7}")
+        for r in rows:
+            print(f"{r['path']:>14} {r['bytes']:>10} {r['one_us']:>10.1f} {r['burst_us']:>11.1f} "
+                  f"{r['ratio']:>7.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
+        sys.stdout.flush()
+
+
 def max_over_ranks(values: list[float], ctrl) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
@@ -90,7 +140,8 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", default=None)
-    p.add_argument("--collective", choices=("allreduce", "reduce_scatter"), default="allreduce")
+    p.add_argument("--collective", choices=("allreduce", "reduce_scatter", "burst"), default="allreduce")
+    p.add_argument("--burst", type=int, default=100, help="calls per burst (--collective burst)")
     args = p.parse_args()
 
     import smdccl  # noqa: F401 - registers the backend
@@ -101,6 +152,11 @@ def main() -> int:
     ctrl = dist.new_group(backend="gloo")
     paths = {"staged ring": smdccl_group("1"), "host staging": smdccl_group("0"),
              "gloo": dist.new_group(backend="gloo")}
+    if args.collective == "burst":
+        burst_main(args, paths, ctrl, rank)
+        dist.barrier(group=ctrl)
+        dist.destroy_process_group()
+        return 0
     rows = []
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         n = size // 4
