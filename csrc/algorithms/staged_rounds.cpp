@@ -1,5 +1,6 @@
 #include "algorithms/staged_rounds.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -29,23 +30,37 @@ class StagedRounds final : public StagedProxy {
   StagedRounds(const OpContext& ctx, StageDevice& d, StagedRoundsJob job, char* slots)
       : ctx_(ctx), d_(d), job_(std::move(job)), slots_(slots) {
     SMDCCL_CHECK_ARG(job_.slots >= 1, "staged rounds: need at least one slot");
-    out_.resize(job_.rounds.size());
-    in_.resize(job_.rounds.size());
-    for (size_t k = 0; k < job_.rounds.size(); ++k) {
-      char* slot = slotOf(k);
-      for (const StagedRange& r : job_.rounds[k].out) {
-        SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
-                         "staged rounds: a range ends past its slot");
-        if (r.bytes)
-          out_[k].push_back(
-              d_.planToHost(slot + r.slotOffset, r.dev, r.bytes, DType::U8, Wire::F32));
-      }
-      for (const StagedRange& r : job_.rounds[k].in) {
-        SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
-                         "staged rounds: a range ends past its slot");
-        if (r.bytes)
-          in_[k].push_back(d_.planFromHost(r.dev, slot + r.slotOffset, r.bytes, {DType::U8}));
-      }
+    const size_t rounds = job_.rounds.size(), turns = static_cast<size_t>(job_.slots);
+    out_.resize(rounds);
+    in_.resize(rounds);
+    // Plan order: the first `slots` rounds' copies out, then each round's
+    // copies back followed by the copies out of the round that reuses its
+    // slot. Every copy comes after what it waits for, and where both lanes
+    // share one queue a copy out still goes while an earlier round's host
+    // step runs.
+    for (size_t k = 0; k < std::min(turns, rounds); ++k) planOut(k);
+    for (size_t k = 0; k < rounds; ++k) {
+      planIn(k);
+      if (k + turns < rounds) planOut(k + turns);
+    }
+  }
+
+  void planOut(size_t k) {
+    char* slot = slotOf(k);
+    for (const StagedRange& r : job_.rounds[k].out) {
+      SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
+                       "staged rounds: a range ends past its slot");
+      if (r.bytes)
+        out_[k].push_back(d_.planToHost(slot + r.slotOffset, r.dev, r.bytes, DType::U8, Wire::F32));
+    }
+  }
+  void planIn(size_t k) {
+    char* slot = slotOf(k);
+    for (const StagedRange& r : job_.rounds[k].in) {
+      SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
+                       "staged rounds: a range ends past its slot");
+      if (r.bytes)
+        in_[k].push_back(d_.planFromHost(r.dev, slot + r.slotOffset, r.bytes, {DType::U8}));
     }
   }
 
@@ -65,6 +80,7 @@ class StagedRounds final : public StagedProxy {
             },
             "copy to host memory");
         if (job_.rounds[k].host) job_.rounds[k].host(slotOf(k));
+        hostRan_ = k + 1;
         for (StageDevice::Ticket t : in_[k]) d_.go(t);
       }
       // The slots are free for the next op once the last copies back ran.
@@ -93,10 +109,12 @@ class StagedRounds final : public StagedProxy {
       if (!d_.done(t)) return false;
     return true;
   }
-  // Lets go the copies out of every round whose slot is free.
+  // Lets go the copies out of every round whose slot is free: the round
+  // before it in that slot has run its host step and its copies back.
   void startCopiesOut() {
     const size_t slots = static_cast<size_t>(job_.slots);
-    while (nextOut_ < out_.size() && (nextOut_ < slots || allDone(in_[nextOut_ - slots]))) {
+    while (nextOut_ < out_.size() &&
+           (nextOut_ < slots || (hostRan_ > nextOut_ - slots && allDone(in_[nextOut_ - slots])))) {
       for (StageDevice::Ticket t : out_[nextOut_]) d_.go(t);
       ++nextOut_;
     }
@@ -108,6 +126,7 @@ class StagedRounds final : public StagedProxy {
   char* slots_;
   std::vector<std::vector<StageDevice::Ticket>> out_, in_;
   size_t nextOut_ = 0;
+  size_t hostRan_ = 0;  // rounds whose host step has run
   bool ran_ = false;
 };
 

@@ -230,3 +230,44 @@ TEST(staged_rounds_gated_copies_wait_for_the_proxy_and_drain_when_dropped) {
   if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
   CHECK(error.empty());
 }
+
+TEST(staged_rounds_copy_the_next_round_out_during_a_host_step) {
+  // The pipeline: while round k's host step runs, round k+1's copy out has
+  // landed already (its slot is free: four slots, so round k-3 is back).
+  // Also with both lanes on one queue, where a copy out planned behind an
+  // earlier round's copy back would wait for that round's host step.
+  MemoryFabric fabric({1});
+  std::string error = fabric.run([&](int, Comm& c) {
+    for (Mode mode : {Mode::Immediate, Mode::Gated, Mode::GatedOneQueue}) {
+      const size_t chunk = 64, rounds = 8;
+      std::vector<float> buf(chunk * rounds);
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+      StagedRoundsJob job;
+      job.slotBytes = chunk * 4;
+      job.slots = 4;
+      std::vector<char> host(job.hostBytes());
+      std::atomic<int> overlapped{0};
+      for (size_t k = 0; k < rounds; ++k) {
+        char* dev = reinterpret_cast<char*>(buf.data() + k * chunk);
+        job.rounds.push_back({{{dev, 0, chunk * 4}},
+                              [&, k](char*) {
+                                if (k + 1 == rounds) return;
+                                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                                const char* next = host.data() + ((k + 1) % 4) * chunk * 4;
+                                if (std::memcmp(next, buf.data() + (k + 1) * chunk, chunk * 4) == 0)
+                                  ++overlapped;
+                              },
+                              {{dev, 0, chunk * 4}}});
+      }
+      HostStageDevice device(mode);
+      planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+      if (overlapped.load() != static_cast<int>(rounds) - 1)
+        throw std::runtime_error(std::string("mode ") + std::to_string(static_cast<int>(mode)) +
+                                 ": the next round's copy out landed during " +
+                                 std::to_string(overlapped.load()) + " of " +
+                                 std::to_string(rounds - 1) + " host steps");
+    }
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
