@@ -134,16 +134,18 @@ class StagedRing final : public StagedProxy {
         deps);
   }
 
-  // One ring step, piece by piece: each piece's copy out, then its copy
-  // in. Planned in that order, a copy out that waits (through the slots
-  // and the link) for the peer's earlier copies in comes after them in
-  // every lane, so lanes that share one queue never stop behind a gate
-  // that waits for work queued later.
+  // One ring step, piece by piece, one copy out ahead: out 0, then out
+  // k+1 before in k. Planned in that order, a copy out that waits (through
+  // the slots and the link) for the peer's earlier copies in comes after
+  // them in every lane, so lanes that share one queue never stop behind a
+  // gate that waits for work queued later; and the next piece's copy out
+  // goes while this piece's copy in waits for the network.
   void step(int sendBlock, int recvBlock, bool reduce, Wire roundTo) {
-    const size_t pieces = std::max(piecesOf(sendBlock), piecesOf(recvBlock));
-    for (size_t k = 0; k < pieces; ++k) {
-      if (k < piecesOf(sendBlock)) sendPiece(sendBlock, k);
-      if (k < piecesOf(recvBlock)) recvPiece(recvBlock, k, reduce, roundTo);
+    const size_t sends = piecesOf(sendBlock), recvs = piecesOf(recvBlock);
+    if (sends > 0) sendPiece(sendBlock, 0);
+    for (size_t k = 0; k < std::max(sends, recvs); ++k) {
+      if (k + 1 < sends) sendPiece(sendBlock, k + 1);
+      if (k < recvs) recvPiece(recvBlock, k, reduce, roundTo);
     }
   }
 
