@@ -25,7 +25,9 @@ StagePlan stagedRingPlan(size_t chunkBytes, DType dt) {
 StagedOnGpu::StagedOnGpu(GpuContext& g, const OpContext& ctx, const Spec& spec)
     : g_(g), ctx_(ctx), spec_(spec), d_(g.stage()), whole_(spec.whole && d_.gated()) {
   // Every copy of earlier ops has run: their proxies waited for them.
-  slots_ = g.staging().reserve(std::max(spec.plan.hostBytes(), spec.hostBytes));
+  // The ring's slots only where a ring may be planned (it needs the scratch).
+  slots_ = g.staging().reserve(spec.scratch ? std::max(spec.plan.hostBytes(), spec.hostBytes)
+                                            : spec.hostBytes);
   out0_ = d_.bytesToHost();
   in0_ = d_.bytesFromHost();
   d_.begin(g.stream(), slots_, spec.plan, ctx, spec.scratch);
