@@ -167,23 +167,22 @@ int Mesh::acceptP2P(int peer) {
   return fd;
 }
 
-int Mesh::p2pSocket(int peer, bool outgoing, Deadline deadline) {
-  std::vector<int>& slot = outgoing ? p2pOut_ : p2pIn_;
+int Mesh::dialP2P(int peer, Deadline deadline) {
   {
     std::lock_guard<std::mutex> lock(p2pMu_);
-    if (slot[peer] >= 0) return slot[peer];
+    if (p2pOut_[peer] >= 0) return p2pOut_[peer];
   }
   // Each direction has its own socket, dialled by the sender, so that sends
-  // never wait for the receiver to be set up first. Only one thread asks for
-  // a given (peer, direction), so connecting needs no lock; holding one here
-  // would let two ranks' receivers block each other's senders.
-  // A peer that is gone, or whose group failed, never connects or accepts:
-  // notice that instead of waiting for the deadline.
-  int fd = connectOrAccept(peer, Channel::PointToPoint, outgoing, deadline,
-                           [this, peer, outgoing] { return connectionWaitGone(peer, !outgoing); });
+  // never wait for the receiver to be set up first. Only one thread dials a
+  // given peer, so connecting needs no lock; holding one here would let two
+  // ranks' receivers block each other's senders.
+  // A peer that is gone, or whose group failed, never accepts: notice that
+  // instead of waiting for the deadline.
+  int fd = connectOrAccept(peer, Channel::PointToPoint, /*weConnect=*/true, deadline,
+                           [this, peer] { return connectionWaitGone(peer, /*accepting=*/false); });
   tuneDataSocket(fd);
   std::lock_guard<std::mutex> lock(p2pMu_);
-  slot[peer] = fd;
+  p2pOut_[peer] = fd;
   return fd;
 }
 

@@ -64,9 +64,10 @@ class Mesh {
 
   // Collective-channel link to `peer` (not thread-safe: progress thread only).
   Link& link(int peer, Deadline deadline);
-  // A connected blocking socket for send/recv to/from `peer` (thread-safe);
-  // `outgoing` picks which of the two per-pair sockets.
-  int p2pSocket(int peer, bool outgoing, Deadline deadline);
+  // The socket this rank's send/recv messages to `peer` go out on, dialled
+  // on first use (thread-safe); messages from `peer` come in on the one it
+  // dials (acceptP2P).
+  int dialP2P(int peer, Deadline deadline);
   // Without waiting: `peer`'s send/recv connection to this rank once it has
   // dialled, else -1 (throws once the group is shut down here).
   int acceptP2P(int peer);

@@ -101,7 +101,7 @@ void P2PEngine::dial(int rank) {
     tag = peers_[rank]->dialTag;
   }
   try {
-    int fd = mesh_.p2pSocket(rank, /*outgoing=*/true, by);
+    int fd = mesh_.dialP2P(rank, by);
     std::lock_guard<std::mutex> lock(mu_);
     peers_[rank]->outFd = fd;
     peers_[rank]->dialing = false;
