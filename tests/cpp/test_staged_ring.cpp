@@ -116,6 +116,25 @@ std::vector<std::string> runStagedMatrix(const std::vector<Case>& cases,
   return failures;
 }
 
+// What a staged schedule run on a host device in `mode` moved: the bytes
+// it sent over the links, and those its device copied out and back in.
+struct Counted {
+  uint64_t sent, toHost, fromHost;
+};
+Counted runCounted(Comm& c, const StagePlan& plan, Mode mode,
+                   const std::function<void(StageDevice&, char* slots)>& schedule) {
+  HostStageDevice device(mode);
+  std::vector<char> slots(plan.hostBytes());
+  uint64_t sent = 0;
+  struct Counting {  // also when the schedule throws
+    Comm& c;
+    ~Counting() { c.ctx.sentBytes = nullptr; }
+  } counting{c};
+  c.ctx.sentBytes = &sent;
+  schedule(device, slots.data());
+  return {sent, device.bytesToHost(), device.bytesFromHost()};
+}
+
 }  // namespace
 
 TEST(staged_ring_matches_host_ring_bits) {
@@ -135,21 +154,16 @@ TEST(staged_ring_matches_host_ring_bits) {
     const size_t chunk = plan.chunkBytes ? plan.chunkBytes / es : n;
     for (size_t at = 0; at < n; at += chunk)
       ringAllreduce(c, ref.data() + at * es, std::min(chunk, n - at), dt, op);
-    HostStageDevice device(mode);
-    std::vector<char> slots(plan.hostBytes());
-    uint64_t sent = 0;
-    c.ctx.sentBytes = &sent;
-    stagedRingAllreduce(c, device, {.buf = buf.data(), .count = n, .dt = dt, .op = op},
-                        slots.data(), plan);
-    c.ctx.sentBytes = nullptr;
+    const Counted got = runCounted(c, plan, mode, [&](StageDevice& d, char* slots) {
+      stagedRingAllreduce(c, d, {.buf = buf.data(), .count = n, .dt = dt, .op = op}, slots, plan);
+    });
     if (std::memcmp(buf.data(), ref.data(), buf.size()) != 0)
       return "bits differ from the host ring";
     // Every byte on the wire was packed by the device, every byte received
     // was unpacked by it; a ring receives what it sends give or take one
     // element per block.
-    if (device.bytesToHost() != sent) return "bytes to host != bytes sent";
-    if (n >= static_cast<size_t>(c.size()) && device.bytesFromHost() == 0)
-      return "nothing came back";
+    if (got.toHost != got.sent) return "bytes to host != bytes sent";
+    if (n >= static_cast<size_t>(c.size()) && got.fromHost == 0) return "nothing came back";
     return "";
   };
   auto failures = runStagedMatrix(
@@ -177,18 +191,15 @@ TEST(staged_ring_reduce_scatter_matches_host_ring_bits) {
     fill(ref, dt, r, each * p);
     buf = ref;
     ringReduceScatter(c, ref.data(), Blocks::equal(c.size(), each * es), dt, op);
-    HostStageDevice device(mode);
-    std::vector<char> slots(plan.hostBytes());
-    uint64_t sent = 0;
-    c.ctx.sentBytes = &sent;
-    stagedRingReduceScatter(c, device, {.buf = buf.data(), .each = each, .dt = dt, .op = op},
-                            slots.data(), plan);
-    c.ctx.sentBytes = nullptr;
+    const Counted got = runCounted(c, plan, mode, [&](StageDevice& d, char* slots) {
+      stagedRingReduceScatter(c, d, {.buf = buf.data(), .each = each, .dt = dt, .op = op}, slots,
+                              plan);
+    });
     const size_t mine = static_cast<size_t>(r) * each * es;
     if (std::memcmp(buf.data() + mine, ref.data() + mine, each * es) != 0)
       return "bits of this rank's block differ from the host ring's";
-    if (device.bytesToHost() != sent) return "bytes to host != bytes sent";
-    if (each * es >= 4 && device.bytesFromHost() == 0) return "nothing came back";
+    if (got.toHost != got.sent) return "bytes to host != bytes sent";
+    if (each * es >= 4 && got.fromHost == 0) return "nothing came back";
     return "";
   };
   auto failures = runStagedMatrix(
