@@ -38,29 +38,10 @@ class StagedRounds final : public StagedProxy {
     // slot. Every copy comes after what it waits for, and where both lanes
     // share one queue a copy out still goes while an earlier round's host
     // step runs.
-    for (size_t k = 0; k < std::min(turns, rounds); ++k) planOut(k);
+    for (size_t k = 0; k < std::min(turns, rounds); ++k) plan(k, /*out=*/true);
     for (size_t k = 0; k < rounds; ++k) {
-      planIn(k);
-      if (k + turns < rounds) planOut(k + turns);
-    }
-  }
-
-  void planOut(size_t k) {
-    char* slot = slotOf(k);
-    for (const StagedRange& r : job_.rounds[k].out) {
-      SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
-                       "staged rounds: a range ends past its slot");
-      if (r.bytes)
-        out_[k].push_back(d_.planToHost(slot + r.slotOffset, r.dev, r.bytes, DType::U8, Wire::F32));
-    }
-  }
-  void planIn(size_t k) {
-    char* slot = slotOf(k);
-    for (const StagedRange& r : job_.rounds[k].in) {
-      SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
-                       "staged rounds: a range ends past its slot");
-      if (r.bytes)
-        in_[k].push_back(d_.planFromHost(r.dev, slot + r.slotOffset, r.bytes, {DType::U8}));
+      plan(k, /*out=*/false);
+      if (k + turns < rounds) plan(k + turns, /*out=*/true);
     }
   }
 
@@ -101,6 +82,18 @@ class StagedRounds final : public StagedProxy {
   }
 
  private:
+  // Plans round k's copies out (or back), each range checked against the slot.
+  void plan(size_t k, bool out) {
+    char* slot = slotOf(k);
+    for (const StagedRange& r : out ? job_.rounds[k].out : job_.rounds[k].in) {
+      SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
+                       "staged rounds: a range ends past its slot");
+      if (r.bytes == 0) continue;
+      char* at = slot + r.slotOffset;
+      if (out) out_[k].push_back(d_.planToHost(at, r.dev, r.bytes, DType::U8, Wire::F32));
+      else in_[k].push_back(d_.planFromHost(r.dev, at, r.bytes, {DType::U8}));
+    }
+  }
   char* slotOf(size_t k) const {
     return slots_ + (k % static_cast<size_t>(job_.slots)) * job_.slotBytes;
   }
