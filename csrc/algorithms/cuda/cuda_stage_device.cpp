@@ -108,17 +108,20 @@ void CudaStageDevice::followStream() {
   for (Lane& l : lanes_) SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(l.stream, opMark_, 0));
 }
 
-void CudaStageDevice::joinStream() {
-  // The in lane joins the out lane, which the op's stream then waits for.
+void CudaStageDevice::inJoinsOut() {
   SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[1].stream));
   SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, laneMark_, 0));
+}
+
+void CudaStageDevice::joinStream() {
+  // The in lane joins the out lane, which the op's stream then waits for.
+  inJoinsOut();
   SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[0].stream));
   SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, laneMark_, 0));
 }
 
 void CudaStageDevice::queueEnd() {
-  SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[1].stream));
-  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, laneMark_, 0));
+  inJoinsOut();
   SMDCCL_CUDA_CHECK(cudaMemcpyAsync(overflowsHost_, overflowsDev_, sizeof(unsigned long long),
                                     cudaMemcpyDeviceToHost, lanes_[0].stream));
   SMDCCL_CUDA_CHECK(cudaEventRecord(counted_, lanes_[0].stream));

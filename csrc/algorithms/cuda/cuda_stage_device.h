@@ -87,6 +87,8 @@ class CudaStageDevice final : public StageDevice {
     std::unique_ptr<GatedLane> gate;
   };
   uint64_t record(Lane& l);
+  // The out lane's later work waits for what the in lane has queued.
+  void inJoinsOut();
   bool eventDone(Lane& l, uint64_t seq);
   size_t slotIndex(const void* slot) const;
   char* scratch(int lane, size_t slot) const;
