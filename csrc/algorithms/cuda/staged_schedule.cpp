@@ -5,6 +5,11 @@
 namespace smdccl {
 
 namespace {
+// Adds what `d` copied since (out0, in0) to the group's PCIe counters.
+void countSince(GpuContext& g, const StageDevice& d, uint64_t out0, uint64_t in0) {
+  g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0);
+}
+
 // A piece of at most 1 MiB per slot, so a 4 MiB staging chunk still
 // pipelines inside itself; four slots per direction: one being copied in,
 // one on the network, one being copied out, one spare.
@@ -23,7 +28,7 @@ StagePlan stagedRingPlan(size_t chunkBytes, DType dt) {
 }
 
 StagedOnGpu::StagedOnGpu(GpuContext& g, const OpContext& ctx, const Spec& spec)
-    : g_(g), ctx_(ctx), spec_(spec), d_(g.stage()), whole_(spec.whole && d_.gated()) {
+    : g_(g), spec_(spec), d_(g.stage()), whole_(spec.whole && d_.gated()) {
   // Every copy of earlier ops has run: their proxies waited for them.
   // The ring's slots only where a ring may be planned (it needs the scratch).
   slots_ = g.staging().reserve(spec.scratch ? std::max(spec.plan.hostBytes(), spec.hostBytes)
@@ -38,7 +43,7 @@ StagedOnGpu::~StagedOnGpu() {
   proxies_.clear();  // each lets go of its planned copies
   d_.abandon();
   d_.fail();
-  g_.countCopies(d_.bytesToHost() - out0_, d_.bytesFromHost() - in0_);
+  countSince(g_, d_, out0_, in0_);
 }
 
 StageDevice& StagedOnGpu::device() {
@@ -59,24 +64,23 @@ void StagedOnGpu::finish() {
   finished_ = true;
   if (!whole_) {
     d_.finish();
-    g_.countCopies(d_.bytesToHost() - out0_, d_.bytesFromHost() - in0_);
+    countSince(g_, d_, out0_, in0_);
     return;
   }
   // After the op's body (GpuContext::afterQueued): the proxies run once the
   // op's end is marked behind all of its GPU work.
   auto proxies = std::make_shared<std::vector<std::unique_ptr<StagedProxy>>>(std::move(proxies_));
   g_.afterQueued([&g = g_, &d = d_, proxies, out0 = out0_, in0 = in0_] {
-    auto count = [&] { g.countCopies(d.bytesToHost() - out0, d.bytesFromHost() - in0); };
     try {
       for (auto& p : *proxies) p->run();
       d.finish();
     } catch (...) {
       proxies->clear();  // each lets go of its planned copies
       d.abandon();
-      count();
+      countSince(g, d, out0, in0);
       throw;
     }
-    count();
+    countSince(g, d, out0, in0);
   });
 }
 

@@ -60,7 +60,6 @@ class StagedOnGpu {
 
  private:
   GpuContext& g_;
-  const OpContext& ctx_;
   Spec spec_;
   CudaStageDevice& d_;
   bool whole_;
