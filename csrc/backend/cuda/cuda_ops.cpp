@@ -214,9 +214,7 @@ class CudaOp : public DeviceOp {
         s_->gpu->countCopies(0, h.nbytes());
       }
     }
-    end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
-    end_->early.store(true, std::memory_order_release);
-    end_->recorded.store(true, std::memory_order_release);
+    markEnd(/*early=*/true);
   }
 
   void finishBody(const OpContext& ctx) override {
