@@ -70,6 +70,7 @@ void StageDevice::abandon() {
     l.released = l.planned;
     l.ready.clear();
   }
+  abandoned();
 }
 
 }  // namespace smdccl

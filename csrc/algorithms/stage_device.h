@@ -89,6 +89,8 @@ class StageDevice {
   // The copies of `lane` after `released` up to `planned` will never be
   // let go (abandon()).
   virtual void dropPlanned(int lane, uint64_t released, uint64_t planned) = 0;
+  // After abandon() let every planned copy go.
+  virtual void abandoned() {}
 
  private:
   Ticket plan(const Copy& c);

@@ -63,9 +63,13 @@ CudaStageDevice::~CudaStageDevice() {
   }
   for (cudaEvent_t e : {opMark_, laneMark_, counted_})
     if (e) cudaEventDestroy(e);
-  if (scratch_) cudaFree(scratch_);
-  if (overflowsDev_) cudaFree(overflowsDev_);
-  if (overflowsHost_) cudaFreeHost(overflowsHost_);
+  window_.close();
+  DeviceWideFence::process().exclusive([&] {
+    for (char* p : outgrown_) cudaFree(p);
+    if (scratch_) cudaFree(scratch_);
+    if (overflowsDev_) cudaFree(overflowsDev_);
+    if (overflowsHost_) cudaFreeHost(overflowsHost_);
+  });
 }
 
 void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan& plan,
@@ -83,10 +87,9 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
   const size_t need =
       scratch ? static_cast<size_t>(plan.slots) * (plan.slotBytes / 2 + plan.slotBytes) : 0;
   if (need > scratchBytes_) {
-    // Only our lanes use the scratch, and every copy of earlier ops has
-    // run (their proxies waited for them) or is let go (after a failure).
-    for (Lane& l : lanes_) waitForStream(l.stream, ctx, "the staged copies of an earlier op");
-    if (scratch_) SMDCCL_CUDA_CHECK(cudaFree(scratch_));
+    // Earlier ops' copies may still use the old one: it is freed with the
+    // device (outgrown_), not here.
+    if (scratch_) outgrown_.push_back(scratch_);
     scratch_ = nullptr;
     scratchBytes_ = 0;
     int device = -1;
@@ -96,6 +99,10 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
                              "SMDCCL_CUDA_STAGED_RING=0 stages through host memory without it"));
     scratchBytes_ = need;
   }
+  // Gated copies are queued from here on: no device-wide CUDA call of this
+  // process may run until they are all let go (finish(), abandon()).
+  if (gatedLanes_) window_ = DeviceWideFence::Window(DeviceWideFence::process(), ctx.deadline,
+                                                     "a staged op's copies");
   // Both lanes count fp16 overflows (packs out, roundings in): zero the
   // count before either starts.
   SMDCCL_CUDA_CHECK(cudaMemsetAsync(overflowsDev_, 0, sizeof(unsigned long long), opStream));
@@ -129,6 +136,7 @@ void CudaStageDevice::queueEnd() {
 }
 
 void CudaStageDevice::finish() {
+  window_.close();  // the proxies let every copy go
   waitForEvent(counted_, *ctx_, "the fp16 overflow count of the staged copies");
   tlsFp16Overflows += *overflowsHost_;
 }

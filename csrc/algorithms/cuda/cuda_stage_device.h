@@ -30,6 +30,7 @@
 #include "algorithms/stage_device.h"
 #include "algorithms/staged_ring.h"
 #include "transport/cuda/stream_flags.h"
+#include "transport/device_wide_fence.h"
 
 namespace smdccl {
 
@@ -69,6 +70,7 @@ class CudaStageDevice final : public StageDevice {
   void release(int lane, uint64_t number) override;
   bool ran(int lane, uint64_t number) override;
   void dropPlanned(int lane, uint64_t released, uint64_t planned) override;
+  void abandoned() override { window_.close(); }
 
  private:
   // Ungated: events are reused in turn; one whose copy is about to be
@@ -102,6 +104,13 @@ class CudaStageDevice final : public StageDevice {
   bool abandoned_ = false;   // copies were let go: begin() waits for them
   char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes in
   size_t scratchBytes_ = 0;
+  // Outgrown scratch, freed with the device: cudaFree waits for the whole
+  // device, which on the op's thread would hold the op behind the user's
+  // queued work (a few at most: the need is bounded by the tuning).
+  std::vector<char*> outgrown_;
+  // Gated: open from begin() until every planned copy is let go
+  // (transport/device_wide_fence.h).
+  DeviceWideFence::Window window_;
   std::function<void()> freeCached_;
   unsigned long long* overflowsDev_ = nullptr;
   unsigned long long* overflowsHost_ = nullptr;  // pinned

@@ -25,6 +25,7 @@
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
+#include "transport/device_wide_fence.h"
 
 namespace smdccl {
 
@@ -189,7 +190,7 @@ class CudaOp : public DeviceOp {
 
   void beforeBody(const OpContext& ctx) override {
     CaptureSafeScope captureSafe;
-    if (hostStaged()) queueCopyOut();
+    if (hostStaged()) queueCopyOut(ctx);
     awaitInputs(ctx);
   }
 
@@ -203,11 +204,13 @@ class CudaOp : public DeviceOp {
 
   // Queues the copies back behind a gate that the body opens when it has
   // filled the pinned copies, and the op's end behind them.
-  void queueCopyOut() {
+  void queueCopyOut(const OpContext& ctx) {
     StreamGate* gate = s_->gpu->gate();
     if (!gate) return;  // the host waits for the copies back (finishBody)
     c10::cuda::CUDAStreamGuard guard(s_->stream);
     if (!copyOut_.empty()) {
+      gateWindow_ = DeviceWideFence::Window(DeviceWideFence::process(), ctx.deadline,
+                                            "a host-staged op's copies back");
       ticket_ = gate->hold(s_->gpu->gateQueue());
       for (auto& [dev, h] : copyOut_) {
         dev.copy_(h, /*non_blocking=*/true);  // also keeps h's block until done
@@ -284,6 +287,7 @@ class CudaOp : public DeviceOp {
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
   std::optional<GpuEvent> copiedIn_;                                 // behind the copies in
   uint32_t ticket_ = 0;  // the copies back's gate (0: none held)
+  DeviceWideFence::Window gateWindow_;  // while the gate is held
   // Host work after the op's GPU work is queued (GpuContext::afterQueued).
   GpuContext::HostWork afterQueued_;
 
@@ -311,6 +315,7 @@ class CudaOp : public DeviceOp {
   void openGate() noexcept {
     if (ticket_) s_->gpu->gate()->release(ticket_);
     ticket_ = 0;
+    gateWindow_.close();
   }
 };
 

@@ -5,6 +5,7 @@
 #include "common/own_thread.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
+#include "transport/device_wide_fence.h"
 
 namespace smdccl {
 
@@ -15,13 +16,14 @@ PinnedBuffer::~PinnedBuffer() {
   if (freer_.joinable()) freer_.join();
   // The group's stream is idle by now (its owner synchronized it).
   for (Retired& r : retired_) {
-    if (r.copiesDone) {
-      cudaEventSynchronize(r.copiesDone);
-      cudaEventDestroy(r.copiesDone);
-    }
-    cudaFreeHost(r.data);
+    if (!r.copiesDone) continue;
+    cudaEventSynchronize(r.copiesDone);
+    cudaEventDestroy(r.copiesDone);
   }
-  if (data_) cudaFreeHost(data_);
+  DeviceWideFence::process().exclusive([&] {
+    for (Retired& r : retired_) cudaFreeHost(r.data);
+    if (data_) cudaFreeHost(data_);
+  });
 }
 
 char* PinnedBuffer::reserve(size_t bytes) {
@@ -86,7 +88,8 @@ void PinnedBuffer::freeRetired() {
     }
     cudaEventSynchronize(r.copiesDone);
     cudaEventDestroy(r.copiesDone);
-    cudaFreeHost(r.data);
+    // Not while a group's gated copies wait for its host (see the fence).
+    DeviceWideFence::process().exclusive([&] { cudaFreeHost(r.data); });
     retiredBytes_ -= r.bytes;
   }
 }
