@@ -138,11 +138,16 @@ def cuda_matrix(big: bool) -> dict:
                                 assert_matches(t.cpu(), ref(m, dtype, op, kind, seed=3 + m), f"tensor of {m}")
                         if dtype == torch.float32 and kind == "int" and op in ("SUM", "MAX"):
                             # Several dtypes: one device allreduce each, in one op (across
-                            # nodes their staged steps run one after the other).
-                            with chk.case(f"all_reduce_coalesced float32+float64+int32 {op} n={n}"):
+                            # nodes their staged steps run one after the other). Through
+                            # the group itself: torch's all_reduce_coalesced refuses mixed
+                            # dtypes before the backend sees them.
+                            with chk.case(f"allreduce_coalesced float32+float64+int32 {op} n={n}"):
                                 kinds = ((torch.float32, n), (torch.float64, 7), (torch.int32, 9))
                                 ts = [rank_input(rank, m, d, 5, kind).to(dev) for d, m in kinds]
-                                dist.all_reduce_coalesced(ts, op=make_op(op, _factor(kind)))
+                                opts = dist.AllreduceCoalescedOptions()
+                                opts.reduceOp = make_op(op, _factor(kind))
+                                dist.distributed_c10d._get_default_group().allreduce_coalesced(
+                                    ts, opts).wait()
                                 for (d, m), t in zip(kinds, ts):
                                     assert_matches(t.cpu(), ref(m, d, op, kind, seed=5), f"{d} tensor of {m}")
 
@@ -578,8 +583,10 @@ def test_cuda_blocking_call_returns_once_queued(stream_barrier, layout):
         if stream_barrier == "1":
             # The node's barriers and the staged copies' gates are on the
             # stream: the host only queues.
+            # A host wait would take the ~1 s of sleep queued ahead; a first
+            # call's pinned and device allocations take milliseconds.
             for name, sec in got["seconds"].items():
-                assert sec < 0.010, f"rank {r}: blocking {name} held the host {sec * 1e3:.1f} ms"
+                assert sec < 0.2, f"rank {r}: blocking {name} held the host {sec * 1e3:.1f} ms"
         else:
             # Host barriers, and staged copies queued as they go, wait for
             # the stream, which holds ~1 s of sleep.
@@ -624,7 +631,10 @@ NODE_MATE_TIMEOUT = 3.0
 
 @needs_gpu
 def test_cuda_stream_barrier_names_a_node_mate_that_never_arrives():
-    res = run_ranks(2, node_mate_never_arrives, timeout=120, pg_timeout=NODE_MATE_TIMEOUT)
+    # No fusion: a fused async allreduce first agrees with its peers on the
+    # host, which would wait for rank 1 there instead of on the stream.
+    res = run_ranks(2, node_mate_never_arrives, timeout=120, pg_timeout=NODE_MATE_TIMEOUT,
+                    env={"SMDCCL_FUSION_MB": "0"})
     got = res[0]
     assert got["queued"] < 0.5, got
     assert NODE_MATE_TIMEOUT * 0.9 < got["drained"] < NODE_MATE_TIMEOUT + 5, got
@@ -718,7 +728,9 @@ def test_cuda_pinned_staging_shrinks_after_a_burst():
                     env={"SMDCCL_CUDA_IPC": "0", "SMDCCL_CUDA_PINNED_SHRINK_OPS": "8"})
     for r in res:
         assert r["ok"], res
-        assert r["burst"] >= 64 << 20, res  # the allgather staged both ranks' blocks
+        # The allgather stages in rounds of SMDCCL_CUDA_STAGE_CHUNK_KB pieces
+        # (four slots of 4 MiB): a burst well above the 8 MiB it shrinks to.
+        assert r["burst"] >= 16 << 20, res
         assert r["after"] <= 8 << 20, res
 
 
