@@ -15,7 +15,8 @@ DeviceWideFence::Window::Window(DeviceWideFence& fence, Deadline deadline,
   std::unique_lock<std::mutex> lock(fence.mu_);
   if (!fence.cv_.wait_until(lock, deadline.at(), [&] { return !fence.calling_; }))
     throw CommError(CommError::Kind::Timeout,
-                    strCat("smdccl: ", what, " waited past its deadline for a device-wide "
+                    strCat("smdccl: ", what,
+                           " waited past its deadline for a device-wide "
                            "CUDA call of this process (a freed buffer) to end: is the GPU "
                            "stuck behind other work?"));
   ++fence.windows_;

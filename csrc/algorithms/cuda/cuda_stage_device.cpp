@@ -101,8 +101,9 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
   }
   // Gated copies are queued from here on: no device-wide CUDA call of this
   // process may run until they are all let go (finish(), abandon()).
-  if (gatedLanes_) window_ = DeviceWideFence::Window(DeviceWideFence::process(), ctx.deadline,
-                                                     "a staged op's copies");
+  if (gatedLanes_)
+    window_ =
+        DeviceWideFence::Window(DeviceWideFence::process(), ctx.deadline, "a staged op's copies");
   // Both lanes count fp16 overflows (packs out, roundings in): zero the
   // count before either starts.
   SMDCCL_CUDA_CHECK(cudaMemsetAsync(overflowsDev_, 0, sizeof(unsigned long long), opStream));
