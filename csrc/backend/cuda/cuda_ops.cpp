@@ -20,6 +20,7 @@
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
 #include "backend/cuda/cuda_completion.h"
+#include "backend/cuda/internal_streams.h"
 #include "backend/device_op.h"
 #include "backend/tensor_checks.h"
 #include "transport/cuda/capture_mode.h"
@@ -30,51 +31,6 @@
 namespace smdccl {
 
 namespace {
-
-// Internal streams are never destroyed: a tensor of a collective is
-// recordStream()ed on one, and when such a tensor is freed - maybe after its
-// group was destroyed (DDP's gradients at exit) - the caching allocator
-// records an event on that stream, which on a destroyed stream aborts the
-// process. A destroyed group's stream (idle by then) goes back here and the
-// next group on that device takes it, as torch's own pool streams are reused.
-class InternalStreams {
- public:
-  // A stream of the group's own, at the device's highest priority. Not one
-  // of torch's pool streams: torch.cuda.Stream() hands those out too, and
-  // the host waits on this stream would then also wait for the user's work.
-  static cudaStream_t take(int dev) {
-    {
-      std::lock_guard<std::mutex> lock(mu());
-      auto& idle = pool()[dev];
-      if (!idle.empty()) {
-        cudaStream_t s = idle.back();
-        idle.pop_back();
-        return s;
-      }
-    }
-    c10::cuda::CUDAGuard guard(dev);
-    int least = 0, greatest = 0;
-    SMDCCL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    cudaStream_t s = nullptr;
-    SMDCCL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
-    return s;
-  }
-  static void giveBack(int dev, cudaStream_t s) {
-    std::lock_guard<std::mutex> lock(mu());
-    pool()[dev].push_back(s);
-  }
-
- private:
-  // Leaked on purpose: tensors may be freed during static destruction.
-  static std::mutex& mu() {
-    static auto* m = new std::mutex;
-    return *m;
-  }
-  static std::map<int, std::vector<cudaStream_t>>& pool() {
-    static auto* p = new std::map<int, std::vector<cudaStream_t>>;
-    return *p;
-  }
-};
 
 // Raises a ValueError when the caller's current stream is capturing a CUDA
 // graph: the collectives are driven from the host, step by step, which a
@@ -286,7 +242,7 @@ class CudaOp : public DeviceOp {
   GpuEvent ready_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
   std::optional<GpuEvent> copiedIn_;                                 // behind the copies in
-  uint32_t ticket_ = 0;  // the copies back's gate (0: none held)
+  uint32_t ticket_ = 0;                 // the copies back's gate (0: none held)
   DeviceWideFence::Window gateWindow_;  // while the gate is held
   // Host work after the op's GPU work is queued (GpuContext::afterQueued).
   GpuContext::HostWork afterQueued_;
