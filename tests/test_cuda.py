@@ -428,7 +428,8 @@ def test_cuda_collectives_one_node_ipc(world_size):
     {"SMDCCL_TOPOLOGY": "2x2"},
     {"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_CUDA_STAGE_CHUNK_KB": "64"},
     {"SMDCCL_CUDA_IPC": "0"},
-], ids=["two-level", "two-level-small-chunks", "staged"])
+    {"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_CUDA_STAGE_GATED": "1"},
+], ids=["two-level", "two-level-small-chunks", "staged", "two-level-gated"])
 def test_cuda_collectives_two_level_and_staged(env):
     _check(run_ranks(4, cuda_matrix, False, env={"SMDCCL_CUDA_IPC_MB": "1", **env}, timeout=240,
                      pg_timeout=PG_TIMEOUT))
@@ -496,8 +497,9 @@ def staged_ring_digests() -> dict:
 
 
 @needs_gpu
-@pytest.mark.parametrize("wire", ["fp16", "bf16", "none"])
-def test_cuda_staged_ring_has_the_host_paths_bits(wire):
+@pytest.mark.parametrize("wire,gated", [("fp16", "0"), ("bf16", "0"), ("none", "0"), ("fp16", "1")],
+                         ids=["fp16", "bf16", "none", "fp16-gated"])
+def test_cuda_staged_ring_has_the_host_paths_bits(wire, gated):
     """SMDCCL_CUDA_STAGED_RING=1 (the GPU packs and unpack-reduces, the proxy
     ships) and =0 (host staging, host algorithm) give the same bits on every
     rank, one rank per node and two-level alike, for allreduce and for
@@ -506,7 +508,8 @@ def test_cuda_staged_ring_has_the_host_paths_bits(wire):
         runs = []
         for staged in ("1", "0"):
             env = {"SMDCCL_TOPOLOGY": topo, "SMDCCL_CUDA_IPC": ipc, "SMDCCL_CUDA_IPC_MB": "8",
-                   "SMDCCL_CUDA_STAGED_RING": staged, "SMDCCL_COMPRESSION": wire}
+                   "SMDCCL_CUDA_STAGED_RING": staged, "SMDCCL_COMPRESSION": wire,
+                   "SMDCCL_CUDA_STAGE_GATED": gated}
             world = 2 if topo == "2x1" else 4
             runs.append(run_ranks(world, staged_ring_digests, env=env, timeout=180,
                                   pg_timeout=PG_TIMEOUT))
@@ -568,11 +571,25 @@ def blocking_call_behind_queued_work() -> dict:
             and all(bool(torch.all(p == expect).item()) for p in parts)}
 
 
+# (layout, waits on the stream): one node's barriers on the stream or on the
+# host; across nodes the staged copies queued behind gates
+# (SMDCCL_CUDA_STAGE_GATED=1) or as the proxy goes (the default).
+QUEUED_MODES = {
+    "one-node-stream": ("one-node", {"SMDCCL_CUDA_STREAM_BARRIER": "1"}, True),
+    "one-node-host": ("one-node", {"SMDCCL_CUDA_STREAM_BARRIER": "0"}, False),
+    "2x1-gated": ("2x1", {"SMDCCL_CUDA_STAGE_GATED": "1"}, True),
+    "2x1-default": ("2x1", {}, False),
+    "2x1-host": ("2x1", {"SMDCCL_CUDA_STREAM_BARRIER": "0", "SMDCCL_CUDA_STAGE_GATED": "1"}, False),
+    "2x2-gated": ("2x2", {"SMDCCL_CUDA_STAGE_GATED": "1"}, True),
+    "2x2-default": ("2x2", {}, False),
+}
+
+
 @needs_gpu
-@pytest.mark.parametrize("stream_barrier", ["1", "0"])
-@pytest.mark.parametrize("layout", ["one-node", "2x1", "2x2"])
-def test_cuda_blocking_call_returns_once_queued(stream_barrier, layout):
-    env = {"SMDCCL_CUDA_STREAM_BARRIER": stream_barrier}
+@pytest.mark.parametrize("mode", list(QUEUED_MODES))
+def test_cuda_blocking_call_returns_once_queued(mode):
+    layout, env, on_stream = QUEUED_MODES[mode]
+    env = dict(env)
     if layout != "one-node":
         env["SMDCCL_TOPOLOGY"] = layout
     res = run_ranks(4 if layout == "2x2" else 2, blocking_call_behind_queued_work, timeout=120,
@@ -580,7 +597,7 @@ def test_cuda_blocking_call_returns_once_queued(stream_barrier, layout):
     for r, got in enumerate(res):
         assert got["allreduce_ok"] and got["rs_ok"] and got["ag_ok"], f"rank {r}: {got}"
         assert got["host_staged_ok"], f"rank {r}: {got}"
-        if stream_barrier == "1":
+        if on_stream:
             # The node's barriers and the staged copies' gates are on the
             # stream: the host only queues.
             # A host wait would take the ~1 s of sleep queued ahead; a first

@@ -30,10 +30,16 @@ SMDCCL_ENV_INT(kCudaStagedRing, "SMDCCL_CUDA_STAGED_RING", 1, 0, 1,
 SMDCCL_ENV_INT(kCudaStreamBarrier, "SMDCCL_CUDA_STREAM_BARRIER", 1, 0, 1,
                "CUDA collectives: 1 queues their waits on the GPU stream (stream memory "
                "operations on flags in host memory): the node's barriers between the steps of "
-               "CUDA IPC collectives, the copies back of collectives that run on the host, and "
-               "the copies of the staged collectives across nodes, behind gates the host opens; "
-               "Work.wait() then returns once the collective is queued. 0: the host waits for "
-               "each step and copy. Same results either way.");
+               "CUDA IPC collectives and the copies back of collectives that run on the host, "
+               "behind a gate the host opens; Work.wait() then returns once the collective is "
+               "queued. 0: the host waits for each step and copy. Same results either way.");
+SMDCCL_ENV_INT(kCudaStageGated, "SMDCCL_CUDA_STAGE_GATED", 0, 0, 1,
+               "CUDA collectives across nodes (with SMDCCL_CUDA_STREAM_BARRIER=1): 1 queues "
+               "every copy of a staged collective at once, behind gates smdccl's thread opens, "
+               "so Work.wait() returns before the network runs; 0 queues each copy as the "
+               "exchange reaches it (the host waits for the copies). Off by default: on an "
+               "H100 (2026-11-27) gated staged collectives hung in some layouts; see "
+               "docs/cuda.md. Same results either way. Per process.");
 SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
                "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
                "A cap leaves the rest to the training's own kernels so that collectives overlap "
@@ -54,6 +60,7 @@ GpuTuning GpuTuning::fromEnv() {
   t.stageChunkBytes = static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
   t.stagedRing = envInt(env::kCudaStagedRing) != 0;
   t.streamBarrier = envInt(env::kCudaStreamBarrier) != 0;
+  t.stageGated = envInt(env::kCudaStageGated) != 0;
   t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
   t.pinnedShrinkOps = static_cast<int>(envInt(env::kCudaPinnedShrinkOps));
   return t;

@@ -90,7 +90,9 @@ GpuContext::~GpuContext() {
 }
 
 CudaStageDevice& GpuContext::stage() {
-  if (!stage_) stage_ = std::make_unique<CudaStageDevice>(freeCached_, tuning_.streamBarrier);
+  if (!stage_)
+    stage_ =
+        std::make_unique<CudaStageDevice>(freeCached_, tuning_.streamBarrier && tuning_.stageGated);
   return *stage_;
 }
 
