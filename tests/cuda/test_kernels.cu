@@ -623,3 +623,11 @@ TEST(cuda_wire_overflow_count_many_blocks) {
 }
 
 }  // namespace
+
+// Every kernel loads ahead of its first launch (what a GPU context does
+// before it queues any stream wait), and launches work after it.
+TEST(cuda_preload_kernels_loads_every_kernel) {
+  CHECK(smdccl::cuda::preloadKernels() == cudaSuccess);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  reduce2Type(DType::F32);
+}

@@ -7,6 +7,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/cuda/cuda_stage_device.h"
+#include "kernels/cuda/kernels.h"
 #include "kernels/cuda/sm_cap.h"
 #include "algorithms/comm.h"
 #include "common/error.h"
@@ -58,6 +59,12 @@ GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTunin
       staging_(std::make_unique<PinnedBuffer>(device, stream, tuning.pinnedShrinkOps)),
       freeCached_(std::move(freeCached)) {
   cuda::setMaxSms(tuning_.maxSms);
+  // Before any gate or node barrier is queued (see preloadKernels).
+  if (cudaError_t e = cuda::preloadKernels(); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    SMDCCL_WARN("smdccl: could not load the CUDA kernels ahead (", cudaGetErrorString(e),
+                "): a first launch behind a stream wait may stall");
+  }
 }
 
 GpuContext::~GpuContext() {

@@ -210,6 +210,18 @@ inline int kernelSms() { return usableSms(smCount(), maxSms()); }
 // Blocks for `work` units of which each thread takes `perThread` per pass:
 // enough to cover the work, at most one full wave of kernel K (every usable
 // SM holding all the blocks it can), so the grid-stride loops stay balanced.
+// Loads kernel K's code now. Under CUDA's lazy loading (torch's default) a
+// kernel is loaded at its first launch, which may wait for all of the
+// context's GPU work: behind a stream waiting for this host (a gate, a node
+// barrier) that first launch would never return.
+template <auto K>
+cudaError_t loadKernel() {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, K);
+  (void)blocksPerSm<K>();
+  return e;
+}
+
 template <auto K>
 unsigned gridFor(size_t work, size_t perThread) {
   return static_cast<unsigned>(

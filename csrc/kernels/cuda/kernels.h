@@ -72,4 +72,13 @@ struct WireReduce {
 cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, const WireReduce& how,
                                  cudaStream_t stream);
 
+// ---- loading ----
+// Loads every kernel above on the current device now (each dtype and op):
+// under CUDA's lazy loading a kernel's first launch may wait for all GPU
+// work of the context, which a stream waiting for this host never finishes.
+// A GPU context calls it before its first collective.
+cudaError_t preloadKernels();
+// The wire kernels alone (part of preloadKernels()).
+cudaError_t preloadWireKernels();
+
 }  // namespace smdccl::cuda

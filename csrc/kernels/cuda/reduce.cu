@@ -126,6 +126,7 @@ struct ReduceLaunch {
   size_t count;
   bool vec;
   cudaStream_t stream;
+  bool loadOnly = false;  // load the kernels (preloadKernels), launch nothing
 };
 
 template <DType D, RedOp OP, int K>
@@ -137,6 +138,11 @@ cudaError_t launchReduce(const ReduceLaunch& l) {
   const bool vec = l.vec;
   cudaStream_t stream = l.stream;
   constexpr int V = 16 / static_cast<int>(sizeof(typename Elem<D>::T));
+  if (l.loadOnly) {
+    cudaError_t e = loadKernel<reduceVecKernel<D, OP, K>>();
+    cudaError_t f = loadKernel<reduceScalarKernel<D, OP, K>>();
+    return e != cudaSuccess ? e : f;
+  }
   if (vec) {
     unsigned grid = gridFor<reduceVecKernel<D, OP, K>>(count / V, unrollFor<D, K>());
     reduceVecKernel<D, OP, K><<<grid, kThreads, 0, stream>>>(in, k, out, count);
@@ -281,6 +287,25 @@ cudaError_t gatherSlices(void* out, const SliceTable& slices, cudaStream_t strea
   dim3 grid(static_cast<unsigned>(need), static_cast<unsigned>(k));
   gatherKernel<<<grid, kThreads, 0, stream>>>(s, static_cast<unsigned char*>(out));
   return cudaGetLastError();
+}
+
+cudaError_t preloadKernels() {
+  cudaError_t first = cudaSuccess;
+  auto keep = [&](cudaError_t e) {
+    if (first == cudaSuccess && e != cudaSuccess && e != cudaErrorInvalidValue) first = e;
+  };
+  InPtrs none{};
+  for (DType dt : {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I8, DType::I32,
+                   DType::I64, DType::U8, DType::Bool})
+    for (RedOp op :
+         {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::BAnd, RedOp::BOr, RedOp::BXor}) {
+      // cudaErrorInvalidValue: a pair with no kernel (bitwise ops on floats).
+      keep(byType<2>(dt, op, {none, 2, nullptr, 0, false, nullptr, /*loadOnly=*/true}));
+      keep(byType<0>(dt, op, {none, 0, nullptr, 0, false, nullptr, /*loadOnly=*/true}));
+    }
+  keep(loadKernel<gatherKernel>());
+  keep(preloadWireKernels());
+  return first;
 }
 
 }  // namespace smdccl::cuda

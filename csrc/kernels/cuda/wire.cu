@@ -249,4 +249,19 @@ cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, const 
                          : unpackReduceByOp<false>(dst, src16, n, op, stream);
 }
 
+cudaError_t preloadWireKernels() {
+  for (cudaError_t e : {loadKernel<packKernel<false>>(), loadKernel<packKernel<true>>(),
+                        loadKernel<unpackKernel<false>>(), loadKernel<unpackKernel<true>>(),
+                        loadKernel<unpackReduceKernel<false, RedOp::Sum>>(),
+                        loadKernel<unpackReduceKernel<false, RedOp::Prod>>(),
+                        loadKernel<unpackReduceKernel<false, RedOp::Min>>(),
+                        loadKernel<unpackReduceKernel<false, RedOp::Max>>(),
+                        loadKernel<unpackReduceKernel<true, RedOp::Sum>>(),
+                        loadKernel<unpackReduceKernel<true, RedOp::Prod>>(),
+                        loadKernel<unpackReduceKernel<true, RedOp::Min>>(),
+                        loadKernel<unpackReduceKernel<true, RedOp::Max>>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
 }  // namespace smdccl::cuda
