@@ -9,6 +9,7 @@
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
 #include "transport/cuda/ipc_space.h"
+#include "common/calls_in_flight.h"
 
 namespace smdccl {
 
@@ -94,6 +95,7 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
     scratchBytes_ = 0;
     int device = -1;
     (void)cudaGetDevice(&device);
+    CallInFlight call("cudaMalloc of the staged ring's device scratch");
     scratch_ = static_cast<char*>(
         allocateDeviceMemory(need, device, freeCached_, "the staged ring's device scratch",
                              "SMDCCL_CUDA_STAGED_RING=0 stages through host memory without it"));
@@ -111,6 +113,7 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
 }
 
 void CudaStageDevice::followStream() {
+  CallInFlight call("ordering the staged copies after the op's stream (cudaStreamWaitEvent)");
   // A wait takes the event as recorded at the call: one event serves every mark.
   SMDCCL_CUDA_CHECK(cudaEventRecord(opMark_, opStream_));
   for (Lane& l : lanes_) SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(l.stream, opMark_, 0));
@@ -122,6 +125,7 @@ void CudaStageDevice::inJoinsOut() {
 }
 
 void CudaStageDevice::joinStream() {
+  CallInFlight call("ordering the op's stream after the staged copies (cudaStreamWaitEvent)");
   // The in lane joins the out lane, which the op's stream then waits for.
   inJoinsOut();
   SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[0].stream));
@@ -230,6 +234,7 @@ void CudaStageDevice::queueCopy(int lane, const Copy& c) {
 }
 
 void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {
+  CallInFlight call("queueing a staged copy out (packToWire, cudaMemcpyAsync)");
   const DType dt = c.how.dt;
   const Wire wire = c.how.wire;
   if (packed(dt, wire)) {
@@ -244,6 +249,7 @@ void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {
 }
 
 void CudaStageDevice::queueIn(cudaStream_t s, const Copy& c) {
+  CallInFlight call("queueing a staged copy in (cudaMemcpyAsync, unpack / reduce kernels)");
   const DType dt = c.how.dt;
   const Wire wire = c.how.wire, roundTo = c.how.roundTo;
   const bool reduce = c.how.reduce;

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
+#include "common/calls_in_flight.h"
 
 namespace smdccl {
 
@@ -60,6 +61,7 @@ GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTunin
       freeCached_(std::move(freeCached)) {
   cuda::setMaxSms(tuning_.maxSms);
   // Before any gate or node barrier is queued (see preloadKernels).
+  CallInFlight call("loading smdccl's CUDA kernels");
   if (cudaError_t e = cuda::preloadKernels(); e != cudaSuccess) {
     (void)cudaGetLastError();
     SMDCCL_WARN("smdccl: could not load the CUDA kernels ahead (", cudaGetErrorString(e),

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "backend/tensor_checks.h"
+#include "common/calls_in_flight.h"
 
 namespace smdccl {
 
@@ -33,11 +34,15 @@ void CudaCompletion::blockCurrentStream(std::chrono::milliseconds timeout) {
   const int64_t waitStartNs = steadyNowNs();
   while (!end_->recorded.load(std::memory_order_acquire)) {
     int64_t since = given ? waitStartNs : end_->startedNs.load(std::memory_order_acquire);
-    if (since > 0 && steadyNowNs() - since >= limitNs)
+    if (since > 0 && steadyNowNs() - since >= limitNs) {
+      // A CUDA call that never returned is what held it: name it.
+      std::string calls = callsInFlight();
       C10_THROW_ERROR(
           DistBackendError,
           strCat("smdccl: ", what_(), " was not queued on the GPU within ", limitNs / 1000000,
-                 given ? " ms given to wait()" : " ms of its start (the group timeout)"));
+                 given ? " ms given to wait()" : " ms of its start (the group timeout)",
+                 calls.empty() ? "" : "; smdccl's CUDA calls still running: " + calls));
+    }
     if (Clock::now() - start < std::chrono::microseconds(200)) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -27,6 +27,7 @@
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
 #include "transport/device_wide_fence.h"
+#include "common/calls_in_flight.h"
 
 namespace smdccl {
 
@@ -64,6 +65,7 @@ struct CudaState {
     // allocator, for the internal stream: transient, not held by the group.
     gpu->setScratchAllocator([dev, s = stream](size_t bytes) {
       c10::cuda::CUDAStreamGuard guard(s);
+      CallInFlight call("torch's CUDA allocator (a staged working copy)");
       auto t = std::make_shared<at::Tensor>(at::empty(
           {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(
                                              at::kCUDA, static_cast<c10::DeviceIndex>(dev))));
@@ -261,6 +263,7 @@ class CudaOp : public DeviceOp {
 
   // Records the op's end behind what its stream has queued.
   void markEnd(bool early) noexcept {
+    CallInFlight call("cudaEventRecord of the op's end");
     end_->barriers = s_->gpu->barrierFailure();
     end_->barrierUpTo = s_->gpu->barrierEpoch();
     end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());

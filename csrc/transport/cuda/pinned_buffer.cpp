@@ -6,6 +6,7 @@
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/device_wide_fence.h"
+#include "common/calls_in_flight.h"
 
 namespace smdccl {
 
@@ -34,6 +35,7 @@ char* PinnedBuffer::reserve(size_t bytes) {
   data_ = nullptr;
   capacity_ = 0;
   void* p = nullptr;
+  CallInFlight call("cudaHostAlloc of the pinned staging buffer");
   SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, want, cudaHostAllocPortable));
   data_ = static_cast<char*>(p);
   capacity_ = want;
@@ -89,7 +91,10 @@ void PinnedBuffer::freeRetired() {
     cudaEventSynchronize(r.copiesDone);
     cudaEventDestroy(r.copiesDone);
     // Not while a group's gated copies wait for its host (see the fence).
-    DeviceWideFence::process().exclusive([&] { cudaFreeHost(r.data); });
+    DeviceWideFence::process().exclusive([&] {
+      CallInFlight call("cudaFreeHost of an outgrown pinned staging buffer");
+      cudaFreeHost(r.data);
+    });
     retiredBytes_ -= r.bytes;
   }
 }

@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "transport/cuda/cuda_check.h"
+#include "common/calls_in_flight.h"
 
 namespace smdccl {
 
@@ -131,6 +132,7 @@ uint64_t CudaFlagQueue::device(const uint32_t* flag) const {
 }
 
 void CudaFlagQueue::write(uint32_t* flag, uint32_t value) {
+  CallInFlight call("cuStreamWriteValue32 (a flag write on a stream)");
   // The default flags fence the stream's earlier writes before this one
   // (as __threadfence_system() would): a peer that sees the flag sees them.
   CUresult r = memOps().write(reinterpret_cast<CUstream>(stream_), device(flag), value,
@@ -139,6 +141,7 @@ void CudaFlagQueue::write(uint32_t* flag, uint32_t value) {
 }
 
 void CudaFlagQueue::waitFor(const uint32_t* flag, uint32_t value) {
+  CallInFlight call("cuStreamWaitValue32 (a gate or barrier wait on a stream)");
   CUresult r = memOps().wait(reinterpret_cast<CUstream>(stream_), device(flag), value,
                              CU_STREAM_WAIT_VALUE_GEQ);
   if (r != CUDA_SUCCESS) throwDriverError(r, "cuStreamWaitValue32 (a node barrier's wait)");
