@@ -151,7 +151,13 @@ ShmLink::ShmLink(int peerRank, const Rings& rings)
 
 size_t ShmLink::writable(char** at) {
   uint64_t tail = out_->tail.value.load(std::memory_order_acquire);
-  size_t space = cap_ - static_cast<size_t>(sendPos_ - tail);
+  // endSend() pads without waiting for room: a message that ends with the
+  // ring full leaves sendPos_ up to kAlign - 1 bytes past tail + cap_, where
+  // cap_ - used would wrap round to a huge space over unread bytes. Wait for
+  // the reader to pass the padding.
+  const uint64_t used = sendPos_ - tail;
+  if (used >= cap_) return 0;
+  size_t space = cap_ - static_cast<size_t>(used);
   size_t off = sendPos_ % cap_;
   *at = outData_ + off;
   return std::min({space, cap_ - off, kMaxPiece});

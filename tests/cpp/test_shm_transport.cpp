@@ -1,5 +1,6 @@
 // Shared-memory links between two "ranks" that are threads of this process:
 // ring wrap-around, message alignment, receive-and-reduce, and the deadline.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -60,6 +61,51 @@ TEST(shm_ring_wraps_and_keeps_messages_aligned) {
           CHECK(false && "payload mismatch");
           break;
         }
+    }
+  });
+}
+
+// A message that ends with the ring exactly full and is padded to the
+// alignment leaves the writer's position past the reader's tail + capacity:
+// the next message must wait for the reader, not overwrite what it has not
+// read (the free space once wrapped round to ~2^64; the staged ring's
+// reduce-scatter test saw wrong I64 sums under load, 2026-11-27).
+TEST(shm_ring_padding_past_a_full_ring_waits_for_the_reader) {
+  constexpr size_t kRing = 4096;
+  std::atomic<int> phase{0};
+  auto waitFor = [&](int p) {
+    while (phase.load() < p) std::this_thread::yield();
+  };
+  withTwoRanks(kRing, [&](int rank, Link& link, Doorbell&) {
+    auto pattern = [](size_t i, int salt) { return static_cast<uint8_t>(i * 13 + salt); };
+    std::vector<uint8_t> a(24), b(kRing - 24);  // 24 + 4072 bytes: b is 8 mod 16
+    for (size_t i = 0; i < a.size(); ++i) a[i] = pattern(i, 1);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = pattern(i, 2);
+    if (rank == 0) {
+      CHECK(link.send(a.data(), a.size()) == a.size());
+      link.endSend();  // padded to 32
+      phase = 1;
+      waitFor(2);  // the reader took 8 bytes of a: its tail is 8
+      size_t sent = 0;
+      while (sent < b.size()) sent += link.send(b.data() + sent, b.size() - sent);
+      link.endSend();  // the ring is full at 4104 = 8 + 4096; padded to 4112
+      uint8_t c[16] = {};
+      CHECK(link.send(c, sizeof(c)) == 0);  // no room until the reader moves
+      phase = 3;
+    } else {
+      waitFor(1);
+      std::vector<uint8_t> got(a.size()), gotB(b.size());
+      CHECK(link.recv(got.data(), 8) == 8);
+      phase = 2;
+      waitFor(3);
+      size_t n = 8;
+      while (n < got.size()) n += link.recv(got.data() + n, got.size() - n);
+      link.endRecv();
+      n = 0;
+      while (n < gotB.size()) n += link.recv(gotB.data() + n, gotB.size() - n);
+      link.endRecv();
+      CHECK(got == a);
+      CHECK(gotB == b);
     }
   });
 }
