@@ -207,9 +207,6 @@ int blocksPerSm() {
 // The SMs smdccl's kernels may fill on the current device (sm_cap.h).
 inline int kernelSms() { return usableSms(smCount(), maxSms()); }
 
-// Blocks for `work` units of which each thread takes `perThread` per pass:
-// enough to cover the work, at most one full wave of kernel K (every usable
-// SM holding all the blocks it can), so the grid-stride loops stay balanced.
 // Loads kernel K's code now. Under CUDA's lazy loading (torch's default) a
 // kernel is loaded at its first launch, which may wait for all of the
 // context's GPU work: behind a stream waiting for this host (a gate, a node
@@ -222,6 +219,9 @@ cudaError_t loadKernel() {
   return e;
 }
 
+// Blocks for `work` units of which each thread takes `perThread` per pass:
+// enough to cover the work, at most one full wave of kernel K (every usable
+// SM holding all the blocks it can), so the grid-stride loops stay balanced.
 template <auto K>
 unsigned gridFor(size_t work, size_t perThread) {
   return static_cast<unsigned>(
