@@ -4,8 +4,9 @@
 // the process queues GPU work meanwhile. GPU work that waits behind a gate
 // this process's host opens (the staged copies, a host-staged op's copies
 // back) would then never run: the host that opens the gate is stuck behind
-// that lock (2026-11-27, H100: the staged ring hung when an outgrown pinned
-// buffer was freed while its op's copies were queued). The fence keeps the
+// that lock (an outgrown pinned buffer freed while an op's copies are
+// queued, say; not shown to be what hung the gated paths on an H100 on
+// 2026-11-27, which hung with this fence too). The fence keeps the
 // two apart: a window is held from before an op queues its first gated work
 // until all of its gates are open (any number of windows at once), and a
 // device-wide call runs only while no window is open (one at a time; windows
