@@ -1,9 +1,9 @@
-"""send/recv at 16 ranks: every pair, and threads that do not grow with the peers.
+"""send/recv threads grow neither with the peers (16 ranks) nor with the groups.
 
 Why: a thread pair per peer (what smdccl's send/recv had) is 30 threads per
-process at 16 ranks and 126 at 64; a group's event loops (one sending, one
-receiving) and its connector serve every peer with three threads, whatever
-the group's size.
+process at 16 ranks and 126 at 64; the process's event loops (one sending,
+one receiving) and its connector serve every peer of every group with three
+threads.
 
 What (16 ranks, smdccl): each rank first exchanges a message with one
 neighbour, then with all 15 peers at once (isend / irecv to and from each,
@@ -11,11 +11,17 @@ plus any-source receives). Every message arrives intact from its sender
 (both backends); with smdccl, the process's thread count after talking to
 all 15 peers equals the count after talking to one, which is at most 3 more
 than before any send/recv.
+
+What (4 ranks, four groups): the same for groups. After one group's
+send/recv the process has at most 3 more threads than before, and no more
+after three other groups' (one of them destroyed while another group's
+32 MiB message is on its way, which still arrives intact).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,7 +32,13 @@ WORLD = 16
 
 
 def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+    """The process's lasting threads: the fewest over half a second, so that
+    a dial's short-lived thread that is just ending is not counted."""
+    counts = []
+    for _ in range(10):
+        counts.append(len(os.listdir("/proc/self/task")))
+        time.sleep(0.05)
+    return min(counts)
 
 
 def _message(src: int, dst: int, n: int = 1000) -> torch.Tensor:
@@ -77,3 +89,54 @@ def test_send_recv_at_16_ranks_with_threads_that_do_not_grow_with_peers():
     for rank, r in enumerate(results):
         assert r["all_peers"] == r["one_peer"], (rank, r)
         assert r["one_peer"] - r["before"] <= 3, (rank, r)
+
+
+GROUPS = 4
+
+
+def _ring_exchange(group, tag: int, n: int = 1000):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    got = torch.zeros(n)
+    works = [
+        dist.isend(_message(rank, nxt, n), nxt, group=group, tag=tag),
+        dist.irecv(got, prv, group=group, tag=tag),
+    ]
+    return works, got, _message(prv, rank, n)
+
+
+def groups_share_threads():
+    groups = [dist.new_group(list(range(dist.get_world_size()))) for _ in range(GROUPS)]
+    for g in groups:
+        dist.barrier(group=g)  # their collective links are up: only send/recv adds threads
+    before = _threads()
+    works, got, want = _ring_exchange(groups[0], tag=1)
+    for w in works:
+        w.wait()
+    assert torch.equal(got, want), "group 0's message"
+    dist.barrier()
+    one_group = _threads()
+    # A large message on group 2 moves while group 1 goes away.
+    big_works, big_got, big_want = _ring_exchange(groups[2], tag=2, n=8 << 20)
+    works, got, want = _ring_exchange(groups[1], tag=2)
+    for w in works:
+        w.wait()
+    assert torch.equal(got, want), "group 1's message"
+    dist.destroy_process_group(groups[1])
+    works, got, want = _ring_exchange(groups[3], tag=3)
+    for w in works + big_works:
+        w.wait()
+    assert torch.equal(got, want), "group 3's message"
+    assert torch.equal(big_got, big_want), "group 2's 32 MiB message"
+    dist.barrier()
+    return {"before": before, "one_group": one_group, "all_groups": _threads()}
+
+
+def test_send_recv_threads_do_not_grow_with_groups():
+    results = run_ranks(4, groups_share_threads, timeout=300)
+    print(f"\nthreads per process (rank 0): {results[0]}")
+    if not IS_SMDCCL:
+        return  # gloo's threads are its own business; its messages were checked
+    for rank, r in enumerate(results):
+        assert r["all_groups"] == r["one_group"], (rank, r)
+        assert r["one_group"] - r["before"] <= 3, (rank, r)

@@ -1,9 +1,10 @@
-// P2PEngine's helper thread, for what may block and so must not stop the
-// loops: dialling a peer's listener for a send (its address may not be in
-// the store yet; each dial on a short-lived thread of its own), and asking
-// whether a peer that has not connected while receives from it wait is
-// gone (its process exited, its group failed, its listener refuses
-// connections), so that they fail at once rather than at their deadline.
+// P2PEngine's part of the process's connector turn (p2p_loops.h), for what
+// may block and so must not stop the loops: dialling a peer's listener for
+// a send (its address may not be in the store yet; each dial on a
+// short-lived thread of its own), and asking whether a peer that has not
+// connected while receives from it wait is gone (its process exited, its
+// group failed, its listener refuses connections), so that they fail at
+// once rather than at their deadline.
 #include <chrono>
 #include <map>
 #include <thread>
@@ -15,47 +16,40 @@
 
 namespace smdccl {
 
-void P2PEngine::connector() {
-  markOwnThread();
-  std::map<int, std::thread> dialers;  // by peer: its dial in progress
+void P2PEngine::connectorTurn(Later& later) {
+  std::vector<std::thread> ended;
   std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    std::vector<int> ended;
-    ended.swap(dialed_);
-    lock.unlock();
-    for (int r : ended) {
-      dialers[r].join();
-      dialers.erase(r);
+  for (int r : dialed_) {
+    ended.push_back(std::move(dialers_[r]));
+    dialers_.erase(r);
+  }
+  dialed_.clear();
+  lock.unlock();
+  for (std::thread& t : ended) t.join();  // each has just said it ended
+  lock.lock();
+  if (stop_) return;
+  // Each dial on a short-lived thread of its own: a peer that hangs in
+  // the handshake (stopped, swapping) holds up no other peer's sends.
+  std::deque<int> busy;  // peers whose last dial's thread is not joined yet
+  for (; !dials_.empty(); dials_.pop_front()) {
+    int r = dials_.front();
+    if (dialers_.count(r)) {
+      busy.push_back(r);
+      continue;
     }
-    lock.lock();
-    if (stop_ && dialers.empty()) return;
-    // Each dial on a short-lived thread of its own: a peer that hangs in
-    // the handshake (stopped, swapping) holds up no other peer's sends.
-    std::deque<int> later;  // peers whose last dial's thread is not joined yet
-    for (; !dials_.empty() && !stop_; dials_.pop_front()) {
-      int r = dials_.front();
-      if (dialers.count(r)) {
-        later.push_back(r);
-        continue;
-      }
-      dialers[r] = std::thread([this, r] {
-        markOwnThread();
-        dial(r);
-        std::lock_guard<std::mutex> relock(mu_);
-        dialed_.push_back(r);
-        dialCv_.notify_all();
-      });
-    }
-    dials_.insert(dials_.end(), later.begin(), later.end());
-    if (!stop_) probeSilentPeers(lock);
-    const size_t queued = dials_.size();
-    dialCv_.wait_for(lock, std::chrono::milliseconds(100), [&] {
-      return !dialed_.empty() || dials_.size() > queued || (stop_ && dialers.empty());
+    dialers_[r] = std::thread([this, r] {
+      markOwnThread();
+      dial(r);
+      std::lock_guard<std::mutex> relock(mu_);
+      dialed_.push_back(r);
+      loops_.wakeConnector();
     });
   }
+  dials_.insert(dials_.end(), busy.begin(), busy.end());
+  probeSilentPeers(lock, later);
 }
 
-void P2PEngine::probeSilentPeers(std::unique_lock<std::mutex>& lock) {
+void P2PEngine::probeSilentPeers(std::unique_lock<std::mutex>& lock, Later& later) {
   std::vector<int> silent;
   for (int r = 0; r < mesh_.size(); ++r) {
     const Peer& p = *peers_[r];
@@ -67,7 +61,6 @@ void P2PEngine::probeSilentPeers(std::unique_lock<std::mutex>& lock) {
   for (int r : silent) {
     std::string why = mesh_.p2pSenderGone(r);  // may ask the store or dial a probe
     if (why.empty()) continue;
-    Later later;
     {
       std::lock_guard<std::mutex> relock(mu_);
       Peer& p = *peers_[r];
@@ -87,7 +80,6 @@ void P2PEngine::probeSilentPeers(std::unique_lock<std::mutex>& lock) {
       }
       failPeer(r, recvFailure(r, why), later);  // wakes the loops
     }
-    runLater(later);
   }
   lock.lock();
 }

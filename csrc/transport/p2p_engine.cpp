@@ -3,9 +3,6 @@
 // and failing a peer. The loop that moves the bytes: p2p_loop.cpp.
 #include "transport/p2p_engine.h"
 
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -28,12 +25,9 @@ P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
       timeout_(std::move(timeout)),
       // Off unless a sane positive number of seconds (NaN, inf, 1e10 would
       // overflow the clock arithmetic below).
-      warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0) {
+      warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0),
+      loops_(P2PLoops::instance()) {
   for (int r = 0; r < mesh_.size(); ++r) peers_.push_back(std::make_unique<Peer>(r));
-  for (int* fd : {&wakeOut_, &wakeIn_}) {
-    *fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (*fd < 0) throwSystemError("eventfd", errno);
-  }
 }
 
 P2PEngine::~P2PEngine() {
@@ -42,10 +36,13 @@ P2PEngine::~P2PEngine() {
     stop_ = true;
   }
   mesh_.cancelWaits();  // a dial in progress gives up
-  dialCv_.notify_all();
-  wakeBoth();
-  for (std::thread* t : {&sender_, &receiver_, &connector_})
-    if (t->joinable()) t->join();
+  loops_.detach(this);
+  std::map<int, std::thread> dialers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dialers.swap(dialers_);
+  }
+  for (auto& [rank, t] : dialers) t.join();
   // What is left must not wait for ever (a wait() without a timeout on a
   // work of a destroyed group).
   auto gone = std::make_exception_ptr(CommError(
@@ -63,26 +60,12 @@ P2PEngine::~P2PEngine() {
     anyRecvs_.clear();
   }
   runLater(later);
-  close(wakeOut_);
-  close(wakeIn_);
 }
 
-void P2PEngine::startThreads() {
-  if (sender_.joinable() || stop_) return;
-  sender_ = std::thread([this] { loop(Direction::Out); });
-  receiver_ = std::thread([this] { loop(Direction::In); });
-  connector_ = std::thread([this] { connector(); });
-}
-
-int P2PEngine::threads() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return int(sender_.joinable()) + int(receiver_.joinable()) + int(connector_.joinable());
-}
-
-void P2PEngine::wake(Direction d) {
-  uint64_t one = 1;
-  ssize_t n = write(d == Direction::Out ? wakeOut_ : wakeIn_, &one, sizeof one);
-  (void)n;  // EAGAIN: the counter is full, so the loop wakes anyway
+void P2PEngine::attachLoops() {
+  if (attached_ || stop_) return;
+  attached_ = true;
+  loops_.attach(this);
 }
 
 void P2PEngine::wakeBoth() {
@@ -117,7 +100,7 @@ void P2PEngine::send(int rank, Outgoing m) {
   }
   p.sends.push_back(
       {m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), std::move(m.ready), m.flags});
-  startThreads();
+  attachLoops();
   lock.unlock();
   wake(Direction::Out);
 }
@@ -138,7 +121,7 @@ void P2PEngine::recv(int rank, Incoming m) {
   if (early != p.early.end()) {
     Arrived msg = takeEarly(p, early);
     lock.unlock();
-    completeFromBuffer(rank, req, msg);
+    completeFromBuffer(group_, rank, req, msg);
     return;
   }
   p.recvs.push_back(std::move(req));
@@ -147,7 +130,7 @@ void P2PEngine::recv(int rank, Incoming m) {
   // 100 ms turn.
   bool first = !p.reading;
   p.reading = true;
-  startThreads();
+  attachLoops();
   lock.unlock();
   if (first) wake(Direction::In);
 }
@@ -176,7 +159,7 @@ void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
   if (from >= 0) {
     Arrived msg = takeEarly(*peers_[from], queue);
     lock.unlock();
-    completeFromBuffer(from, req, msg);
+    completeFromBuffer(group_, from, req, msg);
     return;
   }
   anyRecvs_.push_back(std::move(req));
@@ -185,7 +168,7 @@ void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
     if (r == mesh_.rank() || peers_[r]->reading) continue;
     peers_[r]->reading = first = true;
   }
-  startThreads();
+  attachLoops();
   lock.unlock();
   if (first) wake(Direction::In);
 }
@@ -223,23 +206,24 @@ void P2PEngine::finishLater(Later& later, RecvReq req, int rank, std::exception_
   later.push_back([r = std::move(req), rank, err]() mutable { finish(r, rank, err); });
 }
 
-void P2PEngine::completeFromBuffer(int rank, RecvReq& req, const Arrived& msg) const {
+void P2PEngine::completeFromBuffer(const std::string& group, int rank, RecvReq& req,
+                                   const Arrived& msg) {
   if (P2PHeader::carriesReport(msg.flags)) {
-    failFromSender(rank, req, msg.flags, msg.payload);
+    failFromSender(group, rank, req, msg.flags, msg.payload);
     return;
   }
   if (msg.payload.size() != req.bytes) {
-    finish(req, rank, std::make_exception_ptr(sizeMismatch(rank, req, msg.payload.size())));
+    finish(req, rank, std::make_exception_ptr(sizeMismatch(group, rank, req, msg.payload.size())));
     return;
   }
   if (req.bytes) std::memcpy(req.buf, msg.payload.data(), req.bytes);
   finish(req, rank, nullptr);
 }
 
-void P2PEngine::failFromSender(int rank, RecvReq& req, uint32_t flags,
-                               const std::vector<char>& report) const {
+void P2PEngine::failFromSender(const std::string& group, int rank, RecvReq& req, uint32_t flags,
+                               const std::vector<char>& report) {
   std::string head =
-      strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '", group_, "': ");
+      strCat("smdccl: recv from rank ", rank, " (tag ", req.tag, ") on group '", group, "': ");
   std::string why(report.begin(), report.end());
   if (flags & P2PHeader::kNonFinite)
     finish(req, rank,
@@ -254,9 +238,10 @@ void P2PEngine::failFromSender(int rank, RecvReq& req, uint32_t flags,
                                 ". This tensor was left as it was"))));
 }
 
-InvalidArgument P2PEngine::sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const {
+InvalidArgument P2PEngine::sizeMismatch(const std::string& group, int rank, const RecvReq& req,
+                                        uint64_t sent) {
   return InvalidArgument(strCat("smdccl: recv from rank ", rank, " with tag ", req.tag,
-                                " on group '", group_, "' expected ", req.bytes,
+                                " on group '", group, "' expected ", req.bytes,
                                 " bytes but the matching send carried ", sent));
 }
 

@@ -1,16 +1,16 @@
 #pragma once
-// User-level send/recv with tags (wire format: p2p_frame.h). Two event loop
-// threads per group move every peer's messages over non-blocking sockets,
-// one sending and one receiving (p2p_loop.cpp), and one helper thread makes
-// the connections and asks whether a silent peer is gone
-// (p2p_connector.cpp): the threads do not grow with the number of peers. Each (peer, direction) has
+// User-level send/recv with tags (wire format: p2p_frame.h). The process's
+// two event loops move every group's messages over non-blocking sockets, one
+// sending and one receiving, and its connector makes the connections and asks
+// whether a silent peer is gone (p2p_loops.h): an engine has no threads of
+// its own, so they grow neither with the peers nor with the groups. Each (peer, direction) has
 // its own socket, dialled by the sender, so a send never waits behind a collective or behind a
 // receive (two ranks may both send first). A message is a header {tag, bytes} and the payload;
 // receives match the oldest pending receive of the same tag (from that peer, or from any source),
-// and messages that arrive before their receive is posted are buffered. Deadlines and
+// and messages that arrive before their receive is posted are buffered. The engine's part of a
+// loop's turn: p2p_loop.cpp; of the connector's: p2p_connector.cpp; deadlines and
 // SMDCCL_WARN_AFTER's warnings: p2p_watch.cpp.
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -22,11 +22,10 @@
 #include <thread>
 #include <vector>
 
-#include <poll.h>
-
 #include "common/deadline.h"
 #include "common/error.h"
 #include "transport/p2p_frame.h"
+#include "transport/p2p_loops.h"
 #include "transport/p2p_reader.h"
 
 namespace smdccl {
@@ -82,11 +81,9 @@ class P2PEngine {
   // ProcessGroup.abort(): every pending and later send and receive fails
   // with `why`, those in flight included.
   void abort(std::exception_ptr why);
-  // Threads this engine runs (0 before the first send or receive): tests
-  // check that they do not grow with the peers.
-  int threads() const;
 
  private:
+  friend class P2PLoops;  // runs the turns below
   using Clock = std::chrono::steady_clock;
   struct SendReq {
     const void* buf = nullptr;
@@ -155,22 +152,26 @@ class P2PEngine {
     Inbound in;
   };
   // What completes after mu_ is released (completions may call back in).
-  using Later = std::vector<std::function<void()>>;
+  // Completions never call into the engine (they name the group by a copy
+  // of its name): a loop runs them after its turn, when the engine may be gone.
+  using Later = P2PLater;
   static void runLater(Later& later);
 
   // p2p_engine.cpp: posting, matching, failing.
-  void startThreads();  // mu_ held
-  enum class Direction { Out, In };
-  void wake(Direction d);
+  void attachLoops();  // mu_ held: the process's loops serve this engine
+  using Direction = P2PDirection;
+  void wake(Direction d) { loops_.wake(d); }
   void wakeBoth();
   bool takeMatch(Peer& p, int64_t tag, RecvReq* out);  // mu_ held
   static Arrived takeEarly(Peer& p, EarlyMap::iterator it);
-  void completeFromBuffer(int rank, RecvReq& req, const Arrived& msg) const;
+  static void completeFromBuffer(const std::string& group, int rank, RecvReq& req,
+                                 const Arrived& msg);
   static void finish(RecvReq& req, int rank, std::exception_ptr err);
   static void finishLater(Later& later, RecvReq req, int rank, std::exception_ptr err);
-  void failFromSender(int rank, RecvReq& req, uint32_t flags,
-                      const std::vector<char>& report) const;
-  InvalidArgument sizeMismatch(int rank, const RecvReq& req, uint64_t sent) const;
+  static void failFromSender(const std::string& group, int rank, RecvReq& req, uint32_t flags,
+                             const std::vector<char>& report);
+  static InvalidArgument sizeMismatch(const std::string& group, int rank, const RecvReq& req,
+                                      uint64_t sent);
   // Fails everything queued for `rank` (and, once every peer has failed,
   // the any-source receives) with `e`, or the peer's first failure (mu_
   // held; the completions go to `later`).
@@ -180,17 +181,21 @@ class P2PEngine {
   void failSending(int rank, int64_t tag, const std::string& why, Later& later);
   std::exception_ptr recvFailure(int rank, const std::string& why) const;
 
-  // p2p_loop.cpp: the event loops, one per direction (sends are written
-  // while messages are read, as two peers' sockets need).
-  void loop(Direction d);
-  void turn(Direction d);
+  // p2p_loop.cpp: this engine's part of a loop's turn (P2PLoops runs one
+  // loop per direction: sends are written while messages are read, as two
+  // peers' sockets need). Before poll(): the bookkeeping, the sockets to
+  // poll, and how long poll() may wait; after it: one ready socket's peer.
+  int prepareTurn(Direction d, P2PPollSet& set, Later& later, std::vector<std::string>& warnings);
+  void serve(Direction d, int rank, Later& later);
+  // The loop could not go on (poll() or an allocation failed): every peer
+  // fails with `what`.
+  void failAll(const std::string& what, Later& later);
   // The sending loop's bookkeeping (mu_ held): deadlines, warnings, the
   // next send of each peer; then which sockets to poll, and dials to ask for.
   void startSends(Later& later, std::vector<std::string>& warnings);
-  void pollSends(std::vector<pollfd>& fds, std::vector<int>& owner);
+  void pollSends(P2PPollSet& set);
   // The receiving loop's (mu_ held): connections, deadlines, warnings, what to poll.
-  void prepareIn(Later& later, std::vector<std::string>& warnings, std::vector<pollfd>& fds,
-                 std::vector<int>& owner);
+  void prepareIn(Later& later, std::vector<std::string>& warnings, P2PPollSet& set);
   // One peer's turn after poll(): start, move and end its transfers.
   void serveOut(int rank, Peer& p, Later& later);
   bool startSend(Peer& p);  // mu_ held
@@ -210,12 +215,13 @@ class P2PEngine {
   // Takes the connections of peers whose messages are wanted (mu_ held).
   void acceptArrivals(Later& later);
 
-  // p2p_connector.cpp: the helper thread for what may block.
-  void connector();
+  // p2p_connector.cpp: this engine's part of the connector's turn, for what
+  // may block: joins ended dials, starts the dials asked for, probes.
+  void connectorTurn(Later& later);
   void dial(int rank);
   // Fails the peers that receives wait for, that have not connected and
   // are gone (mu_ held by `lock`, released meanwhile).
-  void probeSilentPeers(std::unique_lock<std::mutex>& lock);
+  void probeSilentPeers(std::unique_lock<std::mutex>& lock, Later& later);
 
   // p2p_watch.cpp: deadlines and warnings (mu_ held).
   // Fails the receives whose deadline has passed, and a message that
@@ -237,19 +243,18 @@ class P2PEngine {
   std::string group_;
   std::function<std::chrono::milliseconds()> timeout_;
   double warnAfterS_;
+  P2PLoops& loops_;
   mutable std::mutex mu_;
-  std::condition_variable dialCv_;  // the connector: a dial is asked for
-  std::deque<int> dials_;           // peers to connect to, under mu_
-  std::vector<int> dialed_;         // peers whose dial thread has ended, under mu_
+  bool attached_ = false;               // the loops serve this engine
+  std::deque<int> dials_;               // peers to connect to, under mu_
+  std::map<int, std::thread> dialers_;  // by peer: its dial in progress, under mu_
+  std::vector<int> dialed_;             // peers whose dial thread has ended, under mu_
   std::vector<std::unique_ptr<Peer>> peers_;
   std::deque<RecvReq> anyRecvs_;
   std::exception_ptr anyFailed_;  // every peer failed (or abort()): any-source receives fail
   std::exception_ptr aborted_;
   int failedPeers_ = 0;
   uint64_t nextPost_ = 1, nextArrival_ = 1;
-  // eventfds: a loop's poll() returns when its is written
-  int wakeOut_ = -1, wakeIn_ = -1;
-  std::thread sender_, receiver_, connector_;
   std::atomic<bool> stop_{false};
 };
 

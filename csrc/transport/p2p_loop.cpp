@@ -1,19 +1,17 @@
-// P2PEngine's event loops: one thread polls every peer's sending sockets,
-// another every receiving one, and each moves what a socket can take
-// without blocking. The state of a message in flight (Outbound, Inbound)
-// is its loop's alone; the queues they take from and the matching are
-// under mu_, the socket I/O is not.
+// P2PEngine's part of the process's event loops (p2p_loops.h): one thread
+// polls every peer's sending sockets, another every receiving one, and each
+// moves what a socket can take without blocking. The state of a message in
+// flight (Outbound, Inbound) is its loop's alone; the queues they take from
+// and the matching are under mu_, the socket I/O is not.
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "common/log.h"
-#include "common/own_thread.h"
 #include "transport/mesh.h"
 #include "transport/p2p_engine.h"
 
@@ -23,42 +21,19 @@ namespace {
 // One peer's turn ends after this many bytes, so that a large message does
 // not hold the others up.
 constexpr uint64_t kTurnBytes = uint64_t(16) << 20;
-
-void drain(int fd) {
-  uint64_t n;
-  while (read(fd, &n, sizeof n) > 0) {}
-}
 }  // namespace
 
-void P2PEngine::loop(Direction d) {
-  markOwnThread();
-  while (!stop_) {
-    try {
-      turn(d);
-    } catch (const std::exception& e) {
-      // poll() or an allocation failed: nothing this loop serves can go on.
-      SMDCCL_WARN("send/recv on group '", group_, "' failed: ", e.what());
-      Later later;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto why = std::make_exception_ptr(
-            CommError(CommError::Kind::System,
-                      strCat("smdccl: send/recv on group '", group_, "' failed: ", e.what())));
-        for (int r = 0; r < mesh_.size(); ++r)
-          if (r != mesh_.rank()) failPeer(r, why, later);
-      }
-      runLater(later);
-    }
-  }
+void P2PEngine::failAll(const std::string& what, Later& later) {
+  SMDCCL_WARN("send/recv on group '", group_, "' failed: ", what);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto why = std::make_exception_ptr(CommError(
+      CommError::Kind::System, strCat("smdccl: send/recv on group '", group_, "' failed: ", what)));
+  for (int r = 0; r < mesh_.size(); ++r)
+    if (r != mesh_.rank()) failPeer(r, why, later);
 }
 
-void P2PEngine::turn(Direction d) {
-  const int wakeFd = d == Direction::Out ? wakeOut_ : wakeIn_;
-  std::vector<pollfd> fds{{wakeFd, POLLIN, 0}};
-  std::vector<int> owner{-1};  // the rank of each socket entry
-  Later later;
-  std::vector<std::string> warnings;
-  int timeoutMs;
+int P2PEngine::prepareTurn(Direction d, P2PPollSet& set, Later& later,
+                           std::vector<std::string>& warnings) {
   if (d == Direction::Out) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -70,29 +45,20 @@ void P2PEngine::turn(Direction d) {
       if (r != mesh_.rank() && peers_[r]->out.active && !peers_[r]->out.ready)
         pollReady(*peers_[r]);
   }
-  {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (d == Direction::Out) pollSends(set);
+  else prepareIn(later, warnings, set);
+  return pollTimeoutMs(d);
+}
+
+void P2PEngine::serve(Direction d, int rank, Later& later) {
+  Peer& p = *peers_[rank];
+  if (d == Direction::Out) {
+    serveOut(rank, p, later);
+  } else if (!readSome(rank, p, later)) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (d == Direction::Out) pollSends(fds, owner);
-    else prepareIn(later, warnings, fds, owner);
-    timeoutMs = pollTimeoutMs(d);
+    endIn(rank, p, later);
   }
-  for (const std::string& line : warnings) SMDCCL_WARN(line);
-  runLater(later);
-  int n = poll(fds.data(), fds.size(), timeoutMs);
-  if (n < 0 && errno != EINTR) throwSystemError("poll", errno);
-  if (n <= 0) return;
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (!fds[i].revents) continue;
-    if (owner[i] < 0) {
-      drain(fds[i].fd);  // the wake-up, or the listener's arrivals
-    } else if (d == Direction::Out) {
-      serveOut(owner[i], *peers_[owner[i]], later);
-    } else if (!readSome(owner[i], *peers_[owner[i]], later)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      endIn(owner[i], *peers_[owner[i]], later);
-    }
-  }
-  runLater(later);
 }
 
 void P2PEngine::startSends(Later& later, std::vector<std::string>& warnings) {
@@ -106,7 +72,7 @@ void P2PEngine::startSends(Later& later, std::vector<std::string>& warnings) {
   }
 }
 
-void P2PEngine::pollSends(std::vector<pollfd>& fds, std::vector<int>& owner) {
+void P2PEngine::pollSends(P2PPollSet& set) {
   for (int r = 0; r < mesh_.size(); ++r) {
     if (r == mesh_.rank()) continue;
     Peer& p = *peers_[r];
@@ -116,25 +82,20 @@ void P2PEngine::pollSends(std::vector<pollfd>& fds, std::vector<int>& owner) {
         p.out.connected = true;
         p.out.lastMoved = Clock::now();  // "has sent nothing for" counts from here
       }
-      fds.push_back({p.outFd, POLLOUT, 0});
-      owner.push_back(r);
+      set.add(p.outFd, POLLOUT, this, r);
     } else if (!p.dialing) {
       p.dialing = true;
       p.dialBy = p.out.req.deadline;
       p.dialTag = p.out.req.tag;
       dials_.push_back(r);
-      dialCv_.notify_one();
+      loops_.wakeConnector();
     }
   }
 }
 
-void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings,
-                          std::vector<pollfd>& fds, std::vector<int>& owner) {
+void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings, P2PPollSet& set) {
   int arrivals = mesh_.p2pArrivalFd();
-  if (arrivals >= 0) {
-    fds.push_back({arrivals, POLLIN, 0});
-    owner.push_back(-1);
-  }
+  if (arrivals >= 0) set.add(arrivals, POLLIN);
   acceptArrivals(later);
   expireRecvs(later);
   warnRecvs(warnings);
@@ -144,8 +105,7 @@ void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings,
     if (p.failed) {
       endIn(r, p, later);
     } else if (p.reading && p.inFd >= 0) {
-      fds.push_back({p.inFd, POLLIN, 0});
-      owner.push_back(r);
+      set.add(p.inFd, POLLIN, this, r);
     }
   }
 }
@@ -296,20 +256,20 @@ void P2PEngine::messageRead(int rank, Peer& p, Later& later) {
   std::lock_guard<std::mutex> lock(mu_);
   if (in.matched && report) {
     later.push_back(
-        [this, rank, flags = h.flags, r = std::move(in.target),
-         text = in.reader.takeBuffer()]() mutable { failFromSender(rank, r, flags, text); });
+        [group = group_, rank, flags = h.flags, r = std::move(in.target),
+         text = in.reader.takeBuffer()]() mutable { failFromSender(group, rank, r, flags, text); });
   } else if (in.matched && in.target.bytes == h.bytes) {
     finishLater(later, std::move(in.target), rank, nullptr);
   } else if (in.matched) {
-    auto e = std::make_exception_ptr(sizeMismatch(rank, in.target, h.bytes));
+    auto e = std::make_exception_ptr(sizeMismatch(group_, rank, in.target, h.bytes));
     finishLater(later, std::move(in.target), rank, e);
   } else {
     Arrived msg{in.reader.takeBuffer(), h.flags, 0};
     // A receive may have been posted while the payload was arriving.
     RecvReq late;
     if (takeMatch(p, h.tag, &late)) {
-      later.push_back([this, rank, r = std::move(late), m = std::move(msg)]() mutable {
-        completeFromBuffer(rank, r, m);
+      later.push_back([group = group_, rank, r = std::move(late), m = std::move(msg)]() mutable {
+        completeFromBuffer(group, rank, r, m);
       });
     } else {
       msg.arrived = nextArrival_++;

@@ -1,0 +1,189 @@
+// P2PLoops: the process's send/recv threads, and the turns that let an
+// engine go away while they run (detach waits only for a turn that may
+// still call into it; completions run after the turn, so a completion that
+// destroys a group never waits for its own thread).
+#include "transport/p2p_loops.h"
+
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/own_thread.h"
+#include "transport/p2p_engine.h"
+
+namespace smdccl {
+
+namespace {
+// Never freed: the loops run until the process ends.
+std::atomic<P2PLoops*> current{nullptr};
+
+void drain(int fd) {
+  uint64_t n;
+  while (read(fd, &n, sizeof n) > 0) {}
+}
+}  // namespace
+
+P2PLoops& P2PLoops::instance() {
+  // A forked child has none of its parent's threads: it starts its own.
+  static const int atfork = pthread_atfork(nullptr, nullptr, [] { current.store(nullptr); });
+  (void)atfork;
+  P2PLoops* loops = current.load();
+  if (loops) return *loops;
+  auto* made = new P2PLoops();
+  if (current.compare_exchange_strong(loops, made)) return *made;
+  delete made;  // another thread made it first (no thread started yet)
+  return *loops;
+}
+
+P2PLoops::P2PLoops() {
+  for (int& fd : wakeFd_) {
+    fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) throwSystemError("eventfd", errno);
+  }
+}
+
+void P2PLoops::attach(P2PEngine* e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(engines_.begin(), engines_.end(), e) == engines_.end()) engines_.push_back(e);
+  start();
+}
+
+void P2PLoops::start() {
+  if (started_) return;
+  started_ = true;
+  // Detached: they outlive every engine, and the process may exit while
+  // they wait in poll().
+  std::thread([this] { loop(P2PDirection::Out); }).detach();
+  std::thread([this] { loop(P2PDirection::In); }).detach();
+  std::thread([this] { connector(); }).detach();
+}
+
+void P2PLoops::detach(P2PEngine* e) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = std::find(engines_.begin(), engines_.end(), e);
+  if (it == engines_.end()) return;
+  engines_.erase(it);
+  uint64_t seen[kRunners];
+  for (int w = 0; w < kRunners; ++w) seen[w] = turns_[w].started;
+  connectorPoked_ = true;
+  connectorCv_.notify_all();
+  lock.unlock();
+  wake(P2PDirection::Out);  // out of poll(): their turns end soon
+  wake(P2PDirection::In);
+  lock.lock();
+  for (int w = 0; w < kRunners; ++w) {
+    if (ids_[w] == std::this_thread::get_id()) continue;  // not inside a turn (see above)
+    // A turn begun after the erase does not have `e`.
+    turnEnded_.wait(lock, [&] { return !turns_[w].busy || turns_[w].started != seen[w]; });
+  }
+}
+
+void P2PLoops::wake(P2PDirection d) {
+  uint64_t one = 1;
+  ssize_t n = write(wakeFd_[static_cast<int>(d)], &one, sizeof one);
+  (void)n;  // EAGAIN: the counter is full, so the loop wakes anyway
+}
+
+void P2PLoops::wakeConnector() {
+  std::lock_guard<std::mutex> lock(mu_);
+  connectorPoked_ = true;
+  connectorCv_.notify_all();
+}
+
+std::vector<P2PEngine*> P2PLoops::beginTurn(Runner who) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ids_[who] = std::this_thread::get_id();
+  turns_[who].busy = true;
+  ++turns_[who].started;
+  return engines_;
+}
+
+void P2PLoops::endTurn(Runner who) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    turns_[who].busy = false;
+  }
+  turnEnded_.notify_all();
+}
+
+void P2PLoops::loop(P2PDirection d) {
+  markOwnThread();
+  while (true) {
+    try {
+      loopTurn(d);
+    } catch (const std::exception& e) {  // an allocation for the turn failed: try again
+      endTurn(d == P2PDirection::Out ? kOut : kIn);
+      SMDCCL_WARN("send/recv loop: ", e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+void P2PLoops::loopTurn(P2PDirection d) {
+  const Runner who = d == P2PDirection::Out ? kOut : kIn;
+  std::vector<P2PEngine*> engines = beginTurn(who);
+  P2PPollSet set;
+  set.add(wakeFd_[static_cast<int>(d)], POLLIN);
+  P2PLater later;
+  std::vector<std::string> warnings;
+  int timeoutMs = 100;
+  auto guarded = [&](P2PEngine* e, auto&& step) {
+    try {
+      step();
+    } catch (const std::exception& ex) {
+      e->failAll(ex.what(), later);  // what this loop serves of `e` cannot go on
+    }
+  };
+  for (P2PEngine* e : engines)
+    guarded(e, [&] { timeoutMs = std::min(timeoutMs, e->prepareTurn(d, set, later, warnings)); });
+  if (!later.empty()) timeoutMs = 0;  // completions are due: a glance only
+  int n = poll(set.fds.data(), set.fds.size(), timeoutMs);
+  if (n < 0 && errno != EINTR) {
+    std::string why = strCat("poll: ", std::strerror(errno));
+    for (P2PEngine* e : engines) e->failAll(why, later);
+  }
+  for (size_t i = 0; n > 0 && i < set.fds.size(); ++i) {
+    if (!set.fds[i].revents) continue;
+    auto [e, rank] = set.owners[i];
+    if (!e) drain(set.fds[i].fd);  // a wake-up, or a listener's arrivals
+    else guarded(e, [&, e = e, rank = rank] { e->serve(d, rank, later); });
+  }
+  endTurn(who);
+  for (const std::string& line : warnings) SMDCCL_WARN(line);
+  P2PEngine::runLater(later);
+}
+
+void P2PLoops::connector() {
+  markOwnThread();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      connectorPoked_ = false;  // a poke from now on asks for the next turn
+    }
+    std::vector<P2PEngine*> engines = beginTurn(kConnector);
+    P2PLater later;
+    for (P2PEngine* e : engines) {
+      try {
+        e->connectorTurn(later);
+      } catch (const std::exception& ex) {
+        SMDCCL_WARN("send/recv connector: ", ex.what());  // e.g. no thread for a dial: next turn
+      }
+    }
+    endTurn(kConnector);
+    P2PEngine::runLater(later);
+    std::unique_lock<std::mutex> lock(mu_);
+    // Silent peers are probed every 100 ms; a dial asked for or ended, or
+    // an engine leaving, starts a turn at once.
+    connectorCv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return connectorPoked_; });
+  }
+}
+
+}  // namespace smdccl

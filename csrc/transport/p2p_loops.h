@@ -1,0 +1,80 @@
+#pragma once
+// The process's send/recv threads, shared by every group's P2PEngine: one
+// event loop writes every engine's outgoing messages, another reads the
+// incoming ones (a socket is written while another is read: two peers that
+// both send first need that), and a connector dials and probes for all of
+// them. So a process has three send/recv threads, whatever its number of
+// groups and peers (plus a short-lived thread per connection being dialled).
+// The loops start at the first engine's first send or receive and live as
+// long as the process (a forked child starts its own).
+#include <poll.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace smdccl {
+
+class P2PEngine;
+
+enum class P2PDirection { Out, In };
+
+// What a loop's turn polls: each socket with the engine and peer rank it
+// belongs to (no engine: a wake-up or arrival descriptor, only drained).
+struct P2PPollSet {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<P2PEngine*, int>> owners;
+  void add(int fd, short events, P2PEngine* e = nullptr, int rank = -1) {
+    fds.push_back({fd, events, 0});
+    owners.emplace_back(e, rank);
+  }
+};
+
+// Completions, run once a turn no longer calls into any engine (they may
+// call back in, or drop the last reference to a tensor).
+using P2PLater = std::vector<std::function<void()>>;
+
+class P2PLoops {
+ public:
+  static P2PLoops& instance();
+
+  // The loops serve `e` from now on (idempotent); starts them if needed.
+  void attach(P2PEngine* e);
+  // Once it returns, no thread of these loops calls into `e` again.
+  void detach(P2PEngine* e);
+  // The loop of direction `d` (or the connector) starts a new turn soon.
+  void wake(P2PDirection d);
+  void wakeConnector();
+
+ private:
+  P2PLoops();
+  // Who runs a turn: the two loops and the connector.
+  enum Runner { kOut, kIn, kConnector, kRunners };
+  struct Turn {
+    bool busy = false;  // inside a turn, calling into the engines it took
+    uint64_t started = 0;
+  };
+  void start();  // mu_ held
+  // A turn starts (busy, with the engines attached now) and ends.
+  std::vector<P2PEngine*> beginTurn(Runner who);
+  void endTurn(Runner who);
+  void loop(P2PDirection d);
+  void loopTurn(P2PDirection d);
+  void connector();
+
+  std::mutex mu_;
+  std::condition_variable turnEnded_;  // detach waits on it
+  std::condition_variable connectorCv_;
+  bool connectorPoked_ = false;
+  std::vector<P2PEngine*> engines_;
+  Turn turns_[kRunners];
+  std::thread::id ids_[kRunners];
+  int wakeFd_[2] = {-1, -1};  // eventfds, by direction: a loop's poll() returns
+  bool started_ = false;
+};
+
+}  // namespace smdccl
