@@ -42,7 +42,7 @@ void P2PEngine::connectorTurn(Later& later) {
       dial(r);
       std::lock_guard<std::mutex> relock(mu_);
       dialed_.push_back(r);
-      loops_.wakeConnector();
+      wakeConnector();
     });
   }
   dials_.insert(dials_.end(), busy.begin(), busy.end());

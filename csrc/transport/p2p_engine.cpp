@@ -25,8 +25,7 @@ P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
       timeout_(std::move(timeout)),
       // Off unless a sane positive number of seconds (NaN, inf, 1e10 would
       // overflow the clock arithmetic below).
-      warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0),
-      loops_(P2PLoops::instance()) {
+      warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0) {
   for (int r = 0; r < mesh_.size(); ++r) peers_.push_back(std::make_unique<Peer>(r));
 }
 
@@ -36,7 +35,8 @@ P2PEngine::~P2PEngine() {
     stop_ = true;
   }
   mesh_.cancelWaits();  // a dial in progress gives up
-  loops_.detach(this);
+  if (P2PLoops* loops = liveLoops()) loops->detach(this);
+  // No connector turn starts a dial now (stop_): join those running.
   std::map<int, std::thread> dialers;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -63,9 +63,23 @@ P2PEngine::~P2PEngine() {
 }
 
 void P2PEngine::attachLoops() {
-  if (attached_ || stop_) return;
-  attached_ = true;
-  loops_.attach(this);
+  if (stop_ || liveLoops()) return;
+  P2PLoops& loops = P2PLoops::instance();
+  loops.attach(this);
+  loops_ = &loops;
+}
+
+P2PLoops* P2PEngine::liveLoops() const {
+  P2PLoops* loops = loops_.load();
+  return loops && loops == P2PLoops::current() ? loops : nullptr;
+}
+
+void P2PEngine::wake(Direction d) {
+  if (P2PLoops* loops = liveLoops()) loops->wake(d);
+}
+
+void P2PEngine::wakeConnector() {
+  if (P2PLoops* loops = liveLoops()) loops->wakeConnector();
 }
 
 void P2PEngine::wakeBoth() {
@@ -91,6 +105,7 @@ void P2PEngine::abort(std::exception_ptr why) {
 
 void P2PEngine::send(int rank, Outgoing m) {
   std::unique_lock<std::mutex> lock(mu_);
+  attachLoops();  // first: a request is queued only where loops serve it
   Peer& p = *peers_[rank];
   if (p.failed) {
     std::exception_ptr e = p.failed;
@@ -100,13 +115,13 @@ void P2PEngine::send(int rank, Outgoing m) {
   }
   p.sends.push_back(
       {m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), std::move(m.ready), m.flags});
-  attachLoops();
   lock.unlock();
   wake(Direction::Out);
 }
 
 void P2PEngine::recv(int rank, Incoming m) {
   std::unique_lock<std::mutex> lock(mu_);
+  attachLoops();  // first: a request is queued only where loops serve it
   Peer& p = *peers_[rank];
   RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, nullptr};
   if (p.failed) {
@@ -130,13 +145,13 @@ void P2PEngine::recv(int rank, Incoming m) {
   // 100 ms turn.
   bool first = !p.reading;
   p.reading = true;
-  attachLoops();
   lock.unlock();
   if (first) wake(Direction::In);
 }
 
 void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
   std::unique_lock<std::mutex> lock(mu_);
+  attachLoops();  // first: a request is queued only where loops serve it
   RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, std::move(source)};
   if (anyFailed_) {
     std::exception_ptr failed = anyFailed_;
@@ -168,7 +183,6 @@ void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
     if (r == mesh_.rank() || peers_[r]->reading) continue;
     peers_[r]->reading = first = true;
   }
-  attachLoops();
   lock.unlock();
   if (first) wake(Direction::In);
 }

@@ -158,10 +158,16 @@ class P2PEngine {
   static void runLater(Later& later);
 
   // p2p_engine.cpp: posting, matching, failing.
-  void attachLoops();  // mu_ held: the process's loops serve this engine
+  // mu_ held: the process's loops serve this engine from now on (throws
+  // when they cannot start).
+  void attachLoops();
+  // The loops serving this engine, if they are this process's (nullptr
+  // before its first send or receive, and in a forked child).
+  P2PLoops* liveLoops() const;
   using Direction = P2PDirection;
-  void wake(Direction d) { loops_.wake(d); }
+  void wake(Direction d);
   void wakeBoth();
+  void wakeConnector();
   bool takeMatch(Peer& p, int64_t tag, RecvReq* out);  // mu_ held
   static Arrived takeEarly(Peer& p, EarlyMap::iterator it);
   static void completeFromBuffer(const std::string& group, int rank, RecvReq& req,
@@ -243,9 +249,8 @@ class P2PEngine {
   std::string group_;
   std::function<std::chrono::milliseconds()> timeout_;
   double warnAfterS_;
-  P2PLoops& loops_;
+  std::atomic<P2PLoops*> loops_{nullptr};  // set by attachLoops
   mutable std::mutex mu_;
-  bool attached_ = false;               // the loops serve this engine
   std::deque<int> dials_;               // peers to connect to, under mu_
   std::map<int, std::thread> dialers_;  // by peer: its dial in progress, under mu_
   std::vector<int> dialed_;             // peers whose dial thread has ended, under mu_

@@ -88,7 +88,7 @@ void P2PEngine::pollSends(P2PPollSet& set) {
       p.dialBy = p.out.req.deadline;
       p.dialTag = p.out.req.tag;
       dials_.push_back(r);
-      loops_.wakeConnector();
+      wakeConnector();
     }
   }
 }

@@ -23,7 +23,7 @@ namespace smdccl {
 
 namespace {
 // Never freed: the loops run until the process ends.
-std::atomic<P2PLoops*> current{nullptr};
+std::atomic<P2PLoops*> processLoops{nullptr};
 
 void drain(int fd) {
   uint64_t n;
@@ -31,14 +31,16 @@ void drain(int fd) {
 }
 }  // namespace
 
+P2PLoops* P2PLoops::current() { return processLoops.load(); }
+
 P2PLoops& P2PLoops::instance() {
   // A forked child has none of its parent's threads: it starts its own.
-  static const int atfork = pthread_atfork(nullptr, nullptr, [] { current.store(nullptr); });
+  static const int atfork = pthread_atfork(nullptr, nullptr, [] { processLoops.store(nullptr); });
   (void)atfork;
-  P2PLoops* loops = current.load();
+  P2PLoops* loops = processLoops.load();
   if (loops) return *loops;
   auto* made = new P2PLoops();
-  if (current.compare_exchange_strong(loops, made)) return *made;
+  if (processLoops.compare_exchange_strong(loops, made)) return *made;
   delete made;  // another thread made it first (no thread started yet)
   return *loops;
 }
@@ -52,18 +54,21 @@ P2PLoops::P2PLoops() {
 
 void P2PLoops::attach(P2PEngine* e) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (std::find(engines_.begin(), engines_.end(), e) == engines_.end()) engines_.push_back(e);
   start();
+  if (std::find(engines_.begin(), engines_.end(), e) == engines_.end()) engines_.push_back(e);
 }
 
 void P2PLoops::start() {
-  if (started_) return;
-  started_ = true;
   // Detached: they outlive every engine, and the process may exit while
-  // they wait in poll().
-  std::thread([this] { loop(P2PDirection::Out); }).detach();
-  std::thread([this] { loop(P2PDirection::In); }).detach();
-  std::thread([this] { connector(); }).detach();
+  // they wait in poll(). One that cannot be made (a thread limit) throws to
+  // the caller's send or receive; a later one starts the rest.
+  for (int w = 0; w < kRunners; ++w) {
+    if (running_[w]) continue;
+    if (w == kConnector) std::thread([this] { connector(); }).detach();
+    else
+      std::thread([this, w] { loop(w == kOut ? P2PDirection::Out : P2PDirection::In); }).detach();
+    running_[w] = true;
+  }
 }
 
 void P2PLoops::detach(P2PEngine* e) {
@@ -168,17 +173,22 @@ void P2PLoops::connector() {
       std::lock_guard<std::mutex> lock(mu_);
       connectorPoked_ = false;  // a poke from now on asks for the next turn
     }
-    std::vector<P2PEngine*> engines = beginTurn(kConnector);
-    P2PLater later;
-    for (P2PEngine* e : engines) {
-      try {
-        e->connectorTurn(later);
-      } catch (const std::exception& ex) {
-        SMDCCL_WARN("send/recv connector: ", ex.what());  // e.g. no thread for a dial: next turn
+    try {
+      std::vector<P2PEngine*> engines = beginTurn(kConnector);
+      P2PLater later;
+      for (P2PEngine* e : engines) {
+        try {
+          e->connectorTurn(later);
+        } catch (const std::exception& ex) {
+          SMDCCL_WARN("send/recv connector: ", ex.what());  // its next turn tries again
+        }
       }
+      endTurn(kConnector);
+      P2PEngine::runLater(later);
+    } catch (const std::exception& ex) {  // an allocation for the turn failed: try again
+      endTurn(kConnector);
+      SMDCCL_WARN("send/recv connector: ", ex.what());
     }
-    endTurn(kConnector);
-    P2PEngine::runLater(later);
     std::unique_lock<std::mutex> lock(mu_);
     // Silent peers are probed every 100 ms; a dial asked for or ended, or
     // an engine leaving, starts a turn at once.

@@ -40,7 +40,11 @@ using P2PLater = std::vector<std::function<void()>>;
 
 class P2PLoops {
  public:
+  // This process's loops, made at the first call (threads start at the first attach).
   static P2PLoops& instance();
+  // This process's loops if made, else nullptr. In a forked child the
+  // parent's (whose threads the child does not have) are not current.
+  static P2PLoops* current();
 
   // The loops serve `e` from now on (idempotent); starts them if needed.
   void attach(P2PEngine* e);
@@ -74,7 +78,7 @@ class P2PLoops {
   Turn turns_[kRunners];
   std::thread::id ids_[kRunners];
   int wakeFd_[2] = {-1, -1};  // eventfds, by direction: a loop's poll() returns
-  bool started_ = false;
+  bool running_[kRunners] = {false, false, false};
 };
 
 }  // namespace smdccl

@@ -26,6 +26,7 @@
 #include "topology/topology.h"
 #include "transport/mesh.h"
 #include "transport/p2p_engine.h"
+#include "transport/p2p_loops.h"
 
 using namespace smdccl;
 
@@ -255,4 +256,21 @@ TEST(p2p_a_peer_hung_in_the_handshake_holds_up_no_other_send) {
   std::fprintf(stderr, "  CPU time of rank 0's process while it waited: %.2f s\n", cpuS);
   CHECK(cpuS < 2.0);
   std::system(("rm -rf " + dir).c_str());
+}
+
+// The send/recv loops are the process's; a child forked after they started
+// has none of their threads, so it must make its own rather than attach
+// engines to loops nobody runs.
+TEST(p2p_a_forked_child_gets_loops_of_its_own) {
+  P2PLoops* parent = &P2PLoops::instance();
+  CHECK(P2PLoops::current() == parent);
+  pid_t child = fork();
+  if (child == 0) {
+    bool fresh = P2PLoops::current() == nullptr && &P2PLoops::instance() != parent &&
+                 P2PLoops::current() != parent;
+    _exit(fresh ? 0 : 1);
+  }
+  CHECK(child > 0);
+  reapChild(child);
+  CHECK(P2PLoops::current() == parent);
 }
