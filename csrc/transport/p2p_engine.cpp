@@ -36,13 +36,16 @@ P2PEngine::~P2PEngine() {
   }
   mesh_.cancelWaits();  // a dial in progress gives up
   if (P2PLoops* loops = liveLoops()) loops->detach(this);
-  // No connector turn starts a dial now (stop_): join those running.
+  // No connector turn starts a thread now (stop_): join those running.
   std::map<int, std::thread> dialers;
+  std::thread prober;
   {
     std::lock_guard<std::mutex> lock(mu_);
     dialers.swap(dialers_);
+    prober.swap(prober_);
   }
   for (auto& [rank, t] : dialers) t.join();
+  if (prober.joinable()) prober.join();
   // What is left must not wait for ever (a wait() without a timeout on a
   // work of a destroyed group).
   auto gone = std::make_exception_ptr(CommError(
@@ -51,6 +54,7 @@ P2PEngine::~P2PEngine() {
   Later later;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    later.swap(handedOver_);
     for (int r = 0; r < mesh_.size(); ++r) {
       failPeer(r, gone, later);
       endOut(*peers_[r], later);

@@ -221,13 +221,23 @@ class P2PEngine {
   // Takes the connections of peers whose messages are wanted (mu_ held).
   void acceptArrivals(Later& later);
 
-  // p2p_connector.cpp: this engine's part of the connector's turn, for what
-  // may block: joins ended dials, starts the dials asked for, probes.
+  // p2p_connector.cpp: this engine's part of the connector's turn. What may
+  // block runs on short-lived threads of the engine's own (so one group's
+  // slow peer holds up no other group): a dial per peer, and one probe of
+  // the silent peers at a time. The turn joins those that ended, takes
+  // their completions, and starts those that are due (mu_ held by `lock`).
   void connectorTurn(Later& later);
+  void startDials();
+  void startProbe();
+  // Receives wait for `rank`, which has not connected (mu_ held).
+  bool silent(int rank) const;
   void dial(int rank);
-  // Fails the peers that receives wait for, that have not connected and
-  // are gone (mu_ held by `lock`, released meanwhile).
-  void probeSilentPeers(std::unique_lock<std::mutex>& lock, Later& later);
+  // The probe thread: fails the peers that receives wait for, that have not
+  // connected and are gone.
+  void probeSilentPeers();
+  // Completions of a dial or probe thread, for the connector's next turn
+  // to run (on a thread that is not the engine's).
+  void handOver(Later& later);
 
   // p2p_watch.cpp: deadlines and warnings (mu_ held).
   // Fails the receives whose deadline has passed, and a message that
@@ -251,9 +261,14 @@ class P2PEngine {
   double warnAfterS_;
   std::atomic<P2PLoops*> loops_{nullptr};  // set by attachLoops
   mutable std::mutex mu_;
-  std::deque<int> dials_;               // peers to connect to, under mu_
-  std::map<int, std::thread> dialers_;  // by peer: its dial in progress, under mu_
-  std::vector<int> dialed_;             // peers whose dial thread has ended, under mu_
+  // Under mu_: the connector's work for this engine.
+  std::deque<int> dials_;               // peers to connect to
+  std::map<int, std::thread> dialers_;  // by peer: its dial in progress
+  std::vector<int> dialed_;             // peers whose dial thread has ended
+  std::thread prober_;                  // the probe of silent peers in progress
+  bool probed_ = false;                 // ...has ended
+  Clock::time_point lastProbe_;         // ...started
+  Later handedOver_;                    // completions from those threads
   std::vector<std::unique_ptr<Peer>> peers_;
   std::deque<RecvReq> anyRecvs_;
   std::exception_ptr anyFailed_;  // every peer failed (or abort()): any-source receives fail
