@@ -15,7 +15,8 @@ than before any send/recv.
 What (4 ranks, four groups): the same for groups. After one group's
 send/recv the process has at most 3 more threads than before, and no more
 after three other groups' (one of them destroyed while another group's
-32 MiB message is on its way, which still arrives intact).
+32 MiB message is on its way, which still arrives intact). The lasting ones
+are the process's loops and connector, one of each by name.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def _threads() -> int:
         counts.append(len(os.listdir("/proc/self/task")))
         time.sleep(0.05)
     return min(counts)
+
+
+def _p2p_threads() -> list[str]:
+    """Names of the process's lasting send/recv threads (p2p_loops.h names them)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            continue  # ended meanwhile
+    return sorted(n for n in names if n in ("smdccl-p2p-send", "smdccl-p2p-recv", "smdccl-p2p-conn"))
 
 
 def _message(src: int, dst: int, n: int = 1000) -> torch.Tensor:
@@ -135,8 +148,20 @@ def groups_share_threads():
     assert torch.equal(got, want), "group 3's message"
     assert torch.equal(big_got, big_want), "group 2's 32 MiB message"
     dist.barrier()
-    return {"before": before, "one_group": one_group, "all_groups": _threads()}
+    return {
+        "before": before,
+        "one_group": one_group,
+        "all_groups": _threads(),
+        "p2p_threads": _p2p_threads(),
+    }
 
 
 def test_send_recv_threads_do_not_grow_with_groups():
-    _assert_threads_flat(run_ranks(4, groups_share_threads, timeout=300), "one_group", "all_groups")
+    results = run_ranks(4, groups_share_threads, timeout=300)
+    _assert_threads_flat(results, "one_group", "all_groups")
+    if IS_SMDCCL:
+        for rank, r in enumerate(results):
+            assert r["p2p_threads"] == ["smdccl-p2p-conn", "smdccl-p2p-recv", "smdccl-p2p-send"], (
+                rank,
+                r,
+            )

@@ -5,8 +5,10 @@
 
 namespace smdccl {
 
-// Called first thing by each thread smdccl starts.
-void markOwnThread();
+// Called first thing by each thread smdccl starts; `name` (at most 15
+// characters, Linux's limit) names it in /proc/PID/task/*/comm, top -H,
+// gdb and py-spy.
+void markOwnThread(const char* name = nullptr);
 bool isOwnThread();
 
 }  // namespace smdccl

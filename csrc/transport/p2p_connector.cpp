@@ -52,7 +52,7 @@ void P2PEngine::startDials() {
     if (!dialers_.count(r)) {
       try {
         dialers_[r] = std::thread([this, r] {
-          markOwnThread();
+          markOwnThread("smdccl-p2p-dial");
           dial(r);
           std::lock_guard<std::mutex> relock(mu_);
           dialed_.push_back(r);
@@ -85,7 +85,7 @@ void P2PEngine::startProbe() {
   if (!any) return;
   try {
     prober_ = std::thread([this] {
-      markOwnThread();
+      markOwnThread("smdccl-p2p-peek");
       probeSilentPeers();
       std::lock_guard<std::mutex> relock(mu_);
       probed_ = true;  // joined by a later turn

@@ -120,7 +120,7 @@ void P2PLoops::endTurn(Runner who) {
 }
 
 void P2PLoops::loop(P2PDirection d) {
-  markOwnThread();
+  markOwnThread(d == P2PDirection::Out ? "smdccl-p2p-send" : "smdccl-p2p-recv");
   while (true) {
     try {
       loopTurn(d);
@@ -167,7 +167,7 @@ void P2PLoops::loopTurn(P2PDirection d) {
 }
 
 void P2PLoops::connector() {
-  markOwnThread();
+  markOwnThread("smdccl-p2p-conn");
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -4,7 +4,9 @@
 // incoming ones (a socket is written while another is read: two peers that
 // both send first need that), and a connector dials and probes for all of
 // them. So a process has three send/recv threads, whatever its number of
-// groups and peers (plus a short-lived thread per connection being dialled).
+// groups and peers (plus short-lived threads that dial or probe a peer).
+// Their names: smdccl-p2p-send, smdccl-p2p-recv, smdccl-p2p-conn (and
+// smdccl-p2p-dial, smdccl-p2p-peek).
 // The loops start at the first engine's first send or receive and live as
 // long as the process (a forked child starts its own).
 #include <poll.h>
