@@ -124,7 +124,7 @@ void P2PLoops::loop(P2PDirection d) {
   while (true) {
     try {
       loopTurn(d);
-    } catch (const std::exception& e) {  // an allocation for the turn failed: try again
+    } catch (const std::exception& e) {  // a warning or a completion threw: go on
       endTurn(d == P2PDirection::Out ? kOut : kIn);
       SMDCCL_WARN("send/recv loop: ", e.what());
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -134,11 +134,22 @@ void P2PLoops::loop(P2PDirection d) {
 
 void P2PLoops::loopTurn(P2PDirection d) {
   const Runner who = d == P2PDirection::Out ? kOut : kIn;
-  std::vector<P2PEngine*> engines = beginTurn(who);
-  P2PPollSet set;
-  set.add(wakeFd_[static_cast<int>(d)], POLLIN);
   P2PLater later;
   std::vector<std::string> warnings;
+  try {
+    turnInside(d, beginTurn(who), later, warnings);
+  } catch (const std::exception& e) {  // an allocation failed: the next turn tries again
+    SMDCCL_WARN("send/recv loop: ", e.what());
+  }
+  endTurn(who);
+  for (const std::string& line : warnings) SMDCCL_WARN(line);
+  P2PEngine::runLater(later);  // also what came due before a failure
+}
+
+void P2PLoops::turnInside(P2PDirection d, const std::vector<P2PEngine*>& engines, P2PLater& later,
+                          std::vector<std::string>& warnings) {
+  P2PPollSet set;
+  set.add(wakeFd_[static_cast<int>(d)], POLLIN);
   int timeoutMs = 100;
   auto guarded = [&](P2PEngine* e, auto&& step) {
     try {
@@ -161,9 +172,6 @@ void P2PLoops::loopTurn(P2PDirection d) {
     if (!e) drain(set.fds[i].fd);  // a wake-up, or a listener's arrivals
     else guarded(e, [&, e = e, rank = rank] { e->serve(d, rank, later); });
   }
-  endTurn(who);
-  for (const std::string& line : warnings) SMDCCL_WARN(line);
-  P2PEngine::runLater(later);
 }
 
 void P2PLoops::connector() {
@@ -173,21 +181,23 @@ void P2PLoops::connector() {
       std::lock_guard<std::mutex> lock(mu_);
       connectorPoked_ = false;  // a poke from now on asks for the next turn
     }
+    P2PLater later;
     try {
-      std::vector<P2PEngine*> engines = beginTurn(kConnector);
-      P2PLater later;
-      for (P2PEngine* e : engines) {
+      for (P2PEngine* e : beginTurn(kConnector)) {
         try {
           e->connectorTurn(later);
         } catch (const std::exception& ex) {
           SMDCCL_WARN("send/recv connector: ", ex.what());  // its next turn tries again
         }
       }
-      endTurn(kConnector);
-      P2PEngine::runLater(later);
     } catch (const std::exception& ex) {  // an allocation for the turn failed: try again
-      endTurn(kConnector);
       SMDCCL_WARN("send/recv connector: ", ex.what());
+    }
+    endTurn(kConnector);
+    try {
+      P2PEngine::runLater(later);  // also what came due before a failure
+    } catch (const std::exception& ex) {
+      SMDCCL_WARN("send/recv connector: a completion failed: ", ex.what());
     }
     std::unique_lock<std::mutex> lock(mu_);
     // Silent peers are probed every 100 ms; a dial asked for or ended, or

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -69,7 +70,11 @@ class P2PLoops {
   std::vector<P2PEngine*> beginTurn(Runner who);
   void endTurn(Runner who);
   void loop(P2PDirection d);
+  // One turn: its engine calls (turnInside), then, whatever they threw,
+  // the end of the turn and its completions.
   void loopTurn(P2PDirection d);
+  void turnInside(P2PDirection d, const std::vector<P2PEngine*>& engines, P2PLater& later,
+                  std::vector<std::string>& warnings);
   void connector();
 
   std::mutex mu_;
