@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <ctime>
 
-#include <pthread.h>
 #include <sched.h>
 
 #include <chrono>
@@ -107,8 +106,7 @@ std::vector<std::shared_ptr<Fusable>> ProgressThread::takeFusable(size_t k) {
 
 void ProgressThread::loop() {
   using Clock = std::chrono::steady_clock;
-  pthread_setname_np(pthread_self(), "smdccl-progress");  // 15 characters: the limit
-  markOwnThread();
+  markOwnThread("smdccl-progress");
   RunningHere here(this);
   while (true) {
     std::function<void()> task;
