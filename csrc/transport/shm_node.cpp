@@ -21,6 +21,14 @@ constexpr size_t kMaxPiece = 128 << 10;  // bytes per call: keeps both direction
 size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
+size_t ShmNode::layOut(size_t ringBytes, size_t streamBytes) {
+  size_t L = localRanks_.size();
+  ringBytes_ = ringBytes;
+  streamBytes_ = streamBytes;
+  streamDataOffset_ = dataOffset_ + L * L * ringBytes_;
+  return streamDataOffset_ + L * L * streamBytes_;
+}
+
 ShmNode::ShmNode(KVStore& store, const Members& m, Deadline deadline)
     : localRanks_(m.localRanks), ringBytes_(roundUp(std::max<size_t>(m.ringBytes, 4096), 4096)) {
   const std::string& groupToken = m.groupToken;
@@ -28,30 +36,36 @@ ShmNode::ShmNode(KVStore& store, const Members& m, Deadline deadline)
   size_t L = localRanks_.size();
   ctlOffset_ = 128;
   hdrOffset_ = ctlOffset_ + L * sizeof(ShmRankCtl);
-  dataOffset_ = roundUp(hdrOffset_ + L * L * sizeof(ShmRingHeader), 4096);
+  streamHdrOffset_ = hdrOffset_ + L * L * sizeof(ShmRingHeader);
+  dataOffset_ = roundUp(streamHdrOffset_ + L * L * sizeof(ShmStreamHeader), 4096);
 
   int leader = localRanks_[0];
   std::string name = strCat("/smdccl-", groupToken.substr(0, 16), "-n", leader);
   std::string key = strCat("smdccl/shm/", leader);
   // The leader sizes the rings to what /dev/shm can hold (Docker's default
-  // is 64 MiB: 8 ranks' 1 MiB rings fill it) and publishes "ring name", or
-  // why it could not create the segment ('!' first): the node's other ranks
-  // then use its ring size, or fail at once with its reason instead of
-  // waiting for the group timeout.
+  // is 64 MiB: 8 ranks' 1 MiB rings fill it) and publishes "ring
+  // send/recv-ring name", or why it could not create the segment ('!'
+  // first): the node's other ranks then use its sizes, or fail at once with
+  // its reason instead of waiting for the group timeout. Pages are touched
+  // only as rings are used, but a segment larger than /dev/shm would SIGBUS
+  // once they are.
   size_t total = 0;
   if (m.myRank == leader) {
     size_t asked = ringBytes_;
     const size_t minRing = std::min<size_t>(asked, size_t(64) << 10);
+    auto half = [&](size_t bytes) { return std::max(minRing, roundUp(bytes / 2, 4096)); };
     uint64_t freeBytes = ShmSegment::freeBytes();
-    while (ringBytes_ > minRing && dataOffset_ + L * L * ringBytes_ > freeBytes)
-      ringBytes_ = std::max(minRing, roundUp(ringBytes_ / 2, 4096));
-    if (ringBytes_ != asked)
+    total = layOut(asked, asked);
+    // The send/recv rings give way first: collectives move most bytes.
+    while (total > freeBytes && (streamBytes_ > minRing || ringBytes_ > minRing))
+      total = streamBytes_ > minRing ? layOut(ringBytes_, half(streamBytes_))
+                                     : layOut(half(ringBytes_), streamBytes_);
+    if (ringBytes_ != asked || streamBytes_ != asked)
       SMDCCL_WARN("/dev/shm has ", freeBytes >> 20, " MiB free: this node's ", L * L,
-                  " shared-memory rings get ", ringBytes_ >> 10, " KiB each instead of ",
-                  asked >> 10,
+                  " shared-memory rings get ", ringBytes_ >> 10,
+                  " KiB each (send/recv: ", streamBytes_ >> 10, " KiB) instead of ", asked >> 10,
                   " (SMDCCL_SHM_RING_KB); enlarge /dev/shm (e.g. docker run --shm-size=1g) for "
                   "full bandwidth");
-    total = dataOffset_ + L * L * ringBytes_;
     ShmSegment::unlink(
         name);  // a stale one from a crashed job with the same token: impossible, but harmless
     try {
@@ -60,28 +74,28 @@ ShmNode::ShmNode(KVStore& store, const Members& m, Deadline deadline)
       store.set(key, strCat("!", e.what()));
       throw;
     }
-    store.set(key, strCat(ringBytes_, " ", name));
+    store.set(key, strCat(ringBytes_, " ", streamBytes_, " ", name));
   } else {
     std::string published = store.get(key, deadline);
     if (!published.empty() && published[0] == '!')
       throw CommError(CommError::Kind::System,
                       strCat("rank ", leader, ", which creates this node's shared memory, failed: ",
                              published.substr(1)));
-    size_t space = published.find(' ');
-    if (space == std::string::npos)
+    size_t ring = 0, stream = 0;
+    char named[256] = {};
+    if (std::sscanf(published.c_str(), "%zu %zu %255s", &ring, &stream, named) != 3)
       throw CommError(CommError::Kind::Protocol,
                       strCat("bad shared-memory record '", published, "'"));
-    ringBytes_ = static_cast<size_t>(std::stoull(published.substr(0, space)));
-    name = published.substr(space + 1);
-    total = dataOffset_ + L * L * ringBytes_;
+    total = layOut(ring, stream);
+    name = named;
     segment_ = ShmSegment::open(name, total);
   }
   ctl(me_)->pid = static_cast<int32_t>(getpid());
   // Once every local rank has mapped it, the name is no longer needed.
   storeBarrier(store, key + "/mapped", static_cast<int>(L), deadline);
   ShmSegment::unlink(name);
-  SMDCCL_INFO("shared memory ", name, ": ", L, " local ranks, ", ringBytes_ >> 10, " KiB rings, ",
-              total >> 20, " MiB mapped");
+  SMDCCL_INFO("shared memory ", name, ": ", L, " local ranks, ", ringBytes_ >> 10,
+              " KiB rings (send/recv: ", streamBytes_ >> 10, " KiB), ", total >> 20, " MiB mapped");
 }
 
 int ShmNode::localIndex(int groupRank) const {
@@ -102,6 +116,15 @@ ShmRingHeader* ShmNode::ringHeader(int from, int to) const {
 
 char* ShmNode::ringData(int from, int to) const {
   return segment_.data() + dataOffset_ + (from * localRanks_.size() + to) * ringBytes_;
+}
+
+ShmStreamHeader* ShmNode::streamHeader(int from, int to) const {
+  return reinterpret_cast<ShmStreamHeader*>(segment_.data() + streamHdrOffset_) +
+         (from * localRanks_.size() + to);
+}
+
+char* ShmNode::streamData(int from, int to) const {
+  return segment_.data() + streamDataOffset_ + (from * localRanks_.size() + to) * streamBytes_;
 }
 
 std::string ShmNode::peerGone(int groupRank) const {
@@ -166,7 +189,7 @@ size_t ShmLink::writable(char** at) {
 void ShmLink::commit(size_t k) {
   sendPos_ += k;
   out_->head.value.store(sendPos_, std::memory_order_release);
-  peerBell_->ring();
+  if (peerBell_) peerBell_->ring();
 }
 
 size_t ShmLink::send(const void* buf, size_t n) {
@@ -190,7 +213,7 @@ size_t ShmLink::readable(const char** at) {
 void ShmLink::consume(size_t k) {
   recvPos_ += k;
   in_->tail.value.store(recvPos_, std::memory_order_release);
-  peerBell_->ring();
+  if (peerBell_) peerBell_->ring();
 }
 
 size_t ShmLink::recv(void* buf, size_t n) {

@@ -1,7 +1,8 @@
 #pragma once
 // The shared-memory area of one node in one group: a doorbell and pid per
-// local rank, and a single-producer/single-consumer byte ring for every
-// ordered pair of local ranks.
+// local rank, and two single-producer/single-consumer byte rings for every
+// ordered pair of local ranks: one for collectives, a smaller one for
+// send/recv (p2p_shm_stream.h).
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -34,6 +35,15 @@ struct ShmRingHeader {
   ShmCounter tail;  // bytes released by the consumer (monotonic)
 };
 
+// A send/recv ring, and what each end asks of the other's next move: the
+// reader found it empty and sleeps until told of more (wantsData), the
+// writer found it full and sleeps until told of room (wantsRoom).
+struct ShmStreamHeader {
+  ShmRingHeader ring;
+  ShmCounter wantsData;
+  ShmCounter wantsRoom;
+};
+
 class ShmNode {
  public:
   // Who shares the segment: the group ranks in `localRanks` (all on this
@@ -53,6 +63,10 @@ class ShmNode {
   ShmRingHeader* ringHeader(int from, int to) const;
   char* ringData(int from, int to) const;
   size_t ringBytes() const { return ringBytes_; }
+  // The send/recv ring from local index `from` to `to`.
+  ShmStreamHeader* streamHeader(int from, int to) const;
+  char* streamData(int from, int to) const;
+  size_t streamBytes() const { return streamBytes_; }
   Doorbell& myBell() const { return ctl(me_)->bell; }
   // Throws CommError naming the first local rank whose process is gone, or
   // that has given up after a failure (markFailed): a collective cannot
@@ -68,8 +82,11 @@ class ShmNode {
  private:
   std::vector<int> localRanks_;
   int me_ = -1;
-  size_t ringBytes_;
-  size_t ctlOffset_, hdrOffset_, dataOffset_;
+  // Sizes the segment's parts for collective rings of `ringBytes` and
+  // send/recv rings of `streamBytes`; returns the segment's size.
+  size_t layOut(size_t ringBytes, size_t streamBytes);
+  size_t ringBytes_, streamBytes_ = 0;
+  size_t ctlOffset_, hdrOffset_, streamHdrOffset_, dataOffset_, streamDataOffset_ = 0;
   ShmSegment segment_;
 };
 
@@ -83,7 +100,7 @@ class ShmLink : public Link {
     ShmRingHeader* in;
     char* outData;
     char* inData;
-    Doorbell* peerBell;
+    Doorbell* peerBell;  // rung at each commit and consume (nullptr: none)
     size_t ringBytes;
   };
   ShmLink(int peerRank, const Rings& rings);
@@ -99,6 +116,9 @@ class ShmLink : public Link {
   void endSend() override;
   void endRecv() override;
   const char* kind() const override { return "shm"; }
+  // Bytes in the incoming ring not consumed yet, and its size.
+  uint64_t unread() const { return in_->head.value.load(std::memory_order_acquire) - recvPos_; }
+  size_t capacity() const { return cap_; }
 
  private:
   std::shared_ptr<ShmNode> node_;

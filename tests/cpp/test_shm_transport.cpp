@@ -198,16 +198,18 @@ TEST(exchange_keeps_message_order_through_zero_length_transfers) {
 }
 
 // Rings larger than /dev/shm can hold (its free space / 4 + 1 GiB each, 4
-// rings for 2 ranks): the leader shrinks them to fit instead of a segment
-// that would SIGBUS when filled, and the other rank uses the leader's size.
+// rings for 2 ranks, and as many send/recv rings): the leader shrinks them
+// to fit instead of a segment that would SIGBUS when filled, and the other
+// rank uses the leader's sizes.
 // Pages stay lazy, so nothing of the size is allocated here.
 TEST(shm_rings_shrink_to_fit_dev_shm_on_every_local_rank) {
   uint64_t freeBytes = ShmSegment::freeBytes();
   CHECK(freeBytes != UINT64_MAX);
   size_t asked = static_cast<size_t>(freeBytes / 4 + (uint64_t(1) << 30));
-  size_t got[2] = {0, 0};
+  size_t got[2] = {0, 0}, stream[2] = {0, 0};
   withTwoRanksNode(asked, [&](int r, Link& link, Doorbell& bell, ShmNode& node) {
     got[r] = node.ringBytes();
+    stream[r] = node.streamBytes();
     OpContext ctx;
     ctx.op = "test";
     ctx.deadline = Deadline::after(std::chrono::seconds(10));
@@ -217,5 +219,7 @@ TEST(shm_rings_shrink_to_fit_dev_shm_on_every_local_rank) {
   });
   CHECK(got[0] == got[1]);
   CHECK(got[0] < asked && got[0] >= (size_t(64) << 10));
-  CHECK(4 * static_cast<uint64_t>(got[0]) <= freeBytes);
+  // The send/recv rings gave way first (to 64 KiB); both sets fit.
+  CHECK(stream[0] == stream[1] && stream[0] == (size_t(64) << 10));
+  CHECK(4 * static_cast<uint64_t>(got[0] + stream[0]) <= freeBytes);
 }
