@@ -32,6 +32,10 @@ SMDCCL_ENV_TEXT(kTopology, "SMDCCL_TOPOLOGY", "",
                 "global rank order. Ranks on different virtual nodes talk over TCP.");
 SMDCCL_ENV_INT(kShmRingKB, "SMDCCL_SHM_RING_KB", 1024, 4, 1 << 20,
                "Shared-memory ring size per direction per peer pair, in KiB.");
+SMDCCL_ENV_INT(kP2PShm, "SMDCCL_P2P_SHM", 1, 0, 1,
+               "send/recv to a rank on the same node through shared memory (a ring of "
+               "SMDCCL_SHM_RING_KB per direction); 0: over TCP loopback. The sender chooses, so "
+               "ranks may differ.");
 SMDCCL_ENV_INT(kSpinUs, "SMDCCL_SPIN_US", -1, -1, 10000000,
                "Microseconds a waiting thread spins before yielding and then sleeping (-1: "
                "chosen from the number of local ranks and cores).");
@@ -154,6 +158,7 @@ SmdcclBackend::SmdcclBackend(c10::intrusive_ptr<::c10d::Store> store, BackendCon
   mc.topology = buildTopology(hostKeys, cfg_);
   mc.masterAddr = cfg_.masterAddr;
   mc.shmRingBytes = static_cast<size_t>(envInt(env::kShmRingKB)) << 10;
+  mc.p2pByShm = envInt(env::kP2PShm) != 0;
   mc.groupFailed = [probe = std::make_shared<GroupFailureProbe>(store_)] { return (*probe)(); };
   mesh_ = std::make_unique<Mesh>(*store_, mc, deadline);
   ring_ = mc.topology.ringOrder();

@@ -25,6 +25,8 @@ struct MeshConfig {
   Topology topology;
   std::string masterAddr;  // hint for picking the interface
   size_t shmRingBytes = 1 << 20;
+  // Send/recv to a rank of this node through shared memory (else TCP).
+  bool p2pByShm = true;
   // Why the group already failed or was aborted on some rank (its first
   // failure, as recorded in the store), or "". Asked while waiting for a
   // peer to connect: a peer that failed before it ever connected never will.
@@ -53,6 +55,12 @@ class Mesh {
   // Shared-memory doorbell of this rank, if any peer is on this node.
   Doorbell* myBell() const { return shm_ ? &shm_->myBell() : givenBell_; }
   const ShmNode* shmNode() const { return shm_.get(); }
+  // `peer` is on this node and shares its memory segment.
+  bool sharesMemoryWith(int peer) const {
+    return shm_ && peer != cfg_.rank && cfg_.topology.sameNode(cfg_.rank, peer);
+  }
+  // This rank's send/recv messages to `peer` go through shared memory.
+  bool sendsByShm(int peer) const { return cfg_.p2pByShm && sharesMemoryWith(peer); }
   // "ip:port" of this process's listener ("" for a one-rank group).
   std::string listenAddress() const { return listener_ ? listener_->address() : ""; }
   uint64_t rejectedConnections() const { return listener_ ? listener_->rejectedCount() : 0; }

@@ -26,7 +26,7 @@ P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
       // Off unless a sane positive number of seconds (NaN, inf, 1e10 would
       // overflow the clock arithmetic below).
       warnAfterS_(warnAfterS > 0 && warnAfterS <= 1e7 ? warnAfterS : 0) {
-  for (int r = 0; r < mesh_.size(); ++r) peers_.push_back(std::make_unique<Peer>(r));
+  for (int r = 0; r < mesh_.size(); ++r) peers_.push_back(std::make_unique<Peer>());
 }
 
 P2PEngine::~P2PEngine() {

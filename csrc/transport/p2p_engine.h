@@ -5,7 +5,9 @@
 // whether a silent peer is gone (p2p_loops.h): an engine has no threads of
 // its own, so they grow neither with the peers nor with the groups. Each (peer, direction) has
 // its own socket, dialled by the sender, so a send never waits behind a collective or behind a
-// receive (two ranks may both send first). A message is a header {tag, bytes} and the payload;
+// receive (two ranks may both send first). Between ranks of one node the bytes go through a
+// shared-memory ring instead, the socket carrying wake-ups (p2p_shm_stream.h; which of the two
+// is the socket's first byte: p2p_paths.cpp). A message is a header {tag, bytes} and the payload;
 // receives match the oldest pending receive of the same tag (from that peer, or from any source),
 // and messages that arrive before their receive is posted are buffered. The engine's part of a
 // loop's turn: p2p_loop.cpp; of the connector's: p2p_connector.cpp; deadlines and
@@ -27,6 +29,7 @@
 #include "transport/p2p_frame.h"
 #include "transport/p2p_loops.h"
 #include "transport/p2p_reader.h"
+#include "transport/p2p_shm_stream.h"
 
 namespace smdccl {
 
@@ -85,6 +88,9 @@ class P2PEngine {
  private:
   friend class P2PLoops;  // runs the turns below
   using Clock = std::chrono::steady_clock;
+  // One peer's turn ends after this many bytes, so that a large message
+  // does not hold the others up.
+  static constexpr uint64_t kTurnBytes = uint64_t(16) << 20;
   struct SendReq {
     const void* buf = nullptr;
     size_t bytes = 0;
@@ -123,20 +129,19 @@ class P2PEngine {
     uint64_t payloadBytes = 0;
     std::string report;  // kSenderFailed: why the data is not there
     std::exception_ptr notReady;
-    uint64_t sent = 0;  // of the header and the payload
+    uint64_t sent = 0;      // of the header and the payload
+    bool waitRoom = false;  // the shared-memory ring is full: wait for the reader's wake-up
     Clock::time_point lastMoved;
     bool warned = false;  // SMDCCL_WARN_AFTER: said once
   };
   // The message the receiving loop is reading (that thread's only).
   struct Inbound {
-    explicit Inbound(int rank) : reader(strCat("rank ", rank)) {}
     P2PReader reader;
     bool matched = false;  // `target` is this message's receive
     RecvReq target;
     Deadline due;  // the group's timeout from the message's first byte
   };
   struct Peer {
-    explicit Peer(int rank) : in(rank) {}
     // Under mu_:
     std::deque<SendReq> sends;  // not started yet
     std::deque<RecvReq> recvs;
@@ -147,9 +152,15 @@ class P2PEngine {
     Deadline dialBy;            // ...by the deadline of the send that needs it
     int64_t dialTag = 0;
     int outFd = -1, inFd = -1;
-    // Loop thread only:
+    // The sending loop's only:
     Outbound out;
+    bool announced = false;              // the path's byte is sent
+    std::unique_ptr<P2PShmWriter> ring;  // the path is shared memory
+    // The receiving loop's only:
     Inbound in;
+    std::unique_ptr<P2PByteSource> source;  // once the path's byte is in
+    P2PShmReader* shmIn = nullptr;          // `source`, when it is shared memory
+    bool readNow = true;  // read without waiting for the socket (a ring with bytes left)
   };
   // What completes after mu_ is released (completions may call back in).
   // Completions never call into the engine (they name the group by a copy
@@ -204,6 +215,19 @@ class P2PEngine {
   void prepareIn(Later& later, std::vector<std::string>& warnings, P2PPollSet& set);
   // One peer's turn after poll(): start, move and end its transfers.
   void serveOut(int rank, Peer& p, Later& later);
+
+  // p2p_paths.cpp: the bytes' path to and from a peer, a socket or a
+  // shared-memory ring. The sender says which in its connection's first
+  // byte (false: the socket cannot take it now).
+  bool announcePath(int rank, Peer& p);
+  // Moves what can move now of the current send, at most kTurnBytes;
+  // returns how much. Throw CommError when the connection failed.
+  uint64_t writeSocket(int rank, Peer& p);
+  uint64_t writeRing(Peer& p);
+  // The path's byte, once it is in (false: not yet).
+  bool learnPath(int rank, Peer& p);
+  // After a turn's reads (`budget` left of it): whether to read on at once.
+  static bool readOnNow(const Peer& p, uint64_t budget);
   bool startSend(Peer& p);  // mu_ held
   void pollReady(Peer& p);  // the sending loop's own state
   // Reads what is there of the current message; false: the peer failed.

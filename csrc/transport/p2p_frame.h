@@ -7,6 +7,12 @@
 
 namespace smdccl {
 
+// The first byte on a send/recv connection, from its sender: where the
+// messages' bytes go. Over the connection itself, or (ranks of one node)
+// through a shared-memory ring, the connection then carrying wake-ups only
+// (p2p_shm_stream.h).
+enum P2PPath : char { kP2PBySocket = 'T', kP2PByShm = 'S' };
+
 // The header in front of every send/recv payload (little-endian on the wire).
 struct P2PHeader {
   static constexpr uint32_t kMagic = 0x50325053;  // "SP2P"

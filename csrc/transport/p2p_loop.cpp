@@ -1,27 +1,16 @@
 // P2PEngine's part of the process's event loops (p2p_loops.h): one thread
 // polls every peer's sending sockets, another every receiving one, and each
-// moves what a socket can take without blocking. The state of a message in
-// flight (Outbound, Inbound) is its loop's alone; the queues they take from
-// and the matching are under mu_, the socket I/O is not.
+// moves what its path (a socket, or a shared-memory ring: p2p_paths.cpp)
+// can take without blocking. The state of a message in flight (Outbound,
+// Inbound) is its loop's alone; the queues they take from and the matching
+// are under mu_, the I/O is not.
 #include <poll.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include "common/log.h"
 #include "transport/mesh.h"
 #include "transport/p2p_engine.h"
 
 namespace smdccl {
-
-namespace {
-// One peer's turn ends after this many bytes, so that a large message does
-// not hold the others up.
-constexpr uint64_t kTurnBytes = uint64_t(16) << 20;
-}  // namespace
 
 void P2PEngine::failAll(const std::string& what, Later& later) {
   SMDCCL_WARN("send/recv on group '", group_, "' failed: ", what);
@@ -82,7 +71,9 @@ void P2PEngine::pollSends(P2PPollSet& set) {
         p.out.connected = true;
         p.out.lastMoved = Clock::now();  // "has sent nothing for" counts from here
       }
-      set.add(p.outFd, POLLOUT, this, r);
+      // A full ring waits for its reader's wake-up; otherwise the socket
+      // (whose buffer holds at most wake-ups then) is ready at once.
+      set.add(p.outFd, p.out.waitRoom ? POLLIN : POLLOUT, this, r);
     } else if (!p.dialing) {
       p.dialing = true;
       p.dialBy = p.out.req.deadline;
@@ -105,7 +96,9 @@ void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings, P2PP
     if (p.failed) {
       endIn(r, p, later);
     } else if (p.reading && p.inFd >= 0) {
-      set.add(p.inFd, POLLIN, this, r);
+      // POLLOUT: a socket that only ever carries a few wake-up bytes back
+      // is writable at once, so the peer's turn comes without waiting.
+      set.add(p.inFd, p.readNow ? POLLIN | POLLOUT : POLLIN, this, r);
     }
   }
 }
@@ -168,35 +161,16 @@ void P2PEngine::pollReady(Peer& p) {
 void P2PEngine::serveOut(int rank, Peer& p, Later& later) {
   Outbound& o = p.out;
   if (!o.active) return;
-  const uint64_t total = sizeof o.head + o.payloadBytes;
-  uint64_t moved = 0;
-  while (o.sent < total && moved < kTurnBytes) {
-    // The header and the payload in one call: a small message is one segment.
-    iovec iov[2];
-    msghdr msg{};
-    msg.msg_iov = iov;
-    if (o.sent < sizeof o.head) {
-      iov[msg.msg_iovlen++] = {o.head + o.sent, sizeof o.head - o.sent};
-      if (o.payloadBytes) iov[msg.msg_iovlen++] = {const_cast<char*>(o.payload), o.payloadBytes};
-    } else {
-      iov[msg.msg_iovlen++] = {const_cast<char*>(o.payload) + (o.sent - sizeof o.head),
-                               static_cast<size_t>(total - o.sent)};
-    }
-    ssize_t k = ::sendmsg(p.outFd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k > 0) {
-      o.sent += static_cast<uint64_t>(k);
-      moved += static_cast<uint64_t>(k);
-      o.lastMoved = Clock::now();
-      continue;
-    }
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    std::string why = strCat("connection to rank ", rank, " failed: ", std::strerror(errno));
+  try {
+    if (!p.announced && !announcePath(rank, p)) return;
+    if ((p.ring ? writeRing(p) : writeSocket(rank, p)) > 0) o.lastMoved = Clock::now();
+  } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mu_);
-    failSending(rank, o.req.tag, why, later);
+    failSending(rank, o.req.tag, e.what(), later);
     endOut(p, later);
     return;
   }
-  if (o.sent < total) return;
+  if (o.sent < sizeof o.head + o.payloadBytes) return;
   later.push_back([req = std::move(o.req), e = o.notReady] { req.done(e); });
   o = Outbound{};
   std::lock_guard<std::mutex> lock(mu_);
@@ -208,14 +182,19 @@ bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
   uint64_t budget = kTurnBytes;
   if (in.reader.buffering() && !in.matched) matchMidMessage(p);
   try {
+    p.readNow = false;
+    if (!p.source && !learnPath(rank, p)) return true;
+    if (p.shmIn) p.shmIn->takeWakeUps();
     while (true) {
       bool began = !in.reader.midMessage();
-      P2PReader::Event ev = in.reader.read(p.inFd, &budget);
+      P2PReader::Event ev = in.reader.read(*p.source, &budget);
       if (began && in.reader.midMessage()) in.due = Deadline::after(timeout_());
-      if (ev == P2PReader::Event::Idle) return true;
+      if (ev == P2PReader::Event::Idle) break;
       if (ev == P2PReader::Event::Header) headerRead(rank, p, later);
       if (in.reader.complete()) messageRead(rank, p, later);
     }
+    p.readNow = readOnNow(p, budget);
+    return true;
   } catch (const std::exception& e) {  // the connection, or memory for a message
     std::lock_guard<std::mutex> lock(mu_);
     failPeer(rank, recvFailure(rank, e.what()), later);

@@ -10,6 +10,15 @@
 
 namespace smdccl {
 
+size_t P2PSocketSource::take(char* at, size_t room) {
+  ssize_t k = ::recv(fd_, at, room, MSG_DONTWAIT);
+  if (k > 0) return static_cast<size_t>(k);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (k == 0) throw CommError(CommError::Kind::PeerFailure, peer_ + " closed the connection");
+  throw CommError(CommError::Kind::PeerFailure,
+                  strCat("connection to ", peer_, " failed: ", std::strerror(errno)));
+}
+
 void P2PReader::sinkTo(Sink sink, void* into) {
   stage_ = sink == Sink::Into ? Stage::Into : sink == Sink::Buffer ? Stage::Buffer : Stage::Drain;
   into_ = static_cast<char*>(into);
@@ -59,19 +68,15 @@ char* P2PReader::space(size_t* room) {
   return nullptr;
 }
 
-P2PReader::Event P2PReader::read(int fd, uint64_t* budget) {
+P2PReader::Event P2PReader::read(P2PByteSource& from, uint64_t* budget) {
   while (*budget > 0) {
     if (stage_ == Stage::Sinkless) return Event::Header;  // sinkTo() first
     if (complete()) return Event::Message;
     size_t room;
     char* at = space(&room);
     room = static_cast<size_t>(std::min<uint64_t>(room, *budget));
-    ssize_t k = ::recv(fd, at, room, MSG_DONTWAIT);
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return Event::Idle;
-    if (k == 0) throw CommError(CommError::Kind::PeerFailure, peer_ + " closed the connection");
-    if (k < 0)
-      throw CommError(CommError::Kind::PeerFailure,
-                      strCat("connection to ", peer_, " failed: ", std::strerror(errno)));
+    size_t k = from.take(at, room);
+    if (k == 0) return Event::Idle;
     *budget -= static_cast<uint64_t>(k);
     if (stage_ != Stage::Header) {
       got_ += static_cast<uint64_t>(k);

@@ -1,6 +1,7 @@
 #pragma once
 // One send/recv connection's incoming messages, read without blocking (the
-// send/recv loop polls many): a header, then its payload into the
+// send/recv loop polls many) from a byte source (a socket, or a ring in
+// shared memory: p2p_shm_stream.h): a header, then its payload into the
 // receiver's buffer, into a buffer of the reader's own, or drained. The
 // reader's own buffer grows as bytes arrive (at most doubling, from
 // kPayloadChunk), so a header that claims more than its sender sends costs
@@ -16,6 +17,28 @@ namespace smdccl {
 
 constexpr size_t kPayloadChunk = size_t(4) << 20;
 
+// Where a reader's bytes come from.
+class P2PByteSource {
+ public:
+  virtual ~P2PByteSource() = default;
+  // Copies up to `room` bytes to `at`; returns how many (0: none there
+  // now). Throws CommError (PeerFailure) once the other end closed or
+  // failed and nothing more is there.
+  virtual size_t take(char* at, size_t room) = 0;
+};
+
+// A connected socket's bytes, read without blocking; `peer` names the
+// other end in errors ("rank 3").
+class P2PSocketSource : public P2PByteSource {
+ public:
+  P2PSocketSource(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+  size_t take(char* at, size_t room) override;
+
+ private:
+  int fd_;
+  std::string peer_;
+};
+
 class P2PReader {
  public:
   // What read() stopped at.
@@ -29,12 +52,9 @@ class P2PReader {
     Buffer,  // the reader's own (a message nobody asked for yet, a report)
     Drain,   // nowhere: a message of the wrong size (only its size matters)
   };
-  // `peer` names the other end in errors ("rank 3").
-  explicit P2PReader(std::string peer) : peer_(std::move(peer)) {}
-  // Reads from `fd`, at most `*budget` bytes (decremented). Throws
-  // CommError: PeerFailure when the connection closed or failed, Protocol
-  // for a corrupt header.
-  Event read(int fd, uint64_t* budget);
+  // Reads from `from`, at most `*budget` bytes (decremented). Throws what
+  // the source throws, and CommError (Protocol) for a corrupt header.
+  Event read(P2PByteSource& from, uint64_t* budget);
   const P2PHeader& header() const { return h_; }
   // After Event::Header. A message without payload is complete at once.
   void sinkTo(Sink sink, void* into = nullptr);
@@ -56,7 +76,6 @@ class P2PReader {
   enum class Stage { Header, Sinkless, Into, Buffer, Drain };
   // Where the next bytes go, and how many may go there.
   char* space(size_t* room);
-  std::string peer_;
   Stage stage_ = Stage::Header;
   uint8_t head_[sizeof(P2PHeader)];
   size_t headGot_ = 0;

@@ -485,9 +485,10 @@ std::vector<char> headerFor(uint64_t bytes, int64_t tag = 9) {
 // for Sink::Into); throws what the reader throws, or Timeout at `deadline`.
 void readMessage(P2PReader& r, int fd, P2PReader::Sink sink, Deadline deadline,
                  void* into = nullptr) {
+  P2PSocketSource from(fd, "writer");
   while (true) {
     uint64_t budget = uint64_t(1) << 20;  // the loop's turns are bounded too
-    P2PReader::Event ev = r.read(fd, &budget);
+    P2PReader::Event ev = r.read(from, &budget);
     if (ev == P2PReader::Event::Header) r.sinkTo(sink, into);
     if (r.complete()) return;
     if (ev != P2PReader::Event::Idle) continue;
@@ -505,7 +506,7 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     std::vector<char> data = headerFor(n);
     for (size_t i = 0; i < n; ++i) data.push_back(static_cast<char>(i * 131 + 7));
     std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
-    P2PReader r("writer");
+    P2PReader r;
     readMessage(r, sp.reader, P2PReader::Sink::Buffer, Deadline::after(std::chrono::seconds(20)));
     w.join();
     std::vector<char> got = r.takeBuffer();
@@ -524,7 +525,7 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
       writeAll(sp.writer, data.data(), data.size());
       sp.closeWriter();
     });
-    P2PReader r("liar");
+    P2PReader r;
     bool peerFailure = false;
     try {
       readMessage(r, sp.reader, P2PReader::Sink::Buffer, Deadline::after(std::chrono::seconds(20)));
@@ -545,7 +546,7 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     std::vector<char> data = headerFor(n);
     data.resize(data.size() + n, 'y');
     std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
-    P2PReader r("writer");
+    P2PReader r;
     readMessage(r, sp.reader, P2PReader::Sink::Buffer, Deadline::after(std::chrono::seconds(60)));
     w.join();
     CHECK(r.bufferCapacity() <= 2 * n);
@@ -563,7 +564,7 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     data.insert(data.end(), second.begin(), second.end());
     data.insert(data.end(), {'N', 'E', 'X', 'T'});
     std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
-    P2PReader r("writer");
+    P2PReader r;
     readMessage(r, sp.reader, P2PReader::Sink::Drain, Deadline::after(std::chrono::seconds(20)));
     CHECK(r.header().tag == 1 && r.bufferCapacity() == 0);
     r.next();
@@ -581,16 +582,17 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     std::vector<char> data = headerFor(n);
     for (size_t i = 0; i < n; ++i) data.push_back(static_cast<char>(i * 31 + 5));
     std::thread w([&] { writeAll(sp.writer, data.data(), data.size()); });
-    P2PReader r("writer");
+    P2PReader r;
+    P2PSocketSource from(sp.reader, "writer");
     uint64_t some = sizeof(P2PHeader);
-    while (r.read(sp.reader, &some) != P2PReader::Event::Header) {
+    while (r.read(from, &some) != P2PReader::Event::Header) {
       pollfd pf{sp.reader, POLLIN, 0};
       poll(&pf, 1, 10);
       some = sizeof(P2PHeader);
     }
     r.sinkTo(P2PReader::Sink::Buffer);
     for (uint64_t part = kPayloadChunk + 3; part > 0;) {
-      if (r.read(sp.reader, &part) == P2PReader::Event::Idle && part > 0) {
+      if (r.read(from, &part) == P2PReader::Event::Idle && part > 0) {
         pollfd pf{sp.reader, POLLIN, 0};
         poll(&pf, 1, 10);
       }
@@ -610,7 +612,7 @@ TEST(frame_fuzz_payload_follows_the_data_not_the_length_field) {
     SocketPair sp;
     std::vector<char> h = headerFor(uint64_t(1) << 30);
     writeAll(sp.writer, h.data(), h.size());
-    P2PReader r("silent");
+    P2PReader r;
     CHECK_THROWS(readMessage(r, sp.reader, P2PReader::Sink::Buffer,
                              Deadline::after(std::chrono::milliseconds(200))),
                  CommError);

@@ -1,5 +1,10 @@
 // Shared-memory links between two "ranks" that are threads of this process:
-// ring wrap-around, message alignment, receive-and-reduce, and the deadline.
+// ring wrap-around, message alignment, receive-and-reduce, the deadline, and
+// send/recv's ring with its wake-ups over a socket.
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +20,7 @@
 #include "check.h"
 #include "memory_store.h"
 #include "common/error.h"
+#include "transport/p2p_shm_stream.h"
 #include "transport/shm_node.h"
 #include "transport/shm_segment.h"
 
@@ -222,4 +228,64 @@ TEST(shm_rings_shrink_to_fit_dev_shm_on_every_local_rank) {
   // The send/recv rings gave way first (to 64 KiB); both sets fit.
   CHECK(stream[0] == stream[1] && stream[0] == (size_t(64) << 10));
   CHECK(4 * static_cast<uint64_t>(got[0] + stream[0]) <= freeBytes);
+}
+
+// send/recv's ring between two ranks of a node: 3 MiB through 4 KiB rings,
+// each side sleeping in poll() on the socket whenever the ring is empty or
+// full, as the loops do. A wake-up that is lost shows as a poll that times
+// out (a second, where every wake-up comes in microseconds); after the
+// writer closes its socket the reader still gets what is in the ring, and
+// then the peer failure.
+TEST(shm_stream_wakes_each_side_and_reads_on_after_the_writer_closed) {
+  int fds[2];
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  const size_t n = (size_t(3) << 20) + 333, tail = 100;
+  std::vector<char> data(n + tail), got(n + tail);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 37 + 11);
+  std::atomic<int> stalls{0};
+  auto sleepOn = [&](int fd) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 1000) == 0) ++stalls;
+  };
+  size_t ringBytes[2] = {0, 0}, streamBytes[2] = {0, 0};
+  withTwoRanksNode(4096, [&](int r, Link&, Doorbell&, ShmNode& node) {
+    ringBytes[r] = node.ringBytes();
+    streamBytes[r] = node.streamBytes();
+    if (r == 0) {
+      P2PShmWriter w(node, 0, 1, fds[0], "rank 1");
+      for (size_t sent = 0; sent < data.size();) {
+        w.takeWakeUps();
+        size_t k = w.write(data.data() + sent, data.size() - sent);
+        sent += k;
+        if (k == 0) sleepOn(fds[0]);
+      }
+      close(fds[0]);  // what is in the ring stays readable
+      return;
+    }
+    P2PShmReader rd(node, 1, 0, fds[1], "rank 0");
+    for (size_t in = 0; in < n;) {
+      rd.takeWakeUps();
+      size_t k = rd.take(got.data() + in, n - in);
+      in += k;
+      if (k == 0 && rd.sleepOn()) sleepOn(fds[1]);
+    }
+    bool failed = false;
+    for (size_t in = n; !failed;) {
+      rd.takeWakeUps();
+      try {
+        size_t k = rd.take(got.data() + in, got.size() - in);
+        in += k;
+        if (k == 0 && rd.sleepOn()) sleepOn(fds[1]);
+      } catch (const CommError& e) {
+        failed = e.kind() == CommError::Kind::PeerFailure && in == got.size();
+        CHECK(std::strstr(e.what(), "rank 0 closed the connection") != nullptr);
+        break;
+      }
+    }
+    CHECK(failed);
+  });
+  close(fds[1]);
+  CHECK(ringBytes[0] == 4096 && streamBytes[0] == 4096 && streamBytes[1] == 4096);
+  CHECK(stalls.load() == 0);
+  CHECK(got == data);
 }
