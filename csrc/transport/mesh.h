@@ -55,12 +55,14 @@ class Mesh {
   // Shared-memory doorbell of this rank, if any peer is on this node.
   Doorbell* myBell() const { return shm_ ? &shm_->myBell() : givenBell_; }
   const ShmNode* shmNode() const { return shm_.get(); }
-  // `peer` is on this node and shares its memory segment.
-  bool sharesMemoryWith(int peer) const {
-    return shm_ && peer != cfg_.rank && cfg_.topology.sameNode(cfg_.rank, peer);
+  // `peer` is on this node, and their segment has send/recv rings (none
+  // when /dev/shm is too small for them).
+  bool hasShmStreamTo(int peer) const {
+    return shm_ && shm_->streamBytes() > 0 && peer != cfg_.rank &&
+           cfg_.topology.sameNode(cfg_.rank, peer);
   }
   // This rank's send/recv messages to `peer` go through shared memory.
-  bool sendsByShm(int peer) const { return cfg_.p2pByShm && sharesMemoryWith(peer); }
+  bool sendsByShm(int peer) const { return cfg_.p2pByShm && hasShmStreamTo(peer); }
   // "ip:port" of this process's listener ("" for a one-rank group).
   std::string listenAddress() const { return listener_ ? listener_->address() : ""; }
   uint64_t rejectedConnections() const { return listener_ ? listener_->rejectedCount() : 0; }

@@ -1,8 +1,8 @@
 // P2PEngine's paths for a peer's bytes (the loops call these): the sender
 // chooses, and says so in its connection's first byte (P2PPath). Ranks of
 // one node go through a shared-memory ring (unless SMDCCL_P2P_SHM=0 on the
-// sender), the rest over the connection itself. The receiver follows what
-// the byte says.
+// sender, or /dev/shm had no room for the rings), the rest over the
+// connection itself. The receiver follows what the byte says.
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -96,7 +96,7 @@ bool P2PEngine::learnPath(int rank, Peer& p) {
   std::string peer = strCat("rank ", rank);
   if (path == kP2PBySocket) {
     p.source = std::make_unique<P2PSocketSource>(p.inFd, peer);
-  } else if (path == kP2PByShm && mesh_.sharesMemoryWith(rank)) {
+  } else if (path == kP2PByShm && mesh_.hasShmStreamTo(rank)) {
     auto ring = std::make_unique<P2PShmReader>(*mesh_.shmNode(), mesh_.rank(), rank, p.inFd, peer);
     p.shmIn = ring.get();
     p.source = std::move(ring);

@@ -56,16 +56,18 @@ ShmNode::ShmNode(KVStore& store, const Members& m, Deadline deadline)
     auto half = [&](size_t bytes) { return std::max(minRing, roundUp(bytes / 2, 4096)); };
     uint64_t freeBytes = ShmSegment::freeBytes();
     total = layOut(asked, asked);
-    // The send/recv rings give way first: collectives move most bytes.
-    while (total > freeBytes && (streamBytes_ > minRing || ringBytes_ > minRing))
-      total = streamBytes_ > minRing ? layOut(ringBytes_, half(streamBytes_))
-                                     : layOut(half(ringBytes_), streamBytes_);
+    // The send/recv rings give way first, down to none (send/recv then
+    // goes over TCP): the collectives move most bytes, and need their rings.
+    while (total > freeBytes && (streamBytes_ > 0 || ringBytes_ > minRing))
+      total = streamBytes_ > 0 ? layOut(ringBytes_, streamBytes_ > minRing ? half(streamBytes_) : 0)
+                               : layOut(half(ringBytes_), 0);
     if (ringBytes_ != asked || streamBytes_ != asked)
-      SMDCCL_WARN("/dev/shm has ", freeBytes >> 20, " MiB free: this node's ", L * L,
-                  " shared-memory rings get ", ringBytes_ >> 10,
-                  " KiB each (send/recv: ", streamBytes_ >> 10, " KiB) instead of ", asked >> 10,
-                  " (SMDCCL_SHM_RING_KB); enlarge /dev/shm (e.g. docker run --shm-size=1g) for "
-                  "full bandwidth");
+      SMDCCL_WARN(
+          "/dev/shm has ", freeBytes >> 20, " MiB free: this node's ", L * L,
+          " shared-memory rings get ", ringBytes_ >> 10, " KiB each instead of ", asked >> 10,
+          " (SMDCCL_SHM_RING_KB), send/recv ",
+          streamBytes_ ? strCat(streamBytes_ >> 10, " KiB rings") : std::string("goes over TCP"),
+          "; enlarge /dev/shm (e.g. docker run --shm-size=1g) for full bandwidth");
     ShmSegment::unlink(
         name);  // a stale one from a crashed job with the same token: impossible, but harmless
     try {

@@ -1,8 +1,8 @@
 #pragma once
 // The shared-memory area of one node in one group: a doorbell and pid per
 // local rank, and two single-producer/single-consumer byte rings for every
-// ordered pair of local ranks: one for collectives, a smaller one for
-// send/recv (p2p_shm_stream.h).
+// ordered pair of local ranks: one for collectives, one for send/recv
+// (p2p_shm_stream.h; the first to shrink, to none, when /dev/shm is small).
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -63,7 +63,8 @@ class ShmNode {
   ShmRingHeader* ringHeader(int from, int to) const;
   char* ringData(int from, int to) const;
   size_t ringBytes() const { return ringBytes_; }
-  // The send/recv ring from local index `from` to `to`.
+  // The send/recv ring from local index `from` to `to` (streamBytes() 0:
+  // there are none).
   ShmStreamHeader* streamHeader(int from, int to) const;
   char* streamData(int from, int to) const;
   size_t streamBytes() const { return streamBytes_; }

@@ -225,9 +225,20 @@ TEST(shm_rings_shrink_to_fit_dev_shm_on_every_local_rank) {
   });
   CHECK(got[0] == got[1]);
   CHECK(got[0] < asked && got[0] >= (size_t(64) << 10));
-  // The send/recv rings gave way first (to 64 KiB); both sets fit.
-  CHECK(stream[0] == stream[1] && stream[0] == (size_t(64) << 10));
-  CHECK(4 * static_cast<uint64_t>(got[0] + stream[0]) <= freeBytes);
+  // The send/recv rings gave way first, to none (send/recv goes over TCP),
+  // before the collective rings shrank; what is left fits.
+  CHECK(stream[0] == 0 && stream[1] == 0);
+  CHECK(4 * static_cast<uint64_t>(got[0]) <= freeBytes);
+  // Room for the collective rings and half as much again: they keep their
+  // size, and only the send/recv rings shrink (to a half or a quarter).
+  freeBytes = ShmSegment::freeBytes();
+  asked = static_cast<size_t>(freeBytes / 6) / 4096 * 4096;
+  withTwoRanksNode(asked, [&](int r, Link&, Doorbell&, ShmNode& node) {
+    got[r] = node.ringBytes();
+    stream[r] = node.streamBytes();
+  });
+  CHECK(got[0] == asked && got[1] == asked);
+  CHECK(stream[0] == stream[1] && stream[0] > 0 && stream[0] < asked);
 }
 
 // send/recv's ring between two ranks of a node: 3 MiB through 4 KiB rings,
