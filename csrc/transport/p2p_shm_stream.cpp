@@ -26,8 +26,11 @@ ShmLink::Rings ringsOf(const ShmNode& node, int myRank, int peerRank) {
 // wake-ups and will look. False when the connection failed.
 bool sendWakeUp(int fd) {
   const char b = 1;
-  ssize_t k = ::send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-  return k == 1 || (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+  while (true) {
+    ssize_t k = ::send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0 && errno == EINTR) continue;  // the request is taken: the byte must go
+    return k == 1 || (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+  }
 }
 
 // Takes every wake-up there is; false once the connection closed (or was
