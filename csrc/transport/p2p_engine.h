@@ -159,7 +159,6 @@ class P2PEngine {
     // The receiving loop's only:
     Inbound in;
     std::unique_ptr<P2PByteSource> source;  // once the path's byte is in
-    P2PShmReader* shmIn = nullptr;          // `source`, when it is shared memory
     bool readNow = true;  // read without waiting for the socket (a ring with bytes left)
   };
   // What completes after mu_ is released (completions may call back in).
@@ -226,8 +225,6 @@ class P2PEngine {
   uint64_t writeRing(Peer& p);
   // The path's byte, once it is in (false: not yet).
   bool learnPath(int rank, Peer& p);
-  // After a turn's reads (`budget` left of it): whether to read on at once.
-  static bool readOnNow(const Peer& p, uint64_t budget);
   bool startSend(Peer& p);  // mu_ held
   void pollReady(Peer& p);  // the sending loop's own state
   // Reads what is there of the current message; false: the peer failed.

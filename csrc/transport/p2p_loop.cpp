@@ -184,7 +184,7 @@ bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
   try {
     p.readNow = false;
     if (!p.source && !learnPath(rank, p)) return true;
-    if (p.shmIn) p.shmIn->takeWakeUps();
+    p.source->startTurn();
     while (true) {
       bool began = !in.reader.midMessage();
       P2PReader::Event ev = in.reader.read(*p.source, &budget);
@@ -193,7 +193,7 @@ bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
       if (ev == P2PReader::Event::Header) headerRead(rank, p, later);
       if (in.reader.complete()) messageRead(rank, p, later);
     }
-    p.readNow = readOnNow(p, budget);
+    p.readNow = p.source->readOnNow(budget);
     return true;
   } catch (const std::exception& e) {  // the connection, or memory for a message
     std::lock_guard<std::mutex> lock(mu_);

@@ -97,21 +97,13 @@ bool P2PEngine::learnPath(int rank, Peer& p) {
   if (path == kP2PBySocket) {
     p.source = std::make_unique<P2PSocketSource>(p.inFd, peer);
   } else if (path == kP2PByShm && mesh_.hasShmStreamTo(rank)) {
-    auto ring = std::make_unique<P2PShmReader>(*mesh_.shmNode(), mesh_.rank(), rank, p.inFd, peer);
-    p.shmIn = ring.get();
-    p.source = std::move(ring);
+    p.source = std::make_unique<P2PShmReader>(*mesh_.shmNode(), mesh_.rank(), rank, p.inFd, peer);
   } else {
     throw CommError(CommError::Kind::Protocol,
                     strCat(peer, " opened its connection with an unknown path (byte ",
                            static_cast<int>(static_cast<unsigned char>(path)), ")"));
   }
   return true;
-}
-
-bool P2PEngine::readOnNow(const Peer& p, uint64_t budget) {
-  // A ring left with bytes after a full turn, or filled as its reader asked
-  // for a wake-up, is read on at once (a socket says so itself).
-  return p.shmIn && (budget == 0 || !p.shmIn->sleepOn());
 }
 
 }  // namespace smdccl

@@ -25,6 +25,12 @@ class P2PByteSource {
   // now). Throws CommError (PeerFailure) once the other end closed or
   // failed and nothing more is there.
   virtual size_t take(char* at, size_t room) = 0;
+  // Before a turn's takes: notices of new bytes that come other than as
+  // the bytes themselves are taken now (a ring: its writer's wake-ups).
+  virtual void startTurn() {}
+  // After a turn's takes, which left `budget` unspent: whether to take on
+  // at once, without waiting for the socket (a ring with bytes left).
+  virtual bool readOnNow(uint64_t /*budget*/) { return false; }
 };
 
 // A connected socket's bytes, read without blocking; `peer` names the

@@ -50,6 +50,10 @@ class P2PShmReader : public P2PByteSource {
   // From the ring; 0 while it is empty. Throws CommError (PeerFailure) once
   // the sender closed its connection and the ring is empty.
   size_t take(char* at, size_t room) override;
+  // takeWakeUps(); and, after a turn, a ring left with bytes (a full
+  // turn), or filled as sleepOn() asked for a wake-up, is read on at once.
+  void startTurn() override { takeWakeUps(); }
+  bool readOnNow(uint64_t budget) override { return budget == 0 || !sleepOn(); }
   // Takes the writer's wake-ups off the connection, and notes whether it
   // closed or failed (what is in the ring is still read: a writer that
   // finished may have exited).
