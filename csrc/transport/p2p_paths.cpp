@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "transport/mesh.h"
+#include "transport/socket_util.h"
 #include "transport/p2p_engine.h"
 
 namespace smdccl {
@@ -29,7 +30,7 @@ bool P2PEngine::announcePath(int rank, Peer& p) {
                                           strCat("rank ", rank));
   const char path = shm ? kP2PByShm : kP2PBySocket;
   ssize_t k = ::send(p.outFd, &path, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+  if (k < 0 && tryAgain(errno)) return false;
   if (k != 1) throw connectionFailed(rank);
   p.ring = std::move(ring);
   p.announced = true;
@@ -58,7 +59,7 @@ uint64_t P2PEngine::writeSocket(int rank, Peer& p) {
       moved += static_cast<uint64_t>(k);
       continue;
     }
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+    if (k < 0 && tryAgain(errno)) break;
     throw connectionFailed(rank);
   }
   return moved;
@@ -89,7 +90,7 @@ uint64_t P2PEngine::writeRing(Peer& p) {
 bool P2PEngine::learnPath(int rank, Peer& p) {
   char path = 0;
   ssize_t k = ::recv(p.inFd, &path, 1, MSG_DONTWAIT);
-  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+  if (k < 0 && tryAgain(errno)) return false;
   if (k == 0)
     throw CommError(CommError::Kind::PeerFailure, strCat("rank ", rank, " closed the connection"));
   if (k < 0) throw connectionFailed(rank);

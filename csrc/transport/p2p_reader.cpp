@@ -7,13 +7,14 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/socket_util.h"
 
 namespace smdccl {
 
 size_t P2PSocketSource::take(char* at, size_t room) {
   ssize_t k = ::recv(fd_, at, room, MSG_DONTWAIT);
   if (k > 0) return static_cast<size_t>(k);
-  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (k < 0 && tryAgain(errno)) return 0;
   if (k == 0) throw CommError(CommError::Kind::PeerFailure, peer_ + " closed the connection");
   throw CommError(CommError::Kind::PeerFailure,
                   strCat("connection to ", peer_, " failed: ", std::strerror(errno)));

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/socket_util.h"
 
 namespace smdccl {
 
@@ -29,7 +30,7 @@ bool sendWakeUp(int fd) {
   while (true) {
     ssize_t k = ::send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0 && errno == EINTR) continue;  // the request is taken: the byte must go
-    return k == 1 || (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+    return k == 1 || (k < 0 && tryAgain(errno));
   }
 }
 
@@ -39,10 +40,8 @@ bool drainWakeUps(int fd) {
   char buf[256];
   while (true) {
     ssize_t k = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (k > 0) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    if (k < 0 && errno == EINTR) continue;
-    return false;
+    if (k > 0 || (k < 0 && errno == EINTR)) continue;
+    return k < 0 && tryAgain(errno);
   }
 }
 

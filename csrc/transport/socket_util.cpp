@@ -266,7 +266,7 @@ void sendAll(int fd, const void* buf, size_t n, const SocketWait& w, size_t* sen
       p += k;
       n -= static_cast<size_t>(k);
       if (sent) *sent += static_cast<size_t>(k);
-    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    } else if (k < 0 && tryAgain(errno)) {
       throwIfCancelled(w.cancel, w.what);
       waitReady(fd, POLLOUT, w.deadline, w.what, "sending to");
     } else {
@@ -285,7 +285,7 @@ void recvAll(int fd, void* buf, size_t n, const SocketWait& w) {
       n -= static_cast<size_t>(k);
     } else if (k == 0) {
       throw CommError(CommError::Kind::PeerFailure, strCat(w.what, " closed the connection"));
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+    } else if (tryAgain(errno)) {
       throwIfCancelled(w.cancel, w.what);
       waitReady(fd, POLLIN, w.deadline, w.what, "receiving from");
     } else {

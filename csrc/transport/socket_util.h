@@ -1,5 +1,6 @@
 #pragma once
 // Small POSIX socket helpers shared by the TCP listener and links.
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <atomic>
@@ -10,6 +11,10 @@
 #include "common/deadline.h"
 
 namespace smdccl {
+
+// `err` (errno) after a non-blocking socket call that moved nothing: not a
+// failure, only nothing to do now (try again at the next poll).
+inline bool tryAgain(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
 // The IPv4 address this process should listen on: SMDCCL_SOCKET_IFNAME's
 // address if set, else the source address of the route to `masterAddr`

@@ -31,7 +31,7 @@ size_t TcpLink::send(const void* buf, size_t n) {
   if (n == 0) return 0;
   ssize_t k = ::send(fd_, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (k >= 0) return static_cast<size_t>(k);
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  if (tryAgain(errno)) return 0;
   fail("sending to", errno);
 }
 
@@ -40,7 +40,7 @@ size_t TcpLink::recv(void* buf, size_t n) {
   ssize_t k = ::recv(fd_, buf, n, MSG_DONTWAIT);
   if (k > 0) return static_cast<size_t>(k);
   if (k == 0) fail("receiving from", 0);
-  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  if (tryAgain(errno)) return 0;
   fail("receiving from", errno);
 }
 

@@ -338,7 +338,7 @@ void TcpListener::acceptLoop() {
     for (auto& p : pending) {
       ssize_t k = ::recv(p.fd, p.hello + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
       if (k > 0) p.got += static_cast<size_t>(k);
-      bool dead = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      bool dead = k == 0 || (k < 0 && !tryAgain(errno));
       if (p.got == sizeof(Hello)) {
         onHello(p.fd, p.from, p.hello, p.got);
       } else if (dead || now > p.until) {
