@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "check.h"
 
@@ -23,8 +24,22 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no child entry named %s\n", argv[2]);
     return 2;
   }
+  // --shard K/N: only the tests whose index is K modulo N, so that N
+  // processes can share the suite (tests/test_cpp_core.py runs two).
+  size_t shard = 0, shards = 1;
+  if (argc >= 3 && std::string(argv[1]) == "--shard" &&
+      std::sscanf(argv[2], "%zu/%zu", &shard, &shards) != 2) {
+    std::fprintf(stderr, "--shard takes K/N, e.g. 0/2; got %s\n", argv[2]);
+    return 2;
+  }
+  if (shards == 0 || shard >= shards) {
+    std::fprintf(stderr, "--shard %zu/%zu: K must be below N\n", shard, shards);
+    return 2;
+  }
   int passed = 0, failed = 0;
-  for (auto& t : testRegistry()) {
+  const auto& tests = testRegistry();
+  for (size_t i = shard; i < tests.size(); i += shards) {
+    const TestCase& t = tests[i];
     int before = gFailures;
     auto start = std::chrono::steady_clock::now();
     try {

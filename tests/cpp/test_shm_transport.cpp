@@ -32,7 +32,10 @@ namespace {
 void withTwoRanksNode(size_t ringBytes,
                       const std::function<void(int, Link&, Doorbell&, ShmNode&)>& body) {
   MemoryStore store;
-  std::string token = "00112233445566778899aabbccddeeff";
+  // The segment's name comes from the token: one per process, so that
+  // shards of this binary running at once do not meet in /dev/shm.
+  char token[33];
+  std::snprintf(token, sizeof token, "%016llx8899aabbccddeeff", static_cast<unsigned long long>(getpid()));
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
