@@ -88,11 +88,36 @@ def _seed(*parts) -> int:
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
+#: from this many elements numpy draws the inputs: its generator draws 2-4x
+#: faster than torch's but costs ~20 us more to create, which the thousands of
+#: small inputs of a soak run would feel.
+NUMPY_FROM = 4096
+
+
 @lru_cache(maxsize=4096)
 def _rank_input_cached(rank: int, n: int, dtype: torch.dtype, seed: int, kind: str) -> torch.Tensor:
-    # numpy's PCG64 draws these 2-4x faster than torch's CPU generator: the
-    # matrices draw thousands of inputs, every rank all of its peers' too.
-    rng = np.random.default_rng(_seed(rank, n, dtype, seed, kind))
+    if kind not in ("int", "rand"):
+        raise ValueError(f"unknown input kind {kind!r}")
+    draw = _draw_numpy if n >= NUMPY_FROM else _draw_torch
+    return draw(n, dtype, _seed(rank, n, dtype, seed, kind), kind)
+
+
+def _draw_torch(n: int, dtype: torch.dtype, seed: int, kind: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(n, generator=g) < 0.8
+    if dtype in INT_DTYPES:
+        info = torch.iinfo(dtype)
+        if dtype == torch.int64:
+            return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64)
+        return torch.randint(info.min, info.max + 1, (n,), generator=g, dtype=torch.int64).to(dtype)
+    if kind == "int":
+        return torch.randint(-4, 5, (n,), generator=g, dtype=torch.int64).to(dtype)
+    return torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+
+
+def _draw_numpy(n: int, dtype: torch.dtype, seed: int, kind: str) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
     if dtype == torch.bool:
         return torch.from_numpy(rng.random(n) < 0.8)
     if dtype in INT_DTYPES:
@@ -100,9 +125,7 @@ def _rank_input_cached(rank: int, n: int, dtype: torch.dtype, seed: int, kind: s
         return torch.from_numpy(rng.integers(info.min, info.max, n, dtype=dtype_numpy(dtype), endpoint=True))
     if kind == "int":
         return torch.from_numpy(rng.integers(-4, 5, n)).to(dtype)
-    if kind == "rand":
-        return torch.from_numpy(rng.standard_normal(n)).to(dtype)
-    raise ValueError(f"unknown input kind {kind!r}")
+    return torch.from_numpy(rng.standard_normal(n)).to(dtype)
 
 
 def rank_input(rank: int, n: int, dtype: torch.dtype, seed: int = 0, kind: str = "int") -> torch.Tensor:
