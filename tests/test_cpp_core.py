@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,23 +73,32 @@ def test_cpp_core_unit_tests(tmp_path_factory):
     # INFO: the listener test checks that every dropped connection is logged
     # (WARN for the first few of each window, INFO after). Two shards at once:
     # many tests wait on sockets or deadlines, and CI has two cores.
-    shards = [subprocess.Popen([str(build / "smdccl_core_tests"), "--shard", f"{k}/{SHARDS}"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "SMDCCL_DEBUG": "INFO"})
-              for k in range(SHARDS)]
+    # Output goes to files, not pipes: a shard must never wait on a full pipe
+    # while this process waits on the other shard.
+    logs = Path(tmp_path_factory.mktemp("core-test-logs"))
+    shards = []
+    for k in range(SHARDS):
+        with open(logs / f"shard{k}.out", "w") as out, open(logs / f"shard{k}.err", "w") as err:
+            shards.append(subprocess.Popen([str(build / "smdccl_core_tests"), "--shard", f"{k}/{SHARDS}"],
+                                           stdout=out, stderr=err, env={**os.environ, "SMDCCL_DEBUG": "INFO"}))
+    deadline = time.monotonic() + 300
     passed = 0
     for k, shard in enumerate(shards):
+        timed_out = False
         try:
-            out, err = shard.communicate(timeout=300)
+            shard.wait(timeout=max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
+            timed_out = True
             for s in shards:
                 s.kill()
-            out, err = shard.communicate()
-            pytest.fail(f"shard {k}/{SHARDS} ran past 300 s:\n{out[-5000:]}{err[-5000:]}")
+                s.wait()
+        out = (logs / f"shard{k}.out").read_text(errors="replace")
+        err = (logs / f"shard{k}.err").read_text(errors="replace")
         sys.stdout.write(out)
-        assert shard.returncode == 0, f"shard {k}/{SHARDS}:\n{out}{err}"
+        assert not timed_out, f"shard {k}/{SHARDS} ran past 300 s:\n{out[-5000:]}{err[-5000:]}"
+        assert shard.returncode == 0, f"shard {k}/{SHARDS} exited {shard.returncode}:\n{out}{err[-20000:]}"
         summary = re.search(r"^(\d+) passed, 0 failed$", out, re.M)
-        assert summary, f"shard {k}/{SHARDS} printed no summary:\n{out}{err}"
+        assert summary, f"shard {k}/{SHARDS} printed no summary:\n{out}{err[-20000:]}"
         passed += int(summary.group(1))
     registered = len(re.findall(r"^TEST\(", "".join(p.read_text() for p in (ROOT / "tests/cpp").glob("*.cpp")), re.M))
     assert passed == registered, f"{passed} tests ran in {SHARDS} shards; tests/cpp registers {registered}"
