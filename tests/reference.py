@@ -285,10 +285,7 @@ def mismatch(out: torch.Tensor, ref: Reference, max_show: int = 5) -> str | None
     if not is_float(ref.dtype):
         if torch.equal(out, exp):  # one pass for the common case; the report below finds what differs
             return None
-        bad = out != exp
-        if not bool(bad.any()):
-            return None
-        idx = bad.nonzero().flatten()
+        idx = (out != exp).nonzero().flatten()
         shown = ", ".join(f"[{i}] got {out[i].item()} expected {exp[i].item()}" for i in idx[:max_show].tolist())
         return f"{idx.numel()} of {out.numel()} elements differ: {shown}"
     got = out.to(torch.float64)
