@@ -1,8 +1,11 @@
 #include "algorithms/staged_collectives.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "algorithms/collectives.h"
+#include "kernels/cpu/reduce.h"
 
 namespace smdccl {
 
@@ -15,7 +18,35 @@ int slotsFor(size_t count, size_t chunk) {
   return static_cast<int>(
       std::min<size_t>((count + chunk - 1) / chunk, static_cast<size_t>(kStagedRoundSlots)));
 }
+
+// Packed rounds: the device leaves n wire values at the start of a
+// float32-sized slot region. Widened in place (from the end, a piece at a
+// time, so that no value is overwritten before it is read), the host
+// collective runs on float32, as it does for a host tensor.
+constexpr size_t kPiece = 2048;
+void widenInPlace(char* buf, size_t n, Wire wire) {
+  float tmp[kPiece];
+  for (size_t end = n; end > 0;) {
+    const size_t m = std::min(kPiece, end), at = end - m;
+    unpackFromWire(tmp, buf + at * 2, m, wire);
+    std::memcpy(buf + at * 4, tmp, m * 4);
+    end = at;
+  }
+}
+// ... and narrowed back to the start of it (dst <= src), from the start:
+// exact, as every result of a compressed Comm is the wire's already
+// (Comm::resultWire).
+void narrowInPlace(char* dst, const char* src, size_t n, Wire wire) {
+  uint16_t tmp[kPiece];
+  for (size_t at = 0; at < n; at += kPiece) {
+    const size_t m = std::min(kPiece, n - at);
+    packToWire(tmp, reinterpret_cast<const float*>(src + at * 4), m, wire);
+    std::memcpy(dst + at * 2, tmp, m * 2);
+  }
+}
 }  // namespace
+
+Wire stagedPackWire(const Comm& c, DType dt) { return c.resultWire(dt); }
 
 size_t allreduceRoundsHostBytes(size_t count, DType dt, size_t chunkBytes) {
   const size_t chunk = chunkElems(dt, chunkBytes);
@@ -26,15 +57,20 @@ StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t c
                                 const Tuning& t) {
   const size_t es = elementSize(a.dt);
   const size_t chunk = chunkElems(a.dt, chunkBytes);
+  const Wire wire = stagedPackWire(c, a.dt);
   StagedRoundsJob job;
   job.slotBytes = chunk * es;
   job.slots = slotsFor(a.count, chunk);
+  job.dt = a.dt;
+  job.wire = wire;
   for (size_t at = 0; at < a.count; at += chunk) {
     const size_t n = std::min(chunk, a.count - at);
     char* dev = a.buf + at * es;
     job.rounds.push_back({{{dev, 0, n * es}},
-                          [comm = c, &t, n, dt = a.dt, op = a.op](char* slot) mutable {
+                          [comm = c, &t, n, wire, dt = a.dt, op = a.op](char* slot) mutable {
+                            if (wire != Wire::F32) widenInPlace(slot, n, wire);
                             allreduce(comm, {.buf = slot, .count = n, .dt = dt, .op = op}, t);
+                            if (wire != Wire::F32) narrowInPlace(slot, slot, n, wire);
                           },
                           {{dev, 0, n * es}}});
   }
@@ -42,17 +78,26 @@ StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t c
 }
 
 StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, const Tuning& t) {
-  const size_t blockBytes = r.each * elementSize(r.dt);
+  const size_t es = elementSize(r.dt);
+  const size_t blockBytes = r.each * es;
   const size_t total = blockBytes * static_cast<size_t>(c.size());
+  const Wire wire = stagedPackWire(c, r.dt);
+  // Packed, this rank's block comes back from its place in the packed layout.
+  const size_t mine = blockBytes * static_cast<size_t>(c.rank());
+  const size_t back = wire == Wire::F32 ? mine : mine / 2;
   StagedRoundsJob job;
   job.slotBytes = total;
-  job.rounds.push_back({{{const_cast<char*>(r.in), 0, total}},
-                        [comm = c, &t, blockBytes, dt = r.dt, op = r.op](char* slot) mutable {
-                          Blocks blocks = Blocks::equal(comm.size(), blockBytes);
-                          reduceScatter(comm, {.buf = slot, .dt = dt, .op = op, .blocks = &blocks},
-                                        t);
-                        },
-                        {{r.out, blockBytes * static_cast<size_t>(c.rank()), blockBytes}}});
+  job.dt = r.dt;
+  job.wire = wire;
+  job.rounds.push_back(
+      {{{const_cast<char*>(r.in), 0, total}},
+       [comm = c, &t, blockBytes, total, mine, back, wire, dt = r.dt, op = r.op](char* slot) mutable {
+         if (wire != Wire::F32) widenInPlace(slot, total / 4, wire);
+         Blocks blocks = Blocks::equal(comm.size(), blockBytes);
+         reduceScatter(comm, {.buf = slot, .dt = dt, .op = op, .blocks = &blocks}, t);
+         if (wire != Wire::F32) narrowInPlace(slot + back, slot + mine, blockBytes / 4, wire);
+       },
+       {{r.out, back, blockBytes}}});
   return job;
 }
 

@@ -85,13 +85,19 @@ class StagedRounds final : public StagedProxy {
   // Plans round k's copies out (or back), each range checked against the slot.
   void plan(size_t k, bool out) {
     char* slot = slotOf(k);
+    const DType dt = job_.dt;
+    const Wire wire = StageDevice::packed(dt, job_.wire) ? job_.wire : Wire::F32;
+    const size_t es = elementSize(dt);
     for (const StagedRange& r : out ? job_.rounds[k].out : job_.rounds[k].in) {
-      SMDCCL_CHECK_ARG(r.slotOffset + r.bytes <= job_.slotBytes,
+      SMDCCL_CHECK_ARG(r.bytes % es == 0, "staged rounds: a range of part of an element");
+      const size_t count = r.bytes / es;
+      SMDCCL_CHECK_ARG(r.slotOffset + count * StageDevice::wireElementSize(dt, wire) <=
+                           job_.slotBytes,
                        "staged rounds: a range ends past its slot");
-      if (r.bytes == 0) continue;
+      if (count == 0) continue;
       char* at = slot + r.slotOffset;
-      if (out) out_[k].push_back(d_.planToHost(at, r.dev, r.bytes, DType::U8, Wire::F32));
-      else in_[k].push_back(d_.planFromHost(r.dev, at, r.bytes, {DType::U8}));
+      if (out) out_[k].push_back(d_.planToHost(at, r.dev, count, dt, wire));
+      else in_[k].push_back(d_.planFromHost(r.dev, at, count, {.dt = dt, .wire = wire}));
     }
   }
   char* slotOf(size_t k) const {

@@ -9,8 +9,10 @@
 // several slots, round k+1's copy out and round k-1's copy back overlap
 // round k's host step.
 //
-// Where the host step is the ring and the data float32, staged_ring.h does
-// better: the device casts to the 16-bit wire. This carries everything else.
+// Packed rounds (a 16-bit wire): the device casts float32 ranges to the
+// wire's 16 bits on the way out and widens them on the way back, so only
+// half the bytes cross PCIe; the host step gets the packed data (see
+// staged_collectives.h for what it does with it).
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -21,7 +23,8 @@
 
 namespace smdccl {
 
-// `bytes` at device address `dev` and at `slotOffset` in the round's slot.
+// `bytes` at device address `dev` and at `slotOffset` in the round's slot
+// (packed: the range takes half as many bytes there).
 struct StagedRange {
   char* dev = nullptr;
   size_t slotOffset = 0;
@@ -38,6 +41,10 @@ struct StagedRoundsJob {
   std::vector<StagedRound> rounds;
   size_t slotBytes = 0;  // one slot: at least every range's end
   int slots = 1;         // slots in turn (rounds in flight)
+  // What the ranges hold, and the wire they cross PCIe as: float32 on a
+  // 16-bit wire is packed (StageDevice::packed); anything else is copied as is.
+  DType dt = DType::U8;
+  Wire wire = Wire::F32;
   // Host bytes the job needs.
   size_t hostBytes() const { return static_cast<size_t>(slots) * slotBytes; }
 };

@@ -1,5 +1,6 @@
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -23,6 +24,24 @@ int main(int argc, char** argv) {
       if (name == argv[2]) return fn(std::vector<std::string>(argv + 3, argv + argc));
     std::fprintf(stderr, "no child entry named %s\n", argv[2]);
     return 2;
+  }
+  // --only NAME [REPEATS]: the tests whose name contains NAME, REPEATS
+  // times (default 1), stopping at the first failure: to chase a flaky test.
+  if (argc >= 3 && std::string(argv[1]) == "--only") {
+    const int repeats = argc >= 4 ? std::atoi(argv[3]) : 1;
+    int ran = 0;
+    for (int k = 0; k < repeats; ++k)
+      for (const TestCase& t : testRegistry())
+        if (std::string(t.name).find(argv[2]) != std::string::npos) {
+          t.fn();
+          ++ran;
+          if (gFailures) {
+            std::printf("FAIL %s on run %d\n", t.name, k + 1);
+            return 1;
+          }
+        }
+    std::printf("%d runs passed\n", ran);
+    return ran ? 0 : 2;
   }
   // --shard K/N: only the tests whose index is K modulo N, so that N
   // processes can share the suite (tests/test_cpp_core.py runs two).

@@ -8,6 +8,8 @@
 // dropped without running lets its gated copies go. The jobs are the GPU
 // paths' (staged_collectives.h).
 #include <atomic>
+#include <cmath>
+#include <deque>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -21,6 +23,7 @@
 #include "algorithms/staged_rounds.h"
 #include "check.h"
 #include "common/error.h"
+#include "kernels/cpu/reduce.h"
 #include "memory_fabric.h"
 #include "stuck_stage_device.h"
 
@@ -157,6 +160,206 @@ TEST(staged_rounds_reduce_scatter_and_allgather_match_the_host) {
   });
   if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
   CHECK(error.empty());
+}
+
+namespace {
+
+// Inputs as `wire` holds them: with them, packing on the device changes
+// nothing, so a packed staged op must give the host collective's bits.
+std::vector<float> onWire(std::vector<float> v, Wire wire) {
+  if (wire != Wire::F32) roundToWire(v.data(), v.size(), wire);
+  return v;
+}
+
+const char* nameOf(Wire w) { return w == Wire::F16 ? "fp16" : w == Wire::BF16 ? "bf16" : "f32"; }
+
+}  // namespace
+
+// A compressed group's staged allreduce and reduce-scatter: the device packs
+// float32 to the wire (half the bytes each way), the host widens, runs the
+// host collective with its float32 sums and wire, and narrows the results
+// exactly: the bits of the host collective on the same (wire-rounded)
+// inputs, every chunk and tail, in every ungated device mode. Where no hop
+// is compressed nothing is packed.
+TEST(staged_rounds_pack_the_16_bit_wire_with_the_host_paths_bits) {
+  struct Case {
+    std::vector<int> nodes;
+    Wire wire;
+    bool intra;
+  };
+  const std::vector<Case> cases = {{{1, 1}, Wire::F16, false},     {{2, 2}, Wire::BF16, false},
+                                   {{1, 1, 1}, Wire::F16, false},  {{3}, Wire::F16, true},
+                                   {{3}, Wire::BF16, false}};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  int checked = 0;
+  for (const Case& k : cases) {
+    MemoryFabric fabric(k.nodes);
+    std::string error = fabric.run([&](int r, Comm& c) {
+      c.wire = k.wire;
+      c.wireIntra = k.intra;
+      const bool packs = c.resultWire(DType::F32) != Wire::F32;
+      const Wire rounding = packs ? k.wire : Wire::F32;
+      auto fail = [&](const std::string& what) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back("rank " + std::to_string(r) + " " + nameOf(k.wire) + " nodes " +
+                           std::to_string(k.nodes.size()) + ": " + what);
+      };
+      int variant = 0;
+      for (size_t n : {size_t{1}, size_t{1000}, size_t{10007}})
+        for (size_t chunk : {size_t{256}, size_t{4096}}) {
+          const Mode mode = variant++ % 2 ? Mode::Deferred : Mode::Immediate;
+          std::vector<float> buf = valuesOf(r, n), ref = onWire(buf, rounding);
+          for (size_t at = 0; at < n; at += chunk)
+            allreduce(c,
+                      {.buf = reinterpret_cast<char*>(ref.data() + at),
+                       .count = std::min(chunk, n - at),
+                       .dt = DType::F32,
+                       .op = RedOp::Sum},
+                      kTuning);
+          HostStageDevice device(mode);
+          StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, chunk, 4);
+          std::vector<char> host(job.hostBytes());
+          planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+          const std::string at = " n=" + std::to_string(n) + " chunk " + std::to_string(chunk);
+          if (std::memcmp(buf.data(), ref.data(), n * 4) != 0)
+            fail("allreduce" + at + ": differs from the host allreduce");
+          const size_t each = packs ? 2 : 4;
+          if (device.bytesToHost() != n * each || device.bytesFromHost() != n * each)
+            fail("allreduce" + at + ": " + std::to_string(device.bytesToHost()) + " / " +
+                 std::to_string(device.bytesFromHost()) + " bytes across the device");
+          // reduce_scatter_tensor's staged path: one round, every block.
+          const size_t p = static_cast<size_t>(c.size()), per = n / 7 + 1;
+          std::vector<float> in = valuesOf(r + 5, per * p), out(per, -1.0f);
+          std::vector<float> rsRef = onWire(in, rounding);
+          Blocks blocks = Blocks::equal(c.size(), per * 4);
+          reduceScatter(c,
+                        {.buf = reinterpret_cast<char*>(rsRef.data()),
+                         .dt = DType::F32,
+                         .op = RedOp::Sum,
+                         .blocks = &blocks},
+                        kTuning);
+          const std::vector<float> inBefore = in;
+          HostStageDevice rsDevice(mode);
+          StagedRoundsJob rs = reduceScatterRounds(c,
+                                                   {.in = reinterpret_cast<char*>(in.data()),
+                                                    .out = reinterpret_cast<char*>(out.data()),
+                                                    .each = per,
+                                                    .dt = DType::F32,
+                                                    .op = RedOp::Sum},
+                                                   kTuning);
+          std::vector<char> rsHost(rs.hostBytes());
+          planStagedRounds(c.ctx, rsDevice, std::move(rs), rsHost.data())->run();
+          if (std::memcmp(out.data(), rsRef.data() + per * r, per * 4) != 0)
+            fail("reduce-scatter" + at + ": differs from the host reduce-scatter");
+          if (in != inBefore) fail("reduce-scatter" + at + ": its input changed");
+          if (rsDevice.bytesToHost() != per * p * each || rsDevice.bytesFromHost() != per * each)
+            fail("reduce-scatter" + at + ": " + std::to_string(rsDevice.bytesToHost()) + " / " +
+                 std::to_string(rsDevice.bytesFromHost()) + " bytes across the device");
+          if (r == 0) {
+            std::lock_guard<std::mutex> lock(mu);
+            ++checked;
+          }
+        }
+    });
+    if (!error.empty()) failures.push_back(error);
+  }
+  for (size_t i = 0; i < failures.size() && i < 10; ++i)
+    std::fprintf(stderr, "  FAIL %s\n", failures[i].c_str());
+  CHECK(failures.empty());
+  CHECK(checked == static_cast<int>(cases.size()) * 3 * 2);
+}
+
+// Arbitrary float32 inputs on a compressed group: every rank ends with the
+// same bits, within the wire's bound of the float64 sum (each rank's input
+// rounded once more than on a host tensor; docs/cuda.md).
+TEST(staged_rounds_packed_results_agree_and_keep_the_wire_bound) {
+  MemoryFabric fabric({1, 1, 1, 1});
+  const size_t n = 5000;
+  std::vector<std::vector<float>> got(4);
+  std::string error = fabric.run([&](int r, Comm& c) {
+    c.wire = Wire::F16;
+    std::vector<float> buf(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = std::sin(0.37f * i + r) * (1.0f + 0.01f * r);
+    HostStageDevice device(Mode::Deferred);
+    StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, 1024, 2);
+    std::vector<char> host(job.hostBytes());
+    planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+    got[r] = buf;
+  });
+  CHECK(error.empty());
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (int r = 0; r < 4; ++r) exact += std::sin(0.37f * i + r) * (1.0f + 0.01f * r);
+    worst = std::max(worst, std::fabs(got[0][i] - exact));
+    for (int r = 1; r < 4; ++r)
+      if (std::memcmp(&got[r][i], &got[0][i], 4) != 0) worst = 1e9;
+  }
+  // |sum| <= 4.2: fp16's half step there is 2^-9; 4 input roundings, 3 sums
+  // and the result, each at most half a step of a value below 8.
+  CHECK(worst <= 8 * std::ldexp(1.0, -9));
+}
+
+namespace {
+
+// A device (deferred, on the host) whose copies out fail from the
+// `failAt`-th one let go on, on one rank.
+class FailingDevice final : public StageDevice {
+ public:
+  FailingDevice(bool fails, uint64_t failAt) : fails_(fails), failAt_(failAt) {}
+
+ protected:
+  void planned(int lane, uint64_t, const Copy& c) override { copies_[lane].push_back(c); }
+  void release(int lane, uint64_t number) override {
+    if (fails_ && lane == 0 && number >= failAt_)
+      throw CommError(CommError::Kind::System, "test device: copy to host failed");
+    while (released_[lane] < number) pending_[lane].push_back(copies_[lane][released_[lane]++]);
+  }
+  bool ran(int lane, uint64_t number) override {
+    if (ran_[lane] < number && !pending_[lane].empty()) {  // one per poll
+      HostStageDevice::run(pending_[lane].front());
+      pending_[lane].pop_front();
+      ++ran_[lane];
+    }
+    return ran_[lane] >= number;
+  }
+  void dropPlanned(int, uint64_t, uint64_t) override {}
+
+ private:
+  bool fails_;
+  uint64_t failAt_;
+  std::vector<Copy> copies_[2];
+  std::deque<Copy> pending_[2];
+  uint64_t released_[2] = {0, 0}, ran_[2] = {0, 0};
+};
+
+}  // namespace
+
+// One rank's device fails mid-pipeline (its ninth copy out): that rank's
+// op fails, and its peers', waiting for its data, fail too (the fabric
+// aborts them as a dead peer's links do); nobody finishes, nobody hangs.
+TEST(staged_rounds_device_failure_mid_pipeline_fails_every_rank) {
+  MemoryFabric fabric({2, 2});
+  std::atomic<int> failed{0};
+  std::string error = fabric.run(
+      [&](int r, Comm& c) {
+        c.wire = Wire::F16;
+        std::vector<float> buf = valuesOf(r, 50000);
+        FailingDevice device(r == 1, 9);
+        StagedRoundsJob job = chunkedAllreduce(c, buf.data(), buf.size(), 1024, 2);
+        std::vector<char> host(job.hostBytes());
+        try {
+          planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+        } catch (const CommError&) {
+          ++failed;
+          throw;
+        }
+      },
+      20);
+  CHECK(error.find("test device: copy to host failed") != std::string::npos ||
+        error.find("aborted") != std::string::npos);
+  CHECK(failed.load() == 4);
 }
 
 TEST(staged_rounds_stuck_device_times_out_naming_it) {
