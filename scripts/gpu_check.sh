@@ -8,8 +8,9 @@
 #      rank a host to NCCL, --nccl-ranks-as-hosts) at 2 and 4 ranks and in
 #      smdccl's 2x2 layout; then side by side: DDP vs gloo, FSDP2 on CUDA,
 #      every collective at 2 and 4 ranks sharing the GPU, two-level / staged /
-#      fp16 wire, the staged ring; the IPC out-of-memory test (alone); the
-#      staged ring against host staging and gloo (scripts/cuda_staged_bench.py);
+#      fp16 wire, the packed staged path against CPU tensors' bits; the IPC
+#      out-of-memory test (alone); the packed staged path against float32
+#      staging and gloo (scripts/cuda_staged_bench.py);
 #      NCCL and smdccl between emulated nodes on a shaped 10 Gbit/s link (where
 #      namespaces work); the kernel benchmark; every collective vs gloo;
 #   3. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
@@ -96,8 +97,9 @@ pytest_step stream 260 "stream_semantics or returns_once_queued or never_arrives
 # against a lazy load (which synchronizes the context), so the two outcomes
 # side by side tell that apart from an ordering bug (diagnosis only: the
 # check has failed either way).
-# The same for the blocking-call tests (2026-11-27: the gated staged ones
-# hung; smdccl now loads its kernels ahead, torch's own still load lazily).
+# The same for the blocking-call tests (2026-11-27: the gated staged copies,
+# since removed, hung; smdccl now loads its kernels ahead, torch's own still
+# load lazily; broadcast's copies back still wait behind a gate).
 mapfile -t EAGER_IDS < <(sed -n 's/^FAILED \(tests\/test_cuda.py::test_cuda_\(stream_semantics\|blocking_call_returns_once_queued\)[^ ]*\).*/\1/p' \
   "$LOGS/test_cuda-stream.txt" 2>/dev/null)
 if (( ${#EAGER_IDS[@]} )); then
@@ -125,41 +127,35 @@ nccl_bench nccl-hosts-2x2 4 nccl,smdccl,smdccl+fp16 70 SMDCCL_TOPOLOGY=2x2
 
 # Correctness on CUDA tensors, the test steps side by side (16 cores; each
 # its own process groups on the shared GPU): DDP vs gloo, FSDP2, every
-# collective at 2 and 4 ranks, two-level / staged / fp16 wire, the staged ring.
+# collective at 2 and 4 ranks, two-level / staged / fp16 wire, the packed
+# staged path against CPU tensors' bits.
 pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
 pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
 pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
 pytest_step two-level 400 "two_level" tests/test_cuda.py &
-pytest_step staged-ring 150 "staged_ring" tests/test_cuda.py &
+pytest_step packed 150 "packed_staged_path" tests/test_cuda.py &
 wait
 # Alone: it takes every byte of the GPU's memory.
 pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
 
-# Issue 23's targets: 64 MB over the fp16 wire on 2 virtual nodes of 2 ranks,
-# the staged ring beside host staging and gloo, with PCIe bytes and the
-# progress thread's CPU time per call.
-SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 run_step staged-bench 120 "$PY" -m torch.distributed.run \
-  --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 4M,64M --json "$LOGS/staged-bench.json" \
-  > "$LOGS/staged-bench.txt" 2>&1 || tail -20 "$LOGS/staged-bench.txt"
-grep "^#.*x host staging" "$LOGS/staged-bench.txt"
-# The staged ring makes more, smaller GPU steps than host staging; ranks
-# sharing one GPU time-slice it between processes, so each step may wait
-# for the others' slices. Larger chunks (fewer steps) tell how much of the
-# gap that is (2026-11-27: 0.66x host staging at 4 MiB chunks).
-SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 SMDCCL_CUDA_STAGE_CHUNK_KB=16384 run_step staged-bench-16m 90 \
-  "$PY" -m torch.distributed.run --nproc-per-node 4 scripts/cuda_staged_bench.py --sizes 64M \
-  --json "$LOGS/staged-bench-16m.json" > "$LOGS/staged-bench-16m.txt" 2>&1 || tail -20 "$LOGS/staged-bench-16m.txt"
-grep "^#.*x host staging" "$LOGS/staged-bench-16m.txt"
-# reduce_scatter_tensor (FSDP's gradients) across nodes: the staged ring
-# reduce-scatter beside host staging and gloo.
-SMDCCL_TOPOLOGY=2x2 SMDCCL_COMPRESSION=fp16 run_step staged-bench-rs 90 "$PY" -m torch.distributed.run \
+# The staged path across nodes: 64 MB with the fp16 wire packed on the GPU
+# beside float32 staging and gloo, with PCIe bytes (halved) and the progress
+# thread's CPU time per call; one rank per node, then the inter-node step of
+# the two-level allreduce (2x2).
+for layout in 2x1 2x2; do
+  n=$([ "$layout" = 2x1 ] && echo 2 || echo 4)
+  SMDCCL_TOPOLOGY=$layout run_step "staged-bench-$layout" 90 "$PY" -m torch.distributed.run \
+    --nproc-per-node "$n" scripts/cuda_staged_bench.py --sizes 4M,64M --json "$LOGS/staged-bench-$layout.json" \
+    > "$LOGS/staged-bench-$layout.txt" 2>&1 || tail -20 "$LOGS/staged-bench-$layout.txt"
+  grep "^#.*x float32 staging" "$LOGS/staged-bench-$layout.txt"
+done
+# reduce_scatter_tensor (FSDP's gradients) across nodes, the same comparison.
+SMDCCL_TOPOLOGY=2x2 run_step staged-bench-rs 90 "$PY" -m torch.distributed.run \
   --nproc-per-node 4 scripts/cuda_staged_bench.py --collective reduce_scatter --sizes 4M,64M \
   --json "$LOGS/staged-bench-rs.json" > "$LOGS/staged-bench-rs.txt" 2>&1 || tail -20 "$LOGS/staged-bench-rs.txt"
-grep "^#.*x host staging" "$LOGS/staged-bench-rs.txt"
-# Issue 23: 100 async 4 KB allreduces across nodes cost <= 3x one (the
-# staged ops queued whole, their proxies on the progress thread: that is
-# the gated mode, off by default since it hung on an H100).
-SMDCCL_TOPOLOGY=2x2 SMDCCL_CUDA_STAGE_GATED=1 run_step burst-bench 60 "$PY" -m torch.distributed.run --nproc-per-node 4 \
+grep "^#.*x float32 staging" "$LOGS/staged-bench-rs.txt"
+# 100 async 4 KB allreduces across nodes against one.
+SMDCCL_TOPOLOGY=2x2 run_step burst-bench 60 "$PY" -m torch.distributed.run --nproc-per-node 4 \
   scripts/cuda_staged_bench.py --collective burst --sizes 4K --iters 5 \
   --json "$LOGS/burst-bench.json" > "$LOGS/burst-bench.txt" 2>&1 || tail -20 "$LOGS/burst-bench.txt"
 grep -A5 "^#.*burst" "$LOGS/burst-bench.txt"

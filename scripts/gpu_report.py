@@ -8,7 +8,7 @@ copy bandwidth of the same run, and a 64 MiB allreduce of 2 ranks on one GPU
 at >= 3x gloo's in the same run. Also reads probe.txt (what the machine
 allows), nccl-hosts-*.json (allreduce beside NCCL, every rank a host to it:
 smdccl's time <= NCCL's at 4 KiB and 64 MiB, smdccl+fp16 >= 1.6x NCCL's algbw
-at 64 MiB) and staged-bench.txt (the staged ring's summary lines).
+at 64 MiB) and staged-bench*.txt (the staged path's summary lines).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def staged_bench(logs: Path) -> list[str]:
     out = []
     for p in sorted(logs.glob("staged-bench*.txt")):
         out += [f"[{p.stem}] {ln[2:]}" for ln in p.read_text().splitlines()
-                if ln.startswith("# ") and "host staging" in ln]
+                if ln.startswith("# ") and "float32 staging" in ln]
     return out
 
 

@@ -89,7 +89,8 @@ def test_report_reads_every_step(tmp_path):
             for b, bw in (("smdccl", 60.0), ("gloo", 2.0))]
     (logs / "collectives-2ranks.json").write_text(json.dumps({"rows": rows}))
     (logs / "probe.txt").write_text("nccl 2.28.9\nnetns no\n")
-    (logs / "staged-bench.txt").write_text("W noise\n# 67108864 B: staged ring 0.66x host staging, 2.27x gloo\n")
+    (logs / "staged-bench-2x1.txt").write_text(
+        "W noise\n# 67108864 B: fp16 packed 1.60x float32 staging, 2.27x gloo\n")
     hosts = [{"backend": b, "collective": "allreduce", "size": sz, "time_us": t, "algbw": sz / t / 1e3}
              for b, sz, t in (("nccl", 4096, 4800.0), ("smdccl", 4096, 400.0), ("nccl", 64 << 20, 37000.0),
                               ("smdccl", 64 << 20, 26000.0), ("smdccl+fp16", 64 << 20, 24000.0))]
@@ -116,7 +117,7 @@ def test_report_reads_every_step(tmp_path):
     assert "smdccl time <= nccl's at 65536 KiB: 0.70 x nccl's time -> MET" in md
     assert "smdccl+fp16 algbw >= 1.6x nccl's at 64 MiB: 1.54 x nccl's algbw -> MISSED" in md
     assert "| 4 KiB | 4800 (0.00) | 400 (0.01) | - | 0.08x |" in md
-    assert "staged ring 0.66x host staging" in md and "W noise" not in md
+    assert "fp16 packed 1.60x float32 staging" in md and "W noise" not in md
 
 
 def test_resumed_check_runs_only_steps_without_a_result(tmp_path):

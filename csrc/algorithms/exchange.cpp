@@ -86,27 +86,6 @@ int Exchange::join(int a, int b) {
   return static_cast<int>(t_.size()) - 1;
 }
 
-int Exchange::device(StageDevice& dev, std::function<StageDevice::Ticket()> queue, Deps deps) {
-  t_.push_back({nullptr, Kind::Device, nullptr, 0, 0, DType::U8, RedOp::Sum, deps, -1});
-  t_.back().dev = &dev;
-  t_.back().queue = std::move(queue);
-  return static_cast<int>(t_.size()) - 1;
-}
-
-bool Exchange::progressDevice(Transfer& t) {
-  bool progressed = false;
-  if (!t.queued) {
-    t.ticket = t.queue();
-    t.queued = true;
-    progressed = true;
-  }
-  if (t.dev->done(t.ticket)) {
-    t.finished = true;
-    progressed = true;
-  }
-  return progressed;
-}
-
 namespace {
 constexpr size_t kWireStageElems = 32 << 10;  // 64 KiB of 16-bit values per transfer in flight
 }
@@ -208,11 +187,6 @@ bool Exchange::progressOnce(bool* allDone) {
       continue;
     }
     try {
-      if (t.kind == Kind::Device) {
-        if (progressDevice(t)) progressed = true;
-        if (!t.finished) *allDone = false;
-        continue;
-      }
       if (move(t)) progressed = true;
     } catch (const CommError& e) {
       throw CommError(e.kind(), strCat("smdccl: ", ctx_.describe(), ": ", e.what()));
@@ -373,22 +347,13 @@ void Exchange::sleepForProgress() {
   // transfer waits on a shared-memory one must not turn the futex sleep into
   // a poll() with short naps (each intra-node step would cost a nap).
   std::vector<pollfd> fds;
-  bool anyShm = false, anyDevice = false;
+  bool anyShm = false;
   for (size_t i = firstOpen_; i < t_.size(); ++i) {
     const Transfer& t = t_[i];
-    // A device finishes its work without waking anything here: nap briefly.
-    if (t.kind == Kind::Device) anyDevice |= t.queued && !t.finished;
     if (!canMove(t)) continue;
     int fd = t.link->pollFd();
     if (fd < 0) anyShm = true;
     else fds.push_back({fd, static_cast<short>(t.kind == Kind::Send ? POLLOUT : POLLIN), 0});
-  }
-  if (anyDevice) {
-    // A device ends its work without waking anything here; a piece's copy
-    // takes tens of microseconds: nap that long (sockets still wake it).
-    const timespec nap{0, 20000};
-    ppoll(fds.data(), fds.size(), &nap, nullptr);
-    return;
   }
   if (!fds.empty()) {
     // Shared-memory progress does not wake poll(): keep the nap short then.
@@ -429,9 +394,7 @@ void Exchange::timeout() {
     int transfers;
   };
   std::vector<Waiting> open;
-  int deviceSteps = 0;
   for (auto& t : t_) {
-    deviceSteps += t.kind == Kind::Device && t.queued && !t.finished;
     if (t.finished || !t.link) continue;
     bool send = t.kind == Kind::Send;
     auto same = [&](const Waiting& w) {
@@ -452,9 +415,6 @@ void Exchange::timeout() {
                       " rank ", w.peer, " (", w.done, " of ", w.bytes, " bytes",
                       w.transfers > 1 ? strCat(" in ", w.transfers, " transfers") : std::string(),
                       ", ", w.kind, ")");
-  if (deviceSteps)
-    waiting += strCat(waiting.empty() ? "" : "; ", "the device (", deviceSteps,
-                      " copies or reductions queued, not finished)");
   throw CommError(CommError::Kind::Timeout,
                   strCat("smdccl: ", ctx_.describe(), " timed out waiting: ", waiting,
                          ". Is that rank alive and did it call the same collective?"));

@@ -12,7 +12,6 @@
 
 #include "algorithms/exchange_book.h"
 #include "algorithms/op_context.h"
-#include "algorithms/stage_device.h"
 #include "transport/futex.h"
 #include "transport/link.h"
 #include "transport/shm_node.h"
@@ -69,18 +68,12 @@ class Exchange {
   // An index that finishes once both `a` and `b` have (-1: nothing to wait
   // for): what a schedule returns when its end is on several links.
   int join(int a, int b);
-  // Work on a device between transfers (staged schedules: a copy to or
-  // from a host slot, a cast, a reduction): `queue` is called once the deps
-  // are done and returns the device's ticket; the step finishes when
-  // dev.done(ticket). Returns its index. Only deps.after applies (a device
-  // step has no bytes to limit, nor to limit others by).
-  int device(StageDevice& dev, std::function<StageDevice::Ticket()> queue, Deps deps = {});
   int size() const { return static_cast<int>(t_.size()); }
   // Runs everything added since the last run() to completion.
   void run();
 
  private:
-  enum class Kind { Send, Recv, RecvReduce, Join, Device };
+  enum class Kind { Send, Recv, RecvReduce, Join };
   struct Transfer {
     Link* link = nullptr;
     Kind kind = Kind::Send;
@@ -107,14 +100,7 @@ class Exchange {
     // a received one is checked before any data is read.
     unsigned char* header = nullptr;
     size_t headerLeft = 0;
-    // Device: queued once its deps are done, finished when its ticket is.
-    StageDevice* dev = nullptr;
-    std::function<StageDevice::Ticket()> queue{};
-    StageDevice::Ticket ticket = 0;
-    bool queued = false;
   };
-  // A Device step's turn: queue it, or see whether it has run.
-  bool progressDevice(Transfer& t);
   // Appends `t` (link, kind, buf, bytes, deps; dtype, op and wires where
   // they apply), after the last transfer on its link in its direction.
   Exchange& add(Transfer t);

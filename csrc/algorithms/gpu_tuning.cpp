@@ -20,26 +20,15 @@ SMDCCL_ENV_INT(kCudaOneShotKB, "SMDCCL_CUDA_ONESHOT_KB", 256, 0, 1 << 20,
 SMDCCL_ENV_INT(kCudaStageChunkKB, "SMDCCL_CUDA_STAGE_CHUNK_KB", 4096, 64, 1 << 20,
                "CUDA tensors that cross nodes (or every CUDA collective with SMDCCL_CUDA_IPC=0) "
                "go through pinned host memory in chunks of this many KiB, so copies overlap the "
-               "network.");
-SMDCCL_ENV_INT(kCudaStagedRing, "SMDCCL_CUDA_STAGED_RING", 1, 0, 1,
-               "CUDA allreduce and reduce_scatter_tensor across nodes: 1 lets the GPU run the "
-               "staged ring where the host algorithm would be the ring (the GPU packs pinned "
-               "slots, cast to the 16-bit wire, and unpack-reduces them; smdccl's thread ships "
-               "them); 0 copies the data to pinned memory for the host algorithm. Same results "
-               "either way.");
+               "network; float32 data of a compressed group is cast to its 16-bit wire on the "
+               "GPU first, so half the bytes cross PCIe.");
 SMDCCL_ENV_INT(kCudaStreamBarrier, "SMDCCL_CUDA_STREAM_BARRIER", 1, 0, 1,
                "CUDA collectives: 1 queues their waits on the GPU stream (stream memory "
                "operations on flags in host memory): the node's barriers between the steps of "
-               "CUDA IPC collectives and the copies back of collectives that run on the host, "
-               "behind a gate the host opens; Work.wait() then returns once the collective is "
-               "queued. 0: the host waits for each step and copy. Same results either way.");
-SMDCCL_ENV_INT(kCudaStageGated, "SMDCCL_CUDA_STAGE_GATED", 0, 0, 1,
-               "CUDA collectives across nodes (with SMDCCL_CUDA_STREAM_BARRIER=1): 1 queues "
-               "every copy of a staged collective at once, behind gates smdccl's thread opens, "
-               "so Work.wait() returns before the network runs; 0 queues each copy as the "
-               "exchange reaches it (the host waits for the copies). Off by default: on an "
-               "H100 (2026-11-27) gated staged collectives hung in some layouts; see "
-               "docs/cuda.md. Same results either way. Per process.");
+               "CUDA IPC collectives and the copies back of collectives that run on the host "
+               "(broadcast, gather, ...), behind a gate the host opens; Work.wait() then returns "
+               "once the collective is queued. 0: the host waits for each step and copy. Same "
+               "results either way.");
 SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
                "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
                "A cap leaves the rest to the training's own kernels so that collectives overlap "
@@ -58,9 +47,7 @@ GpuTuning GpuTuning::fromEnv() {
   t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
   t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
   t.stageChunkBytes = static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
-  t.stagedRing = envInt(env::kCudaStagedRing) != 0;
   t.streamBarrier = envInt(env::kCudaStreamBarrier) != 0;
-  t.stageGated = envInt(env::kCudaStageGated) != 0;
   t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
   t.pinnedShrinkOps = static_cast<int>(envInt(env::kCudaPinnedShrinkOps));
   return t;
@@ -70,7 +57,6 @@ std::string GpuTuning::describe() const {
   return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
                 ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
                 ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10,
-                ", SMDCCL_CUDA_STAGED_RING=", stagedRing ? 1 : 0,
                 ", SMDCCL_CUDA_STREAM_BARRIER=", streamBarrier ? 1 : 0);
 }
 

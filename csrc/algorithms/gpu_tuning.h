@@ -12,9 +12,7 @@ struct GpuTuning {
   size_t ipcBytes = 64u << 20;        // SMDCCL_CUDA_IPC_MB: each rank's IPC buffer
   size_t oneShotBytes = 256u << 10;   // SMDCCL_CUDA_ONESHOT_KB: one-shot up to this
   size_t stageChunkBytes = 4u << 20;  // SMDCCL_CUDA_STAGE_CHUNK_KB: host staging pipeline
-  bool stagedRing = true;             // SMDCCL_CUDA_STAGED_RING
   bool streamBarrier = true;          // SMDCCL_CUDA_STREAM_BARRIER
-  bool stageGated = false;            // SMDCCL_CUDA_STAGE_GATED (per process: not agreed)
   int maxSms = 0;                     // SMDCCL_CUDA_MAX_SMS: 0, all (speed only: not agreed)
   int pinnedShrinkOps = 64;           // SMDCCL_CUDA_PINNED_SHRINK_OPS (memory only: not agreed)
   static GpuTuning fromEnv();

@@ -70,7 +70,6 @@ void StageDevice::abandon() {
     l.released = l.planned;
     l.ready.clear();
   }
-  abandoned();
 }
 
 }  // namespace smdccl

@@ -1,17 +1,14 @@
 #pragma once
-// The device half of a staged collective (staged_ring.h, staged_rounds.h).
-// The device moves data between its memory and pinned host slots, casting
-// float32 to a 16-bit wire on the way out and widening (and reducing) on
-// the way in; the proxy, the thread that runs the exchange, only ships
-// slots over the links, as NCCL's network proxy does.
+// The device half of a staged collective (staged_rounds.h). The device
+// moves data between its memory and pinned host slots, casting float32 to
+// a 16-bit wire on the way out and widening it on the way in; the proxy,
+// the thread that runs the host collective, waits for the copies and lets
+// each go when the slot it needs is free.
 //
 // A schedule plans every copy of an op first, then lets each go when the
-// data and slots it needs are ready. Copies run in their lane's plan order
-// (lane 0: out to host, lane 1: in from host), like two device streams. A
-// gated device queues each planned copy at once, behind a gate that go()
-// opens: the whole op is on the device before its proxy starts, so the
-// caller's stream can wait for its end at once (no host wait in
-// Work.wait()). An ungated device queues a copy when go() lets it.
+// data and slots it needs are ready; a copy is queued on the device when
+// it is let go. Copies run in their lane's plan order (lane 0: out to
+// host, lane 1: in from host), like two device streams.
 //
 // Implementations: CUDA streams (algorithms/cuda/), and HostStageDevice
 // (host_stage_device.h), whose memory is host memory: the CI tests run the
@@ -31,20 +28,15 @@ class StageDevice {
   using Ticket = uint64_t;
   virtual ~StageDevice() = default;
 
-  // What a copy in does with a slot's values: dt data as `wire` carries it,
-  // widened; with `reduce`, dst op= them and float32 results are rounded to
-  // `roundTo`'s precision (F32: not rounded), as Exchange::recvReduce does;
-  // else dst = them.
+  // How a copy packs: dt data as `wire` carries it (float32 on a 16-bit
+  // wire: cast to it on the way out, widened on the way in; anything else:
+  // the bytes themselves).
   struct Unpack {
     DType dt;
     Wire wire = Wire::F32;
-    bool reduce = false;
-    RedOp op = RedOp::Sum;
-    Wire roundTo = Wire::F32;
   };
-  // One copy. Out: slot = dev[0, count) as `how.wire` carries how.dt data
-  // (the bytes themselves, or float32 rounded to fp16/bf16: half the
-  // bytes). In: dev[0, count) from the slot, as `how` says.
+  // One copy. Out: slot = dev[0, count) as `how` says. In: dev[0, count)
+  // from the slot, as `how` says.
   struct Copy {
     bool out = true;
     void* slot = nullptr;
@@ -59,12 +51,8 @@ class StageDevice {
   void go(Ticket t);
   // Whether `t` has run (never blocks; false before go()).
   bool done(Ticket t);
-  // After a failure: the copies planned and not let go never will be. A
-  // gated device lets them all run on whatever memory holds, so that no
-  // stream waits for them for ever.
+  // After a failure: the copies planned and not let go never will be.
   void abandon();
-  // Whether copies are queued when planned (see above).
-  virtual bool gated() const { return false; }
 
   // Bytes this device has planned to copy out to host slots and in from
   // them: what crosses PCIe on a GPU.
@@ -79,8 +67,7 @@ class StageDevice {
   }
 
  protected:
-  // Copy `number` (from 1, per lane, never reused) of `lane` was planned:
-  // a gated device queues it now, to run once release() reaches it.
+  // Copy `number` (from 1, per lane, never reused) of `lane` was planned.
   virtual void planned(int lane, uint64_t number, const Copy& c) = 0;
   // The copies of `lane` up to `number` may run (increasing, never twice).
   virtual void release(int lane, uint64_t number) = 0;
@@ -89,8 +76,6 @@ class StageDevice {
   // The copies of `lane` after `released` up to `planned` will never be
   // let go (abandon()).
   virtual void dropPlanned(int lane, uint64_t released, uint64_t planned) = 0;
-  // After abandon() let every planned copy go.
-  virtual void abandoned() {}
 
  private:
   Ticket plan(const Copy& c);

@@ -132,9 +132,6 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                         for (size_t i = 0; i < ts.size(); ++i)
                           byType[ts[i].scalar_type()].push_back(i);
                         for (auto& [type, idx] : byType) {
-                          // The previous dtype's staged steps finish before
-                          // this one allocates its flat buffer.
-                          if (dev) dev->flushHostWork();
                           std::vector<at::Tensor> group;
                           std::vector<ReduceSpec> groupSpecs;
                           for (size_t i : idx) {
@@ -186,7 +183,7 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
                                           .root = root},
                                          tuning);
                         if (isRoot) applyPostDivide(buf, spec);
-                        overflow.finish(c, dev.get());
+                        overflow.finish(c);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,

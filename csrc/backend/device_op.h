@@ -78,18 +78,6 @@ class DeviceOp {
   // CUDA IPC), or it runs on host() copies: such an op is never run on the
   // caller's thread, so that a blocking call returns once it is queued.
   virtual bool hostDriven(const Hierarchy& h) const { return hostStaged(); }
-  // Host work that must come after the op's GPU work is all queued (the
-  // fp16 overflow check of an op whose staged proxies run after its body):
-  // true when `work` was taken, to run in finishBody() after the proxies;
-  // false when the caller runs it now.
-  virtual bool deferHostWork(std::function<void()> work) { return false; }
-  // Runs what deferHostWork() and the staged proxies deferred so far (the
-  // op's end is not marked early then). A body with a second device
-  // collective calls it first: one op's deferred schedules share the
-  // group's copy streams, staging memory and counters, and must not wait
-  // behind each other's closed gates (nor may an allocation, which can
-  // synchronize the device).
-  virtual void flushHostWork() {}
   virtual void finishBody(const OpContext& ctx) = 0;
   // Records the event behind the op's GPU work (also after a failure, so
   // that nothing waits for it forever).

@@ -99,7 +99,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                                               .op = spec.op},
                                              tuning);
                           applyPostDivide(output, spec);
-                          overflow.finish(c, dev.get());
+                          overflow.finish(c);
                         },
                     .timeout = opts.timeout,
                     .asyncOp = opts.asyncOp,

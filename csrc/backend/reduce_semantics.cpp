@@ -35,7 +35,7 @@ void ReduceSemantics::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
               {.buf = bytesOf(t), .count = static_cast<size_t>(t.numel()), .dt = dt, .op = spec.op},
               tuning);
   applyPostDivide(t, spec);
-  overflow.finish(c, dev.get());
+  overflow.finish(c);
 }
 
 void ReduceSemantics::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
@@ -74,7 +74,7 @@ void ReduceSemantics::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
     for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
   }
   for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
-  overflow.finish(c, dev.get());
+  overflow.finish(c);
 }
 
 void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,

@@ -6,7 +6,6 @@
 // that was in an input is not an overflow and passes through.
 #include "algorithms/collectives.h"
 #include "algorithms/comm.h"
-#include "backend/device_op.h"
 #include "common/trace.h"
 #include "kernels/cpu/reduce.h"
 
@@ -19,13 +18,6 @@ namespace smdccl {
 class WireOverflowCheck {
  public:
   explicit WireOverflowCheck(Wire wire) : on_(wire == Wire::F16), before_(tlsFp16Overflows) {}
-  // After a device collective whose proxies run after the op's body
-  // (DeviceOp::deferHostWork): the check runs after them.
-  void finish(Comm& c, DeviceOp* dev) {
-    if (on_ && dev && dev->deferHostWork([check = *this, &c]() mutable { check.finish(c); }))
-      return;
-    finish(c);
-  }
   void finish(Comm& c) {
     if (!on_) return;
     trace::Span span("fp16 overflow check", "check", *c.ctx.group);

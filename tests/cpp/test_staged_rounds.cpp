@@ -3,10 +3,11 @@
 // per chunk through a few slots in turn), its staged reduce-scatter and
 // allgather (one round each) give exactly what the host collectives give on
 // the same data, in every device mode and for slot counts from 1 to more
-// than the rounds; a device that never finishes runs into the deadline
-// with a message naming it; an aborted group stops the wait; a proxy
-// dropped without running lets its gated copies go. The jobs are the GPU
-// paths' (staged_collectives.h).
+// than the rounds; packed to a 16-bit wire, the host collective's bits on
+// wire-rounded inputs with half the device bytes; a device that never
+// finishes runs into the deadline with a message naming it; an aborted
+// group stops the wait; a device failing mid-pipeline fails every rank.
+// The jobs are the GPU paths' (staged_collectives.h).
 #include <atomic>
 #include <cmath>
 #include <deque>
@@ -67,7 +68,7 @@ TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
       for (size_t n : {size_t{1}, size_t{1000}, size_t{10007}})
         for (size_t chunk : {size_t{256}, size_t{4096}, size_t{20000}})
           for (int slots : {1, 2, 4}) {
-            const Mode mode = static_cast<Mode>(variant++ % 4);
+            const Mode mode = static_cast<Mode>(variant++ % 2);
             std::vector<float> buf = valuesOf(r, n), ref = buf;
             for (size_t at = 0; at < n; at += chunk)
               allreduce(c,
@@ -108,7 +109,7 @@ TEST(staged_rounds_reduce_scatter_and_allgather_match_the_host) {
     int variant = 0;
     for (size_t each : {size_t{1}, size_t{333}, size_t{5000}})
       for (size_t roundBytes : {size_t{64}, size_t{4096}, size_t{1} << 20}) {
-        const Mode mode = static_cast<Mode>(variant++ % 4);
+        const Mode mode = static_cast<Mode>(variant++ % 2);
         HostStageDevice device(mode);
         // Reduce-scatter: every block out, the host reduce-scatter, this
         // rank's block back (one round, whatever its size).
@@ -411,37 +412,12 @@ TEST(staged_rounds_wait_stops_when_the_group_is_aborted) {
   CHECK(error.empty());
 }
 
-TEST(staged_rounds_gated_copies_wait_for_the_proxy_and_drain_when_dropped) {
-  MemoryFabric fabric({1});
-  std::string error = fabric.run([&](int, Comm& c) {
-    std::vector<float> buf(1000, 1.0f);
-    StagedRoundsJob job = chunkedAllreduce(c, buf.data(), 1000, 100, 2);
-    std::vector<char> host(job.hostBytes(), 0);
-    {
-      HostStageDevice device(Mode::Gated);
-      auto proxy = planStagedRounds(c.ctx, device, std::move(job), host.data());
-      // Every copy is queued on the lanes, and none may run before the proxy lets it.
-      if (device.bytesToHost() != 4000 || device.bytesFromHost() != 4000)
-        throw std::runtime_error("not every copy was planned up front");
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      for (char b : host)
-        if (b != 0) throw std::runtime_error("a gated copy ran before the proxy let it go");
-      // Dropped without running (the op failed before its proxy ran): the
-      // copies go, so the lanes drain and the device can go away.
-    }
-  });
-  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
-  CHECK(error.empty());
-}
-
 TEST(staged_rounds_copy_the_next_round_out_during_a_host_step) {
   // The pipeline: while round k's host step runs, round k+1's copy out has
   // landed already (its slot is free: four slots, so round k-3 is back).
-  // Also with both lanes on one queue, where a copy out planned behind an
-  // earlier round's copy back would wait for that round's host step.
   MemoryFabric fabric({1});
   std::string error = fabric.run([&](int, Comm& c) {
-    for (Mode mode : {Mode::Immediate, Mode::Gated, Mode::GatedOneQueue}) {
+    for (Mode mode : {Mode::Immediate}) {
       const size_t chunk = 64, rounds = 8;
       std::vector<float> buf(chunk * rounds);
       for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);

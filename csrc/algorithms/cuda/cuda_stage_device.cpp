@@ -13,15 +13,7 @@
 
 namespace smdccl {
 
-namespace {
-// Where each lane's gate and progress flags live in the flag page: a cache
-// line each.
-uint32_t* flagAt(char* page, int lane, int which) {
-  return reinterpret_cast<uint32_t*>(page + (2 * lane + which) * 64);
-}
-}  // namespace
-
-CudaStageDevice::CudaStageDevice(std::function<void()> freeCached, bool gated)
+CudaStageDevice::CudaStageDevice(std::function<void()> freeCached)
     : freeCached_(std::move(freeCached)) {
   for (Lane& l : lanes_) {
     SMDCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
@@ -36,26 +28,10 @@ CudaStageDevice::CudaStageDevice(std::function<void()> freeCached, bool gated)
   overflowsDev_ = static_cast<unsigned long long*>(p);
   SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(unsigned long long), cudaHostAllocPortable));
   overflowsHost_ = static_cast<unsigned long long*>(p);
-  if (!gated) return;
-  auto page = std::make_unique<MappedFlagPage>();
-  if (!page->why().empty()) {
-    SMDCCL_INFO("the staged CUDA collectives queue their copies from the host as they go: ",
-                page->why());
-    return;
-  }
-  for (int lane = 0; lane < 2; ++lane) {
-    Lane& l = lanes_[lane];
-    l.flags = std::make_unique<CudaFlagQueue>(l.stream, page->base());
-    l.gate = std::make_unique<GatedLane>(*l.flags, flagAt(page->base(), lane, 0),
-                                         flagAt(page->base(), lane, 1));
-  }
-  flagPage_ = std::move(page);
-  gatedLanes_ = true;
 }
 
 CudaStageDevice::~CudaStageDevice() {
-  // Nothing of ours may still run, or wait behind a gate, when the scratch
-  // and the flags go.
+  // Nothing of ours may still run when the scratch goes.
   abandon();
   for (Lane& l : lanes_) {
     if (l.stream) cudaStreamSynchronize(l.stream);
@@ -64,29 +40,26 @@ CudaStageDevice::~CudaStageDevice() {
   }
   for (cudaEvent_t e : {opMark_, laneMark_, counted_})
     if (e) cudaEventDestroy(e);
-  window_.close();
-  DeviceWideFence::process().exclusive([&] {
-    for (char* p : outgrown_) cudaFree(p);
-    if (scratch_) cudaFree(scratch_);
-    if (overflowsDev_) cudaFree(overflowsDev_);
-    if (overflowsHost_) cudaFreeHost(overflowsHost_);
-  });
+  for (char* p : outgrown_) cudaFree(p);
+  if (scratch_) cudaFree(scratch_);
+  if (overflowsDev_) cudaFree(overflowsDev_);
+  if (overflowsHost_) cudaFreeHost(overflowsHost_);
 }
 
-void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan& plan,
+void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const SlotLayout& layout,
                             const OpContext& ctx, bool scratch) {
   opStream_ = opStream;
   slots_ = slots;
-  plan_ = plan;
+  layout_ = layout;
   ctx_ = &ctx;
   if (abandoned_) {
-    // A failed op let its copies go (gated ones still run, on whatever the
-    // slots hold): none may touch the slots or the scratch of this one.
+    // A failed op's copies already queued still run: none may touch the
+    // slots or the scratch of this one.
     for (Lane& l : lanes_) waitForStream(l.stream, ctx, "the staged copies of a failed op");
     abandoned_ = false;
   }
-  const size_t need =
-      scratch ? static_cast<size_t>(plan.slots) * (plan.slotBytes / 2 + plan.slotBytes) : 0;
+  // Per slot: a packed piece out and one in, half a slot each.
+  const size_t need = scratch ? static_cast<size_t>(layout.slots) * (layout.slotBytes / 2) * 2 : 0;
   if (need > scratchBytes_) {
     // Earlier ops' copies may still use the old one: it is freed with the
     // device (outgrown_), not here.
@@ -95,17 +68,12 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagePlan&
     scratchBytes_ = 0;
     int device = -1;
     (void)cudaGetDevice(&device);
-    CallInFlight call("cudaMalloc of the staged ring's device scratch");
-    scratch_ = static_cast<char*>(
-        allocateDeviceMemory(need, device, freeCached_, "the staged ring's device scratch",
-                             "SMDCCL_CUDA_STAGED_RING=0 stages through host memory without it"));
+    CallInFlight call("cudaMalloc of the staged copies' packing scratch");
+    scratch_ = static_cast<char*>(allocateDeviceMemory(
+        need, device, freeCached_, "the staged copies' packing scratch",
+        "SMDCCL_CUDA_STAGE_CHUNK_KB sizes it (2x the chunk)"));
     scratchBytes_ = need;
   }
-  // Gated copies are queued from here on: no device-wide CUDA call of this
-  // process may run until they are all let go (finish(), abandon()).
-  if (gatedLanes_)
-    window_ =
-        DeviceWideFence::Window(DeviceWideFence::process(), ctx.deadline, "a staged op's copies");
   // Both lanes count fp16 overflows (packs out, roundings in): zero the
   // count before either starts.
   SMDCCL_CUDA_CHECK(cudaMemsetAsync(overflowsDev_, 0, sizeof(unsigned long long), opStream));
@@ -141,7 +109,6 @@ void CudaStageDevice::queueEnd() {
 }
 
 void CudaStageDevice::finish() {
-  window_.close();  // the proxies let every copy go
   waitForEvent(counted_, *ctx_, "the fp16 overflow count of the staged copies");
   tlsFp16Overflows += *overflowsHost_;
 }
@@ -175,18 +142,12 @@ bool CudaStageDevice::eventDone(Lane& l, uint64_t seq) {
   return true;
 }
 
-void CudaStageDevice::planned(int lane, uint64_t number, const Copy& c) {
-  Lane& l = lanes_[lane];
-  if (gatedLanes_) l.gate->queue(number, [&] { queueCopy(lane, c); });
-  else l.waiting.push_back(c);
+void CudaStageDevice::planned(int lane, uint64_t, const Copy& c) {
+  lanes_[lane].waiting.push_back(c);
 }
 
 void CudaStageDevice::release(int lane, uint64_t number) {
   Lane& l = lanes_[lane];
-  if (gatedLanes_) {
-    l.gate->release(number);
-    return;
-  }
   while (l.queuedUpTo < number) {
     queueCopy(lane, l.waiting.front());
     l.waiting.pop_front();
@@ -196,7 +157,6 @@ void CudaStageDevice::release(int lane, uint64_t number) {
 
 bool CudaStageDevice::ran(int lane, uint64_t number) {
   Lane& l = lanes_[lane];
-  if (gatedLanes_) return l.gate->ran(number);
   auto it = l.eventOf.find(number);
   if (it == l.eventOf.end()) return true;  // seen done (the lane runs in order)
   if (!eventDone(l, it->second)) return false;
@@ -204,28 +164,22 @@ bool CudaStageDevice::ran(int lane, uint64_t number) {
   return true;
 }
 
-void CudaStageDevice::dropPlanned(int lane, uint64_t released, uint64_t planned) {
+void CudaStageDevice::dropPlanned(int lane, uint64_t, uint64_t planned) {
   Lane& l = lanes_[lane];
-  (void)released;
   abandoned_ = true;
-  if (gatedLanes_) {
-    l.gate->release(planned);  // they run on whatever the memory holds: nothing waits for ever
-    return;
-  }
   l.waiting.clear();
   l.queuedUpTo = planned;
 }
 
 size_t CudaStageDevice::slotIndex(const void* slot) const {
   size_t at = static_cast<size_t>(static_cast<const char*>(slot) - slots_);
-  return (at / plan_.slotBytes) % static_cast<size_t>(plan_.slots);
+  return (at / layout_.slotBytes) % static_cast<size_t>(layout_.slots);
 }
 
 char* CudaStageDevice::scratch(int lane, size_t slot) const {
-  // Out scratch holds a packed piece (half a slot), in scratch a whole one.
-  const size_t outBytes = plan_.slotBytes / 2;
-  char* base = scratch_ + slot * (outBytes + plan_.slotBytes);
-  return lane == 0 ? base : base + outBytes;
+  // Each holds a packed piece: half a slot.
+  const size_t half = layout_.slotBytes / 2;
+  return scratch_ + (slot * 2 + static_cast<size_t>(lane)) * half;
 }
 
 void CudaStageDevice::queueCopy(int lane, const Copy& c) {
@@ -249,32 +203,18 @@ void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {
 }
 
 void CudaStageDevice::queueIn(cudaStream_t s, const Copy& c) {
-  CallInFlight call("queueing a staged copy in (cudaMemcpyAsync, unpack / reduce kernels)");
+  CallInFlight call("queueing a staged copy in (cudaMemcpyAsync, unpack kernel)");
   const DType dt = c.how.dt;
-  const Wire wire = c.how.wire, roundTo = c.how.roundTo;
-  const bool reduce = c.how.reduce;
-  const RedOp op = c.how.op;
-  const size_t count = c.count;
-  const bool is16 = packed(dt, wire);
-  const size_t bytes = count * wireElementSize(dt, wire);
-  char* dst = c.dev;
-  float* f = reinterpret_cast<float*>(dst);
-  if (!reduce && !is16) {
-    if (bytes) SMDCCL_CUDA_CHECK(cudaMemcpyAsync(dst, c.slot, bytes, cudaMemcpyHostToDevice, s));
+  const Wire wire = c.how.wire;
+  if (!packed(dt, wire)) {
+    if (c.count)
+      SMDCCL_CUDA_CHECK(
+          cudaMemcpyAsync(c.dev, c.slot, c.count * elementSize(dt), cudaMemcpyHostToDevice, s));
     return;
   }
   char* in = scratch(1, slotIndex(c.slot));
-  SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, c.slot, bytes, cudaMemcpyHostToDevice, s));
-  if (!reduce) SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, wire, s));
-  else if (is16) SMDCCL_CUDA_CHECK(cuda::unpackReduceFromWire(f, in, count, {wire, op}, s));
-  else SMDCCL_CUDA_CHECK(cuda::reduce2(dst, dst, in, {count, dt, op}, s));
-  if (reduce && dt == DType::F32 && roundTo != Wire::F32) {
-    // A final sum: round it to what the wire delivers (the peers hold
-    // that), through the scratch, as the host's roundToWire does.
-    SMDCCL_CUDA_CHECK(cuda::packToWire(
-        in, f, count, {roundTo, roundTo == Wire::F16 ? overflowsDev_ : nullptr}, s));
-    SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, in, count, roundTo, s));
-  }
+  SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, c.slot, c.count * 2, cudaMemcpyHostToDevice, s));
+  SMDCCL_CUDA_CHECK(cuda::unpackFromWire(reinterpret_cast<float*>(c.dev), in, c.count, wire, s));
 }
 
 }  // namespace smdccl

@@ -1,16 +1,10 @@
 #pragma once
 // The GPU's StageDevice (algorithms/stage_device.h): copies out to pinned
 // slots on a stream of its own and back in on another, both ordered after
-// the op's stream; a 16-bit wire is packed and unpacked (and reduced) by
-// the wire kernels in device scratch, so only the packed bytes cross PCIe.
-//
-// Gated (stream memory operations on a flag page the GPU maps): each copy
-// is queued when planned, behind a wait on its lane's gate flag, and
-// followed by a write of its number to the lane's progress flag; go() is a
-// host store to the gate, done() a read of the progress. The op is then on
-// the GPU whole before its proxy runs. Ungated (SMDCCL_CUDA_STREAM_BARRIER=0,
-// or no stream memory operations): a copy is queued when go() lets it, and
-// done() queries an event behind it.
+// the op's stream; a 16-bit wire is packed and unpacked by the wire
+// kernels in device scratch, so only the packed bytes cross PCIe. A copy
+// is queued when go() lets it, and done() queries an event behind it
+// (events pooled: none is created or destroyed per op).
 //
 // A group keeps one (GpuContext::stage()) across ops. Per op: begin(), the
 // schedules' plans (with joinStream() / followStream() between them where
@@ -25,32 +19,32 @@
 #include <memory>
 #include <vector>
 
-#include "algorithms/gated_lane.h"
 #include "algorithms/op_context.h"
 #include "algorithms/stage_device.h"
-#include "algorithms/staged_ring.h"
-#include "transport/cuda/stream_flags.h"
-#include "transport/device_wide_fence.h"
 
 namespace smdccl {
+
+// Where an op's pinned slots lie: `slots` of `slotBytes` each, in turn.
+struct SlotLayout {
+  size_t slotBytes = 0;
+  int slots = 1;
+  size_t hostBytes() const { return static_cast<size_t>(slots) * slotBytes; }
+};
 
 class CudaStageDevice final : public StageDevice {
  public:
   // `freeCached`: see allocateDeviceMemory (transport/cuda/ipc_space.h).
-  // `gated`: try the gated mode (falls back, with a log line, where the GPU
-  // cannot map the flags).
-  explicit CudaStageDevice(std::function<void()> freeCached = nullptr, bool gated = false);
+  explicit CudaStageDevice(std::function<void()> freeCached = nullptr);
   ~CudaStageDevice() override;
   CudaStageDevice(const CudaStageDevice&) = delete;
   CudaStageDevice& operator=(const CudaStageDevice&) = delete;
-  bool gated() const override { return gatedLanes_; }
 
   // The op's copies wait for what `opStream` has queued; `slots` are the
-  // plan's pinned host slots (each slot's device scratch, for packing and
-  // reducing, is found by its place among them; `scratch` false: the op
-  // only copies bytes, and needs none).
-  void begin(cudaStream_t opStream, char* slots, const StagePlan& plan, const OpContext& ctx,
-             bool scratch = true);
+  // op's pinned host slots (each slot's device scratch, for packing, is
+  // found by its place among them; `scratch` false: the op only copies
+  // bytes, and needs none).
+  void begin(cudaStream_t opStream, char* slots, const SlotLayout& layout, const OpContext& ctx,
+             bool scratch);
   // `opStream` waits for every copy planned so far (queued now).
   void joinStream();
   // The copies planned from now on wait for what `opStream` has queued so far.
@@ -70,23 +64,18 @@ class CudaStageDevice final : public StageDevice {
   void release(int lane, uint64_t number) override;
   bool ran(int lane, uint64_t number) override;
   void dropPlanned(int lane, uint64_t released, uint64_t planned) override;
-  void abandoned() override { window_.close(); }
 
  private:
-  // Ungated: events are reused in turn; one whose copy is about to be
-  // reused is waited for first (with the op's deadline).
+  // Events are reused in turn; one whose copy is about to be reused is
+  // waited for first (with the op's deadline).
   static constexpr uint64_t kEvents = 64;
   struct Lane {
     cudaStream_t stream = nullptr;
-    // Ungated.
     std::vector<cudaEvent_t> events;
     uint64_t issued = 0, completed = 0;
     std::deque<Copy> waiting;              // planned, not released
     std::map<uint64_t, uint64_t> eventOf;  // released copy number -> event sequence
     uint64_t queuedUpTo = 0;
-    // Gated.
-    std::unique_ptr<CudaFlagQueue> flags;
-    std::unique_ptr<GatedLane> gate;
   };
   uint64_t record(Lane& l);
   // The out lane's later work waits for what the in lane has queued.
@@ -99,18 +88,13 @@ class CudaStageDevice final : public StageDevice {
   void queueIn(cudaStream_t s, const Copy& c);
 
   Lane lanes_[2];  // 0: out to host, 1: in from host
-  std::unique_ptr<MappedFlagPage> flagPage_;
-  bool gatedLanes_ = false;
   bool abandoned_ = false;   // copies were let go: begin() waits for them
-  char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes in
+  char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes / 2 in
   size_t scratchBytes_ = 0;
   // Outgrown scratch, freed with the device: cudaFree waits for the whole
   // device, which on the op's thread would hold the op behind the user's
   // queued work (a few at most: the need is bounded by the tuning).
   std::vector<char*> outgrown_;
-  // Gated: open from begin() until every planned copy is let go
-  // (transport/device_wide_fence.h).
-  DeviceWideFence::Window window_;
   std::function<void()> freeCached_;
   unsigned long long* overflowsDev_ = nullptr;
   unsigned long long* overflowsHost_ = nullptr;  // pinned
@@ -118,7 +102,7 @@ class CudaStageDevice final : public StageDevice {
   // The running op.
   cudaStream_t opStream_ = nullptr;
   char* slots_ = nullptr;
-  StagePlan plan_{};
+  SlotLayout layout_{};
   const OpContext* ctx_ = nullptr;
 };
 

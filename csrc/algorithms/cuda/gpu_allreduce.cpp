@@ -16,7 +16,6 @@
 #include "algorithms/algorithm.h"
 #include "algorithms/collectives.h"
 #include "algorithms/slices.h"
-#include "algorithms/staged_ring.h"
 #include "algorithms/staged_collectives.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
@@ -110,63 +109,39 @@ const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes) {
 
 namespace {
 
-// Where the host path would run the ring on every staging chunk, the device
-// runs it (staged_ring.h): same bits, the 16-bit cast done by the GPU, half
-// the bytes over PCIe with a compressed wire, and copies out, network and
-// copies in overlapping per piece.
-bool stagedRingFits(const Comm& c, size_t count, size_t chunk, DType dt, const Tuning& t) {
-  if (!isRingAlgorithm(allreduceAlgorithm(c, std::min(chunk, count), dt, t))) return false;
-  size_t tail = count % chunk;
-  return count <= chunk || tail == 0 || isRingAlgorithm(allreduceAlgorithm(c, tail, dt, t));
-}
-
-// The staged allreduces of one op over c: their element counts (each
-// counted once), the staging chunk in elements, what they need.
+// The staged allreduces of one op over c (staged_collectives.h: chunk k
+// out, packed to c's 16-bit wire where c compresses, the host allreduce of
+// it, back), in a few chunk-sized pinned slots in turn.
 struct StagedAllreduces {
   Comm& c;
   GpuContext& g;
   DType dt;
   const Tuning& t;
-  size_t chunk;
-  bool ring(size_t count) const {
-    return g.tuning().stagedRing && stagedRingFits(c, count, chunk, dt, t);
+  size_t chunk;  // elements
+  StagedOnGpu::Spec spec() const {
+    return {.layout = {.slotBytes = chunk * elementSize(dt), .slots = kStagedRoundSlots},
+            .scratch = stagedPackWire(c, dt) != Wire::F32};
   }
-  StagedOnGpu::Spec spec(const std::vector<size_t>& counts, bool whole) const {
-    const size_t es = elementSize(dt);
-    StagedOnGpu::Spec s{.plan = stagedRingPlan(chunk * es, dt), .scratch = false, .whole = whole};
-    for (size_t n : counts) {
-      if (n == 0) continue;
-      if (ring(n)) s.scratch = true;
-      else s.hostBytes = std::max(s.hostBytes, allreduceRoundsHostBytes(n, dt, chunk * es));
-    }
-    return s;
-  }
-  // Plans the in-place allreduce of `a` (device memory) on `staged`: the
-  // staged ring, or staged rounds (allreduceRounds: a few chunk-sized slots
-  // in turn, not a pinned copy of the whole tensor).
-  void plan(StagedOnGpu& staged, const CollectiveArgs& a) const {
+  // Runs the in-place allreduce of `a` (device memory) on `staged`.
+  void run(StagedOnGpu& staged, const CollectiveArgs& a) const {
+    if (a.count == 0 || c.size() == 1) return;
     StageDevice& d = staged.device();
-    if (a.count == 0 || c.size() == 1) {
-      staged.add(nullptr);
-      return;
-    }
-    if (ring(a.count)) {
-      staged.add(planStagedRingAllreduce(c, d, a, staged.slots(), staged.plan()));
-      return;
-    }
     StagedRoundsJob job = allreduceRounds(c, a, chunk * elementSize(dt), t);
-    staged.add(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
+    staged.run(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
   }
 };
+
+size_t stageChunkElems(const GpuContext& g, DType dt) {
+  return std::max<size_t>(1, g.tuning().stageChunkBytes / elementSize(dt));
+}
 
 }  // namespace
 
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   if (a.count == 0 || c.size() == 1) return;
-  const StagedAllreduces staged{
-      c, g, a.dt, t, std::max<size_t>(1, g.tuning().stageChunkBytes / elementSize(a.dt))};
-  StagedOnGpu op(g, c.ctx, staged.spec({a.count}, /*whole=*/true));
-  staged.plan(op, a);
+  const StagedAllreduces staged{c, g, a.dt, t, stageChunkElems(g, a.dt)};
+  StagedOnGpu op(g, c.ctx, staged.spec());
+  staged.run(op, a);
   op.finish();
 }
 
@@ -193,21 +168,11 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   Comm across = multiNode ? c.sub(h.acrossNodes(h.myLocal)) : local;
   size_t chunk = space.bytes() / es;
   // Across nodes, each IPC chunk's slice goes through a staged allreduce.
-  // With the node barriers on the stream, the whole op is queued before
-  // any of them runs (StagedOnGpu).
   std::optional<StagedAllreduces> inter;
   std::optional<StagedOnGpu> staged;
   if (multiNode) {
-    const int me = space.localRank();
-    auto sliceOf = [&](size_t n) {
-      Slices s(n, space.localSize(), es);
-      return s.end[me] - s.begin[me];
-    };
-    inter.emplace(
-        StagedAllreduces{across, g, dt, t, std::max<size_t>(1, g.tuning().stageChunkBytes / es)});
-    staged.emplace(g, c.ctx,
-                   inter->spec({sliceOf(std::min(chunk, count)), sliceOf(count % chunk)},
-                               /*whole=*/g.streamBarriers()));
+    inter.emplace(StagedAllreduces{across, g, dt, t, stageChunkElems(g, dt)});
+    staged.emplace(g, c.ctx, inter->spec());
   }
   for (size_t at = 0; at < count; at += chunk) {
     size_t n = std::min(chunk, count - at);
@@ -221,10 +186,10 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
     step.reduceMySlice(s);
     if (multiNode) {
       int me = space.localRank();
-      inter->plan(*staged, {.buf = space.buffer(me) + s.begin[me] * es,
-                            .count = s.end[me] - s.begin[me],
-                            .dt = dt,
-                            .op = op});
+      inter->run(*staged, {.buf = space.buffer(me) + s.begin[me] * es,
+                           .count = s.end[me] - s.begin[me],
+                           .dt = dt,
+                           .op = op});
       g.nodeBarrier(c, local, "inter-node allreduce");  // every slice final before the gather
     }
     step.gather(d, s);

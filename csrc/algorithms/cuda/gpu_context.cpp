@@ -20,11 +20,10 @@ namespace smdccl {
 
 void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   if (tuningAgreed_ || c.size() == 1) return;
-  constexpr size_t kFields = 6;
+  constexpr size_t kFields = 5;
   auto fields = [](const GpuTuning& g) {
-    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u,        g.ipcBytes,
-                                         g.oneShotBytes,         g.stageChunkBytes,
-                                         g.stagedRing ? 1u : 0u, g.streamBarrier ? 1u : 0u};
+    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u, g.ipcBytes, g.oneShotBytes,
+                                         g.stageChunkBytes, g.streamBarrier ? 1u : 0u};
   };
   // A tiny allgather over the group: it carries this op's header, so a rank
   // that called another op (or passed CPU tensors) is named as such first.
@@ -40,8 +39,7 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
     theirs.ipcBytes = f[1];
     theirs.oneShotBytes = f[2];
     theirs.stageChunkBytes = f[3];
-    theirs.stagedRing = f[4] != 0;
-    theirs.streamBarrier = f[5] != 0;
+    theirs.streamBarrier = f[4] != 0;
     throw CommError(
         CommError::Kind::Mismatch,
         strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ", r,
@@ -99,9 +97,7 @@ GpuContext::~GpuContext() {
 }
 
 CudaStageDevice& GpuContext::stage() {
-  if (!stage_)
-    stage_ =
-        std::make_unique<CudaStageDevice>(freeCached_, tuning_.streamBarrier && tuning_.stageGated);
+  if (!stage_) stage_ = std::make_unique<CudaStageDevice>(freeCached_);
   return *stage_;
 }
 

@@ -42,22 +42,11 @@ class GpuContext {
   const GpuTuning& tuning() const { return tuning_; }
   PinnedBuffer& staging() { return *staging_; }
   const PinnedBuffer& staging() const { return *staging_; }
-  // The device side of the staged schedules (made at first use; gated
-  // with SMDCCL_CUDA_STREAM_BARRIER where the GPU maps its flags).
+  // The device side of the staged schedules (made at first use).
   CudaStageDevice& stage();
   // Whether the node barriers of the IPC steps are queued on the stream
   // (decided at ipc()'s set-up): an op with IPC steps can then be queued whole.
   bool streamBarriers() const { return nodeBarrier_ != nullptr; }
-  // Host work that must wait until the running op's GPU work is all queued
-  // (a staged op's proxies): while `list` is set (by the op, around its
-  // body; nullptr after), afterQueued() appends to it, and the op marks its
-  // end on the stream before it runs the list; otherwise it runs at once.
-  using HostWork = std::vector<std::function<void()>>;
-  void deferInto(HostWork* list) { deferred_ = list; }
-  void afterQueued(std::function<void()> work) {
-    if (deferred_) deferred_->push_back(std::move(work));
-    else work();
-  }
   // Bytes the group's staged collectives copied from device to host memory
   // and back (what crosses PCIe): counted by every staging path.
   void countCopies(uint64_t toHost, uint64_t fromHost) {
@@ -66,13 +55,6 @@ class GpuContext {
   }
   uint64_t bytesToHost() const { return bytesToHost_.load(); }
   uint64_t bytesFromHost() const { return bytesFromHost_.load(); }
-  // Device memory for one op's working copy (`bytes`), allocated for the
-  // context's stream and kept while the handle lives; nullptr when no
-  // allocator was given (the paths that need one then stage on the host).
-  using ScratchAllocator = std::function<std::shared_ptr<char>(size_t bytes)>;
-  void setScratchAllocator(ScratchAllocator a) { scratch_ = std::move(a); }
-  std::shared_ptr<char> scratch(size_t bytes) const { return scratch_ ? scratch_(bytes) : nullptr; }
-  bool hasScratch() const { return static_cast<bool>(scratch_); }
   // `n` reusable events (timing off), recorded and waited on by one op at a time.
   cudaEvent_t event(size_t i);
   // The node's IPC buffers (and its stream barriers, SMDCCL_CUDA_STREAM_BARRIER),
@@ -126,8 +108,6 @@ class GpuContext {
   std::function<void(const std::string&)> barrierFailed_;
   std::unique_ptr<CudaStageDevice> stage_;
   std::function<void()> freeCached_;
-  HostWork* deferred_ = nullptr;
-  ScratchAllocator scratch_;
   std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};
   bool tuningAgreed_ = false;
 };

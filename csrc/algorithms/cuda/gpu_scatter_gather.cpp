@@ -29,46 +29,20 @@ void queueDeviceCopy(GpuContext& g, char* dst, const char* src, size_t bytes, co
     checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream()), what);
 }
 
-// Where the host would run the ring reduce-scatter, the device runs it
-// (staged_ring.h) on a working copy of the input: the same bits, the
-// 16-bit cast done by the GPU (half the bytes over PCIe with a compressed
-// wire), copies and network overlapping per piece.
-bool stagedRingReduceScatterFits(const Comm& c, const GpuContext& g, const BlockReduction& r,
-                                 const Tuning& t) {
-  const size_t bytes = r.each * elementSize(r.dt) * static_cast<size_t>(c.size());
-  return g.tuning().stagedRing && g.hasScratch() &&
-         isRingAlgorithm(reduceScatterAlgorithm(c, bytes, r.dt, t));
-}
-
-void stagedRingReduceScatterOnDevice(Comm& c, GpuContext& g, const BlockReduction& r) {
-  const size_t blockBytes = r.each * elementSize(r.dt);
-  const size_t total = blockBytes * static_cast<size_t>(c.size());
-  // `in` is left as it was. Freed with this call: the allocator hands the
-  // block only to later work on the same stream, which waits for the copies.
-  std::shared_ptr<char> work = g.scratch(total);
-  queueDeviceCopy(g, work.get(), r.in, total, "copy into the reduce-scatter's working buffer");
-  StagedOnGpu staged(g, c.ctx,
-                     {.plan = stagedRingPlan(g.tuning().stageChunkBytes, r.dt), .whole = true});
-  StageDevice& d = staged.device();
-  staged.add(
-      planStagedRingReduceScatter(c, d, {.buf = work.get(), .each = r.each, .dt = r.dt, .op = r.op},
-                                  staged.slots(), staged.plan()));
-  queueDeviceCopy(g, r.out, work.get() + blockBytes * static_cast<size_t>(c.rank()), blockBytes,
-                  "copy out of the reduce-scatter's working buffer");
-  staged.finish();
-}
-
 // Staged rounds of a host collective (staged_collectives.h) on the GPU.
 void stagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
-  StagedOnGpu staged(g, c.ctx, {.hostBytes = job.hostBytes(), .scratch = false, .whole = true});
+  const bool packs = StageDevice::packed(job.dt, job.wire);
+  StagedOnGpu staged(g, c.ctx,
+                     {.layout = {.slotBytes = job.slotBytes, .slots = job.slots}, .scratch = packs});
   StageDevice& d = staged.device();
-  staged.add(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
+  staged.run(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
   staged.finish();
 }
 
+// The whole input out (packed to c's 16-bit wire where c compresses), the
+// host reduce-scatter, this rank's block back.
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
-  if (stagedRingReduceScatterFits(c, g, r, t)) stagedRingReduceScatterOnDevice(c, g, r);
-  else stagedRounds(c, g, reduceScatterRounds(c, r, t));
+  stagedRounds(c, g, reduceScatterRounds(c, r, t));
 }
 
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {

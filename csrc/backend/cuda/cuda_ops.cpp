@@ -61,16 +61,6 @@ struct CudaState {
     // torch's caching allocator holds idle, then retry once.
     gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv(),
                                        [] { c10::cuda::CUDACachingAllocator::emptyCache(); });
-    // Working copies (the staged reduce-scatter's) come from torch's caching
-    // allocator, for the internal stream: transient, not held by the group.
-    gpu->setScratchAllocator([dev, s = stream](size_t bytes) {
-      c10::cuda::CUDAStreamGuard guard(s);
-      CallInFlight call("torch's CUDA allocator (a staged working copy)");
-      auto t = std::make_shared<at::Tensor>(at::empty(
-          {static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(
-                                             at::kCUDA, static_cast<c10::DeviceIndex>(dev))));
-      return std::shared_ptr<char>(t, static_cast<char*>(t->data_ptr()));
-    });
   }
   ~CudaState() {
     c10::cuda::CUDAGuard guard(device);
@@ -134,18 +124,6 @@ class CudaOp : public DeviceOp {
     return hostStaged() || !ipcUsable(h, s_->gpu->tuning()) || h.numNodes() > 1;
   }
 
-  bool deferHostWork(std::function<void()> work) override {
-    if (afterQueued_.empty()) return false;
-    afterQueued_.push_back(std::move(work));
-    return true;
-  }
-
-  void flushHostWork() override {
-    GpuContext::HostWork work = std::move(afterQueued_);
-    afterQueued_.clear();
-    for (auto& w : work) w();
-  }
-
   void beforeBody(const OpContext& ctx) override {
     CaptureSafeScope captureSafe;
     if (hostStaged()) queueCopyOut(ctx);
@@ -179,14 +157,6 @@ class CudaOp : public DeviceOp {
   }
 
   void finishBody(const OpContext& ctx) override {
-    if (!afterQueued_.empty()) {
-      // A staged op queued whole: its end is marked behind all of its GPU
-      // work (the caller's stream may wait for it now), then the host runs
-      // its proxies, and the checks that read what they counted.
-      markEnd(/*early=*/true);
-      flushHostWork();
-      return;
-    }
     if (endQueuedEarly()) {
       openGate();
       return;
@@ -207,29 +177,23 @@ class CudaOp : public DeviceOp {
     // marks whatever reached the stream). On the progress thread this
     // also switches the capture mode for the future's completion after it.
     openGate();  // also one held by a queueCopyOut() that failed half-way
-    // Proxies that never ran (the body failed after planning them) let go
-    // of their planned copies: nothing on the GPU waits for them.
     CaptureSafeScope captureSafe;
-    afterQueued_.clear();
     if (endQueuedEarly()) return;  // its end is recorded; after a failure the copies back still go
     markEnd(/*early=*/false);
   }
 
   void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) override {
     CaptureSafeScope captureSafe;
-    DeferScope defer(*this);
     gpuAllreduce(c, *s_->gpu, a, t);
   }
 
   void reduceScatter(Comm& c, const BlockReduction& r, const Tuning& t) override {
     CaptureSafeScope captureSafe;
-    DeferScope defer(*this);
     gpuReduceScatter(c, *s_->gpu, r, t);
   }
 
   void allgather(Comm& c, const BlockGather& g, const Tuning& t) override {
     CaptureSafeScope captureSafe;
-    DeferScope defer(*this);
     gpuAllgather(c, *s_->gpu, g, t);
   }
 
@@ -246,20 +210,6 @@ class CudaOp : public DeviceOp {
   std::optional<GpuEvent> copiedIn_;                                 // behind the copies in
   uint32_t ticket_ = 0;                 // the copies back's gate (0: none held)
   DeviceWideFence::Window gateWindow_;  // while the gate is held
-  // Host work after the op's GPU work is queued (GpuContext::afterQueued).
-  GpuContext::HostWork afterQueued_;
-
-  // Around a device collective: its staged proxies wait for finishBody().
-  // What an earlier one of the same body deferred runs first (see
-  // DeviceOp::flushHostWork).
-  struct DeferScope {
-    CudaOp& op;
-    explicit DeferScope(CudaOp& o) : op(o) {
-      op.flushHostWork();
-      op.s_->gpu->deferInto(&op.afterQueued_);
-    }
-    ~DeferScope() { op.s_->gpu->deferInto(nullptr); }
-  };
 
   // Records the op's end behind what its stream has queued.
   void markEnd(bool early) noexcept {
