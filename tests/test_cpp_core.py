@@ -47,6 +47,26 @@ def ninja_commands(build: Path, target: str) -> list[str]:
     return [c for c in out.splitlines() if c.strip()]
 
 
+def torch_nccl() -> Path | None:
+    """The libnccl.so.2 a CUDA build of torch installs (nvidia-nccl wheel), if any."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        lib = Path(root) / "nccl" / "lib" / "libnccl.so.2"
+        if lib.exists():
+            return lib
+    return None
+
+
+def test_torch_cuda_builds_ship_the_nccl_the_loader_test_loads():
+    import torch
+
+    if torch.version.cuda is None:
+        pytest.skip("a CPU build of torch ships no NCCL")
+    assert torch_nccl() is not None, "a CUDA build of torch without nvidia/nccl/lib/libnccl.so.2"
+
+
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 def test_cpp_core_unit_tests(tmp_path_factory):
     explicit = os.environ.get("SMDCCL_CORE_TEST_BUILD")
@@ -77,10 +97,12 @@ def test_cpp_core_unit_tests(tmp_path_factory):
     # while this process waits on the other shard.
     logs = Path(tmp_path_factory.mktemp("core-test-logs"))
     shards = []
+    # The NCCL loader's test loads torch's NCCL where this torch ships one.
+    env = {**os.environ, "SMDCCL_DEBUG": "INFO", "SMDCCL_TEST_NCCL_LIBRARY": str(torch_nccl() or "")}
     for k in range(SHARDS):
         with open(logs / f"shard{k}.out", "w") as out, open(logs / f"shard{k}.err", "w") as err:
             shards.append(subprocess.Popen([str(build / "smdccl_core_tests"), "--shard", f"{k}/{SHARDS}"],
-                                           stdout=out, stderr=err, env={**os.environ, "SMDCCL_DEBUG": "INFO"}))
+                                           stdout=out, stderr=err, env=env))
     deadline = time.monotonic() + 300
     passed = 0
     for k, shard in enumerate(shards):

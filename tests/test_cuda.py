@@ -511,6 +511,55 @@ def test_cuda_packed_staged_path_has_the_cpu_paths_bits(wire):
                           "SMDCCL_CUDA_STAGE_CHUNK_KB": "65536"}))
 
 
+def with_nccl_host_per_rank(ref: str, *args):
+    """Runs ``ref`` ("module:function" in tests/) with this rank a host of its
+    own to NCCL: NCCL refuses two ranks on one GPU unless each has its own
+    NCCL_HOSTID (then it joins them through its socket transport, as hosts),
+    so smdccl's NCCL engine can run on one shared GPU. Set before the rank's
+    first NCCL call, which is smdccl's engine choice at its first CUDA
+    collective."""
+    import importlib
+
+    os.environ["NCCL_HOSTID"] = f"smdccl-test-rank{dist.get_rank()}"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)(*args)
+
+
+# NCCL forced as the engine inside the node (SMDCCL_INTRA=nccl): a rank that
+# cannot use it fails instead of falling back to CUDA IPC, so a pass is NCCL's.
+NCCL_INTRA = {"SMDCCL_INTRA": "nccl", "SMDCCL_CUDA_IPC_MB": "1"}
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["1 node", "2x2"])
+def test_cuda_nccl_intra_collectives(layout):
+    """Every collective on CUDA tensors with NCCL inside the node: one node
+    of 4 (NCCL's allreduce, reduce-scatter, allgather), 2 nodes of 2 (NCCL's
+    reduce-scatter, the host between nodes, NCCL's allgather), against the
+    float64 / integer references."""
+    env = {**NCCL_INTRA, **({"SMDCCL_TOPOLOGY": "2x2"} if layout == "2x2" else {})}
+    _check(run_ranks(4, with_nccl_host_per_rank, "test_cuda:cuda_matrix", False, env=env,
+                     timeout=240, pg_timeout=PG_TIMEOUT))
+
+
+@needs_gpu
+def test_cuda_nccl_intra_two_level_fp16_wire():
+    _check(run_ranks(4, with_nccl_host_per_rank, "test_cuda:compressed_allreduce",
+                     env={**NCCL_INTRA, "SMDCCL_TOPOLOGY": "2x2", "SMDCCL_COMPRESSION": "fp16"},
+                     timeout=180, pg_timeout=PG_TIMEOUT))
+
+
+@needs_gpu
+def test_cuda_nccl_intra_ddp_and_fsdp2():
+    """DDP (2 nodes of 2) against gloo, and FSDP2 (one node of 2) against a
+    single process, with NCCL inside the node."""
+    _check(run_ranks(4, with_nccl_host_per_rank, "test_cuda:ddp_against_gloo", 20,
+                     env={**NCCL_INTRA, "SMDCCL_TOPOLOGY": "2x2"}, timeout=180, pg_timeout=PG_TIMEOUT))
+    run_ranks(2, with_nccl_host_per_rank, "test_fsdp:fsdp2_vs_reference", "cuda", env=NCCL_INTRA,
+              timeout=180, pg_timeout=30.0)
+
+
 @needs_gpu
 @pytest.mark.parametrize("world_size", [2])
 def test_cuda_stream_semantics(world_size):

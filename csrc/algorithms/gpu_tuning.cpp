@@ -1,5 +1,7 @@
 #include "algorithms/gpu_tuning.h"
 
+#include <cctype>
+
 #include "common/env.h"
 #include "common/error.h"
 
@@ -10,6 +12,12 @@ SMDCCL_ENV_INT(kCudaIpc, "SMDCCL_CUDA_IPC", 1, 0, 1,
                "CUDA tensors: 1 moves data between the GPUs (or processes sharing a GPU) of a "
                "node through CUDA IPC buffers; 0 stages everything through pinned host memory "
                "and the CPU transports.");
+SMDCCL_ENV_CHOICE(kIntra, "SMDCCL_INTRA", "auto", "auto, nccl, ipc",
+                  "CUDA collectives inside a node: auto runs them on NCCL (loaded from torch's "
+                  "installation) where every rank of the node has a GPU of its own and on "
+                  "smdccl's CUDA IPC kernels otherwise (ranks sharing a GPU, NCCL missing); nccl "
+                  "or ipc forces one (nccl where NCCL cannot be loaded is an error). Between "
+                  "nodes the host reduces either way.");
 SMDCCL_ENV_INT(kCudaIpcMB, "SMDCCL_CUDA_IPC_MB", 64, 1, 1 << 16,
                "Size of each rank's CUDA IPC buffer, in MiB (allocated on the first CUDA "
                "allreduce); larger messages go through it in pieces of this size.");
@@ -43,6 +51,8 @@ SMDCCL_ENV_INT(kCudaPinnedShrinkOps, "SMDCCL_CUDA_PINNED_SHRINK_OPS", 64, 0, 1 <
 GpuTuning GpuTuning::fromEnv() {
   GpuTuning t;
   t.ipc = envInt(env::kCudaIpc) != 0;
+  t.intra = envString(env::kIntra);
+  for (char& ch : t.intra) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   // envInt range-checks these: no clamping here.
   t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
   t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
@@ -54,7 +64,7 @@ GpuTuning GpuTuning::fromEnv() {
 }
 
 std::string GpuTuning::describe() const {
-  return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
+  return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_INTRA=", intra, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
                 ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
                 ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10,
                 ", SMDCCL_CUDA_STREAM_BARRIER=", streamBarrier ? 1 : 0);

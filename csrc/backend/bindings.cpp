@@ -11,6 +11,7 @@
 #include "algorithms/select.h"
 #include "backend/backend.h"
 #include "common/env.h"
+#include "transport/nccl_library.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
 #include "kernels/cpu/reduce.h"
@@ -280,6 +281,25 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       "How the engine was built: compiler, build type, CUDA kernels compiled in, sanitizers");
+
+  m.def(
+      "nccl_library",
+      [] {
+        std::map<std::string, py::object> out;
+        std::string why;
+        const smdccl::NcclLibrary* lib = smdccl::NcclLibrary::get(&why);
+        out["loaded"] = py::bool_(lib != nullptr);
+        out["version"] = py::str(lib ? lib->versionString() : "");
+        out["path"] = py::str(lib ? lib->path() : "");
+        out["why"] = py::str(why);
+        if (lib) {
+          smdccl::NcclUniqueId id = lib->uniqueId();
+          out["unique_id"] = py::bytes(id.bytes, sizeof(id.bytes));
+        }
+        return out;
+      },
+      "The NCCL this process would use for CUDA collectives inside a node: loaded, version, "
+      "path, why not; unique_id: a fresh ncclUniqueId (no GPU needed)");
 
   m.def(
       "reduce_isa", [] { return std::string(smdccl::reduceIsa()); },

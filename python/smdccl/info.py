@@ -101,7 +101,15 @@ def collect() -> dict:
         },
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SMDCCL_")},
         "cuda_settings": _cuda_settings(_C),
+        "nccl": _nccl(_C),
     }
+
+
+def _nccl(c) -> dict:
+    """The NCCL CUDA collectives inside a node would run on (SMDCCL_INTRA)."""
+    lib = dict(c.nccl_library())
+    lib.pop("unique_id", None)
+    return lib
 
 
 def _cuda_settings(c) -> str:
@@ -183,6 +191,9 @@ def render(info: dict) -> str:
         + (f"= {ifname}" if ifname else "unset (the route to MASTER_ADDR picks the address)"),
         "environment: " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else "no SMDCCL_* variable set"),
         f"CUDA settings: {info['cuda_settings']}",
+        "NCCL (CUDA collectives inside a node, SMDCCL_INTRA): "
+        + (f"{info['nccl']['version']} from {info['nccl']['path']}" if info["nccl"]["loaded"]
+           else f"not loaded: {info['nccl']['why']} (smdccl's CUDA IPC path serves instead)"),
     ]
     return "\n".join(lines)
 

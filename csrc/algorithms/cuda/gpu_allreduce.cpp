@@ -101,10 +101,12 @@ struct IpcStep {
 
 }  // namespace
 
-const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes) {
+const char* gpuAllreducePath(const Comm& c, GpuContext& g, const CollectiveArgs& a) {
+  if (ncclIntraUsable(c, g, a.dt, a.op))
+    return c.levels->numNodes() > 1 ? "two-level nccl + staged" : "nccl";
   if (!ipcUsable(c, g)) return "staged";
   if (c.levels->numNodes() > 1) return "two-level ipc + staged";
-  return bytes <= g.tuning().oneShotBytes ? "ipc one-shot" : "ipc two-shot";
+  return a.count * elementSize(a.dt) <= g.tuning().oneShotBytes ? "ipc one-shot" : "ipc two-shot";
 }
 
 namespace {
@@ -153,9 +155,13 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   if (count == 0 || c.size() == 1) return;
   g.agreeOnTuning(c, t);
   size_t es = elementSize(dt);
-  const char* path = gpuAllreducePath(c, g, count * es);
+  const char* path = gpuAllreducePath(c, g, a);
   trace::Span span(trace::enabled() ? strCat("cuda allreduce: ", path) : std::string(), "algorithm",
                    *c.ctx.group);
+  if (ncclIntraUsable(c, g, dt, op)) {
+    ncclAllreduce(c, g, a, t);
+    return;
+  }
   if (!ipcUsable(c, g)) {
     stagedAllreduce(c, g, a, t);
     return;

@@ -24,9 +24,22 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
 // allreduce and chunk k-2's copy back overlap, through a few chunk-sized
 // pinned buffers reused in turn (not a pinned copy of the whole tensor).
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
-// Which path gpuAllreduce takes, for logs and tests: "ipc one-shot",
-// "ipc two-shot", "two-level ipc + staged", "staged".
-const char* gpuAllreducePath(const Comm& c, const GpuContext& g, size_t bytes);
+// Which path gpuAllreduce takes, for logs and tests: "nccl", "two-level
+// nccl + staged", "ipc one-shot", "ipc two-shot", "two-level ipc + staged",
+// "staged".
+const char* gpuAllreducePath(const Comm& c, GpuContext& g, const CollectiveArgs& a);
+
+// NCCL inside the node (gpu_nccl.cpp): whether the group's CUDA
+// collectives of dt/op run on it here (c the whole group, nodes of equal
+// size with several ranks, SMDCCL_CUDA_IPC=1, NCCL chosen for the node:
+// GpuContext::intra, decided with the node's ranks at the first call).
+bool ncclIntraUsable(const Comm& c, GpuContext& g, DType dt, RedOp op);
+// One node: NCCL's allreduce. Several: NCCL's reduce-scatter in the node,
+// the staged allreduce of this rank's block across nodes, NCCL's allgather.
+void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
+// One node only: NCCL's reduce-scatter and allgather.
+void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r);
+void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b);
 
 // Reduce-scatter of device memory over the group c: r.in holds c.size()
 // blocks of `each` elements (block r is rank r's), `out` (each elements)
@@ -42,7 +55,7 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tun
 // peer's); otherwise staged through pinned host memory. `in` may be
 // `out`'s own block.
 void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
-// Which path those two take: "ipc" or "staged".
-const char* gpuScatterGatherPath(const Comm& c, const GpuContext& g);
+// Which path those two take: "nccl", "ipc" or "staged".
+const char* gpuScatterGatherPath(const Comm& c, GpuContext& g, DType dt, RedOp op);
 
 }  // namespace smdccl

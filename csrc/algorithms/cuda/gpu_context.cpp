@@ -20,10 +20,14 @@ namespace smdccl {
 
 void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   if (tuningAgreed_ || c.size() == 1) return;
-  constexpr size_t kFields = 5;
+  constexpr size_t kFields = 6;
+  static const char* kIntra[] = {"auto", "nccl", "ipc"};
   auto fields = [](const GpuTuning& g) {
-    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u, g.ipcBytes, g.oneShotBytes,
-                                         g.stageChunkBytes, g.streamBarrier ? 1u : 0u};
+    uint64_t intra = 0;
+    while (intra < 2 && g.intra != kIntra[intra]) ++intra;
+    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u,         g.ipcBytes,
+                                         g.oneShotBytes,          g.stageChunkBytes,
+                                         g.streamBarrier ? 1u : 0u, intra};
   };
   // A tiny allgather over the group: it carries this op's header, so a rank
   // that called another op (or passed CPU tensors) is named as such first.
@@ -40,6 +44,7 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
     theirs.oneShotBytes = f[2];
     theirs.stageChunkBytes = f[3];
     theirs.streamBarrier = f[4] != 0;
+    theirs.intra = kIntra[std::min<uint64_t>(f[5], 2)];
     throw CommError(
         CommError::Kind::Mismatch,
         strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ", r,
@@ -85,6 +90,7 @@ GpuContext::~GpuContext() {
     waitForStream(stream_, Deadline::after(kDrainWait), "the group's stream at its end");
   } catch (const CommError& e) {
     if (e.kind() == CommError::Kind::Timeout) {
+      if (nccl_) nccl_->abort();
       SMDCCL_WARN("smdccl: the group's CUDA stream did not drain within ", kDrainWait.count(),
                   " s of its end: its buffers are left allocated");
       staging_.release();
@@ -164,6 +170,44 @@ void GpuContext::onBarrierFailure(std::function<void(const std::string&)> handle
 void GpuContext::abortBarriers(const std::string& cause) {
   std::lock_guard<std::mutex> lock(handlerMu_);
   if (nodeBarrier_) nodeBarrier_->abort(cause);
+  if (nccl_) nccl_->abort();  // NCCL's kernels stop waiting for peers
+}
+
+const IntraChoice& GpuContext::intra(const Hierarchy& h, Deadline deadline) {
+  if (intra_) return *intra_;
+  IntraRank me;
+  char bus[32] = {0};
+  SMDCCL_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device_));
+  me.gpu = bus;
+  me.ncclLoaded = NcclLibrary::get(&me.ncclWhy) != nullptr;
+  std::vector<IntraRank> ranks;
+  for (const std::string& s :
+       allGatherStrings(store_,
+                        {strCat("smdccl/cuda_intra/node", h.myNode), h.myLocal, h.localSize(),
+                         deadline},
+                        encodeIntraRank(me)))
+    ranks.push_back(decodeIntraRank(s));
+  intra_ = std::make_unique<IntraChoice>(chooseIntraEngine(tuning_.intra, ranks));
+  SMDCCL_INFO("CUDA collectives inside node ", h.myNode, " run on ",
+              intraEngineName(intra_->engine), ": ", intra_->why);
+  return *intra_;
+}
+
+NcclNodeComm& GpuContext::nccl(const Hierarchy& h, Deadline deadline) {
+  if (nccl_) return *nccl_;
+  std::string why;
+  const NcclLibrary* lib = NcclLibrary::get(&why);
+  if (!lib) throw CommError(CommError::Kind::System, strCat("smdccl: ", why));
+  auto made = std::make_unique<NcclNodeComm>(
+      *lib, store_,
+      NcclNodeComm::Spec{.keyPrefix = strCat("smdccl/cuda_intra/node", h.myNode),
+                         .localRank = h.myLocal,
+                         .localSize = h.localSize(),
+                         .device = device_},
+      deadline);
+  std::lock_guard<std::mutex> lock(handlerMu_);
+  nccl_ = std::move(made);
+  return *nccl_;
 }
 
 StreamGate* GpuContext::gate() {

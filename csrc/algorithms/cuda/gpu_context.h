@@ -16,9 +16,11 @@
 
 #include "algorithms/cuda/node_barrier.h"
 #include "algorithms/gpu_tuning.h"
+#include "algorithms/intra_engine.h"
 #include "algorithms/stream_gate.h"
 #include "common/store.h"
 #include "transport/cuda/ipc_space.h"
+#include "transport/cuda/nccl_comm.h"
 #include "transport/cuda/pinned_buffer.h"
 
 namespace smdccl {
@@ -57,6 +59,12 @@ class GpuContext {
   uint64_t bytesFromHost() const { return bytesFromHost_.load(); }
   // `n` reusable events (timing off), recorded and waited on by one op at a time.
   cudaEvent_t event(size_t i);
+  // The engine of this group's CUDA collectives inside the node (NCCL or
+  // smdccl's IPC; algorithms/intra_engine.h), decided at the first one the
+  // node's ranks make together (a store round among them), then kept.
+  const IntraChoice& intra(const Hierarchy& h, Deadline deadline);
+  // The node's NCCL communicator (made at first use; intra() chose NCCL).
+  NcclNodeComm& nccl(const Hierarchy& h, Deadline deadline);
   // The node's IPC buffers (and its stream barriers, SMDCCL_CUDA_STREAM_BARRIER),
   // set up on first use: a collective over the node (every node-mate asks at
   // the same collective, in issue order). h: the group's nodes.
@@ -99,6 +107,8 @@ class GpuContext {
   std::unique_ptr<PinnedBuffer> staging_;  // (leaked, like the IPC buffers, if the stream hangs)
   std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
+  std::unique_ptr<IntraChoice> intra_;
+  std::unique_ptr<NcclNodeComm> nccl_;  // under handlerMu_: abort() may read it from any thread
   std::unique_ptr<GpuNodeBarrier> nodeBarrier_;
   bool gateTried_ = false;
   std::unique_ptr<MappedFlagPage> gatePage_;

@@ -120,7 +120,13 @@ void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
 
 }  // namespace
 
-const char* gpuScatterGatherPath(const Comm& c, const GpuContext& g) {
+// NCCL inside one node (gpu_nccl.cpp); across nodes these two stage.
+bool oneNodeNccl(const Comm& c, GpuContext& g, DType dt, RedOp op) {
+  return c.levels && c.levels->numNodes() == 1 && ncclIntraUsable(c, g, dt, op);
+}
+
+const char* gpuScatterGatherPath(const Comm& c, GpuContext& g, DType dt, RedOp op) {
+  if (oneNodeNccl(c, g, dt, op)) return "nccl";
   return oneNodeIpc(c, g) ? "ipc" : "staged";
 }
 
@@ -135,10 +141,12 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tun
     return;
   }
   g.agreeOnTuning(c, t);
-  trace::Span span(trace::enabled() ? strCat("cuda reduce_scatter: ", gpuScatterGatherPath(c, g))
-                                    : std::string(),
+  trace::Span span(trace::enabled()
+                       ? strCat("cuda reduce_scatter: ", gpuScatterGatherPath(c, g, dt, r.op))
+                       : std::string(),
                    "algorithm", *c.ctx.group);
-  if (oneNodeIpc(c, g)) ipcReduceScatter(c, g, r);
+  if (oneNodeNccl(c, g, dt, r.op)) ncclReduceScatter(c, g, r);
+  else if (oneNodeIpc(c, g)) ipcReduceScatter(c, g, r);
   else stagedReduceScatter(c, g, r, t);
 }
 
@@ -152,10 +160,12 @@ void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t)
     return;
   }
   g.agreeOnTuning(c, t);
-  trace::Span span(
-      trace::enabled() ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g)) : std::string(),
-      "algorithm", *c.ctx.group);
-  if (oneNodeIpc(c, g)) ipcAllgather(c, g, b);
+  trace::Span span(trace::enabled()
+                       ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g, DType::U8, RedOp::Sum))
+                       : std::string(),
+                   "algorithm", *c.ctx.group);
+  if (oneNodeNccl(c, g, DType::U8, RedOp::Sum)) ncclAllgather(c, g, b);
+  else if (oneNodeIpc(c, g)) ipcAllgather(c, g, b);
   else stagedAllgather(c, g, b, t);
 }
 

@@ -1,0 +1,120 @@
+#include "transport/cuda/nccl_comm.h"
+
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace smdccl {
+
+namespace {
+
+// ncclCommInitRank's outcome, shared with the thread that runs it: the
+// caller may give up at its deadline and leave; the thread then destroys
+// what it made.
+struct InitState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false, abandoned = false;
+  int result = 0;
+  std::string cudaError;
+  NcclLibrary::Comm comm = nullptr;
+};
+
+}  // namespace
+
+NcclNodeComm::NcclNodeComm(const NcclLibrary& lib, KVStore& store, const Spec& s,
+                           Deadline deadline)
+    : lib_(lib),
+      localRank_(s.localRank),
+      localSize_(s.localSize),
+      what_(strCat("the NCCL communicator of ", s.keyPrefix, " (local rank ", s.localRank, " of ",
+                   s.localSize, ")")) {
+  const NcclUniqueId id =
+      shareNcclId(lib, store, s.keyPrefix + "/nccl_id", s.localRank, deadline);
+  auto st = std::make_shared<InitState>();
+  const NcclLibrary* l = &lib;
+  std::thread([st, l, id, s] {
+    NcclLibrary::Comm comm = nullptr;
+    int result = 0;
+    std::string cudaError;
+    cudaError_t e = cudaSetDevice(s.device);
+    if (e != cudaSuccess) cudaError = cudaGetErrorString(e);
+    else result = l->commInitRank(&comm, s.localSize, id, s.localRank);
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->abandoned) {
+      if (comm) l->commDestroy(comm);
+      return;
+    }
+    st->done = true;
+    st->result = result;
+    st->cudaError = cudaError;
+    st->comm = comm;
+    st->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(st->mu);
+  if (!st->cv.wait_until(lock, deadline.at(), [&] { return st->done; })) {
+    st->abandoned = true;
+    throw CommError(CommError::Kind::Timeout,
+                    strCat("smdccl: ", what_,
+                           ": timed out in ncclCommInitRank waiting for the node's other ranks "
+                           "(has every rank of the node called the same CUDA collective?)"));
+  }
+  if (!st->cudaError.empty())
+    throw CommError(CommError::Kind::System,
+                    strCat("smdccl: ", what_, ": cudaSetDevice(", s.device, "): ", st->cudaError));
+  lib.check(st->result, strCat(what_, ": ncclCommInitRank"));
+  comm_ = st->comm;
+  SMDCCL_INFO("CUDA collectives inside the node run on NCCL ", lib.versionString(), " (",
+              lib.path(), "), ", what_);
+}
+
+NcclNodeComm::~NcclNodeComm() {
+  if (comm_ && !aborted_) lib_.commDestroy(comm_);
+}
+
+void NcclNodeComm::abort() noexcept {
+  if (!comm_ || aborted_) return;
+  aborted_ = true;
+  lib_.commAbort(comm_);
+}
+
+std::string NcclNodeComm::asyncError() const {
+  int err = 0;
+  if (!comm_ || aborted_ || lib_.commGetAsyncError(comm_, &err) != 0 || err == 0) return "";
+  return strCat("NCCL reports error ", err, " on ", what_);
+}
+
+namespace {
+void types(const NcclLibrary&, DType dt, RedOp op, int* ndt, int* nop, const std::string& what) {
+  SMDCCL_CHECK_ARG(NcclLibrary::dataType(dt, ndt), "smdccl: ", what, ": NCCL has no such dtype");
+  SMDCCL_CHECK_ARG(NcclLibrary::redOp(op, nop), "smdccl: ", what, ": NCCL has no such reduction");
+}
+}  // namespace
+
+void NcclNodeComm::allReduce(const void* in, void* out, size_t count, DType dt, RedOp op,
+                             void* stream) {
+  int ndt = 0, nop = 0;
+  types(lib_, dt, op, &ndt, &nop, what_);
+  lib_.check(lib_.allReduce(in, out, count, ndt, nop, comm_, stream), what_ + ": ncclAllReduce");
+}
+
+void NcclNodeComm::reduceScatter(const void* in, void* out, size_t count, DType dt, RedOp op,
+                                 void* stream) {
+  int ndt = 0, nop = 0;
+  types(lib_, dt, op, &ndt, &nop, what_);
+  lib_.check(lib_.reduceScatter(in, out, count, ndt, nop, comm_, stream),
+             what_ + ": ncclReduceScatter");
+}
+
+void NcclNodeComm::allGather(const void* in, void* out, size_t count, DType dt, void* stream) {
+  int ndt = 0;
+  SMDCCL_CHECK_ARG(NcclLibrary::dataType(dt, &ndt), "smdccl: ", what_, ": NCCL has no such dtype");
+  lib_.check(lib_.allGather(in, out, count, ndt, comm_, stream), what_ + ": ncclAllGather");
+}
+
+}  // namespace smdccl

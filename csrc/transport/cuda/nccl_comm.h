@@ -1,0 +1,57 @@
+#pragma once
+// One NCCL communicator over the ranks of a node, for a group's CUDA
+// collectives inside the node (algorithms/intra_engine.h says when): NCCL
+// moves the data over NVLink / PCIe, on the stream the caller names.
+// The unique id goes from local rank 0 to the others through the group's
+// store. ncclCommInitRank blocks until every local rank has joined; it
+// runs on a thread of its own, so that a node-mate that never comes fails
+// this rank at the deadline, naming the wait, instead of hanging it.
+#include <memory>
+#include <string>
+
+#include "common/deadline.h"
+#include "common/dtype.h"
+#include "common/store.h"
+#include "transport/nccl_library.h"
+
+namespace smdccl {
+
+class NcclNodeComm {
+ public:
+  struct Spec {
+    std::string keyPrefix;  // where local rank 0 publishes the unique id
+    int localRank = 0;
+    int localSize = 1;
+    int device = 0;
+  };
+  // Collective over the node's ranks (each calls it with its local index).
+  NcclNodeComm(const NcclLibrary& lib, KVStore& store, const Spec& s, Deadline deadline);
+  // ncclCommDestroy (after abort(): nothing more).
+  ~NcclNodeComm();
+  NcclNodeComm(const NcclNodeComm&) = delete;
+  NcclNodeComm& operator=(const NcclNodeComm&) = delete;
+
+  // Each queues NCCL's collective on `stream` (a cudaStream_t) and throws a
+  // CommError if NCCL refuses it. count: elements (per rank's block for
+  // reduceScatter's output and allGather's input). dt and op must have
+  // NCCL forms (NcclLibrary::dataType / redOp).
+  void allReduce(const void* in, void* out, size_t count, DType dt, RedOp op, void* stream);
+  void reduceScatter(const void* in, void* out, size_t count, DType dt, RedOp op, void* stream);
+  void allGather(const void* in, void* out, size_t count, DType dt, void* stream);
+  // After a failure (the group timed out or was aborted): NCCL's kernels
+  // stop, and the communicator is unusable. Safe from any thread, once.
+  void abort() noexcept;
+  // NCCL's asynchronous error ("" if none): a peer's failure NCCL noticed.
+  std::string asyncError() const;
+  int localRank() const { return localRank_; }
+  int localSize() const { return localSize_; }
+
+ private:
+  const NcclLibrary& lib_;
+  NcclLibrary::Comm comm_ = nullptr;
+  int localRank_, localSize_;
+  std::string what_;  // "NCCL communicator of <prefix> (local rank r of n)"
+  bool aborted_ = false;
+};
+
+}  // namespace smdccl
