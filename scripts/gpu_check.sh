@@ -8,7 +8,8 @@
 #      rank a host to NCCL, --nccl-ranks-as-hosts) at 2 and 4 ranks and in
 #      smdccl's 2x2 layout; then side by side: DDP vs gloo, FSDP2 on CUDA,
 #      every collective at 2 and 4 ranks sharing the GPU, two-level / staged /
-#      fp16 wire, the packed staged path against CPU tensors' bits; the IPC
+#      fp16 wire, the packed staged path against CPU tensors' bits, NCCL as
+#      the engine inside the node (forced, each rank its own NCCL_HOSTID); the IPC
 #      out-of-memory test (alone); the packed staged path against float32
 #      staging and gloo (scripts/cuda_staged_bench.py);
 #      NCCL and smdccl between emulated nodes on a shaped 10 Gbit/s link (where
@@ -134,6 +135,7 @@ pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_proc
 pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
 pytest_step two-level 400 "two_level" tests/test_cuda.py &
 pytest_step packed 150 "packed_staged_path" tests/test_cuda.py &
+pytest_step nccl-intra 300 "nccl_intra" tests/test_cuda.py &
 wait
 # Alone: it takes every byte of the GPU's memory.
 pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
