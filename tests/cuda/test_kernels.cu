@@ -332,7 +332,6 @@ TEST(cuda_zero_count_and_bad_arguments) {
   CK(gpu::gatherSlices(nullptr, {none, nullptr, nullptr, 0}, nullptr));
   CK(gpu::packToWire(nullptr, nullptr, 0, {Wire::F16, nullptr}, nullptr));
   CK(gpu::unpackFromWire(nullptr, nullptr, 0, Wire::BF16, nullptr));
-  CK(gpu::unpackReduceFromWire(nullptr, nullptr, 0, {Wire::F16, RedOp::Sum}, nullptr));
   CHECK(gpu::packToWire(nullptr, nullptr, 4, {Wire::F32, nullptr}, nullptr) ==
         cudaErrorInvalidValue);
   CK(cudaDeviceSynchronize());
@@ -578,19 +577,6 @@ void checkWire(Wire w, size_t n, size_t off, std::mt19937_64& rng) {
   CK(cudaMemcpy(gotF.data(), pdst, n * 4, cudaMemcpyDeviceToHost));
   std::snprintf(what, sizeof what, "unpackFromWire %s n=%zu off=%zu", smdccl::wireName(w), n, off);
   CHECK(sameElements(gotF.data(), wantF.data(), n, DType::F32, false, what));
-
-  // unpack + reduce, every op
-  for (RedOp op : kOps) {
-    std::vector<float> acc = wireFloats(n, rng);
-    CK(cudaMemcpy(pdst, acc.data(), n * 4, cudaMemcpyHostToDevice));
-    smdccl::reduceFromWire(acc.data(), bits.data(), n, {w, op});
-    CK(gpu::unpackReduceFromWire(pdst, p16, n, {w, op}, nullptr));
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(gotF.data(), pdst, n * 4, cudaMemcpyDeviceToHost));
-    std::snprintf(what, sizeof what, "unpackReduceFromWire %s %s n=%zu off=%zu",
-                  smdccl::wireName(w), smdccl::redOpName(op), n, off);
-    CHECK(sameElements(gotF.data(), acc.data(), n, DType::F32, isMinMax(op), what));
-  }
 }
 
 TEST(cuda_wire) {

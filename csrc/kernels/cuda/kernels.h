@@ -64,13 +64,6 @@ cudaError_t packToWire(void* dst16, const float* src, size_t n, const WirePack& 
                        cudaStream_t stream);
 // dst[i] = widen(src16[i]).
 cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cudaStream_t stream);
-// dst[i] = dst[i] op widen(src16[i]) (fused unpack + reduce).
-struct WireReduce {
-  Wire w;
-  RedOp op;
-};
-cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, const WireReduce& how,
-                                 cudaStream_t stream);
 
 // ---- loading ----
 // Loads every kernel above on the current device now (each dtype and op):

@@ -1,4 +1,4 @@
-// float32 over a 16-bit wire: packToWire, unpackFromWire, unpackReduceFromWire
+// float32 over a 16-bit wire: packToWire, unpackFromWire
 // (kernels.h), bit for bit the CPU's wireKernels.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
@@ -136,50 +136,6 @@ __global__ void __launch_bounds__(kThreads)
   for (size_t i = start + tid; i < n; i += nth) dst[i] = fromWire<BF>(src[i]);
 }
 
-template <bool BF, RedOp OP>
-__global__ void __launch_bounds__(kThreads)
-    unpackReduceKernel(float* dst, const uint16_t* src, size_t n, bool vec) {
-  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
-  size_t start = 0;
-  if (vec) {
-    const size_t nvec = n / 8;
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    size_t i = tid;
-    for (; i + (kWireUnroll - 1) * nth < nvec; i += kWireUnroll * nth) {
-      H8 h[kWireUnroll];
-      F8 x[kWireUnroll];
-#pragma unroll
-      for (int u = 0; u < kWireUnroll; ++u) {
-        h[u].u = s[i + u * nth];
-        x[u].u[0] = d[2 * (i + u * nth)];
-        x[u].u[1] = d[2 * (i + u * nth) + 1];
-      }
-#pragma unroll
-      for (int u = 0; u < kWireUnroll; ++u) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) x[u].f[e] = floatOp<OP>(x[u].f[e], fromWire<BF>(h[u].h[e]));
-        d[2 * (i + u * nth)] = x[u].u[0];
-        d[2 * (i + u * nth) + 1] = x[u].u[1];
-      }
-    }
-    for (; i < nvec; i += nth) {
-      H8 h;
-      h.u = s[i];
-      F8 x;
-      x.u[0] = d[2 * i];
-      x.u[1] = d[2 * i + 1];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x.f[e] = floatOp<OP>(x.f[e], fromWire<BF>(h.h[e]));
-      d[2 * i] = x.u[0];
-      d[2 * i + 1] = x.u[1];
-    }
-    start = nvec * 8;
-  }
-  for (size_t i = start + tid; i < n; i += nth) dst[i] = floatOp<OP>(dst[i], fromWire<BF>(src[i]));
-}
-
 template <bool BF>
 cudaError_t launchPack(void* dst16, const float* src, size_t n, unsigned long long* overflows,
                        cudaStream_t stream) {
@@ -197,27 +153,6 @@ cudaError_t launchUnpack(float* dst, const void* src16, size_t n, cudaStream_t s
       vec ? gridFor<unpackKernel<BF>>(n / 8, kWireUnroll) : gridFor<unpackKernel<BF>>(n, 4);
   unpackKernel<BF><<<grid, kThreads, 0, stream>>>(dst, static_cast<const uint16_t*>(src16), n, vec);
   return cudaGetLastError();
-}
-
-template <bool BF, RedOp OP>
-cudaError_t launchUnpackReduce(float* dst, const void* src16, size_t n, cudaStream_t stream) {
-  const bool vec = aligned16(dst) && aligned16(src16);
-  unsigned grid = vec ? gridFor<unpackReduceKernel<BF, OP>>(n / 8, kWireUnroll)
-                      : gridFor<unpackReduceKernel<BF, OP>>(n, 4);
-  unpackReduceKernel<BF, OP>
-      <<<grid, kThreads, 0, stream>>>(dst, static_cast<const uint16_t*>(src16), n, vec);
-  return cudaGetLastError();
-}
-
-template <bool BF>
-cudaError_t unpackReduceByOp(float* dst, const void* src16, size_t n, RedOp op, cudaStream_t s) {
-  switch (op) {
-    case RedOp::Sum: return launchUnpackReduce<BF, RedOp::Sum>(dst, src16, n, s);
-    case RedOp::Prod: return launchUnpackReduce<BF, RedOp::Prod>(dst, src16, n, s);
-    case RedOp::Min: return launchUnpackReduce<BF, RedOp::Min>(dst, src16, n, s);
-    case RedOp::Max: return launchUnpackReduce<BF, RedOp::Max>(dst, src16, n, s);
-    default: return cudaErrorInvalidValue;  // bitwise ops: not for float32 data
-  }
 }
 
 }  // namespace
@@ -239,27 +174,9 @@ cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cuda
                          : launchUnpack<false>(dst, src16, n, stream);
 }
 
-cudaError_t unpackReduceFromWire(float* dst, const void* src16, size_t n, const WireReduce& how,
-                                 cudaStream_t stream) {
-  const Wire w = how.w;
-  const RedOp op = how.op;
-  if (w != Wire::F16 && w != Wire::BF16) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  return w == Wire::BF16 ? unpackReduceByOp<true>(dst, src16, n, op, stream)
-                         : unpackReduceByOp<false>(dst, src16, n, op, stream);
-}
-
 cudaError_t preloadWireKernels() {
   for (cudaError_t e : {loadKernel<packKernel<false>>(), loadKernel<packKernel<true>>(),
-                        loadKernel<unpackKernel<false>>(), loadKernel<unpackKernel<true>>(),
-                        loadKernel<unpackReduceKernel<false, RedOp::Sum>>(),
-                        loadKernel<unpackReduceKernel<false, RedOp::Prod>>(),
-                        loadKernel<unpackReduceKernel<false, RedOp::Min>>(),
-                        loadKernel<unpackReduceKernel<false, RedOp::Max>>(),
-                        loadKernel<unpackReduceKernel<true, RedOp::Sum>>(),
-                        loadKernel<unpackReduceKernel<true, RedOp::Prod>>(),
-                        loadKernel<unpackReduceKernel<true, RedOp::Min>>(),
-                        loadKernel<unpackReduceKernel<true, RedOp::Max>>()})
+                        loadKernel<unpackKernel<false>>(), loadKernel<unpackKernel<true>>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
