@@ -10,10 +10,10 @@
 // it is let go. Copies run in their lane's plan order (lane 0: out to
 // host, lane 1: in from host), like two device streams.
 //
-// Implementations: CUDA streams (algorithms/cuda/), and HostStageDevice
-// (host_stage_device.h), whose memory is host memory: the CI tests run the
-// staged schedules with it, and the GPU run checks the CUDA one against it
-// bit for bit.
+// Implementations: CUDA streams (algorithms/cuda/), and the tests'
+// HostStageDevice (tests/cpp/host_stage_device.h), whose memory is host
+// memory: the CI tests run the staged schedules with it, and the GPU run
+// checks the CUDA one against it bit for bit.
 #include <cstddef>
 #include <cstdint>
 #include <deque>

@@ -9,8 +9,8 @@
 // The flags are 32-bit epochs, compared cyclically as CUDA's stream waits
 // compare them ((int32_t)(flag - value) >= 0): they never need resetting.
 // Torch- and CUDA-free: the queue is an interface (FlagQueue), implemented
-// with CUDA stream memory operations on a GPU and by HostFlagQueue (a thread)
-// in the CI tests.
+// with CUDA stream memory operations on a GPU and, in the CI tests, by
+// HostFlagQueue (tests/cpp/host_flag_queue.h, a thread).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>

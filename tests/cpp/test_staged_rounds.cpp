@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "algorithms/collectives.h"
-#include "algorithms/host_stage_device.h"
+#include "host_stage_device.h"
 #include "algorithms/staged_collectives.h"
 #include "algorithms/staged_rounds.h"
 #include "check.h"

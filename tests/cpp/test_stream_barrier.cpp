@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "algorithms/host_flag_queue.h"
+#include "host_flag_queue.h"
 #include "algorithms/stream_barrier.h"
 #include "algorithms/stream_gate.h"
 #include "check.h"

@@ -18,7 +18,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/cuda/cuda_stage_device.h"
-#include "algorithms/host_stage_device.h"
+#include "host_stage_device.h"
 #include "algorithms/staged_collectives.h"
 #include "algorithms/staged_rounds.h"
 #include "check.h"

@@ -1,4 +1,4 @@
-#include "algorithms/host_stage_device.h"
+#include "host_stage_device.h"
 
 #include <cstring>
 

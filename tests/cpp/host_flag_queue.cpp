@@ -1,4 +1,4 @@
-#include "algorithms/host_flag_queue.h"
+#include "host_flag_queue.h"
 
 #include <atomic>
 #include <chrono>
