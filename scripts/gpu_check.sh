@@ -92,16 +92,15 @@ run_step kernel-tests 60 "$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2
   grep -m20 FAIL "$LOGS/kernel-tests.txt"
 tail -1 "$LOGS/kernel-tests.txt"
 
-pytest_step stream 260 "stream_semantics or returns_once_queued or never_arrives" tests/test_cuda.py
+pytest_step stream 260 "stream_semantics or behind_queued_work or never_arrives" tests/test_cuda.py
 # A failed stream-semantics test is re-run once with CUDA's lazy module
 # loading off: a stream that waits on work not yet queued can deadlock
 # against a lazy load (which synchronizes the context), so the two outcomes
 # side by side tell that apart from an ordering bug (diagnosis only: the
 # check has failed either way).
 # The same for the blocking-call tests (2026-11-27: the gated staged copies,
-# since removed, hung; smdccl now loads its kernels ahead, torch's own still
-# load lazily; broadcast's copies back still wait behind a gate).
-mapfile -t EAGER_IDS < <(sed -n 's/^FAILED \(tests\/test_cuda.py::test_cuda_\(stream_semantics\|blocking_call_returns_once_queued\)[^ ]*\).*/\1/p' \
+# since removed with every other stream wait on host memory, hung).
+mapfile -t EAGER_IDS < <(sed -n 's/^FAILED \(tests\/test_cuda.py::test_cuda_\(stream_semantics\|blocking_call_behind_queued_work\)[^ ]*\).*/\1/p' \
   "$LOGS/test_cuda-stream.txt" 2>/dev/null)
 if (( ${#EAGER_IDS[@]} )); then
   CUDA_MODULE_LOADING=EAGER PYTHONUNBUFFERED=1 run_step stream-eager 100 "$PY" -m pytest -q -rs \

@@ -567,20 +567,19 @@ def test_cuda_stream_semantics(world_size):
 
 
 def blocking_call_behind_queued_work() -> dict:
-    """Issue 23's "no host wait": a blocking 4 KiB all_reduce issued behind
-    ~1 s of GPU work on the caller's stream returns to the host once it is
-    queued, and is still right once the stream gets there; so do
-    reduce_scatter_tensor and all_gather_into_tensor, and broadcast (which
-    runs on the host, its copy back behind a gate). One node: CUDA IPC with
-    barriers on the stream; across emulated nodes: staged, its copies
-    queued as the proxy goes (the host waits about as long as the
-    collective). An all_gather behind the broadcast is checked for its
-    result only."""
+    """A blocking 4 KiB all_reduce issued behind ~1 s of GPU work on the
+    caller's stream: with NCCL inside one node it returns to the host once it
+    is queued, as ProcessGroupNCCL's does (so do reduce_scatter_tensor and
+    all_gather_into_tensor), and is still right once the stream gets there.
+    Where the host drives steps (CUDA IPC at host barriers, staged across
+    nodes) the host waits about as long as the collective. Broadcast (on
+    host copies) and an all_gather behind it are checked for their results
+    only."""
     dev = _device()
     rank, ws = dist.get_rank(), dist.get_world_size()
     expect = float(sum(r + 1 for r in range(ws)))
     t = torch.full((1024,), float(rank + 1), device=dev)  # 4 KiB
-    dist.all_reduce(t)  # sets up the IPC buffers and the node's barriers
+    dist.all_reduce(t)  # sets up the engine (NCCL's communicator or the IPC buffers)
     torch.cuda.synchronize()
     seconds = {}
 
@@ -597,12 +596,10 @@ def blocking_call_behind_queued_work() -> dict:
     timed("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(rs, blocks))
     ag = torch.zeros(ws * 256, device=dev)
     timed("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(ag, rs))
-    # A collective that runs on the host between a copy in and a copy back:
-    # its copy back waits behind a gate in the stream, not the host.
+    # Collectives that run on the host between a copy in and a copy back:
+    # their host part waits for the copy in (behind the sleep).
     b = torch.full((1024,), float(rank + 7), device=dev)
-    timed("broadcast", lambda: dist.broadcast(b, src=0))
-    # Not timed: it queues behind the broadcast, whose host part waits for
-    # its copy in (behind the sleep) before this one's copies are queued.
+    dist.broadcast(b, src=0)
     parts = [torch.zeros(1024, device=dev) for _ in range(ws)]
     dist.all_gather(parts, t)
     torch.cuda.synchronize()
@@ -615,51 +612,51 @@ def blocking_call_behind_queued_work() -> dict:
             and all(bool(torch.all(p == expect).item()) for p in parts)}
 
 
-# (layout, waits on the stream): one node's barriers on the stream or on the
-# host; across nodes the staged copies are queued as the proxy goes.
+# (layout, environment, queued without a host wait): NCCL inside one node
+# (forced; each rank its own NCCL_HOSTID); CUDA IPC at host barriers; staged
+# across nodes.
 QUEUED_MODES = {
-    "one-node-stream": ("one-node", {"SMDCCL_CUDA_STREAM_BARRIER": "1"}, True),
-    "one-node-host": ("one-node", {"SMDCCL_CUDA_STREAM_BARRIER": "0"}, False),
-    "2x1-default": ("2x1", {}, False),
-    "2x1-host": ("2x1", {"SMDCCL_CUDA_STREAM_BARRIER": "0"}, False),
-    "2x2-default": ("2x2", {}, False),
+    "one-node-nccl": ("one-node", NCCL_INTRA, True),
+    "one-node-ipc": ("one-node", {"SMDCCL_INTRA": "ipc"}, False),
+    "2x1": ("2x1", {}, False),
+    "2x2": ("2x2", {}, False),
 }
 
 
 @needs_gpu
 @pytest.mark.parametrize("mode", list(QUEUED_MODES))
-def test_cuda_blocking_call_returns_once_queued(mode):
+def test_cuda_blocking_call_behind_queued_work(mode):
     layout, env, on_stream = QUEUED_MODES[mode]
     env = dict(env)
     if layout != "one-node":
         env["SMDCCL_TOPOLOGY"] = layout
-    res = run_ranks(4 if layout == "2x2" else 2, blocking_call_behind_queued_work, timeout=120,
+    res = run_ranks(4 if layout == "2x2" else 2, with_nccl_host_per_rank,
+                    "test_cuda:blocking_call_behind_queued_work", timeout=120,
                     pg_timeout=PG_TIMEOUT, env=env)
     for r, got in enumerate(res):
         assert got["allreduce_ok"] and got["rs_ok"] and got["ag_ok"], f"rank {r}: {got}"
         assert got["host_staged_ok"], f"rank {r}: {got}"
         if on_stream:
-            # The node's barriers are on the stream: the host only queues.
-            # A host wait would take the ~1 s of sleep queued ahead; a first
-            # call's pinned and device allocations take milliseconds.
+            # NCCL's work is queued whole: the host only queues. A host wait
+            # would take the ~1 s of sleep queued ahead.
             for name, sec in got["seconds"].items():
                 assert sec < 0.2, f"rank {r}: blocking {name} held the host {sec * 1e3:.1f} ms"
         else:
-            # Host barriers, and staged copies queued as they go, wait for
-            # the stream, which holds ~1 s of sleep.
+            # Host barriers and staged steps wait for the stream, which holds
+            # ~1 s of sleep.
             assert got["seconds"]["all_reduce"] > 0.3, f"rank {r}: {got}"
 
 
 def node_mate_never_arrives() -> dict:
-    """Rank 1 skips an allreduce that rank 0 has queued on its stream: rank
-    0's call still returns (the work is queued), then its group fails once
-    the group timeout has passed at the barrier, naming rank 1; the stream is
-    let go, so torch.cuda.synchronize() returns instead of hanging; the
-    work reports the error and the next call fails fast."""
+    """With NCCL inside the node, rank 1 skips an allreduce that rank 0 has
+    queued on its stream: rank 0's call still returns (the work is queued),
+    then the group's watch fails the group once the group timeout has
+    passed and aborts NCCL, so torch.cuda.synchronize() returns instead of
+    hanging; the work reports the error and the next call fails fast."""
     dev = _device()
     rank = dist.get_rank()
     t = torch.ones(1024, device=dev)
-    dist.all_reduce(t)  # sets up the IPC buffers and the node's barriers
+    dist.all_reduce(t)  # sets up NCCL's communicator
     torch.cuda.synchronize()
     if rank == 1:
         time.sleep(3 * NODE_MATE_TIMEOUT)
@@ -700,18 +697,18 @@ NODE_MATE_TIMEOUT = 3.0
 
 
 @needs_gpu
-def test_cuda_stream_barrier_names_a_node_mate_that_never_arrives():
+def test_cuda_nccl_intra_watch_fails_the_group_when_a_node_mate_never_arrives():
     # No fusion: a fused async allreduce first agrees with its peers on the
     # host, which would wait for rank 1 there instead of on the stream.
-    res = run_ranks(2, node_mate_never_arrives, timeout=120, pg_timeout=NODE_MATE_TIMEOUT,
-                    env={"SMDCCL_FUSION_MB": "0"})
+    res = run_ranks(2, with_nccl_host_per_rank, "test_cuda:node_mate_never_arrives", timeout=120,
+                    pg_timeout=NODE_MATE_TIMEOUT, env={**NCCL_INTRA, "SMDCCL_FUSION_MB": "0"})
     got = res[0]
     assert got["queued"] < 0.5, got
     assert NODE_MATE_TIMEOUT * 0.9 < got["drained"] < NODE_MATE_TIMEOUT + 5, got
     assert got["completed"] and not got["success"], got
-    assert got["error"] and "rank 1 has not arrived" in got["error"], got
-    assert "GPU barrier" in got["error"] and "allreduce" in got["error"], got
-    assert got["later"] and "rank 1 has not arrived" in got["later"], got
+    assert got["error"] and "did not finish within the group timeout" in got["error"], got
+    assert "allreduce" in got["error"], got
+    assert got["later"] and "did not finish within the group timeout" in got["later"], got
 
 
 def tuning_mismatch() -> dict:

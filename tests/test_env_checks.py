@@ -36,7 +36,7 @@ CASES = [
     ("SMDCCL_WARN_AFTER", "nan", ["is out of range"]),
     ("SMDCCL_PIPELINE_CHUNK_KB", "0", ["is out of range"]),
     ("SMDCCL_CUDA_IPC_MB", "0", ["is out of range"]),
-    ("SMDCCL_CUDA_STREAM_BARRIER", "2", ["SMDCCL_CUDA_STREAM_BARRIER='2' is out of range", "from 0 to 1"]),
+    ("SMDCCL_CUDA_IPC", "2", ["SMDCCL_CUDA_IPC='2' is out of range", "from 0 to 1"]),
     ("SMDCCL_CUDA_MAX_SMS", "-1", ["SMDCCL_CUDA_MAX_SMS='-1' is out of range"]),
     ("SMDCCL_INTRA", "nvlink", ["SMDCCL_INTRA='nvlink' is not one of: auto, nccl, ipc"]),
     ("SMDCCL_DEBUG", "LOUD", ["SMDCCL_DEBUG='LOUD' is not one of: WARN, INFO, DETAIL, TRACE"]),

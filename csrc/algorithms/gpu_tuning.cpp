@@ -30,13 +30,6 @@ SMDCCL_ENV_INT(kCudaStageChunkKB, "SMDCCL_CUDA_STAGE_CHUNK_KB", 4096, 64, 1 << 2
                "go through pinned host memory in chunks of this many KiB, so copies overlap the "
                "network; float32 data of a compressed group is cast to its 16-bit wire on the "
                "GPU first, so half the bytes cross PCIe.");
-SMDCCL_ENV_INT(kCudaStreamBarrier, "SMDCCL_CUDA_STREAM_BARRIER", 1, 0, 1,
-               "CUDA collectives: 1 queues their waits on the GPU stream (stream memory "
-               "operations on flags in host memory): the node's barriers between the steps of "
-               "CUDA IPC collectives and the copies back of collectives that run on the host "
-               "(broadcast, gather, ...), behind a gate the host opens; Work.wait() then returns "
-               "once the collective is queued. 0: the host waits for each step and copy. Same "
-               "results either way.");
 SMDCCL_ENV_INT(kCudaMaxSms, "SMDCCL_CUDA_MAX_SMS", 0, 0, 4096,
                "SMs smdccl's CUDA kernels (reductions, gathers, 16-bit casts) may fill; 0: all. "
                "A cap leaves the rest to the training's own kernels so that collectives overlap "
@@ -57,7 +50,6 @@ GpuTuning GpuTuning::fromEnv() {
   t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
   t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
   t.stageChunkBytes = static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
-  t.streamBarrier = envInt(env::kCudaStreamBarrier) != 0;
   t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
   t.pinnedShrinkOps = static_cast<int>(envInt(env::kCudaPinnedShrinkOps));
   return t;
@@ -66,8 +58,7 @@ GpuTuning GpuTuning::fromEnv() {
 std::string GpuTuning::describe() const {
   return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_INTRA=", intra, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
                 ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
-                ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10,
-                ", SMDCCL_CUDA_STREAM_BARRIER=", streamBarrier ? 1 : 0);
+                ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10);
 }
 
 }  // namespace smdccl

@@ -13,7 +13,6 @@ struct GpuTuning {
   size_t ipcBytes = 64u << 20;        // SMDCCL_CUDA_IPC_MB: each rank's IPC buffer
   size_t oneShotBytes = 256u << 10;   // SMDCCL_CUDA_ONESHOT_KB: one-shot up to this
   size_t stageChunkBytes = 4u << 20;  // SMDCCL_CUDA_STAGE_CHUNK_KB: host staging pipeline
-  bool streamBarrier = true;          // SMDCCL_CUDA_STREAM_BARRIER
   int maxSms = 0;                     // SMDCCL_CUDA_MAX_SMS: 0, all (speed only: not agreed)
   int pinnedShrinkOps = 64;           // SMDCCL_CUDA_PINNED_SHRINK_OPS (memory only: not agreed)
   static GpuTuning fromEnv();

@@ -219,11 +219,6 @@ class SmdcclBackend : public ::c10d::Backend {
   // Runs one op where enqueue() put it: its checks, its body, its failure
   // handling, the completion of its Work and of the ops fused into it.
   void runWork(QueuedOp& op);
-  // The error of an op whose ranks agreed to raise (the NaN and fp16
-  // overflow checks): the group goes on, unless the op's GPU end was queued
-  // before its body (then it fails the group). Called in a catch block.
-  std::exception_ptr agreedError(const OpContext& ctx, const DeviceOp* device,
-                                 const std::string& what);
   // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);

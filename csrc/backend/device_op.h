@@ -9,27 +9,21 @@
 //                   every tensor is recordStream'ed on the internal stream
 //   progress thread prepare(): the internal stream waits for that event,
 //                   staged inputs are copied to pinned host memory;
-//                   beforeBody(): the copies back are queued behind a gate
-//                   (host-staged ops), the host waits for the copies in;
+//                   beforeBody(): the host waits for the copies in;
 //                   the body runs (kernels on the internal stream: allreduce,
 //                   reduce, reduce_scatter_tensor, all_gather_into_tensor;
 //                   or host algorithms on the pinned copies: the rest);
 //                   finishBody(): staged outputs are copied back;
 //                   signal(seq): an event is recorded behind the op's GPU work
-//                   (a staged op queued whole: the event is recorded first,
-//                   then its proxies run, in finishBody())
 //   Work.wait()     once that event is recorded (the host waits for it), the
 //                   caller's current stream waits for it; the future is
 //                   CUDA-aware.
-// An op on host() copies queues its copies back before its body, behind a
-// gate (queueCopyOut): its Work.wait() returns once they are queued, and a
-// failure of its body surfaces as the group's error (the next call raises,
-// is_success() is false), as with ProcessGroupNCCL.
-// A CUDA-IPC collective's node barriers are queued on the internal stream
-// (SMDCCL_CUDA_STREAM_BARRIER): its body queues the whole collective and
-// returns, so the event is recorded at once and Work.wait() does not wait on
-// the host. A barrier a node-mate never meets fails the group from a watch
-// thread (onDeviceFailure) and fails the works of the ops that queued it.
+// NCCL's collectives inside a node are queued on the internal stream whole:
+// the event is recorded at once and Work.wait() does not wait on the host.
+// NCCL work that does not finish by the op's deadline fails the group from a
+// watch thread (onDeviceFailure) and aborts the NCCL communicator. The
+// collectives whose steps the host drives (CUDA IPC steps meeting at host
+// barriers, staged steps, host copies) record the event once they are done.
 #include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
@@ -60,23 +54,17 @@ class DeviceOp {
   virtual at::Tensor host(const at::Tensor& dev, bool in, bool out) = 0;
   // Queues the copies in (no host wait).
   virtual void prepare(const OpContext& ctx) = 0;
-  // After prepare() and the op's checks, right before its body: an op that
-  // runs on the host() copies queues its copies back now, behind a gate in
-  // the stream that finishBody() (or signal(), after a failure) opens, and
-  // marks its end, so that the caller's stream can wait for it at once;
-  // then the host waits for the copies in.
+  // After prepare() and the op's checks, right before its body: the host
+  // waits for the copies in.
   virtual void beforeBody(const OpContext& ctx) = 0;
   // Waits for the copies in (before a check that reads the host copies).
   virtual void awaitInputs(const OpContext& ctx) = 0;
-  // beforeBody() queued the op's end before its body ran.
-  virtual bool endQueuedEarly() const { return false; }
-  // Whether the op runs on host() copies (not run inline on the caller's
-  // thread: a blocking call returns once its copies are queued).
+  // Whether the op runs on host() copies.
   virtual bool hostStaged() const { return false; }
   // Whether the host drives some step of the op's device collectives in a
-  // group of nodes `h` (a staged path: the proxy, across nodes or without
-  // CUDA IPC), or it runs on host() copies: such an op is never run on the
-  // caller's thread, so that a blocking call returns once it is queued.
+  // group of nodes `h` (IPC steps at host barriers, staged steps across
+  // nodes or without CUDA IPC), or it runs on host() copies: such an op
+  // runs on the progress thread, never on the caller's.
   virtual bool hostDriven(const Hierarchy& h) const { return hostStaged(); }
   virtual void finishBody(const OpContext& ctx) = 0;
   // Records the event behind the op's GPU work (also after a failure, so
@@ -141,9 +129,9 @@ class DeviceOps {
   // outgrown ones not freed yet); zero without a GPU.
   virtual size_t pinnedStagingBytes() const { return 0; }
   // Called (on a thread of smdccl's) when a collective's GPU work failed
-  // after its op had returned: a node barrier timed out. nullptr: nobody.
+  // after its op had returned: NCCL's work timed out or failed. nullptr: nobody.
   virtual void onDeviceFailure(std::function<void(const std::string&)> handler) {}
-  // ProcessGroup.abort(): GPU work queued and waiting for node-mates stops waiting.
+  // ProcessGroup.abort(): NCCL's work queued and waiting for node-mates stops waiting.
   virtual void abort(const std::string& cause) {}
 };
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,

@@ -39,9 +39,9 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(OpRequest r) {
   if (r.device && r.call.sig.shapeHash)
     r.call.sig.shapeHash = (r.call.sig.shapeHash ^ 1) * 1099511628211ull;
   op->queuedUs = trace::enabled() ? trace::nowUs() : 0;
-  // An op on host copies of CUDA tensors, or with a staged step the host
-  // drives, is queued even when blocking: its Work's wait() returns once its
-  // GPU work is queued, and the host drives the rest on the progress thread.
+  // An op on host copies of CUDA tensors, or with steps the host drives, is
+  // queued even when blocking: the progress thread drives it, with the
+  // group's internal stream current, never the caller's thread.
   const bool asyncOp = r.asyncOp || (r.device && r.device->hostDriven(levels_));
   op->request = std::move(r);
   c10::intrusive_ptr<SmdcclWork> work = op->work;
@@ -85,15 +85,6 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
   if (!mine.empty()) msg += strCat("; on this rank ", mine);
   SMDCCL_WARN(msg);
   throw InvalidArgument(msg + ". The collective did not run.");
-}
-
-std::exception_ptr SmdcclBackend::agreedError(const OpContext& ctx, const DeviceOp* device,
-                                              const std::string& what) {
-  // Its copies back were queued before the body (the caller may have
-  // returned, its stream ordered after them): only the group's failure
-  // still tells it.
-  if (device && device->endQueuedEarly()) return failGroup(ctx, CommError::Kind::System, what);
-  return toTorchError(std::current_exception());
 }
 
 void SmdcclBackend::runWork(QueuedOp& op) {
@@ -162,10 +153,10 @@ void SmdcclBackend::runWork(QueuedOp& op) {
     if (device) device->beforeBody(ctx);
     op.request.body(c);
     if (device) device->finishBody(ctx);
-  } catch (const InvalidArgument& e) {  // the ranks agreed on it (the NaN check): the group goes on
-    err = agreedError(ctx, device, e.what());
-  } catch (const c10::ValueError& e) {  // likewise (the fp16 overflow check)
-    err = agreedError(ctx, device, e.what_without_backtrace());
+  } catch (const InvalidArgument&) {  // the ranks agreed on it (the NaN check): the group goes on
+    err = toTorchError(std::current_exception());
+  } catch (const c10::ValueError&) {  // likewise (the fp16 overflow check)
+    err = toTorchError(std::current_exception());
   } catch (const CommError& e) {
     err = failGroup(ctx, e.kind(), e.what());
   } catch (const c10::Error& e) {

@@ -98,12 +98,6 @@ bool SmdcclWork::wait(std::chrono::milliseconds timeout) {
     // returned as a success.
     if (auto e = exception()) std::rethrow_exception(e);
     device_->blockCurrentStream(timeout);
-    // Queued whole before its host part ran (copies back behind a gate):
-    // the caller's stream now waits for it; the host need not.
-    if (device_->queuedEarly()) {
-      if (auto e = exception()) std::rethrow_exception(e);
-      return true;
-    }
   }
   if (!done_.load(std::memory_order_acquire)) {
     // Most collectives finish within microseconds: poll (yielding the core

@@ -26,12 +26,8 @@ class DeviceCompletion {
   virtual c10::Device device() const = 0;
   // The stream the op's GPU work runs on: futures complete on it.
   virtual c10::Stream stream() const = 0;
-  // The op's GPU work failed after the op had returned (a node barrier
-  // was let pass unmet); nullptr otherwise.
+  // The op's GPU work failed after the op had returned; nullptr otherwise.
   virtual std::exception_ptr error() const { return nullptr; }
-  // The op's GPU work, its end included, was all queued before its host
-  // part ran: wait() returns once the caller's stream waits for it.
-  virtual bool queuedEarly() const { return false; }
 };
 
 class SmdcclWork : public ::c10d::Work {

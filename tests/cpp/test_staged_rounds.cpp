@@ -46,6 +46,17 @@ StagedRoundsJob chunkedAllreduce(const Comm& c, float* buf, size_t n, size_t chu
   return job;
 }
 
+// What the host path gives: the host allreduce of each chunk of v in turn.
+void hostAllreduceByChunk(Comm& c, std::vector<float>& v, size_t chunk) {
+  for (size_t at = 0; at < v.size(); at += chunk)
+    allreduce(c,
+              {.buf = reinterpret_cast<char*>(v.data() + at),
+               .count = std::min(chunk, v.size() - at),
+               .dt = DType::F32,
+               .op = RedOp::Sum},
+              kTuning);
+}
+
 std::vector<float> valuesOf(int r, size_t n) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i)
@@ -70,13 +81,7 @@ TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
           for (int slots : {1, 2, 4}) {
             const Mode mode = static_cast<Mode>(variant++ % 2);
             std::vector<float> buf = valuesOf(r, n), ref = buf;
-            for (size_t at = 0; at < n; at += chunk)
-              allreduce(c,
-                        {.buf = reinterpret_cast<char*>(ref.data() + at),
-                         .count = std::min(chunk, n - at),
-                         .dt = DType::F32,
-                         .op = RedOp::Sum},
-                        kTuning);
+            hostAllreduceByChunk(c, ref, chunk);
             HostStageDevice device(mode);
             StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, chunk, slots);
             std::vector<char> host(job.hostBytes());
@@ -211,13 +216,7 @@ TEST(staged_rounds_pack_the_16_bit_wire_with_the_host_paths_bits) {
         for (size_t chunk : {size_t{256}, size_t{4096}}) {
           const Mode mode = variant++ % 2 ? Mode::Deferred : Mode::Immediate;
           std::vector<float> buf = valuesOf(r, n), ref = onWire(buf, rounding);
-          for (size_t at = 0; at < n; at += chunk)
-            allreduce(c,
-                      {.buf = reinterpret_cast<char*>(ref.data() + at),
-                       .count = std::min(chunk, n - at),
-                       .dt = DType::F32,
-                       .op = RedOp::Sum},
-                      kTuning);
+          hostAllreduceByChunk(c, ref, chunk);
           HostStageDevice device(mode);
           StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, chunk, 4);
           std::vector<char> host(job.hostBytes());

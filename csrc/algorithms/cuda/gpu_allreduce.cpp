@@ -3,11 +3,10 @@
 //
 // The IPC steps are ordered across processes by node barriers, before
 // anyone reads what the others wrote and again before anyone overwrites its
-// buffer. They are queued on the stream (stream memory operations:
-// GpuContext::nodeBarrier), so the host queues the collective whole and
-// goes on; not spinning kernels, which would hold a GPU that ranks share
-// (their contexts are time-sliced, not concurrent) while the peer they wait
-// for cannot run. With SMDCCL_CUDA_STREAM_BARRIER=0 the host meets them.
+// buffer: each rank's host waits for its stream, then meets its node-mates
+// (GpuContext::nodeBarrier). Not spinning kernels, which would hold a GPU
+// that ranks share (their contexts are time-sliced, not concurrent) while
+// the peer they wait for cannot run.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -37,7 +36,7 @@ struct IpcStep {
   size_t es;
 
   // Every node-mate's stream is done with its part: now their buffers may be read (or reused).
-  void sync(const char* what) { ipcStepDone(g, c, local, what); }
+  void sync(const char* what) { g.nodeBarrier(c, local, what); }
   std::vector<const void*> peers(size_t byteOffset) const {
     std::vector<const void*> p;
     for (char* b : space.buffers()) p.push_back(b + byteOffset);

@@ -20,14 +20,13 @@ namespace smdccl {
 
 void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   if (tuningAgreed_ || c.size() == 1) return;
-  constexpr size_t kFields = 6;
+  constexpr size_t kFields = 5;
   static const char* kIntra[] = {"auto", "nccl", "ipc"};
   auto fields = [](const GpuTuning& g) {
     uint64_t intra = 0;
     while (intra < 2 && g.intra != kIntra[intra]) ++intra;
-    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u,         g.ipcBytes,
-                                         g.oneShotBytes,          g.stageChunkBytes,
-                                         g.streamBarrier ? 1u : 0u, intra};
+    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u, g.ipcBytes, g.oneShotBytes,
+                                         g.stageChunkBytes, intra};
   };
   // A tiny allgather over the group: it carries this op's header, so a rank
   // that called another op (or passed CPU tensors) is named as such first.
@@ -43,8 +42,7 @@ void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
     theirs.ipcBytes = f[1];
     theirs.oneShotBytes = f[2];
     theirs.stageChunkBytes = f[3];
-    theirs.streamBarrier = f[4] != 0;
-    theirs.intra = kIntra[std::min<uint64_t>(f[5], 2)];
+    theirs.intra = kIntra[std::min<uint64_t>(f[4], 2)];
     throw CommError(
         CommError::Kind::Mismatch,
         strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ", r,
@@ -63,7 +61,7 @@ GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTunin
       staging_(std::make_unique<PinnedBuffer>(device, stream, tuning.pinnedShrinkOps)),
       freeCached_(std::move(freeCached)) {
   cuda::setMaxSms(tuning_.maxSms);
-  // Before any gate or node barrier is queued (see preloadKernels).
+  // Before the first launch (see preloadKernels).
   CallInFlight call("loading smdccl's CUDA kernels");
   if (cudaError_t e = cuda::preloadKernels(); e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -73,16 +71,8 @@ GpuContext::GpuContext(int device, cudaStream_t stream, KVStore& store, GpuTunin
 }
 
 GpuContext::~GpuContext() {
-  // First: a gate an op never opened (it failed while queueing its copies
-  // back), and barriers a node-mate that is gone will never meet, must not
-  // hold the stream.
-  if (gate_) gate_->releaseAll();
-  std::unique_ptr<GpuNodeBarrier> barrier;
-  {
-    std::lock_guard<std::mutex> lock(handlerMu_);
-    barrier = std::move(nodeBarrier_);
-  }
-  barrier.reset();  // outside the lock: it may wait for the stream
+  // The watch first: it may call the handler or abort NCCL.
+  ncclWatch_.reset();
   // Nothing of ours may still be running when the buffers go. A stream that
   // does not drain keeps them: leaked, not freed under the GPU's feet (and
   // cudaFreeHost would wait for it for ever).
@@ -90,7 +80,7 @@ GpuContext::~GpuContext() {
     waitForStream(stream_, Deadline::after(kDrainWait), "the group's stream at its end");
   } catch (const CommError& e) {
     if (e.kind() == CommError::Kind::Timeout) {
-      if (nccl_) nccl_->abort();
+      if (nccl_) nccl_->abort();  // a peer gone: NCCL's kernels stop; the rest is leaked
       SMDCCL_WARN("smdccl: the group's CUDA stream did not drain within ", kDrainWait.count(),
                   " s of its end: its buffers are left allocated");
       staging_.release();
@@ -99,21 +89,11 @@ GpuContext::~GpuContext() {
       return;
     }
   }
-  for (cudaEvent_t e : events_) cudaEventDestroy(e);
 }
 
 CudaStageDevice& GpuContext::stage() {
   if (!stage_) stage_ = std::make_unique<CudaStageDevice>(freeCached_);
   return *stage_;
-}
-
-cudaEvent_t GpuContext::event(size_t i) {
-  while (events_.size() <= i) {
-    cudaEvent_t e;
-    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    events_.push_back(e);
-  }
-  return events_[i];
 }
 
 CudaIpcSpace& GpuContext::ipc(const Hierarchy& h, Deadline deadline) {
@@ -130,47 +110,27 @@ CudaIpcSpace& GpuContext::ipc(const Hierarchy& h, Deadline deadline) {
                                             ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
                          .freeCached = freeCached_},
       deadline);
-  if (tuning_.streamBarrier) {
-    auto made = GpuNodeBarrier::make(store_,
-                                     {.keyPrefix = strCat("smdccl/cuda_ipc/node", node, "/flags"),
-                                      .device = device_,
-                                      .stream = stream_,
-                                      .localRank = localRank,
-                                      .groupRanks = h.nodes[static_cast<size_t>(h.myNode)]},
-                                     deadline);
-    // Under the lock: abort() may read it from any thread.
-    std::lock_guard<std::mutex> lock(handlerMu_);
-    nodeBarrier_ = std::move(made);
-    if (nodeBarrier_) nodeBarrier_->onFailure(barrierFailed_);
-  }
   return *ipc_;
 }
 
 void GpuContext::nodeBarrier(Comm& c, Comm& local, const char* what) {
-  if (nodeBarrier_) {
-    nodeBarrier_->arrive(c.ctx, what);
-    return;
-  }
   waitForStream(stream_, c.ctx, what);
   barrier(local);
 }
 
-uint32_t GpuContext::barrierEpoch() const { return nodeBarrier_ ? nodeBarrier_->epoch() : 0; }
-
-std::shared_ptr<const BarrierFailure> GpuContext::barrierFailure() const {
-  return nodeBarrier_ ? nodeBarrier_->failure() : nullptr;
+void GpuContext::onDeviceFailure(std::function<void(const std::string&)> handler) {
+  std::lock_guard<std::mutex> lock(handlerMu_);
+  deviceFailed_ = std::move(handler);
 }
 
-void GpuContext::onBarrierFailure(std::function<void(const std::string&)> handler) {
+void GpuContext::abort() {
   std::lock_guard<std::mutex> lock(handlerMu_);
-  barrierFailed_ = std::move(handler);
-  if (nodeBarrier_) nodeBarrier_->onFailure(barrierFailed_);
-}
-
-void GpuContext::abortBarriers(const std::string& cause) {
-  std::lock_guard<std::mutex> lock(handlerMu_);
-  if (nodeBarrier_) nodeBarrier_->abort(cause);
   if (nccl_) nccl_->abort();  // NCCL's kernels stop waiting for peers
+}
+
+void GpuContext::watchNccl(const OpContext& ctx) {
+  if (ncclWatch_)
+    ncclWatch_->watch(stream_, ctx.deadline, [ctx] { return ctx.describe(); }, opFailure_);
 }
 
 const IntraChoice& GpuContext::intra(const Hierarchy& h, Deadline deadline) {
@@ -188,6 +148,7 @@ const IntraChoice& GpuContext::intra(const Hierarchy& h, Deadline deadline) {
                         encodeIntraRank(me)))
     ranks.push_back(decodeIntraRank(s));
   intra_ = std::make_unique<IntraChoice>(chooseIntraEngine(tuning_.intra, ranks));
+  ncclChosen_.store(intra_->engine == IntraEngine::Nccl, std::memory_order_release);
   SMDCCL_INFO("CUDA collectives inside node ", h.myNode, " run on ",
               intraEngineName(intra_->engine), ": ", intra_->why);
   return *intra_;
@@ -205,24 +166,22 @@ NcclNodeComm& GpuContext::nccl(const Hierarchy& h, Deadline deadline) {
                          .localSize = h.localSize(),
                          .device = device_},
       deadline);
+  NcclNodeComm* comm = made.get();
+  auto watch = std::make_unique<StreamWatch>(
+      device_, StreamWatch::Hooks{.probe = [comm] { return comm->asyncError(); },
+                                  .failed = [this](const std::string& why) {
+                                    std::function<void(const std::string&)> tell;
+                                    {
+                                      std::lock_guard<std::mutex> lock(handlerMu_);
+                                      if (nccl_) nccl_->abort();
+                                      tell = deviceFailed_;
+                                    }
+                                    if (tell) tell(why);
+                                  }});
   std::lock_guard<std::mutex> lock(handlerMu_);
   nccl_ = std::move(made);
+  ncclWatch_ = std::move(watch);
   return *nccl_;
-}
-
-StreamGate* GpuContext::gate() {
-  if (gateTried_ || !tuning_.streamBarrier) return gate_.get();
-  gateTried_ = true;
-  auto page = std::make_unique<MappedFlagPage>();
-  if (!page->why().empty()) {
-    SMDCCL_INFO("CUDA collectives that run on the host wait for their copies on the host: ",
-                page->why());
-    return nullptr;
-  }
-  gateQueue_ = std::make_unique<CudaFlagQueue>(stream_, page->base());
-  gate_ = std::make_unique<StreamGate>(reinterpret_cast<uint32_t*>(page->base()));
-  gatePage_ = std::move(page);
-  return gate_.get();
 }
 
 }  // namespace smdccl

@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "algorithms/cuda/node_barrier.h"
 #include "algorithms/gpu_tuning.h"
 #include "algorithms/intra_engine.h"
-#include "algorithms/stream_gate.h"
+#include "algorithms/op_context.h"
 #include "common/store.h"
 #include "transport/cuda/ipc_space.h"
 #include "transport/cuda/nccl_comm.h"
 #include "transport/cuda/pinned_buffer.h"
+#include "transport/cuda/stream_watch.h"
 
 namespace smdccl {
 
@@ -46,9 +46,6 @@ class GpuContext {
   const PinnedBuffer& staging() const { return *staging_; }
   // The device side of the staged schedules (made at first use).
   CudaStageDevice& stage();
-  // Whether the node barriers of the IPC steps are queued on the stream
-  // (decided at ipc()'s set-up): an op with IPC steps can then be queued whole.
-  bool streamBarriers() const { return nodeBarrier_ != nullptr; }
   // Bytes the group's staged collectives copied from device to host memory
   // and back (what crosses PCIe): counted by every staging path.
   void countCopies(uint64_t toHost, uint64_t fromHost) {
@@ -57,41 +54,35 @@ class GpuContext {
   }
   uint64_t bytesToHost() const { return bytesToHost_.load(); }
   uint64_t bytesFromHost() const { return bytesFromHost_.load(); }
-  // `n` reusable events (timing off), recorded and waited on by one op at a time.
-  cudaEvent_t event(size_t i);
   // The engine of this group's CUDA collectives inside the node (NCCL or
   // smdccl's IPC; algorithms/intra_engine.h), decided at the first one the
   // node's ranks make together (a store round among them), then kept.
   const IntraChoice& intra(const Hierarchy& h, Deadline deadline);
   // The node's NCCL communicator (made at first use; intra() chose NCCL).
   NcclNodeComm& nccl(const Hierarchy& h, Deadline deadline);
-  // The node's IPC buffers (and its stream barriers, SMDCCL_CUDA_STREAM_BARRIER),
-  // set up on first use: a collective over the node (every node-mate asks at
-  // the same collective, in issue order). h: the group's nodes.
+  // Whether intra() has chosen NCCL (false before it decided). Any thread.
+  bool ncclChosen() const { return ncclChosen_.load(std::memory_order_acquire); }
+  // After an op queued NCCL's work on the stream: if it has not finished by
+  // ctx's deadline (a node-mate gone or stalled), or NCCL reports an error,
+  // the NCCL communicator is aborted (its kernels stop, the stream drains)
+  // and the failure handler is told, naming the op. Never blocks.
+  void watchNccl(const OpContext& ctx);
+  // Where the running op learns of such a failure (its Work reports it);
+  // set by the op before its body, on the progress thread.
+  void setOpFailure(std::shared_ptr<WatchedFailure> f) { opFailure_ = std::move(f); }
+  // Called (on the watch's thread) when NCCL's work failed after its op had
+  // returned; nullptr: nobody (the backend clears it before it goes).
+  void onDeviceFailure(std::function<void(const std::string&)> handler);
+  // The group was aborted: NCCL's kernels stop waiting for peers.
+  void abort();
+  // The node's IPC buffers, set up on first use: a collective over the node
+  // (every node-mate asks at the same collective, in issue order). h: the
+  // group's nodes.
   CudaIpcSpace& ipc(const Hierarchy& h, Deadline deadline);
   // The node's ranks are all done with the step `what` of the IPC
-  // collective c (local: its node). With stream barriers, queued on the
-  // stream (the host goes on at once); otherwise the host waits for this
-  // rank's stream, then meets its node-mates.
+  // collective c (local: its node): the host waits for this rank's stream,
+  // then meets its node-mates (a host barrier, with c's deadline).
   void nodeBarrier(Comm& c, Comm& local, const char* what);
-  // The latest stream barrier queued (0 without them): an op notes it
-  // before and after its steps for barrierFailure().
-  uint32_t barrierEpoch() const;
-  // The stream barriers' failure record (nullptr without them): an op
-  // whose barriers a failure let pass unmet has failed.
-  std::shared_ptr<const BarrierFailure> barrierFailure() const;
-  // Called on the watch thread when a stream barrier times out; nullptr:
-  // nobody (the backend clears it before it goes).
-  void onBarrierFailure(std::function<void(const std::string&)> handler);
-  // The group was aborted: the stream passes the barriers it has queued.
-  void abortBarriers(const std::string& cause);
-  // The gate of the collectives that run on the host between a copy in and
-  // a copy out (algorithms/stream_gate.h), on this context's stream, made
-  // at first use: nullptr with SMDCCL_CUDA_STREAM_BARRIER=0, or where the
-  // GPU cannot map its flag (the host then waits for the copies).
-  StreamGate* gate();
-  // The stream's flag queue for gate()'s holds.
-  FlagQueue& gateQueue() { return *gateQueue_; }
   // Once per group, at its first GPU collective (every rank calls it there):
   // the ranks' SMDCCL_CUDA_* must agree, or they take different paths (a
   // rank with SMDCCL_CUDA_IPC=0 among IPC ranks would leave its node-mates
@@ -105,17 +96,14 @@ class GpuContext {
   KVStore& store_;
   GpuTuning tuning_;
   std::unique_ptr<PinnedBuffer> staging_;  // (leaked, like the IPC buffers, if the stream hangs)
-  std::vector<cudaEvent_t> events_;
   std::unique_ptr<CudaIpcSpace> ipc_;
   std::unique_ptr<IntraChoice> intra_;
+  std::atomic<bool> ncclChosen_{false};
   std::unique_ptr<NcclNodeComm> nccl_;  // under handlerMu_: abort() may read it from any thread
-  std::unique_ptr<GpuNodeBarrier> nodeBarrier_;
-  bool gateTried_ = false;
-  std::unique_ptr<MappedFlagPage> gatePage_;
-  std::unique_ptr<CudaFlagQueue> gateQueue_;
-  std::unique_ptr<StreamGate> gate_;
+  std::unique_ptr<StreamWatch> ncclWatch_;  // made with nccl_
+  std::shared_ptr<WatchedFailure> opFailure_;
   std::mutex handlerMu_;
-  std::function<void(const std::string&)> barrierFailed_;
+  std::function<void(const std::string&)> deviceFailed_;
   std::unique_ptr<CudaStageDevice> stage_;
   std::function<void()> freeCached_;
   std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};

@@ -1,7 +1,7 @@
 // Reduce-scatter and allgather of device memory (reduce_scatter_tensor and
-// all_gather_into_tensor, what FSDP calls): CUDA IPC inside one node, pinned
-// host staging otherwise. The IPC steps are ordered across processes by
-// node barriers on the stream, as in gpu_allreduce.cpp (ipc_steps.h).
+// all_gather_into_tensor, what FSDP calls): NCCL or CUDA IPC inside one
+// node, pinned host staging otherwise. The IPC steps are ordered across
+// processes by node barriers, as in gpu_allreduce.cpp (ipc_steps.h).
 #include <algorithm>
 #include <vector>
 
@@ -78,12 +78,12 @@ void ipcReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r) {
                                 in + (static_cast<size_t>(q) * each + a) * es, n * es,
                                 cudaMemcpyDeviceToDevice, g.stream()),
                 "copy into the IPC buffer");
-    ipcStepDone(g, c, local, "copy into the IPC buffer");
+    g.nodeBarrier(c, local, "copy into the IPC buffer");
     std::vector<const void*> rows;
     for (int q = 0; q < P; ++q) rows.push_back(space.buffer(q) + static_cast<size_t>(me) * m * es);
     checkCuda(cuda::reduceMulti(out + a * es, rows.data(), P, {n, dt, op}, g.stream()),
               "IPC reduce-scatter");
-    ipcStepDone(g, c, local, "IPC reduce-scatter");
+    g.nodeBarrier(c, local, "IPC reduce-scatter");
   }
 }
 
@@ -107,14 +107,14 @@ void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
     const size_t n = std::min(piece, eachBytes - a);
     checkCuda(cudaMemcpyAsync(space.buffer(me), in + a, n, cudaMemcpyDeviceToDevice, g.stream()),
               "copy into the IPC buffer");
-    ipcStepDone(g, c, local, "copy into the IPC buffer");
+    g.nodeBarrier(c, local, "copy into the IPC buffer");
     // Default kind: a peer's buffer may be on another GPU of the node.
     for (int q = 0; q < P; ++q)
       if (q != me)
         checkCuda(cudaMemcpyAsync(out + static_cast<size_t>(q) * eachBytes + a, space.buffer(q), n,
                                   cudaMemcpyDefault, g.stream()),
                   "IPC allgather");
-    ipcStepDone(g, c, local, "IPC allgather");
+    g.nodeBarrier(c, local, "IPC allgather");
   }
 }
 

@@ -1,7 +1,6 @@
 #pragma once
-// What every CUDA-IPC collective of a node does between its steps: meet the
-// node's ranks at a barrier once each stream has finished its part, so that
-// peers' buffers may be read, or reused, by everyone.
+// What the CUDA-IPC collectives of a node share: when they can run, and
+// the check of CUDA calls (their steps meet at GpuContext::nodeBarrier).
 #include <cuda_runtime_api.h>
 
 #include "algorithms/collectives.h"
@@ -24,12 +23,6 @@ inline bool ipcUsable(const Hierarchy& h, const GpuTuning& t) {
 }
 inline bool ipcUsable(const Comm& c, const GpuContext& g) {
   return c.levels && c.members.empty() && ipcUsable(*c.levels, g.tuning());
-}
-
-// This rank's stream is done with step `what`, and so is every node-mate's
-// (a stream barrier: the host goes on; see GpuContext::nodeBarrier).
-inline void ipcStepDone(GpuContext& g, Comm& c, Comm& local, const char* what) {
-  g.nodeBarrier(c, local, what);
 }
 
 }  // namespace smdccl

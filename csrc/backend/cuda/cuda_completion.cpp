@@ -11,8 +11,7 @@ namespace smdccl {
 
 bool CudaCompletion::done() const {
   if (!end_->recorded.load(std::memory_order_acquire)) return false;
-  if (end_->recordError != cudaSuccess) return true;  // wait() raises it
-  if (error()) return true;
+  if (end_->recordError != cudaSuccess || end_->failure->failed.load(std::memory_order_acquire)) return true;  // wait() raises it
   c10::cuda::CUDAGuard guard(device_);
   CaptureSafeScope captureSafe;
   // An error other than "not ready" is as done as it gets: wait() raises it.
@@ -57,9 +56,9 @@ void CudaCompletion::blockCurrentStream(std::chrono::milliseconds timeout) {
 }
 
 std::exception_ptr CudaCompletion::error() const {
-  if (!end_->recorded.load(std::memory_order_acquire) || !end_->barriers) return nullptr;
-  std::exception_ptr e = end_->barriers->of(end_->barrierFrom, end_->barrierUpTo);
-  return e ? toTorchError(e) : nullptr;
+  if (!end_->failure->failed.load(std::memory_order_acquire)) return nullptr;
+  return toTorchError(
+      std::make_exception_ptr(CommError(CommError::Kind::Timeout, end_->failure->message)));
 }
 
 }  // namespace smdccl

@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "algorithms/cuda/node_barrier.h"
 #include "backend/work.h"
+#include "transport/cuda/stream_watch.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 
@@ -50,12 +50,8 @@ struct GpuEvent {
 struct OpEnd : GpuEvent {
   std::atomic<bool> recorded{false};
   cudaError_t recordError = cudaSuccess;  // written before `recorded`
-  // The op's stream barriers, (barrierFrom, barrierUpTo], and the record of
-  // a failure that let them pass unmet (written before `recorded`).
-  std::shared_ptr<const BarrierFailure> barriers;
-  uint32_t barrierFrom = 0, barrierUpTo = 0;
-  // Recorded before the op's host part ran (copies back behind a gate).
-  std::atomic<bool> early{false};
+  // Set if the op's NCCL work failed after the op returned (GpuContext::watchNccl).
+  std::shared_ptr<WatchedFailure> failure = std::make_shared<WatchedFailure>();
   // When the op started to run (steady clock, ns; 0 while it is queued).
   std::atomic<int64_t> startedNs{0};
   explicit OpEnd(int dev) : GpuEvent(dev) {}
@@ -73,12 +69,10 @@ inline int64_t steadyNowNs() {
 // H100 with a front-end wait and with a spinning kernel alike: the
 // collective never finished). So the host waits until the progress thread
 // has queued the op's GPU work, then the caller's stream waits for the
-// event behind it. A CUDA-IPC collective with stream barriers is queued
-// whole, so that wait is short; a collective on host copies queues its
-// copies back behind a gate before it runs (queuedEarly: wait() returns
-// then); a staged one queues its copies behind gates and marks its end
-// before its proxies run (finishBody), unless its gates are off, when it
-// lasts about as long as the collective.
+// event behind it. NCCL inside a node is queued whole, so that wait is
+// short; the collectives whose steps the host drives (IPC steps at host
+// barriers, staged steps, host copies) last about as long as the
+// collective.
 class CudaCompletion : public DeviceCompletion {
  public:
   // `what` names the op in errors ("collective #7"); `stream`: where the
@@ -95,7 +89,6 @@ class CudaCompletion : public DeviceCompletion {
   c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
   c10::Stream stream() const override { return stream_; }
   std::exception_ptr error() const override;
-  bool queuedEarly() const override { return end_->early.load(std::memory_order_acquire); }
 
  private:
   int device_;

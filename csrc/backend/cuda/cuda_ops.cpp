@@ -26,7 +26,6 @@
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
-#include "transport/device_wide_fence.h"
 #include "common/calls_in_flight.h"
 
 namespace smdccl {
@@ -104,7 +103,7 @@ class CudaOp : public DeviceOp {
 
   void prepare(const OpContext& ctx) override {
     end_->startedNs.store(steadyNowNs(), std::memory_order_release);
-    end_->barrierFrom = s_->gpu->barrierEpoch();
+    s_->gpu->setOpFailure(end_->failure);
     CaptureSafeScope captureSafe;
     SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_.event, 0));
     if (copyIn_.empty()) return;
@@ -120,47 +119,20 @@ class CudaOp : public DeviceOp {
   bool hostStaged() const override { return !copyIn_.empty() || !copyOut_.empty(); }
 
   bool hostDriven(const Hierarchy& h) const override {
-    // Only one node's CUDA IPC collectives are queued without a proxy.
-    return hostStaged() || !ipcUsable(h, s_->gpu->tuning()) || h.numNodes() > 1;
+    // Only NCCL inside one node is queued without the host waiting for it
+    // (the IPC steps meet at host barriers, the staged steps are the host's).
+    return hostStaged() || !s_->gpu->tuning().ipc || h.numNodes() > 1 || h.localSize() < 2 ||
+           !h.uniform() || !s_->gpu->ncclChosen();
   }
 
-  void beforeBody(const OpContext& ctx) override {
-    CaptureSafeScope captureSafe;
-    if (hostStaged()) queueCopyOut(ctx);
-    awaitInputs(ctx);
-  }
+  void beforeBody(const OpContext& ctx) override { awaitInputs(ctx); }
 
   void awaitInputs(const OpContext& ctx) override {
     CaptureSafeScope captureSafe;
-    // Not the whole stream: a gate queued behind the copies waits for the body.
     if (copiedIn_) waitForEvent(copiedIn_->event, ctx, "copy to host memory");
   }
 
-  bool endQueuedEarly() const override { return end_->early.load(std::memory_order_acquire); }
-
-  // Queues the copies back behind a gate that the body opens when it has
-  // filled the pinned copies, and the op's end behind them.
-  void queueCopyOut(const OpContext& ctx) {
-    StreamGate* gate = s_->gpu->gate();
-    if (!gate) return;  // the host waits for the copies back (finishBody)
-    c10::cuda::CUDAStreamGuard guard(s_->stream);
-    if (!copyOut_.empty()) {
-      gateWindow_ = DeviceWideFence::Window(DeviceWideFence::process(), ctx.deadline,
-                                            "a host-staged op's copies back");
-      ticket_ = gate->hold(s_->gpu->gateQueue());
-      for (auto& [dev, h] : copyOut_) {
-        dev.copy_(h, /*non_blocking=*/true);  // also keeps h's block until done
-        s_->gpu->countCopies(0, h.nbytes());
-      }
-    }
-    markEnd(/*early=*/true);
-  }
-
   void finishBody(const OpContext& ctx) override {
-    if (endQueuedEarly()) {
-      openGate();
-      return;
-    }
     if (copyOut_.empty()) return;
     CaptureSafeScope captureSafe;
     c10::cuda::CUDAStreamGuard guard(s_->stream);
@@ -176,10 +148,8 @@ class CudaOp : public DeviceOp {
     // Also after a failure: nothing may wait for it forever (the event then
     // marks whatever reached the stream). On the progress thread this
     // also switches the capture mode for the future's completion after it.
-    openGate();  // also one held by a queueCopyOut() that failed half-way
     CaptureSafeScope captureSafe;
-    if (endQueuedEarly()) return;  // its end is recorded; after a failure the copies back still go
-    markEnd(/*early=*/false);
+    markEnd();
   }
 
   void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) override {
@@ -208,23 +178,12 @@ class CudaOp : public DeviceOp {
   GpuEvent ready_;
   std::vector<std::pair<at::Tensor, at::Tensor>> copyIn_, copyOut_;  // (device, pinned host)
   std::optional<GpuEvent> copiedIn_;                                 // behind the copies in
-  uint32_t ticket_ = 0;                 // the copies back's gate (0: none held)
-  DeviceWideFence::Window gateWindow_;  // while the gate is held
 
   // Records the op's end behind what its stream has queued.
-  void markEnd(bool early) noexcept {
+  void markEnd() noexcept {
     CallInFlight call("cudaEventRecord of the op's end");
-    end_->barriers = s_->gpu->barrierFailure();
-    end_->barrierUpTo = s_->gpu->barrierEpoch();
     end_->recordError = cudaEventRecord(end_->event, s_->stream.stream());
-    if (early) end_->early.store(true, std::memory_order_release);
     end_->recorded.store(true, std::memory_order_release);
-  }
-
-  void openGate() noexcept {
-    if (ticket_) s_->gpu->gate()->release(ticket_);
-    ticket_ = 0;
-    gateWindow_.close();
   }
 };
 
@@ -243,7 +202,7 @@ class CudaDeviceOps : public DeviceOps {
       std::lock_guard<std::mutex> lock(mu_);
       if (!state_) {
         state_ = std::make_shared<CudaState>(device, store_);
-        state_->gpu->onBarrierFailure(deviceFailed_);
+        state_->gpu->onDeviceFailure(deviceFailed_);
       }
       checkGroupDevice(device, op);  // another thread may have created it first
       s = state_;
@@ -380,7 +339,7 @@ class CudaDeviceOps : public DeviceOps {
   void onDeviceFailure(std::function<void(const std::string&)> handler) override {
     std::lock_guard<std::mutex> lock(mu_);
     deviceFailed_ = std::move(handler);
-    if (state_) state_->gpu->onBarrierFailure(deviceFailed_);
+    if (state_) state_->gpu->onDeviceFailure(deviceFailed_);
   }
   void abort(const std::string& cause) override {
     std::shared_ptr<CudaState> s;
@@ -388,7 +347,7 @@ class CudaDeviceOps : public DeviceOps {
       std::lock_guard<std::mutex> lock(mu_);
       s = state_;
     }
-    if (s) s->gpu->abortBarriers(cause);
+    if (s) s->gpu->abort();
   }
   CopiedBytes copiedBytes() const override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -30,8 +30,6 @@ struct InitState {
 NcclNodeComm::NcclNodeComm(const NcclLibrary& lib, KVStore& store, const Spec& s,
                            Deadline deadline)
     : lib_(lib),
-      localRank_(s.localRank),
-      localSize_(s.localSize),
       what_(strCat("the NCCL communicator of ", s.keyPrefix, " (local rank ", s.localRank, " of ",
                    s.localSize, ")")) {
   const NcclUniqueId id =
@@ -90,31 +88,30 @@ std::string NcclNodeComm::asyncError() const {
 }
 
 namespace {
-void types(const NcclLibrary&, DType dt, RedOp op, int* ndt, int* nop, const std::string& what) {
-  SMDCCL_CHECK_ARG(NcclLibrary::dataType(dt, ndt), "smdccl: ", what, ": NCCL has no such dtype");
-  SMDCCL_CHECK_ARG(NcclLibrary::redOp(op, nop), "smdccl: ", what, ": NCCL has no such reduction");
+// NCCL's forms of a.dt and a.op (InvalidArgument where it has none).
+void types(const NcclNodeComm::Args& a, int* ndt, int* nop, const std::string& what) {
+  SMDCCL_CHECK_ARG(NcclLibrary::dataType(a.dt, ndt), "smdccl: ", what, ": NCCL has no such dtype");
+  SMDCCL_CHECK_ARG(NcclLibrary::redOp(a.op, nop), "smdccl: ", what, ": NCCL has no such reduction");
 }
 }  // namespace
 
-void NcclNodeComm::allReduce(const void* in, void* out, size_t count, DType dt, RedOp op,
-                             void* stream) {
+void NcclNodeComm::allReduce(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
-  types(lib_, dt, op, &ndt, &nop, what_);
-  lib_.check(lib_.allReduce(in, out, count, ndt, nop, comm_, stream), what_ + ": ncclAllReduce");
+  types(a, &ndt, &nop, what_);
+  lib_.check(lib_.allReduce(a.in, a.out, a.count, ndt, nop, comm_, stream), what_ + ": ncclAllReduce");
 }
 
-void NcclNodeComm::reduceScatter(const void* in, void* out, size_t count, DType dt, RedOp op,
-                                 void* stream) {
+void NcclNodeComm::reduceScatter(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
-  types(lib_, dt, op, &ndt, &nop, what_);
-  lib_.check(lib_.reduceScatter(in, out, count, ndt, nop, comm_, stream),
+  types(a, &ndt, &nop, what_);
+  lib_.check(lib_.reduceScatter(a.in, a.out, a.count, ndt, nop, comm_, stream),
              what_ + ": ncclReduceScatter");
 }
 
-void NcclNodeComm::allGather(const void* in, void* out, size_t count, DType dt, void* stream) {
-  int ndt = 0;
-  SMDCCL_CHECK_ARG(NcclLibrary::dataType(dt, &ndt), "smdccl: ", what_, ": NCCL has no such dtype");
-  lib_.check(lib_.allGather(in, out, count, ndt, comm_, stream), what_ + ": ncclAllGather");
+void NcclNodeComm::allGather(const Args& a, void* stream) {
+  int ndt = 0, nop = 0;
+  types(a, &ndt, &nop, what_);
+  lib_.check(lib_.allGather(a.in, a.out, a.count, ndt, comm_, stream), what_ + ": ncclAllGather");
 }
 
 }  // namespace smdccl

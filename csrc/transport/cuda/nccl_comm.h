@@ -31,25 +31,30 @@ class NcclNodeComm {
   NcclNodeComm(const NcclNodeComm&) = delete;
   NcclNodeComm& operator=(const NcclNodeComm&) = delete;
 
+  // One call's buffers: count elements (per rank's block for reduceScatter's
+  // output and allGather's input) of dt; op for the reductions. dt and op
+  // must have NCCL forms (NcclLibrary::dataType / redOp).
+  struct Args {
+    const void* in = nullptr;
+    void* out = nullptr;
+    size_t count = 0;
+    DType dt = DType::U8;
+    RedOp op = RedOp::Sum;
+  };
   // Each queues NCCL's collective on `stream` (a cudaStream_t) and throws a
-  // CommError if NCCL refuses it. count: elements (per rank's block for
-  // reduceScatter's output and allGather's input). dt and op must have
-  // NCCL forms (NcclLibrary::dataType / redOp).
-  void allReduce(const void* in, void* out, size_t count, DType dt, RedOp op, void* stream);
-  void reduceScatter(const void* in, void* out, size_t count, DType dt, RedOp op, void* stream);
-  void allGather(const void* in, void* out, size_t count, DType dt, void* stream);
+  // CommError if NCCL refuses it.
+  void allReduce(const Args& a, void* stream);
+  void reduceScatter(const Args& a, void* stream);
+  void allGather(const Args& a, void* stream);
   // After a failure (the group timed out or was aborted): NCCL's kernels
   // stop, and the communicator is unusable. Safe from any thread, once.
   void abort() noexcept;
   // NCCL's asynchronous error ("" if none): a peer's failure NCCL noticed.
   std::string asyncError() const;
-  int localRank() const { return localRank_; }
-  int localSize() const { return localSize_; }
 
  private:
   const NcclLibrary& lib_;
   NcclLibrary::Comm comm_ = nullptr;
-  int localRank_, localSize_;
   std::string what_;  // "NCCL communicator of <prefix> (local rank r of n)"
   bool aborted_ = false;
 };

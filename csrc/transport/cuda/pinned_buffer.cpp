@@ -5,7 +5,6 @@
 #include "common/own_thread.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
-#include "transport/device_wide_fence.h"
 #include "common/calls_in_flight.h"
 
 namespace smdccl {
@@ -21,10 +20,8 @@ PinnedBuffer::~PinnedBuffer() {
     cudaEventSynchronize(r.copiesDone);
     cudaEventDestroy(r.copiesDone);
   }
-  DeviceWideFence::process().exclusive([&] {
-    for (Retired& r : retired_) cudaFreeHost(r.data);
-    if (data_) cudaFreeHost(data_);
-  });
+  for (Retired& r : retired_) cudaFreeHost(r.data);
+  if (data_) cudaFreeHost(data_);
 }
 
 char* PinnedBuffer::reserve(size_t bytes) {
@@ -90,11 +87,8 @@ void PinnedBuffer::freeRetired() {
     }
     cudaEventSynchronize(r.copiesDone);
     cudaEventDestroy(r.copiesDone);
-    // Not while a group's gated copies wait for its host (see the fence).
-    DeviceWideFence::process().exclusive([&] {
-      CallInFlight call("cudaFreeHost of an outgrown pinned staging buffer");
-      cudaFreeHost(r.data);
-    });
+    CallInFlight call("cudaFreeHost of an outgrown pinned staging buffer");
+    cudaFreeHost(r.data);
     retiredBytes_ -= r.bytes;
   }
 }

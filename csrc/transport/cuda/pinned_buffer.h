@@ -41,7 +41,7 @@ class PinnedBuffer {
   // cudaFreeHost synchronizes the whole device: on the op's thread it would
   // make the collective wait for work the user queued after it. A thread of
   // the buffer's own frees an outgrown buffer once the stream's copies on it
-  // are done, and no gated GPU work waits for a host (DeviceWideFence).
+  // are done.
   void retire(char* data, size_t bytes);
   void freeRetired();
 

@@ -1,0 +1,96 @@
+#include "transport/cuda/stream_watch.h"
+
+#include <chrono>
+
+#include "common/error.h"
+#include "transport/cuda/capture_mode.h"
+#include "transport/cuda/cuda_check.h"
+
+namespace smdccl {
+
+StreamWatch::StreamWatch(int device, Hooks hooks)
+    : device_(device), hooks_(std::move(hooks)), thread_([this] { loop(); }) {}
+
+StreamWatch::~StreamWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  for (const Watched& w : watched_) cudaEventDestroy(w.event);
+  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+}
+
+void StreamWatch::watch(cudaStream_t stream, Deadline deadline, std::function<std::string()> what,
+                        std::shared_ptr<WatchedFailure> failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_) return;  // the group has failed: nothing more to tell
+  cudaEvent_t e = nullptr;
+  if (!free_.empty()) {
+    e = free_.back();
+    free_.pop_back();
+  } else {
+    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  cudaError_t r = cudaEventRecord(e, stream);
+  if (r != cudaSuccess) {
+    free_.push_back(e);
+    throwCudaError(r, "cudaEventRecord (watching NCCL's work)");
+  }
+  watched_.push_back({e, deadline, std::move(what), std::move(failure)});
+  cv_.notify_all();
+}
+
+std::string StreamWatch::checkOldest(bool* done) {
+  *done = false;
+  const Watched& w = watched_.front();
+  cudaError_t e = queried(cudaEventQuery(w.event));
+  if (e == cudaSuccess) {
+    *done = true;
+    return "";
+  }
+  if (e != cudaErrorNotReady)
+    return strCat("smdccl: ", w.what(), ": its GPU work failed (", cudaGetErrorString(e), ")");
+  if (w.deadline.expired())
+    return strCat("smdccl: ", w.what(),
+                  ": NCCL's work inside the node did not finish within the group timeout (a "
+                  "node-mate may be gone, stalled, or running other collectives)");
+  return "";
+}
+
+void StreamWatch::loop() {
+  cudaSetDevice(device_);
+  CaptureSafeScope captureSafe;  // a user's graph capture on another thread is not disturbed
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (watched_.empty() || failed_) {
+      cv_.wait(lock, [&] { return stop_ || (!watched_.empty() && !failed_); });
+      continue;
+    }
+    bool done = false;
+    std::string why = checkOldest(&done);
+    if (done) {
+      free_.push_back(watched_.front().event);
+      watched_.pop_front();
+      continue;
+    }
+    if (why.empty() && hooks_.probe) why = hooks_.probe();
+    if (!why.empty()) {
+      failed_ = true;
+      for (const Watched& w : watched_)
+        if (w.failure && !w.failure->failed.load(std::memory_order_relaxed)) {  // once per op
+          w.failure->message = why;
+          w.failure->failed.store(true, std::memory_order_release);
+        }
+      auto failed = hooks_.failed;
+      lock.unlock();  // the handler may abort NCCL or fail the group: not under the lock
+      if (failed) failed(why);
+      lock.lock();
+      continue;
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(2));
+  }
+}
+
+}  // namespace smdccl

@@ -1,0 +1,72 @@
+#pragma once
+// Watches GPU work that the host does not wait for (NCCL's collectives,
+// queued on a stream whole): a thread of its own polls an event behind each
+// watched op; one not finished by its deadline, or a failure the probe
+// reports (NCCL's asynchronous error), calls `failed` once with the op's
+// name, and the watch stops (the group has failed). Events come from a
+// pool: none is created or destroyed per op.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/deadline.h"
+
+namespace smdccl {
+
+// What a failed watched op learns, set once by the watch's thread: read
+// `message` only once `failed` reads true.
+struct WatchedFailure {
+  std::atomic<bool> failed{false};
+  std::string message;
+};
+
+class StreamWatch {
+ public:
+  struct Hooks {
+    // "" while all is well, else what went wrong (polled every turn).
+    std::function<std::string()> probe;
+    // Called once, on the watch's thread, with the message of the failure.
+    std::function<void(const std::string&)> failed;
+  };
+  StreamWatch(int device, Hooks hooks);
+  // Stops the thread; ops still watched are no longer watched.
+  ~StreamWatch();
+  StreamWatch(const StreamWatch&) = delete;
+  StreamWatch& operator=(const StreamWatch&) = delete;
+
+  // Marks what `stream` has queued so far; `what` names the op (built only
+  // on a failure). On a failure, every op still watched has its `failure`
+  // set (may be null).
+  void watch(cudaStream_t stream, Deadline deadline, std::function<std::string()> what,
+             std::shared_ptr<WatchedFailure> failure);
+
+ private:
+  struct Watched {
+    cudaEvent_t event;
+    Deadline deadline;
+    std::function<std::string()> what;
+    std::shared_ptr<WatchedFailure> failure;
+  };
+  void loop();
+  // The oldest op's verdict: done (true), or still running; throws nothing.
+  std::string checkOldest(bool* done);
+
+  int device_;
+  Hooks hooks_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Watched> watched_;
+  std::vector<cudaEvent_t> free_;
+  bool stop_ = false, failed_ = false;
+  std::thread thread_;
+};
+
+}  // namespace smdccl
