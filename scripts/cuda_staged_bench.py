@@ -14,7 +14,9 @@ Timing: per call, async_op=True then wait() and torch.cuda.synchronize()
 (so the progress thread runs it and the time includes the GPU's copies);
 median over calls on each rank, max over ranks. PCIe bytes and progress CPU
 come from the groups' own counters (device_copied_bytes,
-progress_cpu_seconds), per call, max over ranks.
+progress_cpu_seconds), CUDA calls from the process's (smdccl._C.cuda_calls:
+each checked CUDA call, kernel launch, status query and NCCL call smdccl
+makes), per call, max over ranks.
 
     SMDCCL_TOPOLOGY=2x2 \\
       python -m torch.distributed.run --nproc-per-node 4 scripts/cuda_staged_bench.py \\
@@ -53,10 +55,13 @@ def smdccl_group(compression: str):
     return group
 
 
-def counters(group) -> tuple[float, int]:
+def counters(group) -> tuple[float, int, int]:
+    """(progress thread CPU seconds, bytes copied GPU<->host, CUDA calls made)."""
+    from smdccl import _C
+
     backend = group._get_backend(torch.device("cuda"))
     copied = backend.device_copied_bytes
-    return backend.progress_cpu_seconds, copied["to_host"] + copied["from_host"]
+    return backend.progress_cpu_seconds, copied["to_host"] + copied["from_host"], _C.cuda_calls()
 
 
 def collective_call(collective: str, x: torch.Tensor):
@@ -69,7 +74,7 @@ def collective_call(collective: str, x: torch.Tensor):
 
 def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool, run) -> dict:
     times = []
-    cpu0, bytes0 = counters(group) if smdccl else (0.0, 0)
+    cpu0, bytes0, calls0 = counters(group) if smdccl else (0.0, 0, 0)
     for _ in range(iters):
         x.fill_(value)  # sums stay small: a growing tensor would overflow the fp16 wire
         torch.cuda.synchronize()
@@ -77,9 +82,9 @@ def timed_calls(group, x: torch.Tensor, value: float, iters: int, smdccl: bool, 
         run(group, True).wait()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    cpu1, bytes1 = counters(group) if smdccl else (0.0, 0)
+    cpu1, bytes1, calls1 = counters(group) if smdccl else (0.0, 0, 0)
     return {"s": statistics.median(times), "cpu_s": (cpu1 - cpu0) / iters,
-            "pcie_bytes": (bytes1 - bytes0) / iters}
+            "pcie_bytes": (bytes1 - bytes0) / iters, "cuda_calls": (calls1 - calls0) / iters}
 
 
 def burst_calls(group, n: int, count: int, iters: int) -> tuple[float, float]:
@@ -173,20 +178,23 @@ def main() -> int:
         got = {name: timed_calls(paths[name], x, value, args.iters, name != "gloo", run)
                for name in paths}
         for name, r in got.items():
-            s, cpu, pcie = max_over_ranks([r["s"], r["cpu_s"], r["pcie_bytes"]], ctrl)
+            s, cpu, pcie, calls = max_over_ranks([r["s"], r["cpu_s"], r["pcie_bytes"],
+                                                  r["cuda_calls"]], ctrl)
             rows.append({"path": name, "bytes": size, "time_us": s * 1e6, "cpu_us": cpu * 1e6,
-                         "pcie_mb": pcie / 1e6})
+                         "pcie_mb": pcie / 1e6, "cuda_calls": calls})
     if rank == 0:
         env = {k: v for k, v in os.environ.items() if k.startswith("SMDCCL_")}
         print(f"# cuda_staged_bench: {args.collective}, {dist.get_world_size()} ranks, "
               f"{torch.cuda.get_device_name(0)}, "
               f"torch {torch.__version__}, {env}")
         print("# time: median per call (async_op + wait + cuda.synchronize), max over ranks; "
-              "cpu: progress thread per call; pcie: bytes copied GPU<->host per call and rank")
-        print(f"{'path':>14} {'bytes':>10} {'time(us)':>11} {'cpu(us)':>10} {'pcie(MB)':>9}")
+              "cpu: progress thread per call; pcie: bytes copied GPU<->host per call and rank; "
+              "calls: smdccl's CUDA/NCCL calls per call and rank")
+        print(f"{'path':>14} {'bytes':>10} {'time(us)':>11} {'cpu(us)':>10} {'pcie(MB)':>9} "
+              f"{'calls':>7}")
         for r in rows:
             print(f"{r['path']:>14} {r['bytes']:>10} {r['time_us']:>11.1f} {r['cpu_us']:>10.1f} "
-                  f"{r['pcie_mb']:>9.2f}")
+                  f"{r['pcie_mb']:>9.2f} {r['cuda_calls']:>7.0f}")
         by = {(r["path"], r["bytes"]): r for r in rows}
         for size in sorted({r["bytes"] for r in rows}):
             new, old, gloo = by[("fp16 packed", size)], by[("float32", size)], by[("gloo", size)]

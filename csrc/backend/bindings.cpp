@@ -11,10 +11,13 @@
 #include "algorithms/select.h"
 #include "backend/backend.h"
 #include "common/env.h"
-#include "transport/nccl_library.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
 #include "kernels/cpu/reduce.h"
+#include "transport/nccl_library.h"
+#ifdef SMDCCL_WITH_CUDA
+#include "transport/cuda/cuda_check.h"
+#endif
 
 namespace py = pybind11;
 
@@ -281,6 +284,18 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       "How the engine was built: compiler, build type, CUDA kernels compiled in, sanitizers");
+
+  m.def(
+      "cuda_calls",
+      [] {
+#ifdef SMDCCL_WITH_CUDA
+        return smdccl::cudaCallCount().load();
+#else
+        return uint64_t{0};
+#endif
+      },
+      "CUDA and NCCL calls smdccl made in this process (each checked call, kernel launch and "
+      "status query); read around a collective for what it costs the driver");
 
   m.def(
       "nccl_library",

@@ -13,6 +13,7 @@
 namespace smdccl {
 
 inline void checkCuda(cudaError_t e, const char* what) {
+  countCudaCall();
   if (e != cudaSuccess) throwCudaError(e, what);
 }
 

@@ -3,9 +3,21 @@
 // turns them into the Python exception of the failing collective.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "common/error.h"
 
 namespace smdccl {
+
+// CUDA (and NCCL) calls smdccl made, process-wide: each checked call,
+// kernel launch and status query counts one. The benchmarks read it around
+// a collective: what the op costs the driver (cuda_staged_bench.py).
+inline std::atomic<uint64_t>& cudaCallCount() {
+  static std::atomic<uint64_t> calls{0};
+  return calls;
+}
+inline void countCudaCall() { cudaCallCount().fetch_add(1, std::memory_order_relaxed); }
 
 [[noreturn]] inline void throwCudaError(cudaError_t e, const char* what) {
   throw CommError(CommError::Kind::System, strCat("CUDA error in ", what, ": ", cudaGetErrorName(e),
@@ -16,6 +28,7 @@ namespace smdccl {
 // through. "Not ready" may linger as the thread's last error (torch clears
 // it too): a later launch check (cudaGetLastError) would take it for its own.
 inline cudaError_t queried(cudaError_t e) {
+  countCudaCall();
   if (e == cudaErrorNotReady) (void)cudaGetLastError();
   return e;
 }
@@ -24,6 +37,7 @@ inline cudaError_t queried(cudaError_t e) {
 
 #define SMDCCL_CUDA_CHECK(expr)                                                   \
   do {                                                                            \
+    ::smdccl::countCudaCall();                                                    \
     cudaError_t smdccl_err_ = (expr);                                             \
     if (smdccl_err_ != cudaSuccess) ::smdccl::throwCudaError(smdccl_err_, #expr); \
   } while (0)

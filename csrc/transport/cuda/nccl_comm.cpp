@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
 
@@ -98,12 +99,14 @@ void types(const NcclNodeComm::Args& a, int* ndt, int* nop, const std::string& w
 void NcclNodeComm::allReduce(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  countCudaCall();
   lib_.check(lib_.allReduce(a.in, a.out, a.count, ndt, nop, comm_, stream), what_ + ": ncclAllReduce");
 }
 
 void NcclNodeComm::reduceScatter(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  countCudaCall();
   lib_.check(lib_.reduceScatter(a.in, a.out, a.count, ndt, nop, comm_, stream),
              what_ + ": ncclReduceScatter");
 }
@@ -111,6 +114,7 @@ void NcclNodeComm::reduceScatter(const Args& a, void* stream) {
 void NcclNodeComm::allGather(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  countCudaCall();
   lib_.check(lib_.allGather(a.in, a.out, a.count, ndt, comm_, stream), what_ + ": ncclAllGather");
 }
 
