@@ -1,5 +1,6 @@
-// Allreduce of device memory: CUDA IPC inside a node, pinned host staging
-// between nodes (see gpu_collectives.h for when each path is taken).
+// The IPC allreduce (the paths ipc_one_shot, ipc_two_shot, two_level_ipc:
+// algorithms/gpu_paths.h) and the staged allreduce it and the other paths
+// use between nodes.
 //
 // The IPC steps are ordered across processes by node barriers, before
 // anyone reads what the others wrote and again before anyone overwrites its
@@ -20,7 +21,6 @@
 #include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/cuda/staged_schedule.h"
 #include "common/log.h"
-#include "common/trace.h"
 
 namespace smdccl {
 
@@ -98,18 +98,6 @@ struct IpcStep {
   }
 };
 
-}  // namespace
-
-const char* gpuAllreducePath(const Comm& c, GpuContext& g, const CollectiveArgs& a) {
-  if (ncclIntraUsable(c, g, a.dt, a.op))
-    return c.levels->numNodes() > 1 ? "two-level nccl + staged" : "nccl";
-  if (!ipcUsable(c, g)) return "staged";
-  if (c.levels->numNodes() > 1) return "two-level ipc + staged";
-  return a.count * elementSize(a.dt) <= g.tuning().oneShotBytes ? "ipc one-shot" : "ipc two-shot";
-}
-
-namespace {
-
 // The staged allreduces of one op over c (staged_collectives.h: chunk k
 // out, packed to c's 16-bit wire where c compresses, the host allreduce of
 // it, back), in a few chunk-sized pinned slots in turn.
@@ -146,25 +134,14 @@ void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuni
   op.finish();
 }
 
-void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  char* dev = a.buf;
-  const size_t count = a.count;
+// The IPC allreduce: inside the node over the IPC buffers, in pieces of a
+// buffer: one-shot where a piece is at most SMDCCL_CUDA_ONESHOT_KB on one
+// node, else two-shot; with several nodes each rank's slice of a piece is
+// allreduced across nodes (staged) between its reduce-scatter and gather.
+void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   const DType dt = a.dt;
   const RedOp op = a.op;
-  if (count == 0 || c.size() == 1) return;
-  g.agreeOnTuning(c, t);
-  size_t es = elementSize(dt);
-  const char* path = gpuAllreducePath(c, g, a);
-  trace::Span span(trace::enabled() ? strCat("cuda allreduce: ", path) : std::string(), "algorithm",
-                   *c.ctx.group);
-  if (ncclIntraUsable(c, g, dt, op)) {
-    ncclAllreduce(c, g, a, t);
-    return;
-  }
-  if (!ipcUsable(c, g)) {
-    stagedAllreduce(c, g, a, t);
-    return;
-  }
+  const size_t es = elementSize(dt);
   const Hierarchy& h = *c.levels;
   Comm local = c.sub(h.nodes[h.myNode]);
   CudaIpcSpace& space = g.ipc(h, c.ctx.deadline);
@@ -179,9 +156,9 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
     inter.emplace(StagedAllreduces{across, g, dt, t, stageChunkElems(g, dt)});
     staged.emplace(g, c.ctx, inter->spec());
   }
-  for (size_t at = 0; at < count; at += chunk) {
-    size_t n = std::min(chunk, count - at);
-    char* d = dev + at * es;
+  for (size_t at = 0; at < a.count; at += chunk) {
+    size_t n = std::min(chunk, a.count - at);
+    char* d = a.buf + at * es;
     if (!multiNode && n * es <= g.tuning().oneShotBytes) {
       step.oneShot(d, n);
       continue;

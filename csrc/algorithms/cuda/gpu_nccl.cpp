@@ -8,25 +8,9 @@
 // step, so the order needs no node barrier. The host does not wait for
 // NCCL's work: the group's watch (GpuContext::watchNccl) fails the group
 // and aborts NCCL if it has not finished by the op's deadline.
-#include <algorithm>
-
 #include "algorithms/cuda/gpu_collectives.h"
-#include "algorithms/cuda/ipc_steps.h"
-#include "common/trace.h"
 
 namespace smdccl {
-
-bool ncclIntraUsable(const Comm& c, GpuContext& g, DType dt, RedOp op) {
-  int unused = 0;
-  if (!c.levels || !c.members.empty() || !NcclLibrary::dataType(dt, &unused) ||
-      !NcclLibrary::redOp(op, &unused))
-    return false;
-  const Hierarchy& h = *c.levels;
-  // The IPC path's conditions (SMDCCL_CUDA_IPC=0 stages everything; uneven
-  // nodes stage), without its limit on the node's size.
-  if (!g.tuning().ipc || h.localSize() < 2 || !h.uniform()) return false;
-  return g.intra(h, c.ctx.deadline).engine == IntraEngine::Nccl;
-}
 
 void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   const Hierarchy& h = *c.levels;

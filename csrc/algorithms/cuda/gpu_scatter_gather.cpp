@@ -1,6 +1,6 @@
 // Reduce-scatter and allgather of device memory (reduce_scatter_tensor and
-// all_gather_into_tensor, what FSDP calls): NCCL or CUDA IPC inside one
-// node, pinned host staging otherwise. The IPC steps are ordered across
+// all_gather_into_tensor, what FSDP calls): the IPC path inside one node
+// (algorithms/gpu_paths.h) and the staged steps. The IPC steps are ordered across
 // processes by node barriers, as in gpu_allreduce.cpp (ipc_steps.h).
 #include <algorithm>
 #include <vector>
@@ -9,25 +9,10 @@
 #include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/cuda/staged_schedule.h"
 #include "algorithms/staged_collectives.h"
-#include "common/trace.h"
 
 namespace smdccl {
 
 namespace {
-
-// Inter-node reduce-scatter / allgather of CUDA tensors is staged: the
-// two-level split of allreduce (IPC slice, then across nodes) would need
-// blocks regrouped by local rank, which is not written yet.
-bool oneNodeIpc(const Comm& c, const GpuContext& g) {
-  return ipcUsable(c, g) && c.levels->numNodes() == 1;
-}
-
-// Queues a copy inside device memory on the context's stream (the op's
-// end, recorded behind it, is what the caller waits for).
-void queueDeviceCopy(GpuContext& g, char* dst, const char* src, size_t bytes, const char* what) {
-  if (bytes)
-    checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream()), what);
-}
 
 // Staged rounds of a host collective (staged_collectives.h) on the GPU.
 void stagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
@@ -39,17 +24,7 @@ void stagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
   staged.finish();
 }
 
-// The whole input out (packed to c's 16-bit wire where c compresses), the
-// host reduce-scatter, this rank's block back.
-void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
-  stagedRounds(c, g, reduceScatterRounds(c, r, t));
-}
-
-void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
-  // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
-  // and copies back of successive rounds overlap.
-  stagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
-}
+}  // namespace
 
 // One node, rank r = local rank r. Per piece of `m` elements of every block:
 // each rank copies piece p of all P blocks into its IPC buffer (row q at
@@ -118,55 +93,15 @@ void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
   }
 }
 
-}  // namespace
 
-// NCCL inside one node (gpu_nccl.cpp); across nodes these two stage.
-bool oneNodeNccl(const Comm& c, GpuContext& g, DType dt, RedOp op) {
-  return c.levels && c.levels->numNodes() == 1 && ncclIntraUsable(c, g, dt, op);
+void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
+  stagedRounds(c, g, reduceScatterRounds(c, r, t));
 }
 
-const char* gpuScatterGatherPath(const Comm& c, GpuContext& g, DType dt, RedOp op) {
-  if (oneNodeNccl(c, g, dt, op)) return "nccl";
-  return oneNodeIpc(c, g) ? "ipc" : "staged";
-}
-
-void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
-  const char* in = r.in;
-  char* out = r.out;
-  const size_t each = r.each;
-  const DType dt = r.dt;
-  if (each == 0) return;
-  if (c.size() == 1) {
-    if (out != in) queueDeviceCopy(g, out, in, each * elementSize(dt), "copy to the output");
-    return;
-  }
-  g.agreeOnTuning(c, t);
-  trace::Span span(trace::enabled()
-                       ? strCat("cuda reduce_scatter: ", gpuScatterGatherPath(c, g, dt, r.op))
-                       : std::string(),
-                   "algorithm", *c.ctx.group);
-  if (oneNodeNccl(c, g, dt, r.op)) ncclReduceScatter(c, g, r);
-  else if (oneNodeIpc(c, g)) ipcReduceScatter(c, g, r);
-  else stagedReduceScatter(c, g, r, t);
-}
-
-void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
-  const char* in = b.in;
-  char* out = b.out;
-  const size_t eachBytes = b.eachBytes;
-  if (eachBytes == 0) return;
-  if (c.size() == 1) {
-    if (out != in) queueDeviceCopy(g, out, in, eachBytes, "copy to the output");
-    return;
-  }
-  g.agreeOnTuning(c, t);
-  trace::Span span(trace::enabled()
-                       ? strCat("cuda allgather: ", gpuScatterGatherPath(c, g, DType::U8, RedOp::Sum))
-                       : std::string(),
-                   "algorithm", *c.ctx.group);
-  if (oneNodeNccl(c, g, DType::U8, RedOp::Sum)) ncclAllgather(c, g, b);
-  else if (oneNodeIpc(c, g)) ipcAllgather(c, g, b);
-  else stagedAllgather(c, g, b, t);
+void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
+  // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
+  // and copies back of successive rounds overlap.
+  stagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
 }
 
 }  // namespace smdccl

@@ -1,0 +1,99 @@
+// The entry points of gpu_collectives.h: the facts of this call
+// (algorithms/gpu_paths.h), the path the choice names, and what that path runs.
+#include <cstring>
+
+#include "algorithms/cuda/gpu_collectives.h"
+#include "algorithms/cuda/ipc_steps.h"
+#include "algorithms/gpu_paths.h"
+#include "algorithms/staged_collectives.h"
+#include "common/trace.h"
+
+namespace smdccl {
+
+static_assert(GpuFacts::kMaxIpcRanks == cuda::kMaxReduceInputs,
+              "the IPC paths' node size is the reduce kernel's input limit");
+
+namespace {
+
+// The facts of a collective over c; the node's engine is asked (a store
+// round among its ranks, at the first call) only where NCCL could run.
+GpuFacts factsOf(const Comm& c, GpuContext& g, const GpuFacts& call, const Tuning& t) {
+  GpuFacts f = call;
+  const Hierarchy& h = *c.levels;
+  f.nodes = h.numNodes();
+  f.localSize = h.localSize();
+  f.uniform = h.uniform();
+  f.wholeGroup = c.members.empty();
+  f.ipcOn = g.tuning().ipc;
+  f.oneShotBytes = g.tuning().oneShotBytes;
+  int unused = 0;
+  f.ncclTypes = NcclLibrary::dataType(f.dt, &unused) && NcclLibrary::redOp(f.op, &unused);
+  f.ncclChosen = ncclMayRun(f) && g.intra(h, c.ctx.deadline).engine == IntraEngine::Nccl;
+  f.packWire = f.nodes > 1 ? stagedPackWire(c.sub(h.acrossNodes(h.myLocal)), f.dt) : Wire::F32;
+  f.model = t.model;
+  return f;
+}
+
+const GpuPath& choose(Comm& c, GpuContext& g, const GpuFacts& call, const Tuning& t) {
+  g.agreeOnTuning(c, t);
+  return chooseGpuPath(factsOf(c, g, call, t));
+}
+
+// The chosen path's span in a trace (SMDCCL_TRACE): "cuda allreduce: nccl".
+std::string spanName(const char* coll, const GpuPath& p) {
+  return trace::enabled() ? strCat("cuda ", coll, ": ", p.name()) : std::string();
+}
+
+bool is(const GpuPath& p, const char* name) { return std::strcmp(p.name(), name) == 0; }
+
+// A one-rank group's reduce-scatter or allgather: the input is the output.
+void copyOnDevice(GpuContext& g, char* dst, const char* src, size_t bytes) {
+  if (dst != src)
+    checkCuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g.stream()),
+              "copy to the output");
+}
+
+}  // namespace
+
+void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
+  if (a.count == 0 || c.size() == 1) return;
+  const GpuPath& path = choose(
+      c, g, {.coll = Collective::Allreduce, .dt = a.dt, .op = a.op, .bytes = a.count * elementSize(a.dt)},
+      t);
+  trace::Span span(spanName("allreduce", path), "algorithm", *c.ctx.group);
+  if (is(path, "nccl")) ncclAllreduce(c, g, a, t);
+  else if (is(path, "staged")) stagedAllreduce(c, g, a, t);
+  else ipcAllreduce(c, g, a, t);  // ipc_one_shot, ipc_two_shot, two_level_ipc
+}
+
+void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
+  if (r.each == 0) return;
+  const size_t blockBytes = r.each * elementSize(r.dt);
+  if (c.size() == 1) return copyOnDevice(g, r.out, r.in, blockBytes);
+  const GpuPath& path = choose(c, g,
+                               {.coll = Collective::ReduceScatter,
+                                .dt = r.dt,
+                                .op = r.op,
+                                .bytes = blockBytes * static_cast<size_t>(c.size())},
+                               t);
+  trace::Span span(spanName("reduce_scatter", path), "algorithm", *c.ctx.group);
+  if (is(path, "nccl")) ncclReduceScatter(c, g, r);
+  else if (is(path, "ipc")) ipcReduceScatter(c, g, r);
+  else stagedReduceScatter(c, g, r, t);
+}
+
+void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
+  if (b.eachBytes == 0) return;
+  if (c.size() == 1) return copyOnDevice(g, b.out, b.in, b.eachBytes);
+  const GpuPath& path = choose(c, g,
+                               {.coll = Collective::Allgather,
+                                .dt = DType::U8,
+                                .bytes = b.eachBytes * static_cast<size_t>(c.size())},
+                               t);
+  trace::Span span(spanName("allgather", path), "algorithm", *c.ctx.group);
+  if (is(path, "nccl")) ncclAllgather(c, g, b);
+  else if (is(path, "ipc")) ipcAllgather(c, g, b);
+  else stagedAllgather(c, g, b, t);
+}
+
+}  // namespace smdccl

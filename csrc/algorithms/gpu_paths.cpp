@@ -1,0 +1,136 @@
+#include "algorithms/gpu_paths.h"
+
+#include <limits>
+#include <stdexcept>
+
+#include "common/error.h"
+
+namespace smdccl {
+
+namespace {
+
+bool ipcMayRun(const GpuFacts& f) {
+  return f.wholeGroup && f.ipcOn && f.localSize > 1 && f.uniform &&
+         f.localSize <= GpuFacts::kMaxIpcRanks;
+}
+
+// The staged step: `bytes` out and back over PCIe and a host ring over the
+// nodes (packed where the group compresses), on the model's inter-node link.
+double stagedSeconds(const GpuFacts& f, double bytes, int ranks) {
+  if (ranks < 2) return 0;
+  const double p = ranks, wire = f.packWire == Wire::F32 ? bytes : bytes / 2;
+  const LevelCost& net = f.model.inter;
+  return 2 * gpuLinks().pcie.secondsFor(wire) + 2 * (p - 1) * net.alphaUs * 1e-6 +
+         2 * (p - 1) / p * net.bytesSeconds(wire);
+}
+
+bool servesAll(Collective c) {
+  return c == Collective::Allreduce || c == Collective::ReduceScatter ||
+         c == Collective::Allgather;
+}
+
+class NcclPath final : public GpuPath {
+ public:
+  const char* name() const override { return "nccl"; }
+  bool serves(Collective c) const override { return servesAll(c); }
+  bool canRun(const GpuFacts& f) const override { return ncclMayRun(f) && f.ncclChosen; }
+  double estimate(const GpuFacts& f) const override {
+    // NCCL's ring inside the node; across nodes, a block per rank staged.
+    const double local = f.localSize;
+    const LevelCost& link = gpuLinks().nccl;
+    return 2 * link.alphaUs * 1e-6 + 2 * (local - 1) / local * link.bytesSeconds(f.bytes) +
+           stagedSeconds(f, f.bytes / local, f.nodes);
+  }
+};
+
+enum class IpcShape { OneShot, TwoShot, TwoLevel };
+
+class IpcAllreducePath final : public GpuPath {
+ public:
+  IpcAllreducePath(const char* name, IpcShape shape) : name_(name), shape_(shape) {}
+  const char* name() const override { return name_; }
+  bool serves(Collective c) const override { return c == Collective::Allreduce; }
+  bool canRun(const GpuFacts& f) const override {
+    if (!ipcMayRun(f)) return false;
+    const bool small = f.bytes <= f.oneShotBytes;
+    if (shape_ == IpcShape::TwoLevel) return f.nodes > 1;
+    return f.nodes == 1 && small == (shape_ == IpcShape::OneShot);
+  }
+  double estimate(const GpuFacts& f) const override {
+    const LevelCost& step = gpuLinks().ipcStep;
+    if (shape_ == IpcShape::OneShot)  // copy in, read every peer's buffer: 2 steps
+      return 2 * step.alphaUs * 1e-6 + step.bytesSeconds(f.bytes * f.localSize);
+    // copy in, reduce a slice, gather: 3 steps (a fourth across nodes)
+    double sec = 3 * step.alphaUs * 1e-6 + step.bytesSeconds(f.bytes * 3.0);
+    if (shape_ == IpcShape::TwoLevel)
+      sec += step.alphaUs * 1e-6 + stagedSeconds(f, f.bytes / f.localSize, f.nodes);
+    return sec;
+  }
+
+ private:
+  const char* name_;
+  IpcShape shape_;
+};
+
+class IpcScatterGatherPath final : public GpuPath {
+ public:
+  const char* name() const override { return "ipc"; }
+  bool serves(Collective c) const override {
+    return c == Collective::ReduceScatter || c == Collective::Allgather;
+  }
+  bool canRun(const GpuFacts& f) const override { return ipcMayRun(f) && f.nodes == 1; }
+  double estimate(const GpuFacts& f) const override {
+    const LevelCost& step = gpuLinks().ipcStep;  // copy in, read every peer's piece
+    return 2 * step.alphaUs * 1e-6 + step.bytesSeconds(2.0 * f.bytes);
+  }
+};
+
+class StagedPath final : public GpuPath {
+ public:
+  const char* name() const override { return "staged"; }
+  bool serves(Collective c) const override { return servesAll(c); }
+  bool canRun(const GpuFacts&) const override { return true; }
+  double estimate(const GpuFacts& f) const override {
+    return stagedSeconds(f, static_cast<double>(f.bytes), f.nodes * f.localSize);
+  }
+};
+
+}  // namespace
+
+bool ncclMayRun(const GpuFacts& f) {
+  return f.wholeGroup && f.ipcOn && f.localSize > 1 && f.uniform && f.ncclTypes &&
+         (f.coll == Collective::Allreduce || f.nodes == 1);
+}
+
+const std::vector<const GpuPath*>& gpuPaths() {
+  static const NcclPath nccl;
+  static const IpcAllreducePath oneShot("ipc_one_shot", IpcShape::OneShot),
+      twoShot("ipc_two_shot", IpcShape::TwoShot), twoLevel("two_level_ipc", IpcShape::TwoLevel);
+  static const IpcScatterGatherPath ipc;
+  static const StagedPath staged;
+  static const std::vector<const GpuPath*> all = {&nccl,     &oneShot, &twoShot,
+                                                  &twoLevel, &ipc,     &staged};
+  return all;
+}
+
+const GpuPath& chooseGpuPath(const GpuFacts& f) {
+  const GpuPath* best = nullptr;
+  double bestT = std::numeric_limits<double>::infinity();
+  for (const GpuPath* p : gpuPaths()) {
+    if (!p->serves(f.coll) || !p->canRun(f)) continue;
+    const double sec = p->estimate(f);
+    if (!best || sec < bestT) {
+      best = p;
+      bestT = sec;
+    }
+  }
+  if (!best) throw std::logic_error(strCat("no CUDA path runs ", collectiveName(f.coll)));
+  return *best;
+}
+
+const GpuLinks& gpuLinks() {
+  static const GpuLinks links;
+  return links;
+}
+
+}  // namespace smdccl

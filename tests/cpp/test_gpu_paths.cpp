@@ -1,0 +1,88 @@
+// The choice among the CUDA paths (algorithms/gpu_paths.h), a pure function
+// of the call's facts: NCCL where the node chose it, smdccl's IPC kernels
+// where ranks share a GPU (one-shot / two-shot by SMDCCL_CUDA_ONESHOT_KB,
+// two-level across nodes), staged where neither can run.
+#include <set>
+#include <string>
+
+#include "algorithms/gpu_paths.h"
+#include "check.h"
+
+using namespace smdccl;
+
+namespace {
+
+GpuFacts facts(int nodes, int local, bool nccl, Collective coll = Collective::Allreduce,
+               size_t bytes = 64u << 20) {
+  GpuFacts f;
+  f.coll = coll;
+  f.bytes = bytes;
+  f.nodes = nodes;
+  f.localSize = local;
+  f.ncclTypes = true;
+  f.ncclChosen = nccl;
+  return f;
+}
+
+std::string pick(const GpuFacts& f) { return chooseGpuPath(f).name(); }
+
+}  // namespace
+
+TEST(gpu_paths_nccl_where_the_node_chose_it) {
+  CHECK(pick(facts(1, 4, true)) == "nccl");
+  CHECK(pick(facts(1, 4, true, Collective::ReduceScatter)) == "nccl");
+  CHECK(pick(facts(1, 4, true, Collective::Allgather)) == "nccl");
+  CHECK(pick(facts(2, 2, true)) == "nccl");  // reduce-scatter, staged step, allgather
+  CHECK(pick(facts(1, 4, true, Collective::Allreduce, 4096)) == "nccl");
+  // Across nodes reduce-scatter and allgather stage (blocks by local rank: not written).
+  CHECK(pick(facts(2, 2, true, Collective::ReduceScatter)) == "staged");
+  CHECK(pick(facts(2, 2, true, Collective::Allgather)) == "staged");
+  // More ranks in a node than the IPC kernels take: NCCL still runs.
+  CHECK(pick(facts(1, 32, true)) == "nccl");
+}
+
+TEST(gpu_paths_ipc_where_ranks_share_a_gpu) {
+  CHECK(pick(facts(1, 4, false, Collective::Allreduce, 4096)) == "ipc_one_shot");
+  CHECK(pick(facts(1, 4, false, Collective::Allreduce, 256u << 10)) == "ipc_one_shot");
+  CHECK(pick(facts(1, 4, false, Collective::Allreduce, (256u << 10) + 1)) == "ipc_two_shot");
+  GpuFacts knob = facts(1, 4, false, Collective::Allreduce, 1u << 20);
+  knob.oneShotBytes = 2u << 20;  // SMDCCL_CUDA_ONESHOT_KB=2048
+  CHECK(pick(knob) == "ipc_one_shot");
+  CHECK(pick(facts(2, 2, false)) == "two_level_ipc");
+  CHECK(pick(facts(1, 4, false, Collective::ReduceScatter)) == "ipc");
+  CHECK(pick(facts(1, 4, false, Collective::Allgather)) == "ipc");
+  CHECK(pick(facts(1, 32, false)) == "staged");  // past the kernels' 16 inputs
+}
+
+TEST(gpu_paths_staged_where_nothing_else_runs) {
+  CHECK(pick(facts(2, 1, true)) == "staged");  // one rank per node
+  GpuFacts off = facts(1, 4, true);
+  off.ipcOn = false;  // SMDCCL_CUDA_IPC=0 stages everything
+  CHECK(pick(off) == "staged");
+  GpuFacts uneven = facts(2, 3, true);
+  uneven.uniform = false;
+  CHECK(pick(uneven) == "staged");
+  GpuFacts sub = facts(1, 4, true);
+  sub.wholeGroup = false;  // a sub-group of the group
+  CHECK(pick(sub) == "staged");
+  // NCCL has no bitwise reductions: the IPC kernels do them.
+  GpuFacts bitwise = facts(1, 4, true, Collective::Allreduce, 4096);
+  bitwise.ncclTypes = false;
+  CHECK(!ncclMayRun(bitwise));
+  CHECK(pick(bitwise) == "ipc_one_shot");
+}
+
+TEST(gpu_paths_ask_the_node_only_where_nccl_could_run) {
+  CHECK(ncclMayRun(facts(1, 4, false)));
+  CHECK(ncclMayRun(facts(2, 2, false)));
+  CHECK(!ncclMayRun(facts(2, 2, false, Collective::Allgather)));
+  CHECK(!ncclMayRun(facts(2, 1, false)));
+  std::set<std::string> names;
+  for (const GpuPath* p : gpuPaths()) names.insert(p->name());
+  CHECK(names.size() == gpuPaths().size());
+  // Whatever the facts, some path runs: staged serves every collective.
+  const GpuPath& last = *gpuPaths().back();
+  CHECK(std::string(last.name()) == "staged");
+  for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather})
+    CHECK(last.serves(c) && last.canRun(facts(1, 1, false, c)));
+}
