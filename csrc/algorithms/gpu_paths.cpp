@@ -24,10 +24,7 @@ double stagedSeconds(const GpuFacts& f, double bytes, int ranks) {
          2 * (p - 1) / p * net.bytesSeconds(wire);
 }
 
-bool servesAll(Collective c) {
-  return c == Collective::Allreduce || c == Collective::ReduceScatter ||
-         c == Collective::Allgather;
-}
+bool servesAll(Collective c) { return c != Collective::Reduce; }
 
 class NcclPath final : public GpuPath {
  public:

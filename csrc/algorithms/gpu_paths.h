@@ -5,9 +5,10 @@
 // choice is a pure function of plain facts (GpuFacts), so it is tested
 // without a GPU; the CUDA layer runs what it names
 // (algorithms/cuda/gpu_registry.cpp). Registered: nccl (inside the node;
-// across nodes with the staged step), ipc_one_shot, ipc_two_shot,
-// two_level_ipc (smdccl's CUDA IPC kernels), ipc (reduce-scatter and
-// allgather on one node), staged (through pinned host memory; always runs).
+// allreduce across nodes too, with the staged step), ipc_one_shot,
+// ipc_two_shot, two_level_ipc (smdccl's CUDA IPC allreduce), ipc
+// (reduce-scatter and allgather on one node), staged (through pinned host
+// memory; always runs).
 #include <cstddef>
 #include <vector>
 
@@ -18,10 +19,10 @@
 namespace smdccl {
 
 struct GpuFacts {
-  Collective coll = Collective::Allreduce;  // Allreduce, ReduceScatter or Allgather
+  Collective coll = Collective::Allreduce;  // not Reduce (it runs as an allreduce)
   DType dt = DType::F32;
   RedOp op = RedOp::Sum;
-  size_t bytes = 0;  // allreduce: the tensor; reduce_scatter, allgather: every rank's blocks
+  size_t bytes = 0;  // allreduce, broadcast: the tensor; reduce_scatter, allgather: all blocks
   // The group: its nodes, their ranks, whether every node has as many, and
   // whether the collective runs over the whole group (not a sub-group).
   int nodes = 1, localSize = 1;

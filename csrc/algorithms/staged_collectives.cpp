@@ -101,6 +101,24 @@ StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, cons
   return job;
 }
 
+StagedRoundsJob broadcastRounds(const Comm& c, const StagedBroadcast& b, const Tuning& t) {
+  const size_t piece = std::max<size_t>(1, std::min(b.roundBytes, b.bytes));
+  const bool root = c.rank() == b.root;
+  StagedRoundsJob job;
+  job.slotBytes = piece;
+  job.slots = static_cast<int>(std::min<size_t>((b.bytes + piece - 1) / piece, kStagedRoundSlots));
+  for (size_t at = 0; at < b.bytes; at += piece) {
+    const size_t n = std::min(piece, b.bytes - at);
+    StagedRound round;
+    (root ? round.out : round.in).push_back({b.buf + at, 0, n});
+    round.host = [comm = c, &t, n, r = b.root](char* slot) mutable {
+      broadcast(comm, slot, n, r, t);
+    };
+    job.rounds.push_back(std::move(round));
+  }
+  return job;
+}
+
 StagedRoundsJob allgatherRounds(const Comm& c, const BlockGather& b, size_t roundBytes,
                                 const Tuning& t) {
   const size_t p = static_cast<size_t>(c.size()), each = b.eachBytes;

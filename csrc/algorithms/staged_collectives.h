@@ -43,4 +43,15 @@ StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, cons
 StagedRoundsJob allgatherRounds(const Comm& c, const BlockGather& b, size_t roundBytes,
                                 const Tuning& t);
 
+// Broadcast of `bytes` at device address buf from rank `root`, in pieces of
+// at most `roundBytes` a round: the root's piece out, the host broadcast,
+// the piece back on every other rank (bytes only: no bits change).
+struct StagedBroadcast {
+  char* buf = nullptr;
+  size_t bytes = 0;
+  int root = 0;
+  size_t roundBytes = 4u << 20;
+};
+StagedRoundsJob broadcastRounds(const Comm& c, const StagedBroadcast& b, const Tuning& t);
+
 }  // namespace smdccl

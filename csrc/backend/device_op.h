@@ -77,6 +77,8 @@ class DeviceOp {
   virtual void reduceScatter(Comm& c, const BlockReduction& r, const Tuning& t) = 0;
   // Allgather of device memory: r.in and every peer's block into r.out.
   virtual void allgather(Comm& c, const BlockGather& g, const Tuning& t) = 0;
+  // Broadcast of device memory in place: a.bytes at a.buf from group rank a.root.
+  virtual void broadcast(Comm& c, const CollectiveArgs& a, const Tuning& t) = 0;
   // What the op's Work waits on. `what` names the op in errors ("allreduce #7 on group '0'");
   // `timeout`: the op's (its deadline, from when it starts).
   virtual std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,

@@ -34,14 +34,17 @@ WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
   OpCall call = callOf({t}, t.scalar_type(), t.numel(), -1, root);
   if (root != rank_) call.inputs.clear();
   auto dev = deviceOps_->begin({t}, "broadcast");
-  at::Tensor h = hostOf(dev, t, root == rank_, root != rank_);
   return enqueue(
       {.type = OpType::BROADCAST,
        .name = "broadcast",
        .call = std::move(call),
        .outputs = tensors,
-       .body = [h, root,
-                tuning](Comm& c) { smdccl::broadcast(c, bytesOf(h), h.nbytes(), root, tuning); },
+       // CUDA tensors: the device path (NCCL inside one node, else staged).
+       .body =
+           [t, dev, root, tuning](Comm& c) {
+             if (dev) dev->broadcast(c, {.buf = bytesOf(t), .bytes = t.nbytes(), .root = root}, tuning);
+             else smdccl::broadcast(c, bytesOf(t), t.nbytes(), root, tuning);
+           },
        .timeout = opts.timeout,
        .asyncOp = opts.asyncOp,
        .device = dev});

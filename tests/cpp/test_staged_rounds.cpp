@@ -362,6 +362,41 @@ TEST(staged_rounds_device_failure_mid_pipeline_fails_every_rank) {
   CHECK(failed.load() == 4);
 }
 
+// CUDA broadcast across nodes: the root's pieces out, the host broadcast,
+// the pieces back on the others; every rank ends with the root's bytes, the
+// root's buffer untouched, and only the root copies out (only the others in).
+TEST(staged_rounds_broadcast_moves_the_roots_bytes) {
+  MemoryFabric fabric({2, 1, 1});
+  std::string error = fabric.run([&](int r, Comm& c) {
+    int variant = 0;
+    for (size_t bytes : {size_t{1}, size_t{1000}, size_t{100003}})
+      for (size_t round : {size_t{64}, size_t{4096}, size_t{1} << 20})
+        for (int root : {0, 3}) {
+          std::vector<char> buf(bytes), want(bytes);
+          for (size_t i = 0; i < bytes; ++i) {
+            buf[i] = static_cast<char>((i * 7 + static_cast<size_t>(r) * 13) & 0xff);
+            want[i] = static_cast<char>((i * 7 + static_cast<size_t>(root) * 13) & 0xff);
+          }
+          HostStageDevice device(static_cast<Mode>(variant++ % 2));
+          StagedRoundsJob job = broadcastRounds(
+              c, {.buf = buf.data(), .bytes = bytes, .root = root, .roundBytes = round}, kTuning);
+          std::vector<char> host(job.hostBytes());
+          planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+          const std::string at = "bytes " + std::to_string(bytes) + " round " +
+                                 std::to_string(round) + " root " + std::to_string(root);
+          if (buf != want) throw std::runtime_error(at + ": not the root's bytes");
+          const bool isRoot = r == root;
+          if (device.bytesToHost() != (isRoot ? bytes : 0) ||
+              device.bytesFromHost() != (isRoot ? 0 : bytes))
+            throw std::runtime_error(at + ": wrong bytes across the device");
+          if (host.size() > std::max<size_t>(round, 1) * kStagedRoundSlots)
+            throw std::runtime_error(at + ": pins more than four rounds");
+        }
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
+
 TEST(staged_rounds_stuck_device_times_out_naming_it) {
   MemoryFabric fabric({1});
   std::string error = fabric.run([&](int, Comm& c) {

@@ -20,6 +20,8 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tun
 // `out` (c.size() blocks), every other rank's into its block. `in` may be
 // `out`'s own block.
 void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
+// In place: a.bytes at device address a.buf from group rank a.root to every rank.
+void gpuBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 
 // What each path of algorithms/gpu_paths.h runs (gpu_registry.cpp maps
 // the chosen path's name to these).
@@ -33,12 +35,16 @@ void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuni
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t);
 // staged: rounds of SMDCCL_CUDA_STAGE_CHUNK_KB pieces of every rank's block.
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
+// staged: rounds of SMDCCL_CUDA_STAGE_CHUNK_KB: the root's piece out, the
+// host broadcast, the piece back on the others.
+void stagedBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 // nccl (gpu_nccl.cpp): one node, NCCL's allreduce; several, NCCL's
 // reduce-scatter in the node, the staged allreduce of this rank's block
 // across nodes, NCCL's allgather. Reduce-scatter and allgather: one node.
 void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r);
 void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b);
+void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a);
 // ipc_one_shot, ipc_two_shot, two_level_ipc (gpu_allreduce.cpp): over the
 // node's IPC buffers, in pieces of a buffer, one-shot where a piece is at
 // most SMDCCL_CUDA_ONESHOT_KB on one node, else two-shot; across nodes each

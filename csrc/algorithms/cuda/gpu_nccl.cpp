@@ -8,6 +8,8 @@
 // step, so the order needs no node barrier. The host does not wait for
 // NCCL's work: the group's watch (GpuContext::watchNccl) fails the group
 // and aborts NCCL if it has not finished by the op's deadline.
+#include <algorithm>
+
 #include "algorithms/cuda/gpu_collectives.h"
 
 namespace smdccl {
@@ -48,6 +50,15 @@ void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r) {
 
 void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
   g.nccl(*c.levels, c.ctx.deadline).allGather({b.in, b.out, b.eachBytes, DType::U8}, g.stream());
+  g.watchNccl(c.ctx);
+}
+
+void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a) {
+  const Hierarchy& h = *c.levels;
+  const std::vector<int>& node = h.nodes[static_cast<size_t>(h.myNode)];
+  const int root = static_cast<int>(std::find(node.begin(), node.end(), a.root) - node.begin());
+  g.nccl(h, c.ctx.deadline)
+      .broadcast({a.buf, a.buf, a.bytes, DType::U8, RedOp::Sum, root}, g.stream());
   g.watchNccl(c.ctx);
 }
 

@@ -96,4 +96,13 @@ void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t)
   else stagedAllgather(c, g, b, t);
 }
 
+void gpuBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
+  if (a.bytes == 0 || c.size() == 1) return;
+  const GpuPath& path =
+      choose(c, g, {.coll = Collective::Broadcast, .dt = DType::U8, .bytes = a.bytes}, t);
+  trace::Span span(spanName("broadcast", path), "algorithm", *c.ctx.group);
+  if (is(path, "nccl")) ncclBroadcast(c, g, a);
+  else stagedBroadcast(c, g, a, t);
+}
+
 }  // namespace smdccl

@@ -1,7 +1,8 @@
 // Reduce-scatter and allgather of device memory (reduce_scatter_tensor and
 // all_gather_into_tensor, what FSDP calls): the IPC path inside one node
-// (algorithms/gpu_paths.h) and the staged steps. The IPC steps are ordered across
-// processes by node barriers, as in gpu_allreduce.cpp (ipc_steps.h).
+// (algorithms/gpu_paths.h), and the staged steps of those two and of
+// broadcast. The IPC steps are ordered across processes by node barriers,
+// as in gpu_allreduce.cpp (ipc_steps.h).
 #include <algorithm>
 #include <vector>
 
@@ -102,6 +103,16 @@ void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning&
   // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
   // and copies back of successive rounds overlap.
   stagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
+}
+
+void stagedBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
+  stagedRounds(c, g,
+               broadcastRounds(c,
+                               {.buf = a.buf,
+                                .bytes = a.bytes,
+                                .root = a.root,
+                                .roundBytes = g.tuning().stageChunkBytes},
+                               t));
 }
 
 }  // namespace smdccl

@@ -167,6 +167,11 @@ class CudaOp : public DeviceOp {
     gpuAllgather(c, *s_->gpu, g, t);
   }
 
+  void broadcast(Comm& c, const CollectiveArgs& a, const Tuning& t) override {
+    CaptureSafeScope captureSafe;
+    gpuBroadcast(c, *s_->gpu, a, t);
+  }
+
   std::shared_ptr<DeviceCompletion> completion(std::function<std::string()> what,
                                                std::chrono::milliseconds timeout) override {
     return std::make_shared<CudaCompletion>(s_->device, s_->stream, end_, std::move(what), timeout);

@@ -118,4 +118,12 @@ void NcclNodeComm::allGather(const Args& a, void* stream) {
   lib_.check(lib_.allGather(a.in, a.out, a.count, ndt, comm_, stream), what_ + ": ncclAllGather");
 }
 
+void NcclNodeComm::broadcast(const Args& a, void* stream) {
+  int ndt = 0, nop = 0;
+  types(a, &ndt, &nop, what_);
+  countCudaCall();
+  lib_.check(lib_.broadcast(a.in, a.out, a.count, ndt, a.root, comm_, stream),
+             what_ + ": ncclBroadcast");
+}
+
 }  // namespace smdccl

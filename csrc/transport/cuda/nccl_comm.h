@@ -40,12 +40,14 @@ class NcclNodeComm {
     size_t count = 0;
     DType dt = DType::U8;
     RedOp op = RedOp::Sum;
+    int root = 0;  // broadcast: the local rank whose `in` everyone gets
   };
   // Each queues NCCL's collective on `stream` (a cudaStream_t) and throws a
   // CommError if NCCL refuses it.
   void allReduce(const Args& a, void* stream);
   void reduceScatter(const Args& a, void* stream);
   void allGather(const Args& a, void* stream);
+  void broadcast(const Args& a, void* stream);
   // After a failure (the group timed out or was aborted): NCCL's kernels
   // stop, and the communicator is unusable. Safe from any thread, once.
   void abort() noexcept;
