@@ -2,13 +2,10 @@
 // The device half of a staged collective (staged_rounds.h). The device
 // moves data between its memory and pinned host slots, casting float32 to
 // a 16-bit wire on the way out and widening it on the way in; the proxy,
-// the thread that runs the host collective, waits for the copies and lets
-// each go when the slot it needs is free.
-//
-// A schedule plans every copy of an op first, then lets each go when the
-// data and slots it needs are ready; a copy is queued on the device when
-// it is let go. Copies run in their lane's plan order (lane 0: out to
-// host, lane 1: in from host), like two device streams.
+// the thread that runs the host collective, queues each copy once the slot
+// it needs is free and waits for it. Copies run in their lane's queue
+// order (lane 0: out to host, lane 1: in from host), like two device
+// streams.
 //
 // Implementations: CUDA streams (algorithms/cuda/), and the tests'
 // HostStageDevice (tests/cpp/host_stage_device.h), whose memory is host
@@ -16,7 +13,6 @@
 // checks the CUDA one against it bit for bit.
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 
 #include "common/dtype.h"
 
@@ -24,7 +20,7 @@ namespace smdccl {
 
 class StageDevice {
  public:
-  // A planned copy: its lane in the low bit, its number on the lane above.
+  // A queued copy: its lane in the low bit, its number on the lane above.
   using Ticket = uint64_t;
   virtual ~StageDevice() = default;
 
@@ -45,17 +41,16 @@ class StageDevice {
     Unpack how{DType::U8};
   };
 
-  Ticket planToHost(void* slot, const char* src, size_t count, DType dt, Wire wire);
-  Ticket planFromHost(char* dst, const void* slot, size_t count, const Unpack& how);
-  // `t` may run once every copy planned before it on its lane may. Never blocks.
-  void go(Ticket t);
-  // Whether `t` has run (never blocks; false before go()).
+  // Queue a copy behind the ones queued on its lane. Never block.
+  Ticket toHost(void* slot, const char* src, size_t count, DType dt, Wire wire);
+  Ticket fromHost(char* dst, const void* slot, size_t count, const Unpack& how);
+  // Whether `t` has run. Never blocks.
   bool done(Ticket t);
-  // After a failure: the copies planned and not let go never will be.
-  void abandon();
+  // After a failure: the copies queued still run; nothing waits for them.
+  virtual void abandon() {}
 
-  // Bytes this device has planned to copy out to host slots and in from
-  // them: what crosses PCIe on a GPU.
+  // Bytes this device has copied out to host slots and in from them: what
+  // crosses PCIe on a GPU.
   uint64_t bytesToHost() const { return bytesToHost_; }
   uint64_t bytesFromHost() const { return bytesFromHost_; }
 
@@ -67,30 +62,21 @@ class StageDevice {
   }
 
  protected:
-  // Copy `number` (from 1, per lane, never reused) of `lane` was planned.
-  virtual void planned(int lane, uint64_t number, const Copy& c) = 0;
-  // The copies of `lane` up to `number` may run (increasing, never twice).
-  virtual void release(int lane, uint64_t number) = 0;
-  // Whether copy `number` of `lane` (released) has run. Never blocks.
+  // Queue copy `number` (from 1, per lane, in order) of `lane`.
+  virtual void queue(int lane, uint64_t number, const Copy& c) = 0;
+  // Whether copy `number` of `lane` has run. Never blocks.
   virtual bool ran(int lane, uint64_t number) = 0;
-  // The copies of `lane` after `released` up to `planned` will never be
-  // let go (abandon()).
-  virtual void dropPlanned(int lane, uint64_t released, uint64_t planned) = 0;
 
  private:
-  Ticket plan(const Copy& c);
-  struct Lane {
-    uint64_t planned = 0, released = 0;
-    std::deque<bool> ready;  // copies released + 1 .. planned: go() called
-  };
-  Lane lanes_[2];
+  Ticket add(const Copy& c);
+  uint64_t queued_[2] = {0, 0};
   uint64_t bytesToHost_ = 0, bytesFromHost_ = 0;
 };
 
-// The host's part of a staged op whose copies are planned: run() ships the
-// slots and lets each copy go, and returns once every copy has run. Made
+// The host's part of a staged op: run() queues the copies as their slots
+// free up, runs the host steps, and returns once every copy has run. Made
 // and run on one thread (the proxy's); dropped without run() or after a
-// failed one, it abandon()s its device's planned copies.
+// failed one, it abandon()s its device.
 class StagedProxy {
  public:
   virtual ~StagedProxy() = default;

@@ -30,19 +30,18 @@ class StagedRounds final : public StagedProxy {
   StagedRounds(const OpContext& ctx, StageDevice& d, StagedRoundsJob job, char* slots)
       : ctx_(ctx), d_(d), job_(std::move(job)), slots_(slots) {
     SMDCCL_CHECK_ARG(job_.slots >= 1, "staged rounds: need at least one slot");
-    const size_t rounds = job_.rounds.size(), turns = static_cast<size_t>(job_.slots);
-    out_.resize(rounds);
-    in_.resize(rounds);
-    // Plan order: the first `slots` rounds' copies out, then each round's
-    // copies back followed by the copies out of the round that reuses its
-    // slot. Every copy comes after what it waits for, and where both lanes
-    // share one queue a copy out still goes while an earlier round's host
-    // step runs.
-    for (size_t k = 0; k < std::min(turns, rounds); ++k) plan(k, /*out=*/true);
-    for (size_t k = 0; k < rounds; ++k) {
-      plan(k, /*out=*/false);
-      if (k + turns < rounds) plan(k + turns, /*out=*/true);
-    }
+    // Every range fits its slot: checked before anything moves.
+    const size_t es = elementSize(job_.dt);
+    for (const StagedRound& r : job_.rounds)
+      for (const auto* ranges : {&r.out, &r.in})
+        for (const StagedRange& x : *ranges) {
+          SMDCCL_CHECK_ARG(x.bytes % es == 0, "staged rounds: a range of part of an element");
+          SMDCCL_CHECK_ARG(x.slotOffset + x.bytes / es * StageDevice::wireElementSize(
+                                                               job_.dt, wire()) <= job_.slotBytes,
+                           "staged rounds: a range ends past its slot");
+        }
+    out_.resize(job_.rounds.size());
+    in_.resize(job_.rounds.size());
   }
 
   ~StagedRounds() override {
@@ -62,7 +61,7 @@ class StagedRounds final : public StagedProxy {
             "copy to host memory");
         if (job_.rounds[k].host) job_.rounds[k].host(slotOf(k));
         hostRan_ = k + 1;
-        for (StageDevice::Ticket t : in_[k]) d_.go(t);
+        queue(k, /*out=*/false);
       }
       // The slots are free for the next op once the last copies back ran.
       waitForDevice(
@@ -82,22 +81,17 @@ class StagedRounds final : public StagedProxy {
   }
 
  private:
-  // Plans round k's copies out (or back), each range checked against the slot.
-  void plan(size_t k, bool out) {
+  Wire wire() const { return StageDevice::packed(job_.dt, job_.wire) ? job_.wire : Wire::F32; }
+  // Queues round k's copies out (or back).
+  void queue(size_t k, bool out) {
     char* slot = slotOf(k);
-    const DType dt = job_.dt;
-    const Wire wire = StageDevice::packed(dt, job_.wire) ? job_.wire : Wire::F32;
-    const size_t es = elementSize(dt);
+    const size_t es = elementSize(job_.dt);
     for (const StagedRange& r : out ? job_.rounds[k].out : job_.rounds[k].in) {
-      SMDCCL_CHECK_ARG(r.bytes % es == 0, "staged rounds: a range of part of an element");
       const size_t count = r.bytes / es;
-      SMDCCL_CHECK_ARG(r.slotOffset + count * StageDevice::wireElementSize(dt, wire) <=
-                           job_.slotBytes,
-                       "staged rounds: a range ends past its slot");
       if (count == 0) continue;
       char* at = slot + r.slotOffset;
-      if (out) out_[k].push_back(d_.planToHost(at, r.dev, count, dt, wire));
-      else in_[k].push_back(d_.planFromHost(r.dev, at, count, {.dt = dt, .wire = wire}));
+      if (out) out_[k].push_back(d_.toHost(at, r.dev, count, job_.dt, wire()));
+      else in_[k].push_back(d_.fromHost(r.dev, at, count, {.dt = job_.dt, .wire = wire()}));
     }
   }
   char* slotOf(size_t k) const {
@@ -108,13 +102,13 @@ class StagedRounds final : public StagedProxy {
       if (!d_.done(t)) return false;
     return true;
   }
-  // Lets go the copies out of every round whose slot is free: the round
+  // Queues the copies out of every round whose slot is free: the round
   // before it in that slot has run its host step and its copies back.
   void startCopiesOut() {
     const size_t slots = static_cast<size_t>(job_.slots);
     while (nextOut_ < out_.size() &&
            (nextOut_ < slots || (hostRan_ > nextOut_ - slots && allDone(in_[nextOut_ - slots])))) {
-      for (StageDevice::Ticket t : out_[nextOut_]) d_.go(t);
+      queue(nextOut_, /*out=*/true);
       ++nextOut_;
     }
   }

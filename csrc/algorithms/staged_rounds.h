@@ -2,12 +2,10 @@
 // A collective on device memory that runs on the host, staged through
 // pinned slots in rounds: each round copies device ranges out into its slot,
 // runs a host step on the slot (a host allreduce of one chunk, a
-// reduce-scatter, an allgather), then copies ranges of the slot back. Every
-// copy is planned up front (a gated device queues them all, so the caller's
-// stream can wait for the op's end at once); round k + slots reuses round
-// k's slot, so its copies out go once round k's copies back have run. With
-// several slots, round k+1's copy out and round k-1's copy back overlap
-// round k's host step.
+// reduce-scatter, an allgather), then copies ranges of the slot back. Round
+// k + slots reuses round k's slot, so its copies out are queued once round
+// k's copies back have run. With several slots, round k+1's copy out and
+// round k-1's copy back overlap round k's host step.
 //
 // Packed rounds (a 16-bit wire): the device casts float32 ranges to the
 // wire's 16 bits on the way out and widens them on the way back, so only
@@ -49,8 +47,9 @@ struct StagedRoundsJob {
   size_t hostBytes() const { return static_cast<size_t>(slots) * slotBytes; }
 };
 
-// Plans every copy of `job` on `device` and returns the proxy that runs it
-// (ctx: the op's deadline, cancel flag and name for its waits). `slots`:
+// Checks `job`'s ranges against its slots and returns the proxy that runs
+// it on `device` (ctx: the op's deadline, cancel flag and name for its
+// waits). `slots`:
 // job.hostBytes() of host memory (pinned on a GPU); it and the device must
 // outlive the proxy.
 std::unique_ptr<StagedProxy> planStagedRounds(const OpContext& ctx, StageDevice& device,

@@ -20,23 +20,14 @@ void HostStageDevice::run(const Copy& c) {
   }
 }
 
-void HostStageDevice::planned(int lane, uint64_t, const Copy& c) {
-  lanes_[lane].planned.push_back(c);
-}
-
-void HostStageDevice::release(int lane, uint64_t number) {
+void HostStageDevice::queue(int lane, uint64_t, const Copy& c) {
   Lane& l = lanes_[lane];
-  // Copies ran + pending.size() + 1 .. number come off the plan.
-  while (l.ran + l.pending.size() < number) {
-    Copy c = l.planned.front();
-    l.planned.pop_front();
-    if (mode_ == Mode::Immediate) {
-      run(c);
-      ++l.ran;
-    } else {
-      l.pending.push_back(c);
-    }
+  if (mode_ == Mode::Deferred) {
+    l.pending.push_back(c);
+    return;
   }
+  run(c);
+  ++l.ran;
 }
 
 bool HostStageDevice::ran(int lane, uint64_t number) {
@@ -50,16 +41,12 @@ bool HostStageDevice::ran(int lane, uint64_t number) {
   return l.ran >= number;
 }
 
-void HostStageDevice::dropPlanned(int lane, uint64_t, uint64_t planned) {
-  Lane& l = lanes_[lane];
-  // Released ones are on the device's stream already: they still run, as
-  // on a GPU; the others never will. Numbers go on after them.
-  while (!l.pending.empty()) {
-    run(l.pending.front());
-    l.pending.pop_front();
-  }
-  l.planned.clear();
-  l.ran = planned;
+void HostStageDevice::abandon() {
+  for (Lane& l : lanes_)
+    for (; !l.pending.empty(); ++l.ran) {
+      run(l.pending.front());
+      l.pending.pop_front();
+    }
 }
 
 }  // namespace smdccl

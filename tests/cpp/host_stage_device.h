@@ -5,7 +5,7 @@
 // schedules (slots, ordering, packing, failures, byte counts) run in CI.
 //
 // Modes:
-//  - Immediate: a copy runs when go() lets it.
+//  - Immediate: a copy runs when it is queued.
 //  - Deferred: an asynchronous device: copies wait in one queue per lane
 //    and run a step at a time as done() is polled, so the proxy sees work
 //    still pending and must not touch a slot before its copy is done.
@@ -23,17 +23,16 @@ class HostStageDevice final : public StageDevice {
 
   // What `c` does, run on the host.
   static void run(const Copy& c);
+  // The queued copies still run, as on a GPU.
+  void abandon() override;
 
  protected:
-  void planned(int lane, uint64_t number, const Copy& c) override;
-  void release(int lane, uint64_t number) override;
+  void queue(int lane, uint64_t number, const Copy& c) override;
   bool ran(int lane, uint64_t number) override;
-  void dropPlanned(int lane, uint64_t released, uint64_t planned) override;
 
  private:
   struct Lane {
-    std::deque<Copy> planned;  // not released yet
-    std::deque<Copy> pending;  // released, not run (Deferred)
+    std::deque<Copy> pending;  // queued, not run (Deferred)
     uint64_t ran = 0;          // copies run, in order
   };
   Mode mode_;

@@ -9,10 +9,8 @@ namespace smdccl::testing {
 
 class StuckStageDevice final : public StageDevice {
  protected:
-  void planned(int, uint64_t, const Copy&) override {}
-  void release(int, uint64_t) override {}
+  void queue(int, uint64_t, const Copy&) override {}
   bool ran(int, uint64_t) override { return false; }
-  void dropPlanned(int, uint64_t, uint64_t) override {}
 };
 
 }  // namespace smdccl::testing

@@ -304,17 +304,16 @@ TEST(staged_rounds_packed_results_agree_and_keep_the_wire_bound) {
 namespace {
 
 // A device (deferred, on the host) whose copies out fail from the
-// `failAt`-th one let go on, on one rank.
+// `failAt`-th one queued on, on one rank.
 class FailingDevice final : public StageDevice {
  public:
   FailingDevice(bool fails, uint64_t failAt) : fails_(fails), failAt_(failAt) {}
 
  protected:
-  void planned(int lane, uint64_t, const Copy& c) override { copies_[lane].push_back(c); }
-  void release(int lane, uint64_t number) override {
+  void queue(int lane, uint64_t number, const Copy& c) override {
     if (fails_ && lane == 0 && number >= failAt_)
       throw CommError(CommError::Kind::System, "test device: copy to host failed");
-    while (released_[lane] < number) pending_[lane].push_back(copies_[lane][released_[lane]++]);
+    pending_[lane].push_back(c);
   }
   bool ran(int lane, uint64_t number) override {
     if (ran_[lane] < number && !pending_[lane].empty()) {  // one per poll
@@ -324,14 +323,12 @@ class FailingDevice final : public StageDevice {
     }
     return ran_[lane] >= number;
   }
-  void dropPlanned(int, uint64_t, uint64_t) override {}
 
  private:
   bool fails_;
   uint64_t failAt_;
-  std::vector<Copy> copies_[2];
   std::deque<Copy> pending_[2];
-  uint64_t released_[2] = {0, 0}, ran_[2] = {0, 0};
+  uint64_t ran_[2] = {0, 0};
 };
 
 }  // namespace

@@ -142,17 +142,10 @@ bool CudaStageDevice::eventDone(Lane& l, uint64_t seq) {
   return true;
 }
 
-void CudaStageDevice::planned(int lane, uint64_t, const Copy& c) {
-  lanes_[lane].waiting.push_back(c);
-}
-
-void CudaStageDevice::release(int lane, uint64_t number) {
+void CudaStageDevice::queue(int lane, uint64_t number, const Copy& c) {
   Lane& l = lanes_[lane];
-  while (l.queuedUpTo < number) {
-    queueCopy(lane, l.waiting.front());
-    l.waiting.pop_front();
-    l.eventOf[++l.queuedUpTo] = record(l);
-  }
+  queueCopy(lane, c);
+  l.eventOf[number] = record(l);
 }
 
 bool CudaStageDevice::ran(int lane, uint64_t number) {
@@ -164,12 +157,7 @@ bool CudaStageDevice::ran(int lane, uint64_t number) {
   return true;
 }
 
-void CudaStageDevice::dropPlanned(int lane, uint64_t, uint64_t planned) {
-  Lane& l = lanes_[lane];
-  abandoned_ = true;
-  l.waiting.clear();
-  l.queuedUpTo = planned;
-}
+void CudaStageDevice::abandon() { abandoned_ = true; }
 
 size_t CudaStageDevice::slotIndex(const void* slot) const {
   size_t at = static_cast<size_t>(static_cast<const char*>(slot) - slots_);

@@ -7,13 +7,12 @@
 // (events pooled: none is created or destroyed per op).
 //
 // A group keeps one (GpuContext::stage()) across ops. Per op: begin(), the
-// schedules' plans (with joinStream() / followStream() between them where
+// schedules (with joinStream() / followStream() between them where
 // the op's stream has work of its own in between), queueEnd(), the proxies'
 // run(), finish(); after a failure abandon() and fail() in place of the last two.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,11 +44,11 @@ class CudaStageDevice final : public StageDevice {
   // bytes, and needs none).
   void begin(cudaStream_t opStream, char* slots, const SlotLayout& layout, const OpContext& ctx,
              bool scratch);
-  // `opStream` waits for every copy planned so far (queued now).
+  // `opStream` waits for every copy queued so far.
   void joinStream();
-  // The copies planned from now on wait for what `opStream` has queued so far.
+  // The copies queued from now on wait for what `opStream` has queued so far.
   void followStream();
-  // After the op's last plan: `opStream` waits for all its copies, and the
+  // After the op's last schedule: `opStream` waits for all its copies, and the
   // count of fp16 values the packing turned into inf is copied out behind them.
   void queueEnd();
   // After the proxies ran: adds that count to this thread's (which the
@@ -58,12 +57,11 @@ class CudaStageDevice final : public StageDevice {
   // After a failure: `opStream` still waits for what was queued, nothing
   // else (call abandon() first).
   void fail() noexcept;
+  void abandon() override;
 
  protected:
-  void planned(int lane, uint64_t number, const Copy& c) override;
-  void release(int lane, uint64_t number) override;
+  void queue(int lane, uint64_t number, const Copy& c) override;
   bool ran(int lane, uint64_t number) override;
-  void dropPlanned(int lane, uint64_t released, uint64_t planned) override;
 
  private:
   // Events are reused in turn; one whose copy is about to be reused is
@@ -73,9 +71,7 @@ class CudaStageDevice final : public StageDevice {
     cudaStream_t stream = nullptr;
     std::vector<cudaEvent_t> events;
     uint64_t issued = 0, completed = 0;
-    std::deque<Copy> waiting;              // planned, not released
-    std::map<uint64_t, uint64_t> eventOf;  // released copy number -> event sequence
-    uint64_t queuedUpTo = 0;
+    std::map<uint64_t, uint64_t> eventOf;  // queued copy number -> event sequence
   };
   uint64_t record(Lane& l);
   // The out lane's later work waits for what the in lane has queued.
@@ -88,7 +84,7 @@ class CudaStageDevice final : public StageDevice {
   void queueIn(cudaStream_t s, const Copy& c);
 
   Lane lanes_[2];  // 0: out to host, 1: in from host
-  bool abandoned_ = false;   // copies were let go: begin() waits for them
+  bool abandoned_ = false;   // an op failed: begin() waits for its copies
   char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes / 2 in
   size_t scratchBytes_ = 0;
   // Outgrown scratch, freed with the device: cudaFree waits for the whole
