@@ -16,25 +16,19 @@
 #include "transport/cuda/stream_watch.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
+#include "transport/cuda/event_pool.h"
 
 namespace smdccl {
 
-// A CUDA event (timing off) on device `dev`, destroyed with it. The guards:
-// it may die on a send or receive thread, which has no current device (a
-// CUDA call there would create a context on GPU 0 for every rank).
+// A CUDA event (timing off) on device `dev`, from the device's pool and
+// back to it with this object (transport/cuda/event_pool.h): no op creates
+// or destroys one. It may die on a send or receive thread, which has no
+// current device: giving it back makes no CUDA call.
 struct GpuEvent {
   cudaEvent_t event = nullptr;
   int device;
-  explicit GpuEvent(int dev) : device(dev) {
-    c10::cuda::CUDAGuard guard(dev);
-    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  }
-  ~GpuEvent() {
-    if (!event) return;
-    c10::cuda::CUDAGuard guard(device);  // first: no CUDA call without a device
-    CaptureSafeScope captureSafe;
-    cudaEventDestroy(event);
-  }
+  explicit GpuEvent(int dev) : event(EventPool::take(dev)), device(dev) {}
+  ~GpuEvent() { EventPool::give(device, event); }
   GpuEvent(const GpuEvent&) = delete;
   GpuEvent& operator=(const GpuEvent&) = delete;
   // Marks the end of what is queued on device `dev`'s current stream (the

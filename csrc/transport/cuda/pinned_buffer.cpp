@@ -5,6 +5,7 @@
 #include "common/own_thread.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
+#include "transport/cuda/event_pool.h"
 #include "common/calls_in_flight.h"
 
 namespace smdccl {
@@ -18,7 +19,7 @@ PinnedBuffer::~PinnedBuffer() {
   for (Retired& r : retired_) {
     if (!r.copiesDone) continue;
     cudaEventSynchronize(r.copiesDone);
-    cudaEventDestroy(r.copiesDone);
+    EventPool::give(device_, r.copiesDone);
   }
   for (Retired& r : retired_) cudaFreeHost(r.data);
   if (data_) cudaFreeHost(data_);
@@ -40,13 +41,11 @@ char* PinnedBuffer::reserve(size_t bytes) {
 }
 
 void PinnedBuffer::retire(char* data, size_t bytes) {
-  cudaEvent_t done = nullptr;
-  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  if (e == cudaSuccess) e = cudaEventRecord(done, stream_);
-  if (e != cudaSuccess) {
+  cudaEvent_t done = EventPool::take(device_);
+  if (cudaEventRecord(done, stream_) != cudaSuccess) {
     // No way to know when its copies end: keep it for the destructor,
     // which runs after the stream is synchronized.
-    if (done) cudaEventDestroy(done);
+    EventPool::give(device_, done);
     (void)cudaGetLastError();
     done = nullptr;
   }
@@ -86,7 +85,7 @@ void PinnedBuffer::freeRetired() {
       retired_.erase(it);
     }
     cudaEventSynchronize(r.copiesDone);
-    cudaEventDestroy(r.copiesDone);
+    EventPool::give(device_, r.copiesDone);
     CallInFlight call("cudaFreeHost of an outgrown pinned staging buffer");
     cudaFreeHost(r.data);
     retiredBytes_ -= r.bytes;

@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
+#include "transport/cuda/event_pool.h"
 
 namespace smdccl {
 
@@ -18,24 +19,17 @@ StreamWatch::~StreamWatch() {
   }
   cv_.notify_all();
   thread_.join();
-  for (const Watched& w : watched_) cudaEventDestroy(w.event);
-  for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  for (const Watched& w : watched_) EventPool::give(device_, w.event);
 }
 
 void StreamWatch::watch(cudaStream_t stream, Deadline deadline, std::function<std::string()> what,
                         std::shared_ptr<WatchedFailure> failure) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_) return;  // the group has failed: nothing more to tell
-  cudaEvent_t e = nullptr;
-  if (!free_.empty()) {
-    e = free_.back();
-    free_.pop_back();
-  } else {
-    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
+  cudaEvent_t e = EventPool::take(device_);
   cudaError_t r = cudaEventRecord(e, stream);
   if (r != cudaSuccess) {
-    free_.push_back(e);
+    EventPool::give(device_, e);
     throwCudaError(r, "cudaEventRecord (watching NCCL's work)");
   }
   watched_.push_back({e, deadline, std::move(what), std::move(failure)});
@@ -73,7 +67,7 @@ void StreamWatch::loop() {
     bool done = false;
     std::string why = checkOldest(&done);
     if (done) {
-      free_.push_back(watched_.front().event);
+      EventPool::give(device_, watched_.front().event);
       watched_.pop_front();
       continue;
     }

@@ -3,8 +3,8 @@
 // queued on a stream whole): a thread of its own polls an event behind each
 // watched op; one not finished by its deadline, or a failure the probe
 // reports (NCCL's asynchronous error), calls `failed` once with the op's
-// name, and the watch stops (the group has failed). Events come from a
-// pool: none is created or destroyed per op.
+// name, and the watch stops (the group has failed). Events come from the
+// device's pool (event_pool.h).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -64,7 +64,6 @@ class StreamWatch {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Watched> watched_;
-  std::vector<cudaEvent_t> free_;
   bool stop_ = false, failed_ = false;
   std::thread thread_;
 };
