@@ -158,3 +158,43 @@ def test_ddp_sparse_embedding_matches_gloo():
 def test_ddp_matches_gloo():
     res = run_ranks(3, ddp_vs_gloo, timeout=240)
     print(f"\n[{BACKEND}] DDP vs gloo max |diff| = {res[0]['max_diff']:.3g}")
+
+
+def hook_registration(simulate_cpu_torch: bool) -> dict:
+    """Registers every hook smdccl.ddp exports on a DDP model. With
+    simulate_cpu_torch, torch looks like a CPU build to DDP's hook check
+    (no CUDA version, no NCCL), as 2.13.0+cpu is; torch's own
+    bf16_compress_hook must then be refused (the check is live) and none of
+    smdccl's may be."""
+    import smdccl.ddp as sddp
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if simulate_cpu_torch:
+        torch.version.cuda = None
+        dist.is_nccl_available = lambda: False
+    refused = {}
+    for name in sddp.__all__:
+        if not name.endswith("_hook"):
+            continue
+        try:
+            DDP(nn.Linear(4, 4)).register_comm_hook(sddp.CompressionState(), getattr(sddp, name))
+        except Exception as e:  # noqa: BLE001 - the test reports what was refused
+            refused[name] = f"{type(e).__name__}: {e}"
+    torch_refused = False
+    try:
+        DDP(nn.Linear(4, 4)).register_comm_hook(None, default_hooks.bf16_compress_hook)
+    except TypeError:
+        torch_refused = True
+    return {"refused": refused, "torch_bf16_refused": torch_refused,
+            "checked": [n for n in sddp.__all__ if n.endswith("_hook")]}
+
+
+def test_every_smdccl_hook_registers_on_cpu_and_cuda_builds_of_torch():
+    # The real CPU build (2.13.0+cpu) was checked by hand (commit message);
+    # here DDP's check sees a CPU build, and the installed build as it is.
+    cpu, as_is = (run_ranks(1, hook_registration, sim)[0] for sim in (True, False))
+    assert cpu["torch_bf16_refused"], "the simulated CPU build did not refuse torch's bf16 hook"
+    assert len(cpu["checked"]) == 4, cpu
+    assert not cpu["refused"], cpu["refused"]
+    assert not as_is["refused"], as_is["refused"]
+

@@ -6,10 +6,10 @@ float32 bucket to an smdccl group created with ``compression`` set, so the
 values cross the network as fp16/bf16 while every addition stays float32
 (the cast is fused into smdccl's send and receive-and-reduce loops)::
 
-    from smdccl.ddp import CompressionState, fp16_compress_hook
+    from smdccl.ddp import CompressionState, fp16_wire_hook
 
     model = DDP(model)
-    model.register_comm_hook(CompressionState(), fp16_compress_hook)
+    model.register_comm_hook(CompressionState(), fp16_wire_hook)
 
 ``CompressionState(error_feedback=True)`` also carries each bucket's local
 rounding residual into the next step, so what fp16 rounds away is sent
@@ -23,7 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CompressionState", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["CompressionState", "fp16_wire_hook", "bf16_wire_hook", "fp16_compress_hook",
+           "bf16_compress_hook"]
 
 _WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -109,11 +110,19 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def fp16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
+def fp16_wire_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Allreduce the bucket's float32 average with fp16 values on the wire."""
     return _compress_hook("fp16", state, bucket)
 
 
-def bf16_compress_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
+def bf16_wire_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Allreduce the bucket's float32 average with bf16 values on the wire."""
     return _compress_hook("bf16", state, bucket)
+
+
+# The earlier names, kept for code that imports them. DDP looks at a hook's
+# __name__: one named "bf16_compress_hook" (torch's own) must have CUDA and
+# NCCL, so a CPU build of torch refused smdccl's under that name. These
+# aliases carry the functions' own names, which torch does not look for.
+fp16_compress_hook = fp16_wire_hook
+bf16_compress_hook = bf16_wire_hook

@@ -10,7 +10,7 @@ the same per-rank batches:
 - ``gloo``: DDP on a gloo group (DDP's built-in allreduce);
 - ``smdccl``: DDP on an smdccl group (DDP's built-in allreduce);
 - ``smdccl+fp16`` / ``smdccl+bf16``: DDP on an smdccl group with
-  ``smdccl.ddp.fp16_compress_hook`` / ``bf16_compress_hook`` and a
+  ``smdccl.ddp.fp16_wire_hook`` / ``bf16_wire_hook`` and a
   ``CompressionState()`` (16-bit values between nodes, float32 sums).
 
 Per configuration (every time is a per-rank median, then the max over ranks):
@@ -202,7 +202,7 @@ def _comm_time(config, group, state, sizes, iters, ctrl) -> float:
     g = torch.Generator().manual_seed(1234 + dist.get_rank())
     sources = [torch.randn(n, generator=g) * 1e-3 for n in sizes]
     buffers = [s.clone() for s in sources]
-    hook = {"smdccl+fp16": sddp.fp16_compress_hook, "smdccl+bf16": sddp.bf16_compress_hook}.get(config)
+    hook = {"smdccl+fp16": sddp.fp16_wire_hook, "smdccl+bf16": sddp.bf16_wire_hook}.get(config)
     times = []
     for it in range(iters + 2):  # 2 untimed rounds
         for b, s in zip(buffers, sources):
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
 
         rows = []
         for name in args.config_list:
-            from smdccl.ddp import CompressionState, bf16_compress_hook, fp16_compress_hook
+            from smdccl.ddp import CompressionState, bf16_wire_hook, fp16_wire_hook
             group = groups["gloo" if name == "gloo" else "smdccl"]
             # compute only, right before this configuration (the machine state
             # drifts over a run): the same steps, no DDP, all ranks at once
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
             state = None
             if "+" in name:
                 state = CompressionState(process_group=group)
-                hook = fp16_compress_hook if name.endswith("fp16") else bf16_compress_hook
+                hook = fp16_wire_hook if name.endswith("fp16") else bf16_wire_hook
                 ddp.register_comm_hook(state, hook)
             opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
             times, losses = _train(ddp, opt, data, world.rank, args.steps, args.warmup)
