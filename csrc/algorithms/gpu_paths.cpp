@@ -9,9 +9,14 @@ namespace smdccl {
 
 namespace {
 
+// What both engines inside a node need: the whole group, SMDCCL_CUDA_IPC
+// on, nodes of equal size with node-mates.
+bool nodeEngineMayRun(const GpuFacts& f) {
+  return f.wholeGroup && f.ipcOn && f.localSize > 1 && f.uniform;
+}
+
 bool ipcMayRun(const GpuFacts& f) {
-  return f.wholeGroup && f.ipcOn && f.localSize > 1 && f.uniform &&
-         f.localSize <= GpuFacts::kMaxIpcRanks;
+  return nodeEngineMayRun(f) && f.localSize <= GpuFacts::kMaxIpcRanks;
 }
 
 // The staged step: `bytes` out and back over PCIe and a host ring over the
@@ -95,7 +100,7 @@ class StagedPath final : public GpuPath {
 }  // namespace
 
 bool ncclMayRun(const GpuFacts& f) {
-  return f.wholeGroup && f.ipcOn && f.localSize > 1 && f.uniform && f.ncclTypes &&
+  return nodeEngineMayRun(f) && f.ncclTypes &&
          (f.coll == Collective::Allreduce || f.nodes == 1);
 }
 

@@ -40,8 +40,8 @@ const GpuPath& choose(Comm& c, GpuContext& g, const GpuFacts& call, const Tuning
 }
 
 // The chosen path's span in a trace (SMDCCL_TRACE): "cuda allreduce: nccl".
-std::string spanName(const char* coll, const GpuPath& p) {
-  return trace::enabled() ? strCat("cuda ", coll, ": ", p.name()) : std::string();
+std::string spanName(Collective coll, const GpuPath& p) {
+  return trace::enabled() ? strCat("cuda ", collectiveName(coll), ": ", p.name()) : std::string();
 }
 
 bool is(const GpuPath& p, const char* name) { return std::strcmp(p.name(), name) == 0; }
@@ -60,7 +60,7 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   const GpuPath& path = choose(
       c, g, {.coll = Collective::Allreduce, .dt = a.dt, .op = a.op, .bytes = a.count * elementSize(a.dt)},
       t);
-  trace::Span span(spanName("allreduce", path), "algorithm", *c.ctx.group);
+  trace::Span span(spanName(Collective::Allreduce, path), "algorithm", *c.ctx.group);
   if (is(path, "nccl")) ncclAllreduce(c, g, a, t);
   else if (is(path, "staged")) stagedAllreduce(c, g, a, t);
   else ipcAllreduce(c, g, a, t);  // ipc_one_shot, ipc_two_shot, two_level_ipc
@@ -76,7 +76,7 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tun
                                 .op = r.op,
                                 .bytes = blockBytes * static_cast<size_t>(c.size())},
                                t);
-  trace::Span span(spanName("reduce_scatter", path), "algorithm", *c.ctx.group);
+  trace::Span span(spanName(Collective::ReduceScatter, path), "algorithm", *c.ctx.group);
   if (is(path, "nccl")) ncclReduceScatter(c, g, r);
   else if (is(path, "ipc")) ipcReduceScatter(c, g, r);
   else stagedReduceScatter(c, g, r, t);
@@ -90,7 +90,7 @@ void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t)
                                 .dt = DType::U8,
                                 .bytes = b.eachBytes * static_cast<size_t>(c.size())},
                                t);
-  trace::Span span(spanName("allgather", path), "algorithm", *c.ctx.group);
+  trace::Span span(spanName(Collective::Allgather, path), "algorithm", *c.ctx.group);
   if (is(path, "nccl")) ncclAllgather(c, g, b);
   else if (is(path, "ipc")) ipcAllgather(c, g, b);
   else stagedAllgather(c, g, b, t);
@@ -100,7 +100,7 @@ void gpuBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   if (a.bytes == 0 || c.size() == 1) return;
   const GpuPath& path =
       choose(c, g, {.coll = Collective::Broadcast, .dt = DType::U8, .bytes = a.bytes}, t);
-  trace::Span span(spanName("broadcast", path), "algorithm", *c.ctx.group);
+  trace::Span span(spanName(Collective::Broadcast, path), "algorithm", *c.ctx.group);
   if (is(path, "nccl")) ncclBroadcast(c, g, a);
   else stagedBroadcast(c, g, a, t);
 }
