@@ -182,11 +182,12 @@ int main(int argc, char** argv) {
       }
     };
 
-    // reduce2: out = a + b (read a, read b, write out).
+    // reduce2: out = a + b (read a, read b, write out), reduceMulti's two-input case.
     for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I32, DType::F64}) {
       size_t n = bytes / elemSize(t);
+      const void* two[2] = {in[0], in[1]};
       double ms =
-          timer.median([&] { return gpu::reduce2(out, in[0], in[1], {n, t, RedOp::Sum}, stream); });
+          timer.median([&] { return gpu::reduceMulti(out, two, 2, {n, t, RedOp::Sum}, stream); });
       record("reduce2", dtypeStr(t), "sum", 0, 3.0 * bytes, ms, worstReduce);
     }
     // reduceMulti: k inputs, one output.

@@ -191,7 +191,14 @@ std::vector<unsigned char> randomData(DType t, size_t n, std::mt19937_64& rng) {
 
 bool isMinMax(RedOp op) { return op == RedOp::Min || op == RedOp::Max; }
 
-// ---------------------------------------------------------------- reduce2
+// ---------------------------------------------------------------- two inputs
+
+// out = a op b: reduceMulti with two inputs (the reduce of a two-rank node).
+cudaError_t reduce2(void* out, const void* a, const void* b, const gpu::Elementwise& e,
+                    cudaStream_t stream) {
+  const void* in[2] = {a, b};
+  return gpu::reduceMulti(out, in, 2, e, stream);
+}
 
 // One reduce2 case. layout: 0 aligned; 1 every pointer one element past
 // 16-byte alignment; 2 only b misaligned; 3 out aliases a.
@@ -213,7 +220,7 @@ void checkReduce2(DType t, RedOp op, size_t n, int layout, std::mt19937_64& rng)
   CK(cudaMemcpy(pa, a.data(), bytes, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(pb, b.data(), bytes, cudaMemcpyHostToDevice));
   if (layout != 3) CK(cudaMemset(dout.p, 0xA5, dout.bytes));
-  CK(gpu::reduce2(po, pa, pb, {n, t, op}, nullptr));
+  CK(reduce2(po, pa, pb, {n, t, op}, nullptr));
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(got.data(), po, bytes, cudaMemcpyDeviceToHost));
   char what[96];
@@ -257,10 +264,10 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(12), db(12), dout(12);
     CK(cudaMemcpy(da.p, a, 12, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 12, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I32, RedOp::Sum}, nullptr));
+    CK(reduce2(dout.p, da.p, db.p, {3, DType::I32, RedOp::Sum}, nullptr));
     CK(cudaMemcpy(got, dout.p, 12, cudaMemcpyDeviceToHost));
     CHECK(got[0] == INT32_MIN && got[1] == INT32_MAX && got[2] == 131072);
-    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I32, RedOp::Prod}, nullptr));
+    CK(reduce2(dout.p, da.p, db.p, {3, DType::I32, RedOp::Prod}, nullptr));
     CK(cudaMemcpy(got, dout.p, 12, cudaMemcpyDeviceToHost));
     CHECK(got[0] == INT32_MAX && got[1] == INT32_MIN && got[2] == 0);
   }
@@ -269,10 +276,10 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(16), db(16), dout(16);
     CK(cudaMemcpy(da.p, a, 16, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 16, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::F32, RedOp::Min}, nullptr));
+    CK(reduce2(dout.p, da.p, db.p, {4, DType::F32, RedOp::Min}, nullptr));
     CK(cudaMemcpy(got, dout.p, 16, cudaMemcpyDeviceToHost));
     CHECK(std::isnan(got[0]) && std::isnan(got[1]) && got[2] == -3.0f && got[3] == 3.0f);
-    CK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::F32, RedOp::Max}, nullptr));
+    CK(reduce2(dout.p, da.p, db.p, {4, DType::F32, RedOp::Max}, nullptr));
     CK(cudaMemcpy(got, dout.p, 16, cudaMemcpyDeviceToHost));
     CHECK(std::isnan(got[0]) && std::isnan(got[1]) && got[2] == -2.0f && got[3] == 4.0f);
   }
@@ -282,7 +289,7 @@ TEST(cuda_reduce2_known_values) {
     CK(cudaMemcpy(da.p, a, 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 4, cudaMemcpyHostToDevice));
     for (RedOp op : kAllOps) {
-      CK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::Bool, op}, nullptr));
+      CK(reduce2(dout.p, da.p, db.p, {4, DType::Bool, op}, nullptr));
       CK(cudaMemcpy(got, dout.p, 4, cudaMemcpyDeviceToHost));
       bool orLike = op == RedOp::Sum || op == RedOp::Max || op == RedOp::BOr;
       uint8_t both = op == RedOp::BXor ? 0 : 1;
@@ -295,17 +302,17 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(3), db(3), dout(3);
     CK(cudaMemcpy(da.p, a, 3, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 3, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I8, RedOp::BAnd}, nullptr));
+    CK(reduce2(dout.p, da.p, db.p, {3, DType::I8, RedOp::BAnd}, nullptr));
     CK(cudaMemcpy(got, dout.p, 3, cudaMemcpyDeviceToHost));
     CHECK(got[0] == 0x0f && got[1] == 0x18 && got[2] == 0);
-    CK(gpu::reduce2(dout.p, da.p, db.p, {3, DType::I8, RedOp::BXor}, nullptr));
+    CK(reduce2(dout.p, da.p, db.p, {3, DType::I8, RedOp::BXor}, nullptr));
     CK(cudaMemcpy(got, dout.p, 3, cudaMemcpyDeviceToHost));
     CHECK(got[0] == static_cast<int8_t>(0xf0) && got[1] == 0x66 && got[2] == -1);
   }
   {  // bitwise ops on floats: refused, nothing launched
     DevBuf da(16), db(16), dout(16);
     for (RedOp op : {RedOp::BAnd, RedOp::BOr, RedOp::BXor}) {
-      CHECK(gpu::reduce2(dout.p, da.p, db.p, {4, DType::F32, op}, nullptr) ==
+      CHECK(reduce2(dout.p, da.p, db.p, {4, DType::F32, op}, nullptr) ==
             cudaErrorInvalidValue);
       cudaGetLastError();
     }
@@ -315,14 +322,14 @@ TEST(cuda_reduce2_known_values) {
     DevBuf da(4), db(4), dout(4);
     CK(cudaMemcpy(da.p, a, 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(db.p, b, 4, cudaMemcpyHostToDevice));
-    CK(gpu::reduce2(dout.p, da.p, db.p, {2, DType::BF16, RedOp::Sum}, nullptr));
+    CK(reduce2(dout.p, da.p, db.p, {2, DType::BF16, RedOp::Sum}, nullptr));
     CK(cudaMemcpy(got, dout.p, 4, cudaMemcpyDeviceToHost));
     CHECK(got[0] == 0x3f80 && got[1] == 0x3f82);
   }
 }
 
 TEST(cuda_zero_count_and_bad_arguments) {
-  CK(gpu::reduce2(nullptr, nullptr, nullptr, {0, DType::F32, RedOp::Sum}, nullptr));
+  CK(reduce2(nullptr, nullptr, nullptr, {0, DType::F32, RedOp::Sum}, nullptr));
   const void* none[1] = {nullptr};
   CK(gpu::reduceMulti(nullptr, none, 1, {0, DType::F32, RedOp::Sum}, nullptr));
   CHECK(gpu::reduceMulti(nullptr, none, 0, {10, DType::F32, RedOp::Sum}, nullptr) ==
@@ -430,8 +437,8 @@ TEST(cuda_reduce_multi_rounds_once) {
   CK(gpu::reduceMulti(dout.p, in, 3, {1, DType::BF16, RedOp::Sum}, nullptr));
   CK(cudaMemcpy(&got, dout.p, 2, cudaMemcpyDeviceToHost));
   CHECK(got == 0x3f81);
-  CK(gpu::reduce2(dout.p, d0.p, d1.p, {1, DType::BF16, RedOp::Sum}, nullptr));
-  CK(gpu::reduce2(dout.p, dout.p, d2.p, {1, DType::BF16, RedOp::Sum}, nullptr));
+  CK(reduce2(dout.p, d0.p, d1.p, {1, DType::BF16, RedOp::Sum}, nullptr));
+  CK(reduce2(dout.p, dout.p, d2.p, {1, DType::BF16, RedOp::Sum}, nullptr));
   CK(cudaMemcpy(&got, dout.p, 2, cudaMemcpyDeviceToHost));
   CHECK(got == 0x3f82);
 }

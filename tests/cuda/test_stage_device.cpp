@@ -194,7 +194,8 @@ TEST(cuda_sm_cap_keeps_results) {
     cuda::setMaxSms(cap);
     CHECK(cudaMemcpy(da, a.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
     CHECK(cudaMemcpy(db, b.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    CHECK(cuda::reduce2(da, da, db, {n, DType::F32, RedOp::Sum}, nullptr) == cudaSuccess);
+    const void* in[2] = {da, db};
+    CHECK(cuda::reduceMulti(da, in, 2, {n, DType::F32, RedOp::Sum}, nullptr) == cudaSuccess);
     CHECK(cudaMemcpy(gpu.data(), da, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(std::memcmp(gpu.data(), cpu.data(), n * 4) == 0);
   }

@@ -144,7 +144,8 @@ bool CudaStageDevice::eventDone(Lane& l, uint64_t seq) {
 
 void CudaStageDevice::queue(int lane, uint64_t number, const Copy& c) {
   Lane& l = lanes_[lane];
-  queueCopy(lane, c);
+  if (lane == 0) queueOut(l.stream, c);
+  else queueIn(l.stream, c);
   l.eventOf[number] = record(l);
 }
 
@@ -168,11 +169,6 @@ char* CudaStageDevice::scratch(int lane, size_t slot) const {
   // Each holds a packed piece: half a slot.
   const size_t half = layout_.slotBytes / 2;
   return scratch_ + (slot * 2 + static_cast<size_t>(lane)) * half;
-}
-
-void CudaStageDevice::queueCopy(int lane, const Copy& c) {
-  if (lane == 0) queueOut(lanes_[0].stream, c);
-  else queueIn(lanes_[1].stream, c);
 }
 
 void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {

@@ -79,7 +79,6 @@ class CudaStageDevice final : public StageDevice {
   bool eventDone(Lane& l, uint64_t seq);
   size_t slotIndex(const void* slot) const;
   char* scratch(int lane, size_t slot) const;
-  void queueCopy(int lane, const Copy& c);
   void queueOut(cudaStream_t s, const Copy& c);
   void queueIn(cudaStream_t s, const Copy& c);
 

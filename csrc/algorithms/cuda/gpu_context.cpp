@@ -1,7 +1,6 @@
 #include "algorithms/cuda/gpu_context.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdint>
 
@@ -20,34 +19,21 @@ namespace smdccl {
 
 void GpuContext::agreeOnTuning(Comm& c, const Tuning& t) {
   if (tuningAgreed_ || c.size() == 1) return;
-  constexpr size_t kFields = 5;
-  static const char* kIntra[] = {"auto", "nccl", "ipc"};
-  auto fields = [](const GpuTuning& g) {
-    uint64_t intra = 0;
-    while (intra < 2 && g.intra != kIntra[intra]) ++intra;
-    return std::array<uint64_t, kFields>{g.ipc ? 1u : 0u, g.ipcBytes, g.oneShotBytes,
-                                         g.stageChunkBytes, intra};
-  };
-  // A tiny allgather over the group: it carries this op's header, so a rank
-  // that called another op (or passed CPU tensors) is named as such first.
-  std::vector<uint64_t> all(static_cast<size_t>(c.size()) * kFields);
-  auto mine = fields(tuning_);
-  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<size_t>(c.rank()) * kFields);
-  allgather(c, reinterpret_cast<char*>(all.data()), Blocks::equal(c.size(), kFields * 8), t);
+  // A tiny allgather of each rank's settings as text: it carries this op's
+  // header, so a rank that called another op (or passed CPU tensors) is
+  // named as such first.
+  constexpr size_t kText = 256;
+  const std::string mine = tuning_.describe().substr(0, kText - 1);
+  std::vector<char> all(static_cast<size_t>(c.size()) * kText, '\0');
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<size_t>(c.rank()) * kText);
+  allgather(c, all.data(), Blocks::equal(c.size(), kText), t);
   for (int r = 0; r < c.size(); ++r) {
-    const uint64_t* f = all.data() + static_cast<size_t>(r) * kFields;
-    if (std::equal(mine.begin(), mine.end(), f)) continue;
-    GpuTuning theirs;
-    theirs.ipc = f[0] != 0;
-    theirs.ipcBytes = f[1];
-    theirs.oneShotBytes = f[2];
-    theirs.stageChunkBytes = f[3];
-    theirs.intra = kIntra[std::min<uint64_t>(f[4], 2)];
-    throw CommError(
-        CommError::Kind::Mismatch,
-        strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ", r,
-               " has ", theirs.describe(), ", rank ", c.rank(), " has ", tuning_.describe(),
-               "; set SMDCCL_CUDA_* alike on every rank"));
+    const std::string theirs(all.data() + static_cast<size_t>(r) * kText);
+    if (theirs == mine) continue;
+    throw CommError(CommError::Kind::Mismatch,
+                    strCat("smdccl: ", c.ctx.describe(), ": CUDA settings differ between ranks: rank ",
+                           r, " has ", theirs, ", rank ", c.rank(), " has ", mine,
+                           "; set SMDCCL_CUDA_* alike on every rank"));
   }
   tuningAgreed_ = true;
 }

@@ -7,12 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "algorithms/gpu_tuning.h"
 #include "algorithms/intra_engine.h"
@@ -43,7 +41,6 @@ class GpuContext {
   cudaStream_t stream() const { return stream_; }
   const GpuTuning& tuning() const { return tuning_; }
   PinnedBuffer& staging() { return *staging_; }
-  const PinnedBuffer& staging() const { return *staging_; }
   // The device side of the staged schedules (made at first use).
   CudaStageDevice& stage();
   // Bytes the group's staged collectives copied from device to host memory

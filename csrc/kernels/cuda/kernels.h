@@ -29,10 +29,6 @@ struct Elementwise {
   RedOp op;
 };
 
-// out[i] = a[i] op b[i]; out may alias a or b.
-cudaError_t reduce2(void* out, const void* a, const void* b, const Elementwise& e,
-                    cudaStream_t stream);
-
 // out[i] = in[0][i] op in[1][i] op ... op in[k-1][i], accumulated in order
 // 0..k-1 (16-bit types in float32, rounded once at the end), 1 <= k <=
 // kMaxReduceInputs. `in` is a host array of device pointers (peers' buffers

@@ -1,4 +1,4 @@
-// reduce2, reduceMulti and gatherSlices (kernels.h).
+// reduceMulti and gatherSlices (kernels.h).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include <cstdint>
@@ -15,18 +15,18 @@ struct InPtrs {
 
 // 16-byte vectors a thread keeps in flight per input and pass: about 32
 // accumulators per thread whatever the element size (16 for the 16-bit
-// types with k inputs, whose MIN/MAX would spill at 64 registers).
-template <DType D, int K>
+// types, whose MIN/MAX would spill at 64 registers).
+template <DType D>
 __host__ __device__ constexpr int unrollFor() {
   constexpr int v = 16 / static_cast<int>(sizeof(typename Elem<D>::T));
-  constexpr int u = (K == 0 && v == 8 ? 16 : 32) / v;
+  constexpr int u = (v == 8 ? 16 : 32) / v;
   return u < 1 ? 1 : (u > 4 ? 4 : u);
 }
 
-// out = in[0] op in[1] op ... op in[n-1], n = K (compile time) or k (K == 0).
+// out = in[0] op in[1] op ... op in[k-1].
 // Every pointer 16-byte aligned: vectors for count / V elements, then the
 // last count % V elements one per thread of the first threads.
-template <DType D, RedOp OP, int K>
+template <DType D, RedOp OP>
 __global__ void __launch_bounds__(kThreads, 2)
     reduceVecKernel(const __grid_constant__ InPtrs in, int k, void* out, size_t count) {
   using E = Elem<D>;
@@ -34,8 +34,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   using A = typename E::A;
   using VT = Vec16<T>;
   constexpr int V = VT::V;
-  constexpr int U = unrollFor<D, K>();
-  const int n = K > 0 ? K : k;
+  constexpr int U = unrollFor<D>();
   const size_t nvec = count / V;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -54,8 +53,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int e = 0; e < V; ++e) acc[u][e] = E::widen(r[u].e[e]);
     }
-#pragma unroll(K > 0 ? K : 1)
-    for (int j = 1; j < n; ++j) {
+#pragma unroll 1
+    for (int j = 1; j < k; ++j) {
       const uint4* p = static_cast<const uint4*>(in.p[j]);
       VT r[U];
 #pragma unroll
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     r.u = static_cast<const uint4*>(in.p[0])[i];
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[e] = E::widen(r.e[e]);
-    for (int j = 1; j < n; ++j) {
+    for (int j = 1; j < k; ++j) {
       r.u = static_cast<const uint4*>(in.p[j])[i];
 #pragma unroll
       for (int e = 0; e < V; ++e) acc[e] = applyOp<D, OP>(acc[e], E::widen(r.e[e]));
@@ -93,25 +92,24 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (tid < tail) {
     const size_t idx = nvec * V + tid;
     A acc = E::widen(static_cast<const T*>(in.p[0])[idx]);
-    for (int j = 1; j < n; ++j)
+    for (int j = 1; j < k; ++j)
       acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[idx]));
     static_cast<T*>(out)[idx] = E::narrow(acc);
   }
 }
 
 // The same, element by element (some pointer not 16-byte aligned).
-template <DType D, RedOp OP, int K>
+template <DType D, RedOp OP>
 __global__ void __launch_bounds__(kThreads)
     reduceScalarKernel(const __grid_constant__ InPtrs in, int k, void* out, size_t count) {
   using E = Elem<D>;
   using T = typename E::T;
   using A = typename E::A;
-  const int n = K > 0 ? K : k;
   const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += nth) {
     A acc = E::widen(static_cast<const T*>(in.p[0])[i]);
-#pragma unroll(K > 0 ? K : 1)
-    for (int j = 1; j < n; ++j)
+#pragma unroll 1
+    for (int j = 1; j < k; ++j)
       acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[i]));
     static_cast<T*>(out)[i] = E::narrow(acc);
   }
@@ -129,62 +127,55 @@ struct ReduceLaunch {
   bool loadOnly = false;  // load the kernels (preloadKernels), launch nothing
 };
 
-template <DType D, RedOp OP, int K>
+template <DType D, RedOp OP>
 cudaError_t launchReduce(const ReduceLaunch& l) {
-  const InPtrs& in = l.in;
-  const int k = l.k;
-  void* out = l.out;
-  const size_t count = l.count;
-  const bool vec = l.vec;
-  cudaStream_t stream = l.stream;
   constexpr int V = 16 / static_cast<int>(sizeof(typename Elem<D>::T));
   if (l.loadOnly) {
-    cudaError_t e = loadKernel<reduceVecKernel<D, OP, K>>();
-    cudaError_t f = loadKernel<reduceScalarKernel<D, OP, K>>();
+    cudaError_t e = loadKernel<reduceVecKernel<D, OP>>();
+    cudaError_t f = loadKernel<reduceScalarKernel<D, OP>>();
     return e != cudaSuccess ? e : f;
   }
-  if (vec) {
-    unsigned grid = gridFor<reduceVecKernel<D, OP, K>>(count / V, unrollFor<D, K>());
-    reduceVecKernel<D, OP, K><<<grid, kThreads, 0, stream>>>(in, k, out, count);
+  if (l.vec) {
+    unsigned grid = gridFor<reduceVecKernel<D, OP>>(l.count / V, unrollFor<D>());
+    reduceVecKernel<D, OP><<<grid, kThreads, 0, l.stream>>>(l.in, l.k, l.out, l.count);
   } else {
-    unsigned grid = gridFor<reduceScalarKernel<D, OP, K>>(count, 4);
-    reduceScalarKernel<D, OP, K><<<grid, kThreads, 0, stream>>>(in, k, out, count);
+    unsigned grid = gridFor<reduceScalarKernel<D, OP>>(l.count, 4);
+    reduceScalarKernel<D, OP><<<grid, kThreads, 0, l.stream>>>(l.in, l.k, l.out, l.count);
   }
   return cudaGetLastError();
 }
 
-template <DType D, int K>
+template <DType D>
 cudaError_t byOp(RedOp op, const ReduceLaunch& l) {
   switch (op) {
-    case RedOp::Sum: return launchReduce<D, RedOp::Sum, K>(l);
-    case RedOp::Prod: return launchReduce<D, RedOp::Prod, K>(l);
-    case RedOp::Min: return launchReduce<D, RedOp::Min, K>(l);
-    case RedOp::Max: return launchReduce<D, RedOp::Max, K>(l);
+    case RedOp::Sum: return launchReduce<D, RedOp::Sum>(l);
+    case RedOp::Prod: return launchReduce<D, RedOp::Prod>(l);
+    case RedOp::Min: return launchReduce<D, RedOp::Min>(l);
+    case RedOp::Max: return launchReduce<D, RedOp::Max>(l);
     default: break;
   }
   if constexpr (Elem<D>::kind != Kind::Float) {
     switch (op) {
-      case RedOp::BAnd: return launchReduce<D, RedOp::BAnd, K>(l);
-      case RedOp::BOr: return launchReduce<D, RedOp::BOr, K>(l);
-      case RedOp::BXor: return launchReduce<D, RedOp::BXor, K>(l);
+      case RedOp::BAnd: return launchReduce<D, RedOp::BAnd>(l);
+      case RedOp::BOr: return launchReduce<D, RedOp::BOr>(l);
+      case RedOp::BXor: return launchReduce<D, RedOp::BXor>(l);
       default: break;
     }
   }
   return cudaErrorInvalidValue;
 }
 
-template <int K>
 cudaError_t byType(DType dt, RedOp op, const ReduceLaunch& l) {
   switch (dt) {
-    case DType::F32: return byOp<DType::F32, K>(op, l);
-    case DType::F64: return byOp<DType::F64, K>(op, l);
-    case DType::F16: return byOp<DType::F16, K>(op, l);
-    case DType::BF16: return byOp<DType::BF16, K>(op, l);
-    case DType::I8: return byOp<DType::I8, K>(op, l);
-    case DType::I32: return byOp<DType::I32, K>(op, l);
-    case DType::I64: return byOp<DType::I64, K>(op, l);
-    case DType::U8: return byOp<DType::U8, K>(op, l);
-    case DType::Bool: return byOp<DType::Bool, K>(op, l);
+    case DType::F32: return byOp<DType::F32>(op, l);
+    case DType::F64: return byOp<DType::F64>(op, l);
+    case DType::F16: return byOp<DType::F16>(op, l);
+    case DType::BF16: return byOp<DType::BF16>(op, l);
+    case DType::I8: return byOp<DType::I8>(op, l);
+    case DType::I32: return byOp<DType::I32>(op, l);
+    case DType::I64: return byOp<DType::I64>(op, l);
+    case DType::U8: return byOp<DType::U8>(op, l);
+    case DType::Bool: return byOp<DType::Bool>(op, l);
   }
   return cudaErrorInvalidValue;
 }
@@ -236,16 +227,6 @@ __global__ void __launch_bounds__(kThreads) gatherKernel(Slices s, unsigned char
 
 }  // namespace
 
-cudaError_t reduce2(void* out, const void* a, const void* b, const Elementwise& e,
-                    cudaStream_t stream) {
-  if (e.count == 0) return cudaSuccess;
-  InPtrs in{};
-  in.p[0] = a;
-  in.p[1] = b;
-  const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
-  return byType<2>(e.dt, e.op, {in, 2, out, e.count, vec, stream});
-}
-
 cudaError_t reduceMulti(void* out, const void* const* in, int k, const Elementwise& e,
                         cudaStream_t stream) {
   if (k < 1 || k > kMaxReduceInputs || in == nullptr) return cudaErrorInvalidValue;
@@ -256,14 +237,11 @@ cudaError_t reduceMulti(void* out, const void* const* in, int k, const Elementwi
     p.p[j] = in[j];
     vec = vec && aligned16(in[j]);
   }
-  return byType<0>(e.dt, e.op, {p, k, out, e.count, vec, stream});
+  return byType(e.dt, e.op, {p, k, out, e.count, vec, stream});
 }
 
 cudaError_t gatherSlices(void* out, const SliceTable& slices, cudaStream_t stream) {
-  const void* const* in = slices.in;
-  const size_t* beginBytes = slices.beginBytes;
-  const size_t* endBytes = slices.endBytes;
-  const int k = slices.k;
+  const auto& [in, beginBytes, endBytes, k] = slices;
   if (k < 0 || k > kMaxReduceInputs) return cudaErrorInvalidValue;
   if (k == 0) return cudaSuccess;
   if (in == nullptr || beginBytes == nullptr || endBytes == nullptr) return cudaErrorInvalidValue;
@@ -300,8 +278,7 @@ cudaError_t preloadKernels() {
     for (RedOp op :
          {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::BAnd, RedOp::BOr, RedOp::BXor}) {
       // cudaErrorInvalidValue: a pair with no kernel (bitwise ops on floats).
-      keep(byType<2>(dt, op, {none, 2, nullptr, 0, false, nullptr, /*loadOnly=*/true}));
-      keep(byType<0>(dt, op, {none, 0, nullptr, 0, false, nullptr, /*loadOnly=*/true}));
+      keep(byType(dt, op, {none, 0, nullptr, 0, false, nullptr, /*loadOnly=*/true}));
     }
   keep(loadKernel<gatherKernel>());
   keep(preloadWireKernels());

@@ -54,12 +54,6 @@ void waitForStream(cudaStream_t s, const OpContext& ctx, const char* what) {
                 what, &ctx);
 }
 
-void waitForEvent(cudaEvent_t ev, Deadline deadline, const std::string& what) {
-  pollUntilDone([ev] { return cudaEventQuery(ev); }, deadline,
-                [&] { return strCat("smdccl: timed out waiting for the GPU (", what, ")"); },
-                what.c_str());
-}
-
 void waitForStream(cudaStream_t s, Deadline deadline, const std::string& what) {
   pollUntilDone([s] { return cudaStreamQuery(s); }, deadline,
                 [&] { return strCat("smdccl: timed out waiting for the GPU (", what, ")"); },

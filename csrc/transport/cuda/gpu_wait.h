@@ -13,8 +13,7 @@ namespace smdccl {
 
 void waitForEvent(cudaEvent_t ev, const OpContext& ctx, const char* what);
 void waitForStream(cudaStream_t s, const OpContext& ctx, const char* what);
-// Outside a collective (a send's copy): `what` names the wait.
-void waitForEvent(cudaEvent_t ev, Deadline deadline, const std::string& what);
+// Outside a collective (a group's end): `what` names the wait.
 void waitForStream(cudaStream_t s, Deadline deadline, const std::string& what);
 
 }  // namespace smdccl
