@@ -184,6 +184,10 @@ TEST(wire_pack_unpack_reduce_round) {
       unpackFromWire(back.data(), packed.data(), n, w);
       reduceFromWire(sum.data(), packed.data(), n, {w, RedOp::Sum});
       reduceFromWire(rounded.data(), packed.data(), n, {w, RedOp::Sum, /*roundTo=*/w});
+      // Out of place: acc is the first operand and is left as it was.
+      std::vector<float> apart(n, -7.0f), apartRounded(n, -7.0f);
+      reduceFromWire(apart.data(), packed.data(), n, {w, RedOp::Sum, Wire::F32, acc.data()});
+      reduceFromWire(apartRounded.data(), packed.data(), n, {w, RedOp::Sum, w, acc.data()});
       std::vector<float> r(x);
       roundToWire(r.data(), n, w);
       for (size_t i = 0; i < n; ++i) {
@@ -191,6 +195,8 @@ TEST(wire_pack_unpack_reduce_round) {
         CHECK(r[i] == ref16(x[i]));
         CHECK(sum[i] == acc[i] + ref16(x[i]));  // float32 addition
         CHECK(rounded[i] == ref16(acc[i] + ref16(x[i])));
+        CHECK(apart[i] == sum[i] && apartRounded[i] == rounded[i]);
+        CHECK(acc[i] == static_cast<float>(i % 13) * 0.3f);
       }
     }
   }
@@ -216,4 +222,29 @@ TEST(wire_fp16_overflow_is_counted_by_the_pack) {
   CHECK(tlsFp16Overflows == before + 2);
   packToWire(out.data(), x.data(), x.size(), Wire::BF16);  // bf16 has float32's range
   CHECK(tlsFp16Overflows == before + 2);
+}
+
+// reduceToStreaming writes what reduceTo writes, for every float32 op
+// (NaN included), any alignment of out, and falls back for other dtypes.
+TEST(reduce_streaming_matches_reduce_to) {
+  const size_t n = 4099;
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<float>(i % 101) * 0.37f - 11.0f;
+    b[i] = static_cast<float>(i % 89) * -0.21f + 3.0f;
+  }
+  a[5] = NAN;
+  b[4000] = NAN;
+  for (RedOp op : {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max})
+    for (size_t shift : {0, 1, 3, 7})  // out at every 4-byte offset from 32-byte alignment
+      for (size_t count : {size_t{0}, size_t{5}, n - shift}) {
+        std::vector<float> want(n + 8, 9.0f), got(n + 8, 9.0f);
+        reduceTo(want.data() + shift, a.data(), b.data(), count, {DType::F32, op});
+        reduceToStreaming(got.data() + shift, a.data(), b.data(), count, {DType::F32, op});
+        CHECK(std::memcmp(want.data(), got.data(), want.size() * 4) == 0);
+      }
+  std::vector<int64_t> x(33, 5), y(33, 7), want(33), got(33);
+  reduceTo(want.data(), x.data(), y.data(), 33, {DType::I64, RedOp::Prod});
+  reduceToStreaming(got.data(), x.data(), y.data(), 33, {DType::I64, RedOp::Prod});
+  CHECK(want == got && got[0] == 35);
 }

@@ -18,6 +18,12 @@ struct ElementOp {
 };
 void reduceTo(void* out, const void* a, const void* b, size_t count, ElementOp e);
 
+// The same, `out` (not aliasing a or b) written with non-temporal stores
+// (float32 on AVX2; elsewhere reduceTo): no read of out's lines before they
+// are written, and the caches keep the inputs. For a large result this op
+// does not read again (an out-of-place reduce-scatter's own block).
+void reduceToStreaming(void* out, const void* a, const void* b, size_t count, ElementOp e);
+
 inline void reduceInto(void* dst, const void* src, size_t count, DType dtype, RedOp op) {
   reduceTo(dst, dst, src, count, {dtype, op});
 }
@@ -28,10 +34,10 @@ constexpr int kWireOps = static_cast<int>(RedOp::Max) + 1;
 struct WireKernels {
   void (*pack)(uint16_t* dst, const float* src, size_t n);
   void (*unpack)(float* dst, const uint16_t* src, size_t n);
-  // dst = dst op widen(src): reduceTo-shaped (out, unused, in, n), by RedOp.
-  void (*reduce[kWireOps])(void* dst, const void* unused, const void* src, size_t n);
+  // dst = a op widen(src) (a may be dst): reduceTo-shaped, by RedOp.
+  void (*reduce[kWireOps])(void* dst, const void* a, const void* src, size_t n);
   // The same, the sum rounded to the wire's precision as it is stored.
-  void (*reduceRound[kWireOps])(void* dst, const void* unused, const void* src, size_t n);
+  void (*reduceRound[kWireOps])(void* dst, const void* a, const void* src, size_t n);
 };
 const WireKernels& wireKernels(Wire w);  // w is F16 or BF16
 // Finite float32 values this thread packed to fp16 that became inf
@@ -47,21 +53,23 @@ inline void unpackFromWire(float* dst, const void* src, size_t n, Wire w) {
 // Rounds float32 values in place to what the wire would deliver.
 void roundToWire(float* buf, size_t n, Wire w);
 // How reduceFromWire combines: src holds `wire` values, widened and
-// combined with `op`; the sums are then rounded to `roundTo` (F32: not
-// rounded), in the same pass when roundTo is the wire itself (a final sum
-// on a compressed link).
+// combined with `op` into `a`'s values (nullptr: dst's own); the sums are
+// then rounded to `roundTo` (F32: not rounded), in the same pass when
+// roundTo is the wire itself (a final sum on a compressed link).
 struct FromWire {
   Wire wire;
   RedOp op;
   Wire roundTo = Wire::F32;
+  const float* a = nullptr;
 };
 inline void reduceFromWire(float* dst, const void* src, size_t n, const FromWire& how) {
   const int op = static_cast<int>(how.op);
+  const float* a = how.a ? how.a : dst;
   if (how.roundTo == how.wire) {
-    wireKernels(how.wire).reduceRound[op](dst, nullptr, src, n);
+    wireKernels(how.wire).reduceRound[op](dst, a, src, n);
     return;
   }
-  wireKernels(how.wire).reduce[op](dst, nullptr, src, n);
+  wireKernels(how.wire).reduce[op](dst, a, src, n);
   roundToWire(dst, n, how.roundTo);
 }
 

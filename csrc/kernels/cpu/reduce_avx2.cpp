@@ -6,5 +6,6 @@
 
 namespace smdccl::avx2 {
 ReduceFn lookupAvx2(DType t, RedOp op) { return lookup(t, op); }
+ReduceFn streamF32Avx2(RedOp op) { return lookupStreamF32(op); }
 ::smdccl::WireKernels wireAvx2(bool bf16) { return wireKernels(bf16); }
 }  // namespace smdccl::avx2

@@ -11,11 +11,13 @@ namespace smdccl {
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 namespace portable {
 ReduceFn lookupPortable(DType t, RedOp op);
+ReduceFn streamF32Portable(RedOp op);
 WireKernels wirePortable(bool bf16);
 }  // namespace portable
 #if defined(SMDCCL_HAVE_AVX2_TU)
 namespace avx2 {
 ReduceFn lookupAvx2(DType t, RedOp op);
+ReduceFn streamF32Avx2(RedOp op);
 WireKernels wireAvx2(bool bf16);
 }  // namespace avx2
 #endif
@@ -27,6 +29,7 @@ constexpr int kOps = static_cast<int>(RedOp::BXor) + 1;
 
 struct Table {
   ReduceFn fn[kTypes][kOps];
+  ReduceFn f32Stream[kWireOps];  // float32 SUM..MAX, out streamed
   WireKernels wire[2];  // fp16, bf16
   const char* isa;
   Table() {
@@ -37,6 +40,14 @@ struct Table {
               __builtin_cpu_supports("fma");
 #endif
     isa = useAvx2 ? "avx2+f16c" : "portable";
+    for (int o = 0; o < kWireOps; ++o) {
+#if defined(SMDCCL_HAVE_AVX2_TU)
+      f32Stream[o] = useAvx2 ? avx2::streamF32Avx2(static_cast<RedOp>(o))
+                             : portable::streamF32Portable(static_cast<RedOp>(o));
+#else
+      f32Stream[o] = portable::streamF32Portable(static_cast<RedOp>(o));
+#endif
+    }
     for (int b = 0; b < 2; ++b) {
 #if defined(SMDCCL_HAVE_AVX2_TU)
       wire[b] = useAvx2 ? avx2::wireAvx2(b == 1) : portable::wirePortable(b == 1);
@@ -74,6 +85,12 @@ void reduceTo(void* out, const void* a, const void* b, size_t count, ElementOp e
   if (fn == nullptr)
     throw InvalidArgument(std::string("no ") + redOpName(op) + " kernel for " + dtypeName(dtype));
   fn(out, a, b, count);
+}
+
+void reduceToStreaming(void* out, const void* a, const void* b, size_t count, ElementOp e) {
+  const int op = static_cast<int>(e.op);
+  if (e.dtype != DType::F32 || op >= kWireOps || count == 0) return reduceTo(out, a, b, count, e);
+  table().f32Stream[op](out, a, b, count);
 }
 
 const char* reduceIsa() { return table().isa; }

@@ -133,6 +133,27 @@ static void floatLoop(void* out, const void* a, const void* b, size_t n) {
   for (; i < n; ++i) o[i] = floatOp<OP>(x[i], y[i]);
 }
 
+// floatLoop for float32 with `out` written by non-temporal stores (AVX2;
+// elsewhere plain ones): no read of out's lines first, and they do not
+// evict the inputs. The head up to out's 32-byte alignment, and the tail,
+// element by element.
+template <RedOp OP>
+static void floatStreamLoop(void* out, const void* a, const void* b, size_t n) {
+#if defined(SMDCCL_REDUCE_AVX2)
+  float* o = static_cast<float*>(out);
+  const float* x = static_cast<const float*>(a);
+  const float* y = static_cast<const float*>(b);
+  size_t i = 0;
+  for (; i < n && (reinterpret_cast<uintptr_t>(o + i) & 31) != 0; ++i) o[i] = floatOp<OP>(x[i], y[i]);
+  for (; i + 8 <= n; i += 8)
+    _mm256_stream_ps(o + i, vecOp<OP>(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  _mm_sfence();  // ordered like plain stores for whoever reads out next
+  for (; i < n; ++i) o[i] = floatOp<OP>(x[i], y[i]);
+#else
+  floatLoop<OP, float>(out, a, b, n);
+#endif
+}
+
 // Integers: SUM/PRODUCT in the unsigned type so overflow wraps (defined).
 template <RedOp OP, typename T>
 static void intLoop(void* out, const void* a, const void* b, size_t n) {
@@ -282,22 +303,24 @@ static inline __m256 round8(__m256 f) {
 }
 #endif
 
-// o[i] = o[i] op widen(x[i]): one pass, float32 arithmetic; ROUND: the sum
-// is rounded to the wire's precision before it is stored (a final result).
+// o[i] = a[i] op widen(x[i]) (a may be o): one pass, float32 arithmetic;
+// ROUND: the sum is rounded to the wire's precision before it is stored (a
+// final result).
 template <RedOp OP, bool BF, bool ROUND>
-static void reduceWireLoop(void* out, const void* /*a*/, const void* in, size_t n) {
+static void reduceWireLoop(void* out, const void* first, const void* in, size_t n) {
   float* o = static_cast<float*>(out);
+  const float* a = static_cast<const float*>(first);
   const uint16_t* x = static_cast<const uint16_t*>(in);
   size_t i = 0;
 #if defined(SMDCCL_REDUCE_AVX2)
   for (; i + 8 <= n; i += 8) {
-    __m256 r = vecOp<OP>(_mm256_loadu_ps(o + i), load8<BF>(x + i));
+    __m256 r = vecOp<OP>(_mm256_loadu_ps(a + i), load8<BF>(x + i));
     if constexpr (ROUND) r = round8<BF>(r);
     _mm256_storeu_ps(o + i, r);
   }
 #endif
   for (; i < n; ++i) {
-    float r = floatOp<OP>(o[i], fromWire<BF>(x[i]));
+    float r = floatOp<OP>(a[i], fromWire<BF>(x[i]));
     o[i] = ROUND ? fromWire<BF>(toWire<BF>(r)) : r;
   }
 }
@@ -353,6 +376,17 @@ inline ReduceFn lookup(DType t, RedOp op) {
     case RedOp::BXor: return pickBitwise<RedOp::BXor>(t);
   }
   return nullptr;
+}
+
+// float32 SUM, PRODUCT, MIN, MAX (by RedOp) with streamed stores.
+inline ReduceFn lookupStreamF32(RedOp op) {
+  switch (op) {
+    case RedOp::Sum: return floatStreamLoop<RedOp::Sum>;
+    case RedOp::Prod: return floatStreamLoop<RedOp::Prod>;
+    case RedOp::Min: return floatStreamLoop<RedOp::Min>;
+    case RedOp::Max: return floatStreamLoop<RedOp::Max>;
+    default: return nullptr;
+  }
 }
 
 inline ::smdccl::WireKernels wireKernels(bool bf16) {

@@ -4,5 +4,6 @@
 
 namespace smdccl::portable {
 ReduceFn lookupPortable(DType t, RedOp op) { return lookup(t, op); }
+ReduceFn streamF32Portable(RedOp op) { return lookupStreamF32(op); }
 ::smdccl::WireKernels wirePortable(bool bf16) { return wireKernels(bf16); }
 }  // namespace smdccl::portable
