@@ -31,6 +31,9 @@ struct Situation {
   bool someHop16 = false;
   bool everyHop16 = false;
   size_t pipelineChunkBytes = 4 << 20;  // SMDCCL_PIPELINE_CHUNK_KB
+  // A reduce-scatter out of place (CollectiveArgs::in): an algorithm that
+  // reduces in place pays a copy of the input first.
+  bool outOfPlace = false;
 };
 
 // One call's arguments; each collective reads its own.
@@ -42,6 +45,12 @@ struct CollectiveArgs {
   const Blocks* blocks = nullptr;  // reduce_scatter, allgather: one block per rank
   size_t bytes = 0;                // broadcast
   int root = -1;                   // broadcast, reduce
+  // reduce_scatter out of place (both set): the blocks are read from `in`,
+  // left as it was; buf (laid out alike) is scratch; this rank's reduced
+  // block lands in `out`, which may be `in`'s own block but must not
+  // overlap the others.
+  const char* in = nullptr;
+  char* out = nullptr;
 };
 
 // A reduce-scatter from `in` (one block of `each` dt elements per rank,
@@ -77,6 +86,9 @@ class Algorithm {
   virtual double estimate(Collective c, double bytes, const Situation& s,
                           const CostModel& m) const = 0;
   virtual void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const = 0;
+  // Whether run() takes a reduce-scatter out of place (CollectiveArgs::in);
+  // for the others reduceScatter() copies the input into buf first.
+  virtual bool outOfPlace(Collective c) const { return false; }
   // Forced where it cannot run: what runs instead (nullptr: the model picks).
   virtual const char* fallback() const { return nullptr; }
   // SMDCCL_ALGO=<name> for the whole group: what runs for a collective it

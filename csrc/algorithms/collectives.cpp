@@ -1,5 +1,7 @@
 #include "algorithms/collectives.h"
 
+#include <cstring>
+
 #include <cstdint>
 #include <cmath>
 #include <mutex>
@@ -91,11 +93,24 @@ size_t messageBytes(Collective coll, const CollectiveArgs& a) {
   }
 }
 
+// An out-of-place reduce-scatter on an algorithm that reduces in place:
+// the input copied into buf, the result copied out.
+void runInPlace(const Algorithm& algo, Comm& c, const CollectiveArgs& a, const Tuning& t) {
+  const Blocks& b = *a.blocks;
+  if (b.total()) std::memcpy(a.buf, a.in, b.total());
+  CollectiveArgs inPlace = a;
+  inPlace.in = nullptr;
+  inPlace.out = nullptr;
+  algo.run(Collective::ReduceScatter, c, inPlace, t);
+  if (b.length[c.rank()]) std::memmove(a.out, a.buf + b.offset[c.rank()], b.length[c.rank()]);
+}
+
 void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, const Tuning& given) {
   const DType dt = a.dt;
   const size_t bytes = messageBytes(coll, a);
   Tuning t = forWire(c, dt, given);
   Situation s = situationOf(c, dt, t);
+  s.outOfPlace = coll == Collective::ReduceScatter && a.in;
   Choice choice = choose(coll, bytes, s, t);
   logDecision(coll, bytes, s, choice, t);
   SMDCCL_TRACE(c.ctx.describe(), ": ", collectiveName(coll), " of ", bytes, " B -> ",
@@ -103,6 +118,8 @@ void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, const Tuning& g
   trace::Span span(
       trace::enabled() ? strCat(choice.algo->name(), ", ", bytes, " B") : std::string(),
       "algorithm", trackOf(c));
+  if (coll == Collective::ReduceScatter && a.in && !choice.algo->outOfPlace(coll))
+    return runInPlace(*choice.algo, c, a, t);
   choice.algo->run(coll, c, a, t);
 }
 
@@ -125,7 +142,10 @@ const Algorithm* reduceScatterAlgorithm(const Comm& c, size_t bytes, DType dt,
 }
 
 void reduceScatter(Comm& c, const CollectiveArgs& a, const Tuning& t) {
-  if (c.size() == 1) return;
+  if (c.size() == 1) {
+    if (a.in && a.out != a.in && a.blocks->length[0]) std::memmove(a.out, a.in, a.blocks->length[0]);
+    return;
+  }
   dispatch(Collective::ReduceScatter, c, a, t);
 }
 

@@ -15,7 +15,8 @@ const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const
 // data on c, with the same purpose.
 const Algorithm* reduceScatterAlgorithm(const Comm& c, size_t bytes, DType dt, const Tuning& t);
 // a.buf holds the full input (size() blocks, *a.blocks, of a.dt reduced
-// with a.op); on return block rank() holds the result.
+// with a.op); on return block rank() holds the result. Out of place
+// (a.in, a.out: see CollectiveArgs), buf is scratch and a.out the result.
 void reduceScatter(Comm& c, const CollectiveArgs& a, const Tuning& t);
 // On entry block rank() of buf is filled; on return all blocks are.
 void allgather(Comm& c, char* buf, const Blocks& b, const Tuning& t);

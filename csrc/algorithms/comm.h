@@ -75,6 +75,11 @@ struct Blocks {
 struct RsAgPhases {
   char* buf = nullptr;
   const Blocks* blocks = nullptr;
+  // Out of place (reduce-scatter only; supportsOutOfPlace() schedules): the
+  // blocks are read from `in`, which is left as it was; buf takes the
+  // partial sums, this rank's finished block goes to `mine`.
+  const char* in = nullptr;
+  char* mine = nullptr;
   DType dt = DType::U8;
   RedOp op = RedOp::Sum;
   bool reduceScatter = true;
@@ -95,8 +100,9 @@ int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a);
 // position i reduces logical block i-s-1 at reduce-scatter step s and ends
 // owning its own rank's block): one mapping for every ring schedule.
 int ringDataBlock(const Comm& c, int logical);
-// On return block r of buf holds the reduction of every rank's block r, on rank r.
-void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op);
+// On return block r of a.buf (a.blocks) holds the reduction of every rank's
+// block r, on rank r; out of place (a.in, a.out), a.out does.
+void ringReduceScatter(Comm& c, const CollectiveArgs& a);
 // On entry block rank() of buf holds this rank's data; on return all blocks are filled.
 void ringAllgather(Comm& c, char* buf, const Blocks& b);
 void ringAllreduce(Comm& c, char* buf, size_t count, DType dt, RedOp op);

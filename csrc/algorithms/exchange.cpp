@@ -72,6 +72,8 @@ Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, const Combin
               .kind = Kind::RecvReduce,
               .buf = static_cast<char*>(buf),
               .bytes = bytes,
+              .from = static_cast<const char*>(how.from),
+              .streamOut = how.streamOut && how.from && how.from != buf,
               .dtype = how.dtype,
               .op = how.op,
               .deps = deps,
@@ -81,13 +83,20 @@ Exchange& Exchange::recvReduce(Link& link, void* buf, size_t bytes, const Combin
 
 int Exchange::join(int a, int b) {
   if (a < 0 || b < 0 || a == b) return a < 0 ? b : a;
-  t_.push_back({nullptr, Kind::Join, nullptr, 0, 0, DType::U8, RedOp::Sum, {a, -1}, -1});
+  t_.push_back({.kind = Kind::Join, .deps = {a, -1}});
   t_.back().after2 = b;
   return static_cast<int>(t_.size()) - 1;
 }
 
 namespace {
 constexpr size_t kWireStageElems = 32 << 10;  // 64 KiB of 16-bit values per transfer in flight
+}
+
+FromWire Exchange::wireCombine(const Transfer& t) {
+  return {.wire = t.wire,
+          .op = t.op,
+          .roundTo = t.roundTo,
+          .a = t.from ? reinterpret_cast<const float*>(t.from + t.done) : nullptr};
 }
 
 bool Exchange::moveWireSend(Transfer& t, size_t limit) {
@@ -134,7 +143,7 @@ bool Exchange::moveWireRecv(Transfer& t) {
       size_t k = std::min((t.bytes - t.done) / 4, t.link->readable(&at) / 2);
       if (k == 0) break;
       float* dst = reinterpret_cast<float*>(t.buf + t.done);
-      if (t.kind == Kind::RecvReduce) reduceFromWire(dst, at, k, {t.wire, t.op, t.roundTo});
+      if (t.kind == Kind::RecvReduce) reduceFromWire(dst, at, k, wireCombine(t));
       else unpackFromWire(dst, at, k, t.wire);
       t.link->consume(k * 2);
       t.done += k * 4;
@@ -153,7 +162,7 @@ bool Exchange::moveWireRecv(Transfer& t) {
     size_t whole = t.movedBytes / 2;
     if (whole == 0) continue;
     float* dst = reinterpret_cast<float*>(t.buf + t.done);
-    if (t.kind == Kind::RecvReduce) reduceFromWire(dst, stage, whole, {t.wire, t.op, t.roundTo});
+    if (t.kind == Kind::RecvReduce) reduceFromWire(dst, stage, whole, wireCombine(t));
     else unpackFromWire(dst, stage, whole, t.wire);
     t.done += whole * 4;
     t.movedBytes -= whole * 2;
@@ -318,12 +327,13 @@ constexpr size_t kReduceStaging = 256 << 10;  // per peer, for links read throug
 size_t Exchange::recvReduceSome(Transfer& t, size_t n) {
   const size_t es = elementSize(t.dtype);
   char* dst = t.buf + t.done;
+  const char* first = t.from ? t.from + t.done : dst;
   if (t.link->inPlace()) {
     // Reduce straight out of the link's buffer: no copy.
     const char* at = nullptr;
     size_t k = std::min(n, t.link->readable(&at)) / es * es;
     if (k == 0) return 0;
-    reduceInto(dst, at, k / es, t.dtype, t.op);
+    (t.streamOut ? reduceToStreaming : reduceTo)(dst, first, at, k / es, {t.dtype, t.op});
     t.link->consume(k);
     return k;
   }
@@ -336,7 +346,7 @@ size_t Exchange::recvReduceSome(Transfer& t, size_t n) {
   p.reduceStaged += t.link->recv(stage + p.reduceStaged, want);
   size_t whole = p.reduceStaged / es * es;
   if (whole == 0) return 0;
-  reduceInto(dst, stage, whole / es, t.dtype, t.op);
+  (t.streamOut ? reduceToStreaming : reduceTo)(dst, first, stage, whole / es, {t.dtype, t.op});
   p.reduceStaged -= whole;
   if (p.reduceStaged) std::memmove(stage, stage + whole, p.reduceStaged);
   return whole;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/cpu/reduce.h"
 
 #include "algorithms/exchange_book.h"
 #include "algorithms/op_context.h"
@@ -54,15 +55,21 @@ class Exchange {
   // the cast is fused into the send and the receive, never a separate pass.
   Exchange& send(Link& link, const void* buf, size_t bytes, Deps deps = {}, Wire wire = Wire::F32);
   Exchange& recv(Link& link, void* buf, size_t bytes, Deps deps = {}, Wire wire = Wire::F32);
-  // How recvReduce combines incoming bytes into buf: buf = buf op incoming
-  // (float32 arithmetic for a 16-bit `wire`). `roundTo`: the sums are
-  // rounded to what that wire delivers, so the rank holding a final result
-  // keeps exactly the value its peers receive.
+  // How recvReduce combines incoming bytes into buf: buf = from op incoming,
+  // `from` being buf itself unless given (then left as it was: an
+  // out-of-place reduce-scatter reads its input there), float32 arithmetic
+  // for a 16-bit `wire`. `roundTo`: the sums are rounded to what that wire
+  // delivers, so the rank holding a final result keeps exactly the value its
+  // peers receive.
   struct Combine {
     DType dtype;
     RedOp op;
     Wire wire = Wire::F32;
     Wire roundTo = Wire::F32;
+    const void* from = nullptr;
+    // buf (not `from`) is not read again by this op: written around the
+    // caches (reduceToStreaming). Plain elements only; a 16-bit wire ignores it.
+    bool streamOut = false;
   };
   Exchange& recvReduce(Link& link, void* buf, size_t bytes, const Combine& how, Deps deps = {});
   // An index that finishes once both `a` and `b` have (-1: nothing to wait
@@ -80,6 +87,8 @@ class Exchange {
     char* buf = nullptr;
     size_t bytes = 0;
     size_t done = 0;
+    const char* from = nullptr;  // RecvReduce: the first operand (nullptr: buf)
+    bool streamOut = false;      // RecvReduce: Combine::streamOut
     DType dtype = DType::U8;
     RedOp op = RedOp::Sum;
     Deps deps{};
@@ -112,6 +121,7 @@ class Exchange {
   // A receive-and-reduce of plain elements: in place from the link's
   // buffer, or through the peer's staging.
   size_t recvReduceSome(Transfer& t, size_t n);
+  static FromWire wireCombine(const Transfer& t);  // a 16-bit RecvReduce's arithmetic
   bool moveWireSend(Transfer& t, size_t limit);
   bool moveWireRecv(Transfer& t);
   bool progressOnce(bool* allDone);

@@ -21,6 +21,10 @@ int ringDataBlock(const Comm& c, int logical) {
   return c.ring[((logical - 1) % p + p) % p];
 }
 
+// An out-of-place result at least this large is written around the caches
+// (the caller reads it later, if at all; its lines need not be read first).
+constexpr size_t kStreamOutBytes = 1 << 20;
+
 int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a) {
   char* buf = a.buf;
   const Blocks& b = *a.blocks;
@@ -42,18 +46,30 @@ int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a) {
   // only dependencies here are the start and the forwarding.
   int lastRecv = -1;
   bool first = true;
+  // Out of place, the input's blocks are sent and reduced from `in` until
+  // a step has written them to buf; the last sum goes to `mine`.
+  const char* in = a.in ? a.in : buf;
   auto step = [&](int sendBlk, int recvBlk, bool reduce, bool forward) {
     Exchange::Deps sendDeps{first ? startAfter : -1, forward ? lastRecv : -1};
     // A receive that reduces must wait for the data it reduces into.
     Exchange::Deps recvDeps{first && reduce ? startAfter : -1, -1};
+    const char* sendFrom = (forward ? buf : in) + b.offset[sendBlk];
     first = false;
     ++steps;
-    ex.send(next, buf + b.offset[sendBlk], b.length[sendBlk], sendDeps, sendWire);
+    ex.send(next, sendFrom, b.length[sendBlk], sendDeps, sendWire);
     lastRecv = ex.size();
     bool lastReduce = reduce && steps == p - 1;
+    const bool toMine = lastReduce && a.mine;
+    char* into = toMine ? a.mine : buf + b.offset[recvBlk];
     if (reduce)
-      ex.recvReduce(prev, buf + b.offset[recvBlk], b.length[recvBlk],
-                    {dt, op, recvWire, lastReduce ? roundLast : Wire::F32}, recvDeps);
+      ex.recvReduce(prev, into, b.length[recvBlk],
+                    {.dtype = dt,
+                     .op = op,
+                     .wire = recvWire,
+                     .roundTo = lastReduce ? roundLast : Wire::F32,
+                     .from = in + b.offset[recvBlk],
+                     .streamOut = toMine && b.length[recvBlk] >= kStreamOutBytes},
+                    recvDeps);
     else ex.recv(prev, buf + b.offset[recvBlk], b.length[recvBlk], recvDeps, recvWire);
   };
   if (a.reduceScatter) {
@@ -82,8 +98,14 @@ void runRing(Comm& c, const RsAgPhases& a) {
 
 }  // namespace
 
-void ringReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp op) {
-  runRing(c, {.buf = buf, .blocks = &b, .dt = dt, .op = op, .allgather = false});
+void ringReduceScatter(Comm& c, const CollectiveArgs& a) {
+  runRing(c, {.buf = a.buf,
+              .blocks = a.blocks,
+              .in = a.in,
+              .mine = a.out,
+              .dt = a.dt,
+              .op = a.op,
+              .allgather = false});
 }
 
 void ringAllgather(Comm& c, char* buf, const Blocks& b) {
@@ -127,7 +149,7 @@ class Ring final : public Algorithm {
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     switch (c) {
       case Collective::Allreduce: ringAllreduce(comm, a.buf, a.count, a.dt, a.op); break;
-      case Collective::ReduceScatter: ringReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op); break;
+      case Collective::ReduceScatter: ringReduceScatter(comm, a); break;
       case Collective::Allgather: ringAllgather(comm, a.buf, *a.blocks); break;
       default: ringReduce(comm, a); break;
     }
@@ -135,6 +157,7 @@ class Ring final : public Algorithm {
   const char* kin(Collective c) const override {
     return c == Collective::Broadcast ? "chain" : nullptr;
   }
+  bool outOfPlace(Collective c) const override { return c == Collective::ReduceScatter; }
 };
 
 }  // namespace

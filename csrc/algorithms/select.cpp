@@ -92,8 +92,13 @@ std::vector<std::pair<const Algorithm*, double>> estimates(Collective c, double 
                                                            const Situation& s, const CostModel& m) {
   std::vector<std::pair<const Algorithm*, double>> out;
   for (const Algorithm* a : registeredAlgorithms())
-    if (a->serves(c) && a->canRun(c, s) && a->autoCandidate(c, s))
-      out.emplace_back(a, s.g.ranks <= 1 ? 0.0 : a->estimate(c, bytes, s, m));
+    if (a->serves(c) && a->canRun(c, s) && a->autoCandidate(c, s)) {
+      double sec = s.g.ranks <= 1 ? 0.0 : a->estimate(c, bytes, s, m);
+      // The copy of the input into the working buffer (a memory copy costs
+      // about what a shared-memory transfer of the bytes does).
+      if (s.outOfPlace && !a->outOfPlace(c)) sec += m.intra.bytesSeconds(bytes);
+      out.emplace_back(a, sec);
+    }
   return out;
 }
 

@@ -24,6 +24,21 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 // ---------------------------------------------------------------- reduce-scatter
 
+namespace {
+
+// Whether a reduce-scatter may read `input` where it lies while writing
+// `output` (rank's block of the result): they do not overlap, or output is
+// exactly input's own block (read only by the reduction that writes it).
+bool readsInPlace(const at::Tensor& input, const at::Tensor& output, int rank) {
+  const char* in = static_cast<const char*>(input.data_ptr());
+  const char* out = static_cast<const char*>(output.data_ptr());
+  const size_t inBytes = input.nbytes(), outBytes = output.nbytes();
+  return out + outBytes <= in || in + inBytes <= out ||
+         out == in + static_cast<size_t>(rank) * outBytes;
+}
+
+}  // namespace
+
 WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                       std::vector<std::vector<at::Tensor>>& inputs,
                                       const ::c10d::ReduceScatterOptions& opts) {
@@ -111,9 +126,14 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                   .outputs = {result},
                   .body =
                       [this, input, output, spec](Comm& c) mutable {
-                        at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
                         Blocks blocks = Blocks::equal(c.size(), output.nbytes());
-                        reduce_.reduceScatter(c, {work, blocks, output}, spec);
+                        if (spec.needsPreScale() || !readsInPlace(input, output, c.rank())) {
+                          at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
+                          return reduce_.reduceScatter(c, {work, blocks, output}, spec);
+                        }
+                        // Read where it is: the scratch takes partial sums only.
+                        at::Tensor work = scratch_.take(input.numel(), input.scalar_type());
+                        reduce_.reduceScatter(c, {work, blocks, output, &input}, spec);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp});

@@ -86,10 +86,21 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
   ReduceSpec spec = given;
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
   WireOverflowCheck overflow(useWire(c, dt, spec));
-  applyPreScale(work, spec);
-  smdccl::reduceScatter(c, {.buf = bytesOf(work), .dt = dt, .op = spec.op, .blocks = &blocks},
-                        tuning_);
-  if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
+  if (r.input) {
+    smdccl::reduceScatter(c,
+                          {.buf = bytesOf(work),
+                           .dt = dt,
+                           .op = spec.op,
+                           .blocks = &blocks,
+                           .in = bytesOf(*r.input),
+                           .out = bytesOf(output)},
+                          tuning_);
+  } else {
+    applyPreScale(work, spec);
+    smdccl::reduceScatter(c, {.buf = bytesOf(work), .dt = dt, .op = spec.op, .blocks = &blocks},
+                          tuning_);
+    if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
+  }
   applyPostDivide(output, spec);
   overflow.finish(c);
 }

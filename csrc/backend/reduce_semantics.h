@@ -44,11 +44,14 @@ class ReduceSemantics {
   void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
                      const std::shared_ptr<DeviceOp>& dev) const;
   // A host reduce-scatter: `work` (laid out as blocks) holds every block;
-  // block c.rank() reduced over the group lands in `output`.
+  // block c.rank() reduced over the group lands in `output`. With `input`
+  // (contiguous, laid out as blocks, left as it was; a reduction with no
+  // pre-scale), every block is read there and `work` is only scratch.
   struct HostReduceScatter {
     at::Tensor& work;
     const Blocks& blocks;
     at::Tensor& output;
+    const at::Tensor* input = nullptr;
   };
   void reduceScatter(Comm& c, const HostReduceScatter& r, const ReduceSpec& spec) const;
   // Whether a float32 reduction over the whole of c would cross a 16-bit hop.

@@ -2,7 +2,8 @@
 // ranks as threads (tests/cpp/memory_fabric.h): flat groups of 1-9, 12 and
 // 16 ranks, uniform nodes, uneven nodes and one rank per node; sizes 0, 1,
 // primes, pipeline-chunk boundaries and a few MiB; integer, float and
-// 16-bit dtypes under their ops; float32 over a 16-bit wire. Integer-valued
+// 16-bit dtypes under their ops; float32 over a 16-bit wire; reduce-scatter
+// in place and out of place (input left as it was). Integer-valued
 // data makes every result exact whatever the order of the sums, so results
 // are compared for equality with a reference folded with the same kernels;
 // the wire cases are checked against a float64 reference within the
@@ -183,6 +184,25 @@ void runMatrix(const Matrix& m, Failures& fail, std::atomic<int>& cases) {
                   }
                   b = Blocks::fromLengths(len);
                 }
+                // Out of place first: from a separate input (odd seeds: the
+                // result into the input's own block), which must be left as
+                // it was; the scratch starts as garbage.
+                std::vector<char> scratch(buf.size(), static_cast<char>(0x6b));
+                std::vector<char> in = buf, out(b.length[r] + 1, static_cast<char>(0x3c));
+                char* into = seed % 2 ? in.data() + b.offset[r] : out.data();
+                reduceScatter(c,
+                              {.buf = scratch.data(),
+                               .dt = k.dt,
+                               .op = k.op,
+                               .blocks = &b,
+                               .in = in.data(),
+                               .out = into},
+                              t);
+                ok = sameBytes(into, ref.data() + b.offset[r], b.length[r]) &&
+                     out.back() == static_cast<char>(0x3c);
+                if (seed % 2) std::memcpy(in.data() + b.offset[r], buf.data() + b.offset[r], b.length[r]);
+                ok = ok && in == buf;
+                if (!ok) fail.add("rank " + std::to_string(r) + ": " + what + " out of place");
                 reduceScatter(c, {.buf = buf.data(), .dt = k.dt, .op = k.op, .blocks = &b}, t);
                 ok = sameBytes(buf.data() + b.offset[r], ref.data() + b.offset[r], b.length[r]);
                 break;
@@ -262,8 +282,21 @@ void runWireMatrix(const std::vector<int>& nodes, Wire wire, bool intra, Failure
           Blocks b = Blocks::even(n, p, 4);
           int root = static_cast<int>(n % p);
           char* at = reinterpret_cast<char*>(buf.data());
+          // The reduce-scatter of 1021 elements runs out of place, the
+          // result written over the input's own block.
+          const bool outOfPlace = coll == Collective::ReduceScatter && n == 1021;
+          std::vector<float> scratch(outOfPlace ? n : 0, -1.0f);
           if (coll == Collective::Allreduce)
             allreduce(c, {.buf = at, .count = n, .dt = DType::F32, .op = RedOp::Sum}, t);
+          else if (outOfPlace)
+            reduceScatter(c,
+                          {.buf = reinterpret_cast<char*>(scratch.data()),
+                           .dt = DType::F32,
+                           .op = RedOp::Sum,
+                           .blocks = &b,
+                           .in = at,
+                           .out = at + b.offset[r]},
+                          t);
           else if (coll == Collective::ReduceScatter)
             reduceScatter(c, {.buf = at, .dt = DType::F32, .op = RedOp::Sum, .blocks = &b}, t);
           else
@@ -277,7 +310,15 @@ void runWireMatrix(const std::vector<int>& nodes, Wire wire, bool intra, Failure
           double u = wire == Wire::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
           std::string what = shapeName(nodes) + " " + wireName(wire) + (intra ? " intra" : "") +
                              " " + algo->name() + " " + collectiveName(coll) +
-                             " n=" + std::to_string(n);
+                             " n=" + std::to_string(n) + (outOfPlace ? " out of place" : "");
+          if (outOfPlace)  // the other blocks: still this rank's input
+            for (size_t i = 0; i < n; ++i)
+              if ((i < b.offset[r] / 4 || i >= (b.offset[r] + b.length[r]) / 4) &&
+                  buf[i] != valueOf(r, i)) {
+                fail.add("rank " + std::to_string(r) + ": " + what + ": input changed at " +
+                         std::to_string(i));
+                break;
+              }
           for (size_t i = lo; i < hi; ++i) {
             // Each hop rounds a partial sum no larger than sum |x|; at most
             // p + 2 roundings on any path (folds and the final one included).
