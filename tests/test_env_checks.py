@@ -40,7 +40,7 @@ CASES = [
     ("SMDCCL_CUDA_MAX_SMS", "-1", ["SMDCCL_CUDA_MAX_SMS='-1' is out of range"]),
     ("SMDCCL_INTRA", "nvlink", ["SMDCCL_INTRA='nvlink' is not one of: auto, nccl, ipc"]),
     ("SMDCCL_DEBUG", "LOUD", ["SMDCCL_DEBUG='LOUD' is not one of: WARN, INFO, DETAIL, TRACE"]),
-    ("SMDCCL_COMPRESSION", "int8", ["is not one of: none, fp16, bf16"]),
+    ("SMDCCL_COMPRESSION", "int4", ["is not one of: none, fp16, bf16, int8"]),
     ("SMDCCL_TOPOLOGY", "99999999999999999999,1", ["SMDCCL_TOPOLOGY", "from 1 to 1048576"]),
     ("SMDCCL_TUNE_FILE", "/dev/zero", ["SMDCCL_TUNE_FILE='/dev/zero' is not a readable profile"]),
 ]

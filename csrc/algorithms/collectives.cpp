@@ -25,6 +25,7 @@ Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
     g.maxLocal = g.ranks;
   }
   s.someHop16 = c.compressesSomeHop(dt);
+  s.int8 = c.int8 && dt == DType::F32 && c.size() > 1;
   s.everyHop16 = c.compressesEveryHop(dt);
   s.pipelineChunkBytes = t.pipelineChunkBytes;
   return s;

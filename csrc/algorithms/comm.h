@@ -28,6 +28,10 @@ struct Comm {
   bool wireIntra = false;
   // The group's per-peer exchange state (op headers); shared by sub-Comms.
   ExchangeBook* book = nullptr;
+  // Float32 SUM of this op crosses node boundaries as block int8
+  // (compression="int8"): the int8 algorithms run it (two_level_int8.cpp);
+  // wire stays F32, so whatever else runs keeps full precision.
+  bool int8 = false;
 
   int rank() const { return members.empty() ? mesh.rank() : myIndex; }
   int size() const { return members.empty() ? mesh.size() : static_cast<int>(members.size()); }
@@ -123,6 +127,11 @@ bool prefersHalving(const Comm& c, DType dt);
 int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a);
 // appendHalving where prefersHalving(c, a.dt) and a reduction is asked for, else appendRing.
 int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a);
+
+// ---- the int8 wire (two_level_int8.cpp) ----
+// In place on a.buf (a.count float32, SUM) over uniform nodes; `scratch`
+// holds the quantized pieces (kept by the caller between ops).
+void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
 void halvingAllreduce(Comm& c, const CollectiveArgs& a, size_t chunkBytes);

@@ -26,6 +26,9 @@ class ExchangeBook {
   // `peer`: the group rank at the other end of the link. References stay
   // valid as peers are added.
   Peer& of(int peer) { return peers_[peer]; }
+  // The int8 algorithms' quantized pieces (two_level_int8.cpp), kept so a
+  // large op does not fault in fresh pages each time.
+  std::vector<char> quantized;
 
  private:
   std::unordered_map<int, Peer> peers_;

@@ -13,7 +13,8 @@
   X(chain)                   \
   X(twoLevel)                \
   X(twoLevelRd)              \
-  X(twoLevelTree)
+  X(twoLevelTree)            \
+  X(twoLevelInt8)
 
 namespace smdccl {
 

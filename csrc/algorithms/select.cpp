@@ -106,6 +106,9 @@ Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t) {
   for (const Algorithm* a = t.forcedFor(c); a;
        a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
     if (a->serves(c) && a->canRun(c, s)) return {a, true};
+  if (s.int8)
+    for (const Algorithm* a : registeredAlgorithms())
+      if (a->int8Wire() && a->serves(c) && a->canRun(c, s)) return {a, false};
   Choice best;
   double bestT = std::numeric_limits<double>::infinity();
   for (const auto& [a, sec] : estimates(c, static_cast<double>(bytes), s, t.model))

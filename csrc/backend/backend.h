@@ -172,7 +172,7 @@ class SmdcclBackend : public ::c10d::Backend {
   std::string describeTopology() const { return mesh_->topology().describe(); }
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
   std::string listenAddress() const { return mesh_->listenAddress(); }
-  std::string compression() const { return wireName(cfg_.wire); }
+  std::string compression() const { return cfg_.int8 ? "int8" : wireName(cfg_.wire); }
   // Whether this group's float32 reductions put 16 bits on some hop
   // (Comm::compressesSomeHop over the whole group).
   bool compressesSomeHop() const;
@@ -240,7 +240,7 @@ class SmdcclBackend : public ::c10d::Backend {
   Tuning tuning_;
   ScratchPool scratch_;  // host copies for ops that leave their input as it was
   // Wire choice, AVG / PREMUL_SUM scaling, fp16 overflow: the reductions' bodies call it.
-  ReduceSemantics reduce_{WireChoice{cfg_.wire, cfg_.wireIntra}, tuning_, scratch_};
+  ReduceSemantics reduce_{WireChoice{cfg_.wire, cfg_.wireIntra, cfg_.int8}, tuning_, scratch_};
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
   // split()'s and shrink()'s groups, with this group's settings.

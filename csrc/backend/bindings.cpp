@@ -22,10 +22,12 @@
 namespace py = pybind11;
 
 namespace smdccl::env {
-SMDCCL_ENV_CHOICE(kCompression, "SMDCCL_COMPRESSION", "none", "none, fp16, bf16",
-                  "16-bit wire for float32 allreduce / reduce_scatter between nodes: none, fp16 "
-                  "or bf16. Every addition stays float32; the cast is fused into the send and the "
-                  "receive-and-reduce. Per group: pg_options={'compression': 'fp16'}.");
+SMDCCL_ENV_CHOICE(kCompression, "SMDCCL_COMPRESSION", "none", "none, fp16, bf16, int8",
+                  "Fewer bits between nodes for float32 reductions, every addition float32: fp16 "
+                  "or bf16 (allreduce / reduce_scatter; the cast fused into the send and the "
+                  "receive-and-reduce), int8 (allreduce SUM/AVG on uniform nodes: block-wise int8 "
+                  "with a float32 scale per 128 values, quantized once per level; the rest full "
+                  "precision). Per group: pg_options={'compression': 'fp16'}.");
 SMDCCL_ENV_INT(kCompressionIntra, "SMDCCL_COMPRESSION_INTRA", 0, 0, 1,
                "1: compress inside nodes too (shared memory), not only between nodes.");
 // Read by python/smdccl/_registration.py; declared here to be in the table.
@@ -71,10 +73,11 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
     ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));  // FP16 too
   if (wire == "fp16") cfg.wire = smdccl::Wire::F16;
   else if (wire == "bf16") cfg.wire = smdccl::Wire::BF16;
+  else if (wire == "int8") cfg.int8 = true;
   else if (wire != "none")
     throw smdccl::InvalidArgument("smdccl: compression '" + wire +
-                                  "' is not one of: none, fp16, bf16 (SMDCCL_COMPRESSION or "
-                                  "pg_options['compression'])");
+                                  "' is not one of: none, fp16, bf16, int8 (SMDCCL_COMPRESSION "
+                                  "or pg_options['compression'])");
   cfg.wireIntra = p.compressionIntra >= 0 ? p.compressionIntra != 0
                                           : smdccl::envInt(smdccl::env::kCompressionIntra) != 0;
   py::gil_scoped_release nogil;  // construction rendezvouses through the store

@@ -45,6 +45,7 @@ BackendConfig GroupChildren::childConfig(const std::vector<int>& ranks, std::str
   child.worldSize = parent_.worldSize;
   child.wire = parent_.wire;
   child.wireIntra = parent_.wireIntra;
+  child.int8 = parent_.int8;
   return child;
 }
 

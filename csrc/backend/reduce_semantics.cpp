@@ -11,6 +11,9 @@ namespace smdccl {
 Wire ReduceSemantics::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
   c.wire = wire_.wire;
   c.wireIntra = wire_.intra;
+  // int8: float32 SUM (AVG and PREMUL_SUM reach here as SUM with their
+  // scaling around it; block scales make the magnitude irrelevant).
+  c.int8 = wire_.int8 && dt == DType::F32 && spec.op == RedOp::Sum;
   // No compressed hop (one node, compression_intra off): the op is the
   // uncompressed group's, bit for bit (AVG divides after the sum, no fp16
   // overflow round).

@@ -23,6 +23,7 @@ namespace smdccl {
 struct WireChoice {
   Wire wire = Wire::F32;
   bool intra = false;
+  bool int8 = false;  // block int8 between nodes (BackendConfig::int8)
 };
 
 class ReduceSemantics {

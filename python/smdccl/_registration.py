@@ -80,9 +80,7 @@ def _create_backend(dist_opts, backend_options=None):
     _register_exit_hook(_C)
 
     options = _backend_options(backend_options)
-    compression = options.get("compression") or ""
-    if compression not in ("", "none", "fp16", "bf16"):
-        raise ValueError(f"smdccl: pg_options compression={compression!r}: use 'none', 'fp16' or 'bf16'")
+    compression = options.get("compression") or ""  # checked by the engine (one list of names)
     intra = options.get("compression_intra")
     world_size = dist.get_world_size() if dist.is_initialized() else dist_opts.group_size
     params = _C._GroupParams()

@@ -1,10 +1,12 @@
-"""fp16 gradient averaging: torch's DDP hook over gloo vs smdccl's fp16 wire.
+"""Gradient averaging with fewer bits: torch's fp16 DDP hook over gloo vs
+smdccl's fp16, bf16 and int8 wires, against float64.
 
     SMDCCL_TOPOLOGY=1,1,1,1 torchrun --nproc-per-node 4 -m smdccl.bench.accuracy
+    python -m smdccl.bench.accuracy --int8-blocks 32,64,128,256
 
 Every rank draws the same-shaped random "gradients" (``--count`` float32
 values, normal with standard deviation ``scale``, seeded by (seed, rank,
-scale)). For each scale the mean over ranks is computed three ways:
+scale)). For each scale the mean over ranks is computed several ways:
 
 - reference: float64 sum of every rank's float32 values, divided by the
   world size (every rank all-gathers the inputs over the gloo control group);
@@ -16,13 +18,23 @@ scale)). For each scale the mean over ranks is computed three ways:
 - ``smdccl_fp16``: ``smdccl.ddp.fp16_compress_hook`` with a
   ``CompressionState()``: divides the float32 tensor by the world size and
   all-reduces it on an smdccl group with ``{"compression": "fp16"}`` (fp16
-  values between nodes, float32 sums). Compression applies between nodes, so
-  run with ``SMDCCL_TOPOLOGY`` making every rank its own node (``1,1`` ...);
-  the header prints the group's topology and compression.
+  values between nodes, float32 sums);
+- ``smdccl_bf16``, ``smdccl_int8``: an AVG all_reduce on an smdccl group
+  with that compression (bf16 values / block int8 between nodes, float32
+  sums).
+Compression applies between nodes, so run with ``SMDCCL_TOPOLOGY`` making
+every rank its own node (``1,1`` ...); the header prints the group's
+topology.
 
-Reported per scale: max and mean absolute error against the reference, max
-over ranks (the results are also checked to be identical on all ranks).
-Exit code 1 if smdccl's max error exceeds the torch hook's at any scale.
+Reported per scale and way: max and RMS absolute error against the
+reference, max over ranks (the results are also checked to be identical on
+all ranks). Exit code 1 if smdccl's fp16 max error exceeds the torch hook's
+at any scale.
+
+``--int8-blocks``: no ranks; the error of one int8 quantization (the wire's
+formula, in torch) for each block size, on normal values and on
+heavy-tailed ones (normal times exp(normal)), with the bytes per value: the
+measurement behind the wire's block of 128.
 """
 
 from __future__ import annotations
@@ -42,15 +54,48 @@ def build_parser() -> argparse.ArgumentParser:
     p = RankZeroParser(
         prog="smdccl.bench.accuracy",
         usage="SMDCCL_TOPOLOGY=1,1 torchrun --nproc-per-node 2 -m smdccl.bench.accuracy [options]",
-        description="Max abs error of fp16 gradient averaging vs a float64 reference: "
-                    "torch's fp16_compress_hook over gloo vs smdccl's fp16 wire.")
+        description="Max and RMS error of gradient averaging vs a float64 reference: "
+                    "torch's fp16_compress_hook over gloo vs smdccl's fp16, bf16 and int8 wires.")
     p.add_argument("--count", type=int, default=1 << 20, metavar="N",
                    help="float32 values per rank (default: 1048576)")
     p.add_argument("--scales", default="1e-4,1e-2,1,100", metavar="LIST",
                    help="standard deviations of the normal values (default: 1e-4,1e-2,1,100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE", help="write the header and rows as JSON")
+    p.add_argument("--int8-blocks", metavar="LIST",
+                   help="no ranks: one int8 quantization's error per block size (e.g. 32,64,128,256)")
     return p
+
+
+def int8_quantize(x, block: int):
+    """The int8 wire's round trip (csrc/kernels/cpu/quantize.h) with `block`
+    values per scale, in torch."""
+    import torch
+    n = x.numel()
+    pad = (-n) % block
+    v = torch.cat([x, x.new_zeros(pad)]).view(-1, block)
+    m = v.abs().amax(1, keepdim=True)
+    inv = torch.where(m > 0, 127.0 / m, torch.zeros_like(m))
+    q = torch.round((v * inv).clamp(-127, 127))  # round half to even, as lrintf
+    return (q * (m / 127.0)).view(-1)[:n]
+
+
+def int8_blocks_table(blocks, count: int, seed: int) -> str:
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    data = {"normal": torch.randn(count, generator=g),
+            "heavy-tailed": torch.randn(count, generator=g) * torch.randn(count, generator=g).exp()}
+    lines = ["# one int8 quantization: error relative to the data's RMS (and to its max |x|)",
+             f"#  {'block':>5}  {'bytes/value':>11}  " + "  ".join(f"{k + ' rms':>17}  {k + ' max':>17}"
+                                                           for k in data)]
+    for b in blocks:
+        cells = []
+        for x in data.values():
+            e = int8_quantize(x, b) - x
+            cells.append(f"{(e.pow(2).mean().sqrt() / x.pow(2).mean().sqrt()).item():>17.3e}")
+            cells.append(f"{(e.abs().max() / x.abs().max()).item():>17.3e}")
+        lines.append(f"   {b:>5}  {1 + 4 / b:>11.4f}  " + "  ".join(cells))
+    return "\n".join(lines)
 
 
 def _hook_result(hook, state, tensor):
@@ -62,6 +107,9 @@ def _hook_result(hook, state, tensor):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.int8_blocks:
+        print(int8_blocks_table([int(b) for b in args.int8_blocks.split(",")], args.count, args.seed))
+        return 0
     scales = [float(s) for s in args.scales.split(",") if s.strip()]
     import warnings
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -83,6 +131,11 @@ def main(argv=None) -> int:
         if smd is None:
             raise SystemExit(f"smdccl.bench.accuracy: smdccl unavailable: {err}")
         state = CompressionState(process_group=smd)
+        wires = {}
+        for wire in ("bf16", "int8"):
+            wires[f"smdccl_{wire}"], err = open_group(f"smdccl+{wire}", world, 300.0)
+            if wires[f"smdccl_{wire}"] is None:
+                raise SystemExit(f"smdccl.bench.accuracy: smdccl+{wire} unavailable: {err}")
         rows = []
         for scale in scales:
             g = torch.Generator().manual_seed(args.seed * 7919 + world.rank * 104729
@@ -96,11 +149,16 @@ def main(argv=None) -> int:
                 "torch_fp16_hook": _hook_result(default_hooks.fp16_compress_hook, gloo, x),
                 "smdccl_fp16": _hook_result(fp16_compress_hook, state, x),
             }
+            for name, group in wires.items():
+                out = x.clone()
+                dist.all_reduce(out, op=dist.ReduceOp.AVG, group=group)
+                results[name] = out
             row = {"ranks": world.size, "scale": scale, "count": args.count,
                    "ref_max_abs": ref.abs().max().item()}
             for name, out in results.items():
                 err_t = (out.double() - ref).abs()
-                stats = torch.tensor([err_t.max().item(), err_t.mean().item()], dtype=torch.float64)
+                stats = torch.tensor([err_t.max().item(), err_t.pow(2).mean().sqrt().item()],
+                                     dtype=torch.float64)
                 dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=world.ctrl)
                 # identical on every rank?
                 same = torch.tensor([0.0])
@@ -109,12 +167,13 @@ def main(argv=None) -> int:
                 same[0] = 0.0 if torch.equal(first, out) else 1.0
                 dist.all_reduce(same, group=world.ctrl)
                 row[f"{name}_max_abs_err"] = stats[0].item()
-                row[f"{name}_mean_abs_err"] = stats[1].item()
+                row[f"{name}_rms_err"] = stats[1].item()
                 row[f"{name}_ranks_differ"] = int(same.item())
                 row[f"{name}_finite"] = bool(torch.isfinite(out).all())
             rows.append(row)
 
         ok = all(r["smdccl_fp16_max_abs_err"] <= r["torch_fp16_hook_max_abs_err"] for r in rows)
+        names = ("torch_fp16_hook", "smdccl_fp16", "smdccl_bf16", "smdccl_int8")
         if world.rank == 0:
             cgroup = next(iter(state._groups.values()))
             backend = cgroup._get_backend(torch.device("cpu"))
@@ -133,18 +192,15 @@ def main(argv=None) -> int:
                 f"'{info['smdccl_compression']}' (SMDCCL_TOPOLOGY={info['smdccl_topology_env']})",
                 "# error = |result - float64 mean of the float32 inputs|, max over elements and ranks",
                 "# torch_fp16_hook: default_hooks.fp16_compress_hook over gloo (fp16 sums); "
-                "smdccl_fp16: smdccl.ddp.fp16_compress_hook (fp16 wire, float32 sums)",
-                f"#  {'ranks':>5}  {'scale':>8}  {'max|ref|':>10}  {'torch max err':>13}  "
-                f"{'smdccl max err':>14}  {'ratio':>6}  {'torch mean err':>14}  {'smdccl mean err':>15}",
+                "smdccl_fp16: smdccl.ddp.fp16_compress_hook (fp16 wire, float32 sums); "
+                "smdccl_bf16 / smdccl_int8: AVG all_reduce on a group with that wire",
+                f"#  {'ranks':>5}  {'scale':>8}  {'max|ref|':>10}  "
+                + "  ".join(f"{n + ' max':>20}  {n + ' rms':>20}" for n in names),
             ]
             for r in rows:
-                t, s = r["torch_fp16_hook_max_abs_err"], r["smdccl_fp16_max_abs_err"]
-                ratio = s / t if t > 0 else float("nan")
-                lines.append(
-                    f"   {r['ranks']:>5}  {r['scale']:>8.0e}  {r['ref_max_abs']:>10.3e}  {t:>13.3e}  "
-                    f"{s:>14.3e}  {ratio:>6.3f}  {r['torch_fp16_hook_mean_abs_err']:>14.3e}  "
-                    f"{r['smdccl_fp16_mean_abs_err']:>15.3e}")
-                for name in ("torch_fp16_hook", "smdccl_fp16"):
+                lines.append(f"   {r['ranks']:>5}  {r['scale']:>8.0e}  {r['ref_max_abs']:>10.3e}  " + "  ".join(
+                    f"{r[n + '_max_abs_err']:>20.3e}  {r[n + '_rms_err']:>20.3e}" for n in names))
+                for name in names:
                     if r[f"{name}_ranks_differ"] or not r[f"{name}_finite"]:
                         lines.append(f"#  note: {name} at scale {r['scale']:g}: "
                                      f"{r[f'{name}_ranks_differ']} rank(s) differ from rank 0, "

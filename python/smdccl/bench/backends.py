@@ -147,8 +147,9 @@ def forced_algo(algo: str):
 def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool = False):
     """(group, None) when ``name`` works on every rank, else (None, reason).
 
-    ``smdccl+fp16`` / ``smdccl+bf16``: an smdccl group with that compression
-    (16-bit values on the wire between nodes, float32 sums). ``@<algo>``
+    ``smdccl+fp16`` / ``smdccl+bf16`` / ``smdccl+int8``: an smdccl group
+    with that compression (16-bit values, or block int8 for allreduce, on
+    the wire between nodes; float32 sums). ``@<algo>``
     after an smdccl name (``smdccl@tree``, ``smdccl+fp16@halving``): the
     group runs with ``SMDCCL_ALGO=<algo>``."""
     err = None
@@ -158,8 +159,8 @@ def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool =
     if algo and base != "smdccl":
         err = f"{name}@{algo}: only smdccl takes a forced algorithm"
     if wire:
-        if base != "smdccl" or wire not in ("fp16", "bf16"):
-            err = f"unknown backend {name!r} (compressed forms: smdccl+fp16, smdccl+bf16)"
+        if base != "smdccl" or wire not in ("fp16", "bf16", "int8"):
+            err = f"unknown backend {name!r} (compressed forms: smdccl+fp16, smdccl+bf16, smdccl+int8)"
         options = {"compression": wire}
     if err is None and base == "smdccl":
         try:

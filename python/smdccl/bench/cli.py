@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--backends", type=_names, default=None, metavar="LIST",
                       help="comma list (default: smdccl,gloo, plus nccl with --device cuda "
                            "and >= 2 GPUs; smdccl+fp16 / smdccl+bf16: 16-bit wire between "
+                           "nodes, smdccl+int8: block int8 allreduce between "
                            "nodes); a backend named here that cannot be opened is "
                            "an error, a default one is skipped with a message")
     what.add_argument("--collectives", type=_names, default=list(choices.DEFAULT_COLLECTIVES),

@@ -1,0 +1,160 @@
+// The int8 wire's allreduce (algorithms/two_level_int8.cpp), ranks as
+// threads: results within the bound the format gives (two quantizations
+// of each element: each other node's contribution and the sum, each at most
+// half a step of its block's scale), the same bits on every rank, and the
+// choice: two_level_int8 wherever it can run on an int8 group, full
+// precision elsewhere.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "algorithms/collectives.h"
+#include "check.h"
+#include "common/hash.h"
+#include "kernels/cpu/quantize.h"
+#include "memory_fabric.h"
+
+using namespace smdccl;
+using smdccl::testing::MemoryFabric;
+
+namespace {
+
+float valueOf(int r, size_t i) {
+  uint64_t h = (i + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(r) + 3) * 0xc2b2ae3d27d4eb4full;
+  float v = static_cast<float>(static_cast<int64_t>(h >> 40) % 20001 - 10000) / 977.0f;
+  return (h & 0xff) == 0 ? v * 50.0f : v;  // a few large values: blocks of unlike scales
+}
+
+// [begin, end) of the quantization block holding element i: the layout of
+// two_level_int8 (shards over the L local ranks, pieces over the n nodes,
+// blocks from each piece's start).
+std::pair<size_t, size_t> blockOf(size_t i, size_t count, int L, int n) {
+  Blocks shards = Blocks::even(count, L, 1);
+  int l = 0;
+  while (i >= shards.offset[l] + shards.length[l]) ++l;
+  Blocks pieces = Blocks::even(shards.length[l], n, 1);
+  int j = 0;
+  while (i - shards.offset[l] >= pieces.offset[j] + pieces.length[j]) ++j;
+  size_t start = shards.offset[l] + pieces.offset[j], end = start + pieces.length[j];
+  size_t b = start + (i - start) / kInt8Block * kInt8Block;
+  return {b, std::min(end, b + kInt8Block)};
+}
+
+struct Failures {
+  std::mutex mu;
+  std::vector<std::string> all;
+  void add(const std::string& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (all.size() < 8) all.push_back(s);
+  }
+};
+
+void runShape(const std::vector<int>& nodes, Failures& fail, int& cases) {
+  MemoryFabric fabric(nodes);
+  const int p = fabric.size(), n = static_cast<int>(nodes.size()), L = nodes[0];
+  // Several nodes of one size: the int8 wire; otherwise full precision.
+  const bool uniform =
+      n > 1 && std::all_of(nodes.begin(), nodes.end(), [&](int k) { return k == L; });
+  std::string shape;
+  for (int k : nodes) shape += (shape.empty() ? "" : "+") + std::to_string(k);
+  std::vector<std::vector<uint64_t>> hashes;
+  std::mutex mu;
+  const size_t sizes[] = {0, 1, 7, 1000, 65537};
+  std::string error = fabric.run([&](int r, Comm& c) {
+    c.int8 = true;
+    Tuning t;
+    const Algorithm* chosen = allreduceAlgorithm(c, 1000, DType::F32, t);
+    if ((std::string(chosen->name()) == "two_level_int8") != uniform)
+      fail.add(shape + ": chose " + chosen->name());
+    size_t index = 0;
+    for (size_t count : sizes) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
+      allreduce(c, {.buf = reinterpret_cast<char*>(buf.data()), .count = count, .dt = DType::F32,
+                    .op = RedOp::Sum},
+                t);
+      // Node sums and the total, in float64.
+      std::vector<std::vector<double>> node(n, std::vector<double>(count, 0.0));
+      std::vector<double> total(count, 0.0);
+      for (int q = 0, k = 0; k < n; ++k)
+        for (int m = 0; m < nodes[k]; ++m, ++q)
+          for (size_t i = 0; i < count; ++i) {
+            node[k][i] += valueOf(q, i);
+            total[i] += valueOf(q, i);
+          }
+      size_t rounded = 0;  // elements visibly quantized
+      for (size_t i = 0; i < count; ++i) {
+        if (std::fabs(buf[i] - total[i]) > 1e-3 * std::fabs(total[i]) + 1e-4) ++rounded;
+        double bound = 0.0;
+        if (uniform) {
+          auto [b, e] = blockOf(i, count, L, n);
+          double sumMax = 0.0;
+          for (size_t j = b; j < e; ++j) sumMax = std::max(sumMax, std::fabs(total[j]));
+          bound = sumMax / 254.0;  // the sum's quantization
+          for (int k = 0; k < n; ++k) {  // every node's contribution, the owner's too (loose by one)
+            double m = 0.0;
+            for (size_t j = b; j < e; ++j) m = std::max(m, std::fabs(node[k][j]));
+            bound += m / 254.0;
+          }
+        }
+        bound += 1e-5 * (std::fabs(total[i]) + 1.0);  // float32 sums
+        if (!(std::fabs(buf[i] - total[i]) <= bound)) {
+          fail.add("rank " + std::to_string(r) + " " + shape + " n=" + std::to_string(count) +
+                   " element " + std::to_string(i) + ": " + std::to_string(buf[i]) + " vs " +
+                   std::to_string(total[i]) + " (bound " + std::to_string(bound) + ")");
+          break;
+        }
+      }
+      if (uniform && count >= 1000 && rounded == 0)
+        fail.add(shape + " n=" + std::to_string(count) + ": exact: the int8 wire did not run");
+      Fnv1a h;
+      for (float f : buf) {
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        h.mix(bits);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (hashes.size() <= index) hashes.emplace_back(p);
+      hashes[index++][r] = h.value;
+    }
+  });
+  if (!error.empty()) fail.add(shape + ": " + error);
+  for (size_t k = 0; k < hashes.size(); ++k)
+    for (int q = 1; q < p; ++q)
+      if (hashes[k][q] != hashes[k][0]) fail.add(shape + ": rank bits differ, size #" + std::to_string(k));
+  cases += static_cast<int>(hashes.size());
+}
+
+}  // namespace
+
+TEST(int8_allreduce_within_the_format_bound_on_every_rank) {
+  Failures fail;
+  int cases = 0;
+  for (const auto& nodes : std::vector<std::vector<int>>{
+           {2, 2}, {3, 3}, {2, 2, 2}, {1, 1, 1}, {4, 4}, {1, 1, 1, 1, 1}, {3, 1}, {4}})
+    runShape(nodes, fail, cases);
+  for (const auto& f : fail.all) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
+  CHECK(fail.all.empty());
+  CHECK(cases == 8 * 5);
+}
+
+// A wrong sum must fail the bound: the check above can fail.
+TEST(int8_bound_catches_a_missing_contribution) {
+  const size_t count = 1000;
+  double worst = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    double total = 0.0, missing = 0.0;
+    for (int q = 0; q < 4; ++q) total += valueOf(q, i);
+    missing = total - valueOf(3, i);
+    auto [b, e] = blockOf(i, count, 2, 2);
+    double m = 0.0;
+    for (size_t j = b; j < e; ++j) m = std::max(m, std::fabs(static_cast<double>(valueOf(3, j))));
+    worst = std::max(worst, std::fabs(missing - total) / (m / 254.0 * 3 + 1e-5));
+  }
+  CHECK(worst > 10.0);
+}
