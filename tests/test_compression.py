@@ -279,20 +279,24 @@ def ddp_hooks() -> dict:
     return out
 
 
-def error_feedback_drift() -> tuple:
-    """Accumulated error of 100 steps of fp16-hooked gradients, without and with feedback.
+def error_feedback_drift(wire: str = "fp16") -> tuple:
+    """Accumulated error of 100 steps of hooked gradients, without and with feedback.
 
     Two ranks on two nodes: every value crosses the wire. The gradients nearly
-    cancel (+-1000 plus a small signal), so fp16 rounds the signal away from
-    each rank's contribution at every step, the same way each time: without
-    feedback the error adds up linearly; carrying the residual keeps it bounded.
+    cancel (+-1000 plus a small signal), so fp16 (or int8, whose block scale
+    is then 1000/127) rounds the signal away from each rank's contribution at
+    every step, the same way each time: without feedback the error adds up
+    linearly; carrying the residuals keeps it bounded (int8: both
+    quantizations', kept by the backend).
     """
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from smdccl.ddp import CompressionState, fp16_compress_hook
+    import smdccl.ddp as sddp
+    from smdccl.ddp import CompressionState
 
+    hook = getattr(sddp, f"{wire}_wire_hook")
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def x_of(r):
@@ -303,7 +307,7 @@ def error_feedback_drift() -> tuple:
     def drift(error_feedback, steps=100):
         lin = torch.nn.Linear(64, 1, bias=False)
         ddp = DDP(lin)
-        ddp.register_comm_hook(CompressionState(error_feedback=error_feedback), fp16_compress_hook)
+        ddp.register_comm_hook(CompressionState(error_feedback=error_feedback), hook)
         total = torch.zeros_like(exact)
         for _ in range(steps):
             ddp.zero_grad()
@@ -311,8 +315,16 @@ def error_feedback_drift() -> tuple:
             total += lin.weight.grad.double()
         return (total - steps * exact).abs().max().item()
 
-    without, with_ef = drift(False), drift(True)
+    # int8 rounds each step by far less than its worst case here (the block
+    # scale is set by the +-500 values, the error by how the small signal
+    # falls between steps of 500/127), so it needs more steps to show the
+    # linear growth; with feedback its error stays within one step's worst
+    # case, half a step of the other node's block: 500.06 / 127 / 2 < 2.
+    steps = 400 if wire == "int8" else 100
+    without, with_ef = drift(False, steps), drift(True, steps)
     assert with_ef < without / 4, f"error feedback drift {with_ef:.3g} vs {without:.3g} without"
+    if wire == "int8":
+        assert with_ef <= 2.0, f"int8 error feedback drift {with_ef:.3g} over one step's bound"
     return without, with_ef
 
 
@@ -324,7 +336,7 @@ def error_feedback_on_one_node() -> bool:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from smdccl.ddp import CompressionState, bf16_compress_hook, fp16_compress_hook
+    from smdccl.ddp import CompressionState, bf16_compress_hook, fp16_compress_hook, int8_wire_hook
 
     rank = dist.get_rank()
 
@@ -347,7 +359,7 @@ def error_feedback_on_one_node() -> bool:
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
     ref = train(None)
-    for hook in (fp16_compress_hook, bf16_compress_hook):
+    for hook in (fp16_compress_hook, bf16_compress_hook, int8_wire_hook):
         got = train(hook)
         assert torch.equal(got, ref), f"{hook.__name__}: {(got - ref).abs().max().item():.3g} from float32 DDP"
     return True
@@ -359,9 +371,10 @@ def test_error_feedback_is_off_where_nothing_is_compressed(debug):
     assert run_ranks(2, error_feedback_on_one_node, env=env, timeout=120) == [True, True]
 
 
-def test_error_feedback_bounds_accumulated_drift():
-    results = run_ranks(2, error_feedback_drift, env={"SMDCCL_TOPOLOGY": "1,1"}, timeout=180)
-    print(f"\n[drift without / with error feedback] {results[0]}")
+@pytest.mark.parametrize("wire", ["fp16", "int8"])
+def test_error_feedback_bounds_accumulated_drift(wire):
+    results = run_ranks(2, error_feedback_drift, wire, env={"SMDCCL_TOPOLOGY": "1,1"}, timeout=180)
+    print(f"\n[{wire} drift without / with error feedback] {results[0]}")
 
 
 def test_ddp_hooks_match_float32_ddp():

@@ -194,7 +194,7 @@ def test_every_smdccl_hook_registers_on_cpu_and_cuda_builds_of_torch():
     # here DDP's check sees a CPU build, and the installed build as it is.
     cpu, as_is = (run_ranks(1, hook_registration, sim)[0] for sim in (True, False))
     assert cpu["torch_bf16_refused"], "the simulated CPU build did not refuse torch's bf16 hook"
-    assert len(cpu["checked"]) == 4, cpu
+    assert len(cpu["checked"]) == 5, cpu
     assert not cpu["refused"], cpu["refused"]
     assert not as_is["refused"], as_is["refused"]
 

@@ -17,7 +17,7 @@ int Comm::ringPosition() const {
 }
 
 Comm Comm::sub(const std::vector<int>& groupRanks) const {
-  Comm s{mesh, ctx, {}, nullptr, {}, -1, wire, wireIntra, book, int8};  // levels: the whole group only
+  Comm s{mesh, ctx, {}, nullptr, {}, -1, wire, wireIntra, book, int8, int8Feedback};  // levels: the whole group only
   for (int r : groupRanks) s.members.push_back(groupRank(r));
   auto it = std::find(s.members.begin(), s.members.end(), groupRank(rank()));
   if (it == s.members.end()) throw std::logic_error("sub-communicator without this rank");

@@ -12,6 +12,16 @@
 
 namespace smdccl {
 
+// Error feedback of the int8 wire, per tensor (a DDP bucket): what this
+// rank's quantizations rounded away the last time, by element of the
+// tensor, added before they quantize the same elements again (1-bit Adam's
+// scheme on both sides): `sent`, the pieces this rank quantized for other
+// nodes; `owned`, the sums it quantized as their owner. Over k steps what
+// was applied equals the true sum up to one step's quantization error.
+struct Int8Residuals {
+  std::vector<float> sent, owned;
+};
+
 // A Comm is either the whole group or a sub-communicator of some of its
 // ranks (one node's ranks, or one rank per node): algorithms see ranks
 // 0..size()-1 either way, so each level of a two-level scheme reuses them.
@@ -32,6 +42,8 @@ struct Comm {
   // (compression="int8"): the int8 algorithms run it (two_level_int8.cpp);
   // wire stays F32, so whatever else runs keeps full precision.
   bool int8 = false;
+  // The int8 wire's error feedback for this op's tensor (nullptr: none).
+  Int8Residuals* int8Feedback = nullptr;
 
   int rank() const { return members.empty() ? mesh.rank() : myIndex; }
   int size() const { return members.empty() ? mesh.size() : static_cast<int>(members.size()); }
@@ -129,9 +141,14 @@ int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a);
 int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a);
 
 // ---- the int8 wire (two_level_int8.cpp) ----
-// In place on a.buf (a.count float32, SUM) over uniform nodes; `scratch`
-// holds the quantized pieces (kept by the caller between ops).
-void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
+// What one int8 allreduce needs besides its arguments.
+struct Int8Run {
+  std::vector<char>& scratch;  // the quantized pieces (kept by the caller between ops)
+  Int8Residuals* feedback = nullptr;
+  size_t chunkBytes = 4 << 20;  // pipeline chunks (SMDCCL_PIPELINE_CHUNK_KB)
+};
+// In place on a.buf (a.count float32, SUM) over uniform nodes.
+void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
 void halvingAllreduce(Comm& c, const CollectiveArgs& a, size_t chunkBytes);

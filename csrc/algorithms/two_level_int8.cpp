@@ -30,82 +30,167 @@ namespace smdccl {
 
 namespace {
 
-// The pieces of a shard of `count` float32 values, one per node.
-struct Pieces {
-  Blocks elems;                   // byte ranges of the shard, by node
+// One pipeline chunk as this rank sees it: the chunk's elements, this
+// rank's shard of them (after the node's reduce-scatter), the shard's
+// pieces by owning node.
+struct Chunk {
+  size_t first = 0, count = 0;  // elements of the tensor
+  Blocks shards;                // byte ranges of the tensor, by local rank
+  Blocks pieces;                // byte ranges of the tensor, by node (this rank's shard)
   std::vector<size_t> quantized;  // int8Bytes of each piece
-  size_t most = 0;                // the largest of them
 };
 
-Pieces piecesOf(size_t count, int nodes) {
-  Pieces p{Blocks::even(count, nodes, sizeof(float)), {}, 0};
-  for (size_t len : p.elems.length) {
-    p.quantized.push_back(int8Bytes(len / sizeof(float)));
-    p.most = std::max(p.most, p.quantized.back());
+Chunk chunkOf(size_t first, size_t count, int L, int l, int n) {
+  Chunk k{first, count, Blocks::even(count, L, sizeof(float)), {}, {}};
+  for (size_t& o : k.shards.offset) o += first * sizeof(float);
+  k.pieces = Blocks::even(k.shards.length[l] / sizeof(float), n, sizeof(float));
+  for (int j = 0; j < n; ++j) {
+    k.pieces.offset[j] += k.shards.offset[l];
+    k.quantized.push_back(int8Bytes(k.pieces.length[j] / sizeof(float)));
   }
-  return p;
+  return k;
 }
 
-// Steps 2 and 3 over `across` (one rank per node) on this rank's shard.
-void int8AcrossNodes(Comm& across, float* shard, size_t count, std::vector<char>& scratch) {
-  const int n = across.size(), me = across.rank();
-  const Pieces p = piecesOf(count, n);
-  // n slots: outgoing pieces by owner (slot me: the reduced piece), then
-  // n incoming ones by sender.
-  scratch.resize(2 * static_cast<size_t>(n) * p.most);
-  auto out = [&](int j) { return scratch.data() + static_cast<size_t>(j) * p.most; };
-  auto in = [&](int j) { return scratch.data() + static_cast<size_t>(n + j) * p.most; };
-  auto piece = [&](int j) { return shard + p.elems.offset[j] / sizeof(float); };
-  auto elems = [&](int j) { return p.elems.length[j] / sizeof(float); };
-
-  Exchange ex = across.exchange();
-  for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    quantizeInt8(out(j), piece(j), elems(j));
-    ex.send(across.link(j), out(j), p.quantized[j]);
-    ex.recv(across.link(j), in(j), p.quantized[me]);
+// The pipeline of one allreduce: chunk k's node reduce-scatter runs with
+// chunk k-1's pieces on their way to their owners, chunk k-2's sums on
+// their way back and chunk k-3's node allgather, in one exchange per stage;
+// between stages this rank quantizes, adds and decodes. Each chunk's
+// quantized pieces live in one of three scratch slots (a chunk is in flight
+// for three stages).
+class Int8Pipeline {
+ public:
+  Int8Pipeline(Comm& c, const CollectiveArgs& a, const Int8Run& run)
+      : c_(c), a_(a), run_(run), h_(levelsOf(c)), local_(c.sub(h_.nodes[h_.myNode])),
+        across_(c.sub(h_.acrossNodes(h_.myLocal))) {
+    const int L = local_.size(), n = across_.size();
+    const Blocks cut = Blocks::even(a.count, static_cast<int>(pipelineChunks(
+                                                 a.count * sizeof(float), run.chunkBytes)),
+                                    sizeof(float));
+    size_t most = 0;
+    for (size_t i = 0; i < cut.offset.size(); ++i) {
+      chunks_.push_back(chunkOf(cut.offset[i] / sizeof(float), cut.length[i] / sizeof(float), L,
+                                local_.rank(), n));
+      for (size_t q : chunks_.back().quantized) most = std::max(most, q);
+    }
+    slotBytes_ = most;
+    run.scratch.resize(3 * 2 * static_cast<size_t>(n) * slotBytes_);
+    if (Int8Residuals* f = run.feedback; f && f->sent.size() != a.count) {
+      f->sent.assign(a.count, 0.0f);  // a new tensor (or the first step): nothing carried
+      f->owned.assign(a.count, 0.0f);
+    }
   }
-  ex.run();
-  // Every node's contribution in node order, so the sum does not depend on
-  // arrival order.
-  float* mine = piece(me);
-  for (int j = 0; j < n; ++j)
-    if (j != me) dequantizeAddInt8(mine, mine, in(j), elems(me));
-  quantizeInt8(out(me), mine, elems(me));
-  dequantizeInt8(mine, out(me), elems(me));
 
-  Exchange back = across.exchange();
-  for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    back.send(across.link(j), out(me), p.quantized[me]);
-    back.recv(across.link(j), in(j), p.quantized[j]);
+  void run() {
+    const int K = static_cast<int>(chunks_.size());
+    for (int s = 0; s < K + 3; ++s) {
+      if (s - 3 >= 0 && s - 3 < K) decodeReceived(chunks_[s - 3], s - 3);
+      if (s - 2 >= 0 && s - 2 < K) sumAndQuantize(chunks_[s - 2], s - 2);
+      if (s - 1 >= 0 && s - 1 < K) quantizePieces(chunks_[s - 1], s - 1);
+      Exchange ex = c_.exchange();
+      if (s < K)
+        appendReduceScatterAllgather(ex, local_,
+                                     {.buf = a_.buf, .blocks = &chunks_[s].shards, .dt = a_.dt,
+                                      .op = a_.op, .allgather = false});
+      if (s - 1 >= 0 && s - 1 < K) toOwners(ex, chunks_[s - 1], s - 1);
+      if (s - 2 >= 0 && s - 2 < K) fromOwners(ex, chunks_[s - 2], s - 2);
+      if (s - 3 >= 0 && s - 3 < K)
+        appendRing(ex, local_, {.buf = a_.buf, .blocks = &chunks_[s - 3].shards,
+                                .reduceScatter = false});
+      ex.run();
+    }
   }
-  back.run();
-  for (int j = 0; j < n; ++j)
-    if (j != me) dequantizeInt8(piece(j), in(j), elems(j));
-}
+
+ private:
+  // Slot k % 3: n outgoing pieces (by owner; this rank's own: its sum),
+  // then n incoming ones (by sender).
+  char* out(int k, int j) { return slot(k) + static_cast<size_t>(j) * slotBytes_; }
+  char* in(int k, int j) { return slot(k) + static_cast<size_t>(across_.size() + j) * slotBytes_; }
+  char* slot(int k) {
+    return run_.scratch.data() + static_cast<size_t>(k % 3) * 2 * across_.size() * slotBytes_;
+  }
+  float* values(const Chunk& k, int j) {
+    return reinterpret_cast<float*>(a_.buf + k.pieces.offset[j]);
+  }
+  size_t elems(const Chunk& k, int j) const { return k.pieces.length[j] / sizeof(float); }
+  size_t index(const Chunk& k, int j) const { return k.pieces.offset[j] / sizeof(float); }
+
+  // Quantizes `x` once into `q`; with error feedback, what the last step
+  // rounded away here is added first, and what this one rounds away kept.
+  void quantize(char* q, float* x, size_t count, float* residual) {
+    if (residual)
+      for (size_t i = 0; i < count; ++i) x[i] += residual[i];
+    quantizeInt8(q, x, count);
+    if (residual) {
+      dequantizeInt8(residual, q, count);
+      for (size_t i = 0; i < count; ++i) residual[i] = x[i] - residual[i];
+    }
+  }
+
+  void quantizePieces(const Chunk& k, int ki) {
+    const int me = across_.rank();
+    for (int j = 0; j < across_.size(); ++j)
+      if (j != me)
+        quantize(out(ki, j), values(k, j), elems(k, j),
+                 run_.feedback ? run_.feedback->sent.data() + index(k, j) : nullptr);
+  }
+
+  void toOwners(Exchange& ex, const Chunk& k, int ki) {
+    const int me = across_.rank();
+    for (int j = 0; j < across_.size(); ++j) {
+      if (j == me) continue;
+      ex.send(across_.link(j), out(ki, j), k.quantized[j]);
+      ex.recv(across_.link(j), in(ki, j), k.quantized[me]);
+    }
+  }
+
+  // Every node's contribution in node order (the sum does not depend on
+  // arrival order), then the sum quantized once; the owner keeps the
+  // decoded values, which every other rank receives.
+  void sumAndQuantize(const Chunk& k, int ki) {
+    const int me = across_.rank();
+    float* mine = values(k, me);
+    const size_t m = elems(k, me);
+    for (int j = 0; j < across_.size(); ++j)
+      if (j != me) dequantizeAddInt8(mine, mine, in(ki, j), m);
+    float* residual = run_.feedback ? run_.feedback->owned.data() + index(k, me) : nullptr;
+    if (residual)
+      for (size_t i = 0; i < m; ++i) mine[i] += residual[i];
+    quantizeInt8(out(ki, me), mine, m);
+    if (residual) std::copy(mine, mine + m, residual);
+    dequantizeInt8(mine, out(ki, me), m);
+    if (residual)
+      for (size_t i = 0; i < m; ++i) residual[i] -= mine[i];
+  }
+
+  void fromOwners(Exchange& ex, const Chunk& k, int ki) {
+    const int me = across_.rank();
+    for (int j = 0; j < across_.size(); ++j) {
+      if (j == me) continue;
+      ex.send(across_.link(j), out(ki, me), k.quantized[me]);
+      ex.recv(across_.link(j), in(ki, j), k.quantized[j]);
+    }
+  }
+
+  void decodeReceived(const Chunk& k, int ki) {
+    for (int j = 0; j < across_.size(); ++j)
+      if (j != across_.rank()) dequantizeInt8(values(k, j), in(ki, j), elems(k, j));
+  }
+
+  Comm& c_;
+  const CollectiveArgs& a_;
+  const Int8Run& run_;
+  const Hierarchy& h_;
+  Comm local_, across_;
+  std::vector<Chunk> chunks_;
+  size_t slotBytes_ = 0;
+};
 
 }  // namespace
 
-void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
-  const Hierarchy& h = levelsOf(c);
-  if (!h.uniform()) throw std::logic_error("the int8 allreduce needs uniform nodes");
+void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
+  if (!levelsOf(c).uniform()) throw std::logic_error("the int8 allreduce needs uniform nodes");
   if (a.count == 0) return;
-  Comm local = c.sub(h.nodes[h.myNode]);
-  Comm across = c.sub(h.acrossNodes(h.myLocal));
-  const Blocks shards = Blocks::even(a.count, local.size(), sizeof(float));
-  const int l = local.rank();
-  {
-    Exchange ex = local.exchange();
-    appendReduceScatterAllgather(
-        ex, local, {.buf = a.buf, .blocks = &shards, .dt = a.dt, .op = a.op, .allgather = false});
-    ex.run();
-  }
-  int8AcrossNodes(across, reinterpret_cast<float*>(a.buf + shards.offset[l]),
-                  shards.length[l] / sizeof(float), scratch);
-  Exchange ex = local.exchange();
-  appendRing(ex, local, {.buf = a.buf, .blocks = &shards, .reduceScatter = false});
-  ex.run();
+  Int8Pipeline(c, a, run).run();
 }
 
 namespace {
@@ -129,7 +214,10 @@ class TwoLevelInt8 final : public Algorithm {
   }
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     std::vector<char> own;  // a lone exchange's Comm (tests) has no book
-    int8TwoLevelAllreduce(comm, a, comm.book ? comm.book->quantized : own);
+    int8TwoLevelAllreduce(comm, a,
+                          {.scratch = comm.book ? comm.book->quantized : own,
+                           .feedback = comm.int8Feedback,
+                           .chunkBytes = t.pipelineChunkBytes});
   }
   const char* fallback() const override { return "two_level"; }
   bool int8Wire() const override { return true; }

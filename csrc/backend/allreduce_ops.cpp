@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <map>
+#include <utility>
 
 #include "algorithms/collectives.h"
 #include "backend/backend.h"
@@ -26,6 +27,8 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 // ---------------------------------------------------------------- allreduce
 
+thread_local int64_t SmdcclBackend::feedbackNext_ = -1;
+
 WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                                  const ::c10d::AllreduceOptions& opts) {
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
@@ -34,13 +37,14 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
   toDType(t.scalar_type(), "allreduce");  // an unsupported dtype raises here, at the call
   Tuning tuning = tuning_;
+  const int64_t feedbackKey = std::exchange(feedbackNext_, -1);
   auto dev = deviceOps_->begin({t}, "allreduce");
   // Small allreduces may be fused with those queued right behind them. The
   // choice must be the same on every rank (a fusable op opens with a round
   // that agrees on the count), so it does not depend on async_op, which
   // ranks may choose differently for the same call.
   std::shared_ptr<QueuedAllreduce> fusable;
-  if (fusion_->fusable(t, spec, size_)) {
+  if (feedbackKey < 0 && fusion_->fusable(t, spec, size_)) {
     fusable = std::make_shared<QueuedAllreduce>();
     fusable->tensor = t;
     fusable->spec = spec;
@@ -72,8 +76,11 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                   .name = "allreduce",
                   .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
                   .outputs = tensors,
-                  .body = [this, t, spec, tuning,
-                           dev](Comm& c) mutable { reduce_.allreduceOne(c, t, spec, dev, tuning); },
+                  .body =
+                      [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
+                        if (feedbackKey >= 0 && cfg_.int8) c.int8Feedback = &int8Residuals_[feedbackKey];
+                        reduce_.allreduceOne(c, t, spec, dev, tuning);
+                      },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,
                   .device = dev});

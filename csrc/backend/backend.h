@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <unordered_map>
 
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
@@ -173,6 +174,11 @@ class SmdcclBackend : public ::c10d::Backend {
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
   std::string listenAddress() const { return mesh_->listenAddress(); }
   std::string compression() const { return cfg_.int8 ? "int8" : wireName(cfg_.wire); }
+  // The next allreduce this thread issues on the group keeps the int8
+  // wire's error feedback under `key` (a DDP bucket's index): what its
+  // quantizations round away is carried into the next allreduce with the
+  // same key. No effect on a group without the int8 wire.
+  void int8FeedbackNext(int64_t key) { feedbackNext_ = key; }
   // Whether this group's float32 reductions put 16 bits on some hop
   // (Comm::compressesSomeHop over the whole group).
   bool compressesSomeHop() const;
@@ -254,6 +260,11 @@ class SmdcclBackend : public ::c10d::Backend {
   // (runMu_ of the progress thread serializes), or by a caller once the
   // thread has stopped after a failure (hence atomic).
   std::atomic<uint64_t> runSeq_{0};
+  // The int8 wire's error feedback: the key the next allreduce issued on
+  // this thread carries (-1: none; set by int8FeedbackNext), and the
+  // residuals per key (touched only by the ops, which run one at a time).
+  static thread_local int64_t feedbackNext_;
+  std::unordered_map<int64_t, Int8Residuals> int8Residuals_;
   bool nanCheck_ = false;      // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL
   GroupFate fate_;             // a failed collective (or abort()) leaves the group unusable

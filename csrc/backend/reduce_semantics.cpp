@@ -111,6 +111,8 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
 bool ReduceSemantics::compressesSomeHop(Comm& c) const {
   c.wire = wire_.wire;
   c.wireIntra = wire_.intra;
+  // int8: where the int8 allreduce runs (several nodes of one size).
+  if (wire_.int8) return c.levels && c.levels->numNodes() > 1 && c.levels->uniform();
   return c.compressesSomeHop(DType::F32);
 }
 

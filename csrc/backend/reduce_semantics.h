@@ -55,7 +55,8 @@ class ReduceSemantics {
     const at::Tensor* input = nullptr;
   };
   void reduceScatter(Comm& c, const HostReduceScatter& r, const ReduceSpec& spec) const;
-  // Whether a float32 reduction over the whole of c would cross a 16-bit hop.
+  // Whether a float32 reduction over the whole of c would cross a 16-bit
+  // hop (int8: whether its SUM allreduce would run the int8 wire).
   bool compressesSomeHop(Comm& c) const;
 
  private:

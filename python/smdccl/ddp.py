@@ -1,4 +1,4 @@
-"""DDP communication hooks that put 16 bits on the wire and keep float32 sums.
+"""DDP communication hooks that put fewer bits on the wire and keep float32 sums.
 
 torch's ``fp16_compress_hook`` casts the bucket to float16 and all-reduces
 *in* float16: every partial sum is a 16-bit addition. These hooks hand the
@@ -11,10 +11,18 @@ values cross the network as fp16/bf16 while every addition stays float32
     model = DDP(model)
     model.register_comm_hook(CompressionState(), fp16_wire_hook)
 
-``CompressionState(error_feedback=True)`` also carries each bucket's local
-rounding residual into the next step, so what fp16 rounds away is sent
-later instead of lost. Where no hop of the group is compressed (one node,
-``compress_intra`` off) nothing is rounded: the hook is plain float32 DDP.
+``int8_wire_hook`` puts block-wise int8 between nodes (``compression="int8"``,
+docs/compression.md): about a quarter of float32's bytes.
+
+``CompressionState(error_feedback=True)`` also carries what a bucket's
+quantization rounded away into its next step, so it is sent later instead
+of lost: for fp16/bf16 the hook keeps each bucket's local rounding residual;
+for int8 the backend keeps the residuals of both quantizations (the pieces
+this rank sends to other nodes, and the sums it owns), so over k steps what
+DDP applied equals the true gradient sum up to one step's quantization
+error. Where no hop of the group is compressed (one node, ``compress_intra``
+off; int8: nodes of unequal size too) nothing is rounded: the hook is plain
+float32 DDP.
 """
 
 from dataclasses import dataclass, field
@@ -23,8 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CompressionState", "fp16_wire_hook", "bf16_wire_hook", "fp16_compress_hook",
-           "bf16_compress_hook"]
+__all__ = ["CompressionState", "fp16_wire_hook", "bf16_wire_hook", "int8_wire_hook",
+           "fp16_compress_hook", "bf16_compress_hook"]
 
 _WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -59,16 +67,19 @@ class CompressionState:
             )
         return self._groups[compression]
 
+    def backend_for(self, compression: str):
+        """The smdccl backend of the hook's group for `compression`."""
+        backend = self.group_for(compression)._get_backend(torch.device("cpu"))
+        # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend in a checker.
+        return getattr(backend, "wrapped_pg", backend)
+
     def compresses(self, compression: str) -> bool:
-        """Whether any hop of the hook's group puts 16 bits on the wire: it
-        spans several nodes, or ``compress_intra`` compresses inside one.
-        The backend answers (the rule its collectives round by), the same
-        on every rank."""
+        """Whether any hop of the hook's group puts fewer bits on the wire:
+        it spans several nodes (int8: of one size), or ``compress_intra``
+        compresses inside one. The backend answers (the rule its collectives
+        round by), the same on every rank."""
         if compression not in self._compressing:
-            backend = self.group_for(compression)._get_backend(torch.device("cpu"))
-            # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps every backend in a checker.
-            backend = getattr(backend, "wrapped_pg", backend)
-            self._compressing[compression] = bool(backend.compressed_hops)
+            self._compressing[compression] = bool(self.backend_for(compression).compressed_hops)
         return self._compressing[compression]
 
     def apply_error_feedback(self, index: int, buffer: torch.Tensor, wire: torch.dtype) -> None:
@@ -96,7 +107,7 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
         return work.get_future().then(lambda fut: fut.value()[0])
     if buffer.dtype != torch.float32:
         raise ValueError(
-            f"smdccl.ddp.{compression}_compress_hook: the bucket is {buffer.dtype}; the hooks "
+            f"smdccl.ddp.{compression}_wire_hook: the bucket is {buffer.dtype}; the hooks "
             "compress float32 gradients (16-bit gradients are already 16 bits on the wire)"
         )
     # Average like DDP does; dividing first keeps fp16's range (and smdccl
@@ -105,7 +116,10 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     # Feedback models the wire's rounding: with no compressed hop there is
     # none, and rounding here would add error plain DDP does not have.
     if state.error_feedback and state.compresses(compression):
-        state.apply_error_feedback(bucket.index(), buffer, _WIRE_DTYPES[compression])
+        if compression == "int8":  # the backend keeps both quantizations' residuals
+            state.backend_for(compression)._int8_feedback_next(bucket.index())
+        else:
+            state.apply_error_feedback(bucket.index(), buffer, _WIRE_DTYPES[compression])
     work = dist.all_reduce(buffer, group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
@@ -118,6 +132,12 @@ def fp16_wire_hook(state: CompressionState, bucket) -> torch.futures.Future[torc
 def bf16_wire_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
     """Allreduce the bucket's float32 average with bf16 values on the wire."""
     return _compress_hook("bf16", state, bucket)
+
+
+def int8_wire_hook(state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Allreduce the bucket's float32 average with block-wise int8 between
+    nodes (quantized once per level, float32 sums; docs/compression.md)."""
+    return _compress_hook("int8", state, bucket)
 
 
 # The earlier names, kept for code that imports them. DDP looks at a hook's

@@ -30,17 +30,24 @@ float valueOf(int r, size_t i) {
   return (h & 0xff) == 0 ? v * 50.0f : v;  // a few large values: blocks of unlike scales
 }
 
+// The pipeline chunk of the tests: several chunks from 4097 elements.
+constexpr size_t kChunkBytes = 16 << 10;
+
 // [begin, end) of the quantization block holding element i: the layout of
-// two_level_int8 (shards over the L local ranks, pieces over the n nodes,
-// blocks from each piece's start).
+// two_level_int8 (pipeline chunks, each cut into shards over the L local
+// ranks, each shard into pieces over the n nodes, blocks from each piece's
+// start).
 std::pair<size_t, size_t> blockOf(size_t i, size_t count, int L, int n) {
-  Blocks shards = Blocks::even(count, L, 1);
+  Blocks chunks = Blocks::even(count, static_cast<int>(pipelineChunks(count * 4, kChunkBytes)), 1);
+  int k = 0;
+  while (i >= chunks.offset[k] + chunks.length[k]) ++k;
+  Blocks shards = Blocks::even(chunks.length[k], L, 1);
   int l = 0;
-  while (i >= shards.offset[l] + shards.length[l]) ++l;
+  while (i - chunks.offset[k] >= shards.offset[l] + shards.length[l]) ++l;
   Blocks pieces = Blocks::even(shards.length[l], n, 1);
   int j = 0;
-  while (i - shards.offset[l] >= pieces.offset[j] + pieces.length[j]) ++j;
-  size_t start = shards.offset[l] + pieces.offset[j], end = start + pieces.length[j];
+  while (i - chunks.offset[k] - shards.offset[l] >= pieces.offset[j] + pieces.length[j]) ++j;
+  size_t start = chunks.offset[k] + shards.offset[l] + pieces.offset[j], end = start + pieces.length[j];
   size_t b = start + (i - start) / kInt8Block * kInt8Block;
   return {b, std::min(end, b + kInt8Block)};
 }
@@ -68,6 +75,7 @@ void runShape(const std::vector<int>& nodes, Failures& fail, int& cases) {
   std::string error = fabric.run([&](int r, Comm& c) {
     c.int8 = true;
     Tuning t;
+    t.pipelineChunkBytes = kChunkBytes;
     const Algorithm* chosen = allreduceAlgorithm(c, 1000, DType::F32, t);
     if ((std::string(chosen->name()) == "two_level_int8") != uniform)
       fail.add(shape + ": chose " + chosen->name());
@@ -151,10 +159,71 @@ TEST(int8_bound_catches_a_missing_contribution) {
     double total = 0.0, missing = 0.0;
     for (int q = 0; q < 4; ++q) total += valueOf(q, i);
     missing = total - valueOf(3, i);
-    auto [b, e] = blockOf(i, count, 2, 2);
+    auto [b, e] = blockOf(i, count, 2, 2);  // (16 KiB chunks: one at 1000 elements)
     double m = 0.0;
     for (size_t j = b; j < e; ++j) m = std::max(m, std::fabs(static_cast<double>(valueOf(3, j))));
     worst = std::max(worst, std::fabs(missing - total) / (m / 254.0 * 3 + 1e-5));
   }
   CHECK(worst > 10.0);
+}
+
+// Error feedback: over k steps on the same tensor, what the allreduces
+// applied equals the true sum up to one step's quantization error (the
+// residuals left at the end), not k steps' worth; without feedback the
+// drift passes that bound (so the check can fail).
+TEST(int8_error_feedback_keeps_the_running_sum) {
+  const std::vector<int> nodes = {2, 2};
+  const int steps = 30;
+  const size_t count = 20000;
+  for (bool feedback : {true, false}) {
+    MemoryFabric fabric(nodes);
+    std::vector<std::vector<double>> applied(4, std::vector<double>(count, 0.0));
+    std::vector<double> truth(count, 0.0), stepBound(count, 0.0);
+    std::string error = fabric.run([&](int r, Comm& c) {
+      c.int8 = true;
+      Int8Residuals residuals;
+      if (feedback) c.int8Feedback = &residuals;
+      Tuning t;
+      t.pipelineChunkBytes = kChunkBytes;
+      for (int s = 0; s < steps; ++s) {
+        std::vector<float> buf(count);
+        for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r + 4 * s, i) * 0.01f;
+        allreduce(c, {.buf = reinterpret_cast<char*>(buf.data()), .count = count,
+                      .dt = DType::F32, .op = RedOp::Sum}, t);
+        for (size_t i = 0; i < count; ++i) applied[r][i] += buf[i];
+      }
+    });
+    CHECK(error.empty());
+    // One step's bound: half a step of every node's block and of the sum's,
+    // with the largest values any step had.
+    for (int s = 0; s < steps; ++s) {
+      std::vector<double> node0(count), node1(count), total(count);
+      for (size_t i = 0; i < count; ++i) {
+        node0[i] = (valueOf(0 + 4 * s, i) + valueOf(1 + 4 * s, i)) * 0.01;
+        node1[i] = (valueOf(2 + 4 * s, i) + valueOf(3 + 4 * s, i)) * 0.01;
+        total[i] = node0[i] + node1[i];
+        truth[i] += total[i];
+      }
+      for (size_t i = 0; i < count; ++i) {
+        auto [b, e] = blockOf(i, count, 2, 2);
+        double m0 = 0, m1 = 0, mt = 0;
+        for (size_t j = b; j < e; ++j) {
+          m0 = std::max(m0, std::fabs(node0[j]));
+          m1 = std::max(m1, std::fabs(node1[j]));
+          mt = std::max(mt, std::fabs(total[j]));
+        }
+        stepBound[i] = std::max(stepBound[i], (m0 + m1 + mt) / 254.0);
+      }
+    }
+    size_t over = 0;
+    for (int r = 0; r < 4; ++r)
+      for (size_t i = 0; i < count; ++i)
+        // Residuals carried into a block raise its scale a little: 5 % slack,
+        // and float32 sums over the steps.
+        if (std::fabs(applied[r][i] - truth[i]) > 1.05 * stepBound[i] + 1e-4) ++over;
+    if (feedback) CHECK(over == 0);
+    else CHECK(over > 0);
+    std::fprintf(stderr, "  error feedback %s: %zu of %zu elements over one step's bound\n",
+                 feedback ? "on" : "off", over, 4 * count);
+  }
 }

@@ -1,17 +1,35 @@
 #include "kernels/cpu/quantize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace smdccl {
 
 namespace {
 
-// |x| of every value; NaN wins (so the scale carries it).
+// The largest |x| of the values; NaN if any is NaN (so the scale carries it).
 float maxAbsOf(const float* x, size_t n) {
+  size_t i = 0;
   float m = 0.0f;
   bool nan = false;
-  for (size_t i = 0; i < n; ++i) {
+#if defined(__SSE2__)
+  const __m128 abs = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  __m128 vm = _mm_setzero_ps(), vnan = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    __m128 v = _mm_loadu_ps(x + i);
+    vnan = _mm_or_ps(vnan, _mm_cmpunord_ps(v, v));
+    vm = _mm_max_ps(vm, _mm_and_ps(v, abs));
+  }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, vm);
+  m = std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+  nan = _mm_movemask_ps(vnan) != 0;
+#endif
+  for (; i < n; ++i) {
     float a = std::fabs(x[i]);
     nan = nan || a != a;
     m = a > m ? a : m;
@@ -19,10 +37,27 @@ float maxAbsOf(const float* x, size_t n) {
   return nan ? NAN : m;
 }
 
-inline int8_t quantizeOne(float x, float inverse) {
-  float r = x * inverse;
-  r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);  // NaN falls through to lrintf
-  return static_cast<int8_t>(r == r ? std::lrintf(r) : 0);
+// q = round-half-even(x * inverse) clamped to [-127, 127], for finite x
+// and inverse (the current rounding mode is round-to-nearest-even).
+void quantizeBlock(int8_t* q, const float* x, size_t m, float inverse) {
+  size_t j = 0;
+#if defined(__SSE2__)
+  const __m128 inv = _mm_set1_ps(inverse), hi = _mm_set1_ps(127.0f), lo = _mm_set1_ps(-127.0f);
+  for (; j + 16 <= m; j += 16) {
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) {
+      __m128 r = _mm_mul_ps(_mm_loadu_ps(x + j + 4 * k), inv);
+      v[k] = _mm_cvtps_epi32(_mm_min_ps(_mm_max_ps(r, lo), hi));
+    }
+    __m128i packed = _mm_packs_epi16(_mm_packs_epi32(v[0], v[1]), _mm_packs_epi32(v[2], v[3]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), packed);
+  }
+#endif
+  for (; j < m; ++j) {
+    float r = x[j] * inverse;
+    r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+    q[j] = static_cast<int8_t>(std::lrintf(r));
+  }
 }
 
 size_t blocksOf(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
@@ -42,7 +77,8 @@ void quantizeInt8(void* dst, const float* src, size_t n) {
     const size_t m = n - i < kInt8Block ? n - i : kInt8Block;
     const Int8Scale s = int8ScaleOf(maxAbsOf(src + i, m));
     std::memcpy(out + b * sizeof(float), &s.scale, sizeof(float));
-    for (size_t j = 0; j < m; ++j) q[i + j] = quantizeOne(src[i + j], s.inverse);
+    if (s.scale == s.scale) quantizeBlock(q + i, src + i, m, s.inverse);
+    else std::memset(q + i, 0, m);  // inf or NaN: the NaN scale decodes the block as NaN
   }
 }
 
