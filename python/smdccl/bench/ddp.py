@@ -11,7 +11,10 @@ the same per-rank batches:
 - ``smdccl``: DDP on an smdccl group (DDP's built-in allreduce);
 - ``smdccl+fp16`` / ``smdccl+bf16``: DDP on an smdccl group with
   ``smdccl.ddp.fp16_wire_hook`` / ``bf16_wire_hook`` and a
-  ``CompressionState()`` (16-bit values between nodes, float32 sums).
+  ``CompressionState()`` (16-bit values between nodes, float32 sums);
+- ``smdccl+int8``: ``smdccl.ddp.int8_wire_hook`` with
+  ``CompressionState(error_feedback=True)`` (block int8 between nodes,
+  float32 sums).
 
 Per configuration (every time is a per-rank median, then the max over ranks):
 
@@ -30,7 +33,8 @@ Per configuration (every time is a per-rank median, then the max over ranks):
   bytes per uplink and direction per step, from the algorithm, with p ranks
   on n nodes (ranks node-contiguous): gloo's ring over all ranks crosses each
   node boundary with 2(p-1)/p * S; smdccl's two-level allreduce sends
-  2(n-1)/n * S per uplink, times 1/2 with fp16/bf16 on the wire (0 on one node);
+  2(n-1)/n * S per uplink, times 1/2 with fp16/bf16 and 1.03/4 with int8 on
+  the wire (0 on one node);
 - the final loss (last step, mean over ranks) and whether all configurations
   reach similar losses (within --loss-rtol of the first one).
 
@@ -54,7 +58,7 @@ import time
 
 from smdccl._launch import RankZeroParser
 
-CONFIGS = ("gloo", "smdccl", "smdccl+fp16", "smdccl+bf16")
+CONFIGS = ("gloo", "smdccl", "smdccl+fp16", "smdccl+bf16", "smdccl+int8")
 
 EPILOG = """\
 examples:
@@ -202,7 +206,8 @@ def _comm_time(config, group, state, sizes, iters, ctrl) -> float:
     g = torch.Generator().manual_seed(1234 + dist.get_rank())
     sources = [torch.randn(n, generator=g) * 1e-3 for n in sizes]
     buffers = [s.clone() for s in sources]
-    hook = {"smdccl+fp16": sddp.fp16_wire_hook, "smdccl+bf16": sddp.bf16_wire_hook}.get(config)
+    hook = {"smdccl+fp16": sddp.fp16_wire_hook, "smdccl+bf16": sddp.bf16_wire_hook,
+            "smdccl+int8": sddp.int8_wire_hook}.get(config)
     times = []
     for it in range(iters + 2):  # 2 untimed rounds
         for b, s in zip(buffers, sources):
@@ -243,13 +248,13 @@ def wire_bytes(config: str, grad_bytes: int, p: int, n: int) -> float:
         return 0.0
     if config == "gloo":
         return 2 * (p - 1) / p * grad_bytes
-    scale = 0.5 if "+" in config else 1.0
+    scale = {"smdccl+int8": 1.03125 / 4}.get(config, 0.5 if "+" in config else 1.0)
     return 2 * (n - 1) / n * grad_bytes * scale
 
 
 FORMULA = ("S = float32 gradient bytes per step; inter-node bytes per uplink per step: "
            "gloo 2(p-1)/p*S (ring over all ranks), smdccl 2(n-1)/n*S (two-level), "
-           "smdccl+fp16/bf16 2(n-1)/n*S/2; p ranks, n nodes")
+           "smdccl+fp16/bf16 2(n-1)/n*S/2, smdccl+int8 2(n-1)/n*S*1.03/4; p ranks, n nodes")
 
 
 def _table(rows, info) -> str:
@@ -326,7 +331,8 @@ def main(argv=None) -> int:
 
         rows = []
         for name in args.config_list:
-            from smdccl.ddp import CompressionState, bf16_wire_hook, fp16_wire_hook
+            from smdccl import ddp as sddp
+            from smdccl.ddp import CompressionState
             group = groups["gloo" if name == "gloo" else "smdccl"]
             # compute only, right before this configuration (the machine state
             # drifts over a run): the same steps, no DDP, all ranks at once
@@ -342,9 +348,9 @@ def main(argv=None) -> int:
             ddp = DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
             state = None
             if "+" in name:
-                state = CompressionState(process_group=group)
-                hook = fp16_wire_hook if name.endswith("fp16") else bf16_wire_hook
-                ddp.register_comm_hook(state, hook)
+                wire = name.split("+")[1]
+                state = CompressionState(process_group=group, error_feedback=wire == "int8")
+                ddp.register_comm_hook(state, getattr(sddp, f"{wire}_wire_hook"))
             opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
             times, losses = _train(ddp, opt, data, world.rank, args.steps, args.warmup)
             step = _max_over_ranks(statistics.median(times), world.ctrl)
