@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "check.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/kernels.h"
 
@@ -42,7 +43,6 @@ const RequireGpu gRequireGpu;
 
 #define CK(expr) CHECK((expr) == cudaSuccess)
 
-constexpr RedOp kOps[] = {RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max};
 constexpr RedOp kAllOps[] = {RedOp::Sum,  RedOp::Prod, RedOp::Min, RedOp::Max,
                              RedOp::BAnd, RedOp::BOr,  RedOp::BXor};
 
@@ -623,4 +623,63 @@ TEST(cuda_preload_kernels_loads_every_kernel) {
   CHECK(smdccl::cuda::preloadKernels() == cudaSuccess);
   CHECK(cudaGetLastError() == cudaSuccess);
   reduce2Type(DType::F32);
+}
+
+// ---------------------------------------------------------------- int8 wire
+
+// quantizeInt8 / dequantizeAddInt8 / dequantizeInt8 give the CPU's bytes
+// and floats: sizes around the block, a piece at an odd address, blocks of
+// zeros, of inf and of NaN among normal and heavy-tailed values.
+TEST(cuda_int8_wire_matches_the_cpu) {
+  std::mt19937_64 rng(42);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t n : {size_t{1}, size_t{31}, size_t{127}, size_t{128}, size_t{129}, size_t{1000},
+                   size_t{65537}}) {
+    std::vector<float> x(n), a(n);
+    for (size_t i = 0; i < n; ++i) {
+      x[i] = normal(rng) * std::exp(normal(rng));
+      a[i] = normal(rng);
+    }
+    if (n > 600) {
+      for (size_t i = 128; i < 256; ++i) x[i] = 0.0f;
+      x[300] = INFINITY;
+      x[520] = NAN;
+    }
+    const size_t bytes = smdccl::int8Bytes(n);
+    std::vector<unsigned char> want(bytes), got(bytes);
+    smdccl::quantizeInt8(want.data(), x.data(), n);
+    std::vector<float> wantAdd(n), wantDec(n), gotAdd(n), gotDec(n);
+    smdccl::dequantizeAddInt8(wantAdd.data(), a.data(), want.data(), n);
+    smdccl::dequantizeInt8(wantDec.data(), want.data(), n);
+
+    DevBuf dx(n * 4), da(n * 4), dq(bytes + 1), dadd(n * 4), ddec(n * 4);
+    CK(cudaMemcpy(dx.p, x.data(), n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(da.p, a.data(), n * 4, cudaMemcpyHostToDevice));
+    unsigned char* q = dq.at(1);  // scales at an odd address
+    CK(gpu::quantizeInt8(q, static_cast<const float*>(dx.p), n, nullptr));
+    CK(gpu::dequantizeAddInt8(static_cast<float*>(dadd.p), static_cast<const float*>(da.p), q, n,
+                              nullptr));
+    CK(gpu::dequantizeInt8(static_cast<float*>(ddec.p), q, n, nullptr));
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(got.data(), q, bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gotAdd.data(), dadd.p, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gotDec.data(), ddec.p, n * 4, cudaMemcpyDeviceToHost));
+    // Bytes equal, but a NaN scale only has to be a NaN.
+    const size_t scales = (n + smdccl::kInt8Block - 1) / smdccl::kInt8Block;
+    bool same = std::memcmp(got.data() + scales * 4, want.data() + scales * 4, n) == 0;
+    for (size_t b = 0; b < scales; ++b) {
+      float g, w;
+      std::memcpy(&g, got.data() + 4 * b, 4);
+      std::memcpy(&w, want.data() + 4 * b, 4);
+      same = same && (std::memcmp(&g, &w, 4) == 0 || (std::isnan(g) && std::isnan(w)));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      same = same && (gotAdd[i] == wantAdd[i] || (std::isnan(gotAdd[i]) && std::isnan(wantAdd[i])));
+      same = same && (gotDec[i] == wantDec[i] || (std::isnan(gotDec[i]) && std::isnan(wantDec[i])));
+    }
+    char what[64];
+    std::snprintf(what, sizeof what, "int8 wire n=%zu", n);
+    if (!same) std::fprintf(stderr, "  %s: GPU differs from the CPU\n", what);
+    CHECK(same);
+  }
 }

@@ -61,6 +61,15 @@ cudaError_t packToWire(void* dst16, const float* src, size_t n, const WirePack& 
 // dst[i] = widen(src16[i]).
 cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cudaStream_t stream);
 
+// ---- float32 data over the int8 wire (kernels/cpu/quantize.h's format) ----
+// Bit for bit the CPU's quantizeInt8 / dequantizeAddInt8 / dequantizeInt8;
+// dst / src of a quantized piece need no alignment.
+cudaError_t quantizeInt8(void* dst, const float* src, size_t n, cudaStream_t stream);
+// dst = a + decoded(src), float32 sums (a may be dst).
+cudaError_t dequantizeAddInt8(float* dst, const float* a, const void* src, size_t n,
+                              cudaStream_t stream);
+cudaError_t dequantizeInt8(float* dst, const void* src, size_t n, cudaStream_t stream);
+
 // ---- loading ----
 // Loads every kernel above on the current device now (each dtype and op):
 // under CUDA's lazy loading a kernel's first launch may wait for all GPU
@@ -69,5 +78,6 @@ cudaError_t unpackFromWire(float* dst, const void* src16, size_t n, Wire w, cuda
 cudaError_t preloadKernels();
 // The wire kernels alone (part of preloadKernels()).
 cudaError_t preloadWireKernels();
+cudaError_t preloadQuantizeKernels();
 
 }  // namespace smdccl::cuda

@@ -282,6 +282,7 @@ cudaError_t preloadKernels() {
     }
   keep(loadKernel<gatherKernel>());
   keep(preloadWireKernels());
+  keep(preloadQuantizeKernels());
   return first;
 }
 
