@@ -623,8 +623,9 @@ def int8_matrix() -> dict:
     """compression="int8" on 2x2: float32 SUM and AVG all_reduce within the
     format's bound (two quantizations per element, each at most half a step
     of a block scale <= max|x| / 127 of what it quantizes), the same bits on
-    every rank, visibly quantized; everything else (MAX, float16 tensors,
-    reduce_scatter) bit-identical to an uncompressed group's."""
+    every rank, visibly quantized; reduce_scatter_tensor within one
+    quantization of the other node's contribution; everything else (MAX,
+    float16 tensors) bit-identical to an uncompressed group's."""
     import torch
     import torch.distributed as dist
 
@@ -659,13 +660,26 @@ def int8_matrix() -> dict:
             dist.all_gather(digests, digest, group=oracle)
             assert all(torch.equal(d, digests[0]) for d in digests), f"int8 {op} n={n}: ranks differ"
     assert quantized > 0, "int8 results equal float32 ones: nothing was quantized"
+    # reduce_scatter_tensor (FSDP's gradients): one quantization, of the other node's sum.
+    gen = torch.Generator().manual_seed(11)
+    full = [torch.randn(world * 25_000, generator=gen) * 10 for _ in range(world)]
+    out = torch.empty(25_000)
+    dist.reduce_scatter_tensor(out, full[rank].clone(), group=group)
+    stack = torch.stack([x.double() for x in full])
+    mine = slice(rank * 25_000, (rank + 1) * 25_000)
+    other = (stack[2] + stack[3]) if rank < 2 else (stack[0] + stack[1])
+    rs_bound = float(other[mine].abs().max()) / 254 + 1e-5 * float(stack.sum(0)[mine].abs().max())
+    rs_err = float((out.double() - stack.sum(0)[mine]).abs().max())
+    assert rs_err <= rs_bound, f"int8 reduce_scatter_tensor: error {rs_err:.3g} > bound {rs_bound:.3g}"
+    assert rs_err > 1e-4, "int8 reduce_scatter_tensor is exact: nothing was quantized"
     # Full precision where int8 does not apply: the uncompressed group's bits.
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(100_000, generator=gen) + rank  # world divides it (reduce_scatter_tensor)
     for what, run in {
         "MAX": lambda g, t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g),
         "float16 SUM": lambda g, t: dist.all_reduce(t, group=g),
-        "reduce_scatter_tensor": lambda g, t: dist.reduce_scatter_tensor(t[: t.numel() // world], t.clone(), group=g),
+        "MAX reduce_scatter_tensor": lambda g, t: dist.reduce_scatter_tensor(
+            t[: t.numel() // world], t.clone(), op=dist.ReduceOp.MAX, group=g),
     }.items():
         src = x.half() if what.startswith("float16") else x
         a, b = src.clone(), src.clone()

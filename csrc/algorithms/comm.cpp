@@ -27,6 +27,15 @@ Comm Comm::sub(const std::vector<int>& groupRanks) const {
   return s;
 }
 
+Blocks pickBlocks(const Blocks& b, const std::vector<int>& ranks) {
+  Blocks out;
+  for (int r : ranks) {
+    out.offset.push_back(b.offset[r]);
+    out.length.push_back(b.length[r]);
+  }
+  return out;
+}
+
 Wire Comm::wireTo(int peer) const {
   if (wire == Wire::F32 || wireIntra) return wire;
   return mesh.topology().sameNode(groupRank(rank()), groupRank(peer)) ? Wire::F32 : wire;

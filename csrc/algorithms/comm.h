@@ -84,6 +84,8 @@ struct Blocks {
   static Blocks equal(int parts, size_t bytesEach);
   size_t total() const;
 };
+// The blocks of `b` of the given ranks, re-indexed 0..n-1.
+Blocks pickBlocks(const Blocks& b, const std::vector<int>& ranks);
 
 // ---- allreduce family (ring.cpp, recursive_doubling.cpp) ----
 // A reduce-scatter and/or an allgather over blocks of buf (one per rank of
@@ -149,6 +151,9 @@ struct Int8Run {
 };
 // In place on a.buf (a.count float32, SUM) over uniform nodes.
 void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run);
+// In place on a.buf (*a.blocks of float32, SUM) over uniform nodes: block
+// rank() ends reduced, the other nodes' contributions quantized once.
+void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
 void halvingAllreduce(Comm& c, const CollectiveArgs& a, size_t chunkBytes);

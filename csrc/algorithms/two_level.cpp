@@ -36,15 +36,6 @@ int ownerOf(int shard, int local, int shards) {
   return l;
 }
 
-// Blocks of `b` picked by rank, re-indexed 0..n-1.
-Blocks pick(const Blocks& b, const std::vector<int>& ranks) {
-  Blocks out;
-  for (int r : ranks) {
-    out.offset.push_back(b.offset[r]);
-    out.length.push_back(b.length[r]);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -155,7 +146,7 @@ void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp 
   // over the nodes: each ends with its own block, fully reduced.
   int intraDone = -1;
   for (const auto& node : h.nodes) {  // all of them, on whatever links they ended
-    Blocks mine = pick(b, node);
+    Blocks mine = pickBlocks(b, node);
     intraDone = ex.join(intraDone, appendReduceScatterAllgather(ex, local,
                                                                 {.buf = buf,
                                                                  .blocks = &mine,
@@ -164,7 +155,7 @@ void twoLevelReduceScatter(Comm& c, char* buf, const Blocks& b, DType dt, RedOp 
                                                                  .allgather = false,
                                                                  .finalReduce = false}));
   }
-  Blocks acrossBlocks = pick(b, h.acrossNodes(h.myLocal));
+  Blocks acrossBlocks = pickBlocks(b, h.acrossNodes(h.myLocal));
   appendReduceScatterAllgather(ex, across,
                                {.buf = buf,
                                 .blocks = &acrossBlocks,
@@ -183,11 +174,11 @@ void twoLevelAllgather(Comm& c, char* buf, const Blocks& b) {
   Exchange ex = c.exchange();
   // Across nodes first (each rank's block crosses once per node), then every
   // node's blocks are spread inside each node.
-  Blocks acrossBlocks = pick(b, h.acrossNodes(h.myLocal));
+  Blocks acrossBlocks = pickBlocks(b, h.acrossNodes(h.myLocal));
   int interDone =
       appendRing(ex, across, {.buf = buf, .blocks = &acrossBlocks, .reduceScatter = false});
   for (const auto& node : h.nodes) {
-    Blocks mine = pick(b, node);
+    Blocks mine = pickBlocks(b, node);
     appendRing(ex, local,
                {.buf = buf, .blocks = &mine, .reduceScatter = false, .startAfter = interDone});
   }

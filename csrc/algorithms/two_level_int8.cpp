@@ -16,6 +16,9 @@
 // its error is at most half a step of each other node's block scale plus
 // half a step of the sum's block scale. Ranks of one node send in parallel,
 // so each uplink carries 2(n-1)/n of the tensor at about 1/4 of its bytes.
+//
+// The reduce-scatter (FSDP's gradients) is steps 1 and 2 over the ranks'
+// blocks: each rank keeps its own block, so one quantization per element.
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -187,6 +190,46 @@ class Int8Pipeline {
 
 }  // namespace
 
+void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
+  const Hierarchy& h = levelsOf(c);
+  if (!h.uniform()) throw std::logic_error("the int8 reduce-scatter needs uniform nodes");
+  const Blocks& b = *a.blocks;
+  Comm local = c.sub(h.nodes[h.myNode]);
+  Comm across = c.sub(h.acrossNodes(h.myLocal));
+  const int n = across.size(), me = across.rank();
+  {
+    // Inside each node, for every node j: local rank l gets the node's sum
+    // of the block of node j's rank l.
+    Exchange ex = local.exchange();
+    for (const auto& node : h.nodes) {
+      Blocks theirs = pickBlocks(b, node);
+      appendReduceScatterAllgather(ex, local, {.buf = a.buf, .blocks = &theirs, .dt = a.dt,
+                                               .op = a.op, .allgather = false, .finalReduce = false});
+    }
+    ex.run();
+  }
+  // Across nodes: node j's block goes to its owner quantized once; the owner
+  // adds every contribution to its own in float32 (node order). One
+  // quantization per element; each rank keeps its own block, so no second.
+  const Blocks byNode = pickBlocks(b, h.acrossNodes(h.myLocal));
+  std::vector<size_t> at(2 * static_cast<size_t>(n) + 1, 0);  // scratch offsets: n out, n in
+  for (int j = 0; j < n; ++j) at[j + 1] = at[j] + int8Bytes(byNode.length[j] / sizeof(float));
+  for (int j = 0; j < n; ++j) at[n + j + 1] = at[n + j] + int8Bytes(byNode.length[me] / sizeof(float));
+  scratch.resize(at[2 * n]);
+  auto block = [&](int j) { return reinterpret_cast<float*>(a.buf + byNode.offset[j]); };
+  const size_t mine = byNode.length[me] / sizeof(float);
+  Exchange ex = across.exchange();
+  for (int j = 0; j < n; ++j) {
+    if (j == me) continue;
+    quantizeInt8(scratch.data() + at[j], block(j), byNode.length[j] / sizeof(float));
+    ex.send(across.link(j), scratch.data() + at[j], at[j + 1] - at[j]);
+    ex.recv(across.link(j), scratch.data() + at[n + j], at[n + j + 1] - at[n + j]);
+  }
+  ex.run();
+  for (int j = 0; j < n; ++j)
+    if (j != me) dequantizeAddInt8(block(me), block(me), scratch.data() + at[n + j], mine);
+}
+
 void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
   if (!levelsOf(c).uniform()) throw std::logic_error("the int8 allreduce needs uniform nodes");
   if (a.count == 0) return;
@@ -198,7 +241,9 @@ namespace {
 class TwoLevelInt8 final : public Algorithm {
  public:
   const char* name() const override { return "two_level_int8"; }
-  bool serves(Collective c) const override { return c == Collective::Allreduce; }
+  bool serves(Collective c) const override {
+    return c == Collective::Allreduce || c == Collective::ReduceScatter;
+  }
   // A group compressed to int8, float32 SUM, several uniform nodes.
   bool canRun(Collective c, const Situation& s) const override {
     return s.int8 && s.g.nodes > 1 && s.g.uniform;
@@ -207,13 +252,16 @@ class TwoLevelInt8 final : public Algorithm {
                   const CostModel& m) const override {
     Costs k{m, s.g};
     const int L = s.g.maxLocal, n = s.g.nodes;
-    const double wireBytes = 2.0 * (n - 1) / n * bytes * (1.0 + 4.0 / kInt8Block) / 4.0;
+    const double wireBytes = (c == Collective::ReduceScatter ? 1.0 : 2.0) * (n - 1) / n * bytes *
+                             (1.0 + 4.0 / kInt8Block) / 4.0;
     return 2 * (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) +
            k.reduceSeconds((L - 1.0) / L * bytes) + 2 * m.inter.alphaUs * 1e-6 +
            m.inter.bytesSeconds(wireBytes) + k.reduceSeconds(4.0 * bytes / L);
   }
   void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     std::vector<char> own;  // a lone exchange's Comm (tests) has no book
+    if (c == Collective::ReduceScatter)
+      return int8TwoLevelReduceScatter(comm, a, comm.book ? comm.book->quantized : own);
     int8TwoLevelAllreduce(comm, a,
                           {.scratch = comm.book ? comm.book->quantized : own,
                            .feedback = comm.int8Feedback,

@@ -21,7 +21,7 @@ struct BackendConfig {
   // (SMDCCL_COMPRESSION, or pg_options); wireIntra: inside nodes too.
   Wire wire = Wire::F32;
   bool wireIntra = false;
-  // compression="int8": float32 SUM allreduce between nodes as block int8
+  // compression="int8": float32 SUM allreduce / reduce_scatter between nodes as block int8
   // (algorithms/two_level_int8.cpp); wire stays F32.
   bool int8 = false;
 };

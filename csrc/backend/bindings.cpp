@@ -25,7 +25,7 @@ namespace smdccl::env {
 SMDCCL_ENV_CHOICE(kCompression, "SMDCCL_COMPRESSION", "none", "none, fp16, bf16, int8",
                   "Fewer bits between nodes for float32 reductions, every addition float32: fp16 "
                   "or bf16 (allreduce / reduce_scatter; the cast fused into the send and the "
-                  "receive-and-reduce), int8 (allreduce SUM/AVG on uniform nodes: block-wise int8 "
+                  "receive-and-reduce), int8 (allreduce, reduce_scatter SUM/AVG on uniform nodes: block-wise int8 "
                   "with a float32 scale per 128 values, quantized once per level; the rest full "
                   "precision). Per group: pg_options={'compression': 'fp16'}.");
 SMDCCL_ENV_INT(kCompressionIntra, "SMDCCL_COMPRESSION_INTRA", 0, 0, 1,
