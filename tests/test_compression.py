@@ -624,8 +624,9 @@ def int8_matrix() -> dict:
     format's bound (two quantizations per element, each at most half a step
     of a block scale <= max|x| / 127 of what it quantizes), the same bits on
     every rank, visibly quantized; reduce_scatter_tensor within one
-    quantization of the other node's contribution; everything else (MAX,
-    float16 tensors) bit-identical to an uncompressed group's."""
+    quantization of the other node's contribution; bf16 and fp16 SUM within
+    the bound plus their own rounding; everything else (MAX) bit-identical
+    to an uncompressed group's."""
     import torch
     import torch.distributed as dist
 
@@ -672,12 +673,29 @@ def int8_matrix() -> dict:
     rs_err = float((out.double() - stack.sum(0)[mine]).abs().max())
     assert rs_err <= rs_bound, f"int8 reduce_scatter_tensor: error {rs_err:.3g} > bound {rs_bound:.3g}"
     assert rs_err > 1e-4, "int8 reduce_scatter_tensor is exact: nothing was quantized"
+    # bf16 / fp16 tensors: summed as float32 over the int8 wire, rounded once.
+    for dtype, ulp in ((torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11)):
+        gen = torch.Generator().manual_seed(13)
+        ins = [(torch.randn(50_000, generator=gen) * 10).to(dtype) for _ in range(world)]
+        stack = torch.stack([x.double() for x in ins])
+        exact = stack.sum(0)
+        bound = (float((stack[0] + stack[1]).abs().max()) + float((stack[2] + stack[3]).abs().max())
+                 + float(exact.abs().max())) / 254 + ulp * exact.abs()
+        t = ins[rank].clone()
+        dist.all_reduce(t, group=group)
+        assert bool(((t.double() - exact).abs() <= bound).all()), f"int8 {dtype} all_reduce over its bound"
+        digests = [torch.zeros(50_000, dtype=dtype) for _ in range(world)]
+        dist.all_gather(digests, t, group=oracle)
+        assert all(torch.equal(d, digests[0]) for d in digests), f"int8 {dtype}: ranks differ"
+        full = ins[rank].clone()
+        dist.all_reduce(full, group=plain)
+        assert not torch.equal(t, full), f"int8 {dtype}: the uncompressed group's bits: nothing quantized"
     # Full precision where int8 does not apply: the uncompressed group's bits.
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(100_000, generator=gen) + rank  # world divides it (reduce_scatter_tensor)
     for what, run in {
         "MAX": lambda g, t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g),
-        "float16 SUM": lambda g, t: dist.all_reduce(t, group=g),
+        "float16 MAX": lambda g, t: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g),
         "MAX reduce_scatter_tensor": lambda g, t: dist.reduce_scatter_tensor(
             t[: t.numel() // world], t.clone(), op=dist.ReduceOp.MAX, group=g),
     }.items():

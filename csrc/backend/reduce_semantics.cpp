@@ -28,10 +28,26 @@ Wire ReduceSemantics::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
   return c.wire;
 }
 
+bool ReduceSemantics::int8Widens(const Comm& c, DType dt, const ReduceSpec& spec,
+                                 const std::shared_ptr<DeviceOp>& dev) const {
+  const Hierarchy* h = c.levels;
+  return wire_.int8 && !dev && (dt == DType::F16 || dt == DType::BF16) && spec.op == RedOp::Sum &&
+         h && c.members.empty() && h->numNodes() > 1 && h->uniform();
+}
+
 void ReduceSemantics::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
                                    const std::shared_ptr<DeviceOp>& dev,
                                    const Tuning& tuning) const {
   DType dt = toDType(t.scalar_type(), "allreduce");
+  if (int8Widens(c, dt, spec, dev)) {
+    // A 16-bit tensor on the int8 wire: summed as float32 (in a scratch
+    // copy), rounded to its dtype once at the end.
+    at::Tensor wide = scratch_.take(t.numel(), at::kFloat);
+    wide.copy_(t.reshape({-1}));
+    allreduceOne(c, wide, spec, dev, tuning);
+    t.copy_(wide.view(t.sizes()));
+    return;
+  }
   WireOverflowCheck overflow(useWire(c, dt, spec));
   applyPreScale(t, spec);
   allreduceOn(dev, c,

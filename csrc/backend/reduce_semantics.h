@@ -55,6 +55,10 @@ class ReduceSemantics {
     const at::Tensor* input = nullptr;
   };
   void reduceScatter(Comm& c, const HostReduceScatter& r, const ReduceSpec& spec) const;
+  // Whether an allreduce of dt on the host crosses the int8 wire as
+  // float32 (a bf16 / fp16 SUM on an int8 group spanning nodes).
+  bool int8Widens(const Comm& c, DType dt, const ReduceSpec& spec,
+                  const std::shared_ptr<DeviceOp>& dev) const;
   // Whether a float32 reduction over the whole of c would cross a 16-bit
   // hop (int8: whether its SUM allreduce would run the int8 wire).
   bool compressesSomeHop(Comm& c) const;
