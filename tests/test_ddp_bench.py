@@ -64,7 +64,7 @@ def test_ddp_bench_two_virtual_nodes(tmp_path):
     head, rows = doc["header"], doc["rows"]
     assert head["world_size"] == 2 and head["nodes"] == 2, head
     assert head["command_line"].startswith("torchrun --nproc-per-node 2 -m smdccl.bench.ddp")
-    assert [r["config"] for r in rows] == ["gloo", "smdccl", "smdccl+fp16", "smdccl+bf16"]
+    assert [r["config"] for r in rows] == ["gloo", "smdccl", "smdccl+fp16", "smdccl+bf16", "smdccl+int8"]
     for r in rows:
         assert r["step_ms"] > 0 and r["compute_ms"] > 0 and r["comm_ms"] > 0, r
         assert 0.0 <= r["hidden"] <= 1.0, r
@@ -76,6 +76,9 @@ def test_ddp_bench_two_virtual_nodes(tmp_path):
     assert by["smdccl+fp16"]["inter_bytes_per_uplink"] == rows[0]["grad_bytes"] / 2
     assert by["smdccl+fp16"]["group_compression"] == "fp16"
     assert by["smdccl+bf16"]["group_compression"] == "bf16"
+    # int8: 1 + 4/128 bytes per 4 (the scales count)
+    assert by["smdccl+int8"]["inter_bytes_per_uplink"] == rows[0]["grad_bytes"] * 1.03125 / 4
+    assert by["smdccl+int8"]["group_compression"] == "int8"
     assert head["losses_similar"] and head["loss_spread_rel"] < 1e-2
     for name in by:
         assert f"\n   {name} " in stdout
