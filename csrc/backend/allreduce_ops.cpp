@@ -42,47 +42,39 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
   // Small allreduces may be fused with those queued right behind them. The
   // choice must be the same on every rank (a fusable op opens with a round
   // that agrees on the count), so it does not depend on async_op, which
-  // ranks may choose differently for the same call.
+  // ranks may choose differently for the same call. Either way the op runs
+  // with the group's tuning as it was at the call.
   std::shared_ptr<QueuedAllreduce> fusable;
+  std::function<void(Comm&)> body;
   if (feedbackKey < 0 && fusion_->fusable(t, spec, size_)) {
     fusable = std::make_shared<QueuedAllreduce>();
     fusable->tensor = t;
     fusable->spec = spec;
     fusable->device = dev;
-    return enqueue({.type = OpType::ALLREDUCE,
-                    .name = "allreduce",
-                    .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
-                    .outputs = tensors,
-                    .body =
-                        [this, self = fusable](Comm& c) {
-                          fusion_->run(
-                              c, *self, runSeq_,
-                              {.one =
-                                   [&](QueuedAllreduce& q) {
-                                     reduce_.allreduceOne(c, q.tensor, q.spec, q.device, tuning_);
-                                   },
-                               .flat =
-                                   [&](std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
-                                       const std::shared_ptr<DeviceOp>& dev) {
-                                     reduce_.allreduceFlat(c, ts, specs, dev);
-                                   }});
-                        },
-                    .timeout = opts.timeout,
-                    .asyncOp = opts.asyncOp,
-                    .fusable = fusable,
-                    .device = dev});
+    body = [this, self = fusable, tuning](Comm& c) {
+      fusion_->run(c, *self, runSeq_,
+                   {.one = [&](QueuedAllreduce& q) {
+                      reduce_.allreduceOne(c, q.tensor, q.spec, q.device, tuning);
+                    },
+                    .flat = [&](std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
+                                const std::shared_ptr<DeviceOp>& d) {
+                      reduce_.allreduceFlat(c, ts, specs, d);
+                    }});
+    };
+  } else {
+    body = [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
+      if (feedbackKey >= 0 && cfg_.int8) c.int8Feedback = &int8Residuals_[feedbackKey];
+      reduce_.allreduceOne(c, t, spec, dev, tuning);
+    };
   }
   return enqueue({.type = OpType::ALLREDUCE,
                   .name = "allreduce",
                   .call = callOf({t}, t.scalar_type(), t.numel(), redOpCode(opts.reduceOp)),
                   .outputs = tensors,
-                  .body =
-                      [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
-                        if (feedbackKey >= 0 && cfg_.int8) c.int8Feedback = &int8Residuals_[feedbackKey];
-                        reduce_.allreduceOne(c, t, spec, dev, tuning);
-                      },
+                  .body = std::move(body),
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,
+                  .fusable = fusable,
                   .device = dev});
 }
 
