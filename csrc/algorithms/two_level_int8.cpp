@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "algorithms/algorithm.h"
@@ -42,6 +43,19 @@ struct Chunk {
   Blocks pieces;                // byte ranges of the tensor, by node (this rank's shard)
   std::vector<size_t> quantized;  // int8Bytes of each piece
 };
+
+// One round with every other node of `across`: to node j what send(j)
+// gives, from it into what recv(j) gives ({bytes, size} each).
+template <typename Send, typename Recv>
+void withOtherNodes(Exchange& ex, Comm& across, Send send, Recv recv) {
+  for (int j = 0; j < across.size(); ++j) {
+    if (j == across.rank()) continue;
+    const auto [out, outBytes] = send(j);
+    const auto [in, inBytes] = recv(j);
+    ex.send(across.link(j), out, outBytes);
+    ex.recv(across.link(j), in, inBytes);
+  }
+}
 
 Chunk chunkOf(size_t first, size_t count, int L, int l, int n) {
   Chunk k{first, count, Blocks::even(count, L, sizeof(float)), {}, {}};
@@ -137,13 +151,12 @@ class Int8Pipeline {
                  run_.feedback ? run_.feedback->sent.data() + index(k, j) : nullptr);
   }
 
+  // Each other node's piece to it; theirs of this rank's piece from them.
   void toOwners(Exchange& ex, const Chunk& k, int ki) {
-    const int me = across_.rank();
-    for (int j = 0; j < across_.size(); ++j) {
-      if (j == me) continue;
-      ex.send(across_.link(j), out(ki, j), k.quantized[j]);
-      ex.recv(across_.link(j), in(ki, j), k.quantized[me]);
-    }
+    const size_t mine = k.quantized[across_.rank()];
+    withOtherNodes(
+        ex, across_, [&](int j) { return std::pair(out(ki, j), k.quantized[j]); },
+        [&](int j) { return std::pair(in(ki, j), mine); });
   }
 
   // Every node's contribution in node order (the sum does not depend on
@@ -155,23 +168,17 @@ class Int8Pipeline {
     const size_t m = elems(k, me);
     for (int j = 0; j < across_.size(); ++j)
       if (j != me) dequantizeAddInt8(mine, mine, in(ki, j), m);
-    float* residual = run_.feedback ? run_.feedback->owned.data() + index(k, me) : nullptr;
-    if (residual)
-      for (size_t i = 0; i < m; ++i) mine[i] += residual[i];
-    quantizeInt8(out(ki, me), mine, m);
-    if (residual) std::copy(mine, mine + m, residual);
+    quantize(out(ki, me), mine, m,
+             run_.feedback ? run_.feedback->owned.data() + index(k, me) : nullptr);
     dequantizeInt8(mine, out(ki, me), m);
-    if (residual)
-      for (size_t i = 0; i < m; ++i) residual[i] -= mine[i];
   }
 
+  // This rank's sum to every other node; theirs from them.
   void fromOwners(Exchange& ex, const Chunk& k, int ki) {
     const int me = across_.rank();
-    for (int j = 0; j < across_.size(); ++j) {
-      if (j == me) continue;
-      ex.send(across_.link(j), out(ki, me), k.quantized[me]);
-      ex.recv(across_.link(j), in(ki, j), k.quantized[j]);
-    }
+    withOtherNodes(
+        ex, across_, [&](int) { return std::pair(out(ki, me), k.quantized[me]); },
+        [&](int j) { return std::pair(in(ki, j), k.quantized[j]); });
   }
 
   void decodeReceived(const Chunk& k, int ki) {
@@ -219,12 +226,13 @@ void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<cha
   auto block = [&](int j) { return reinterpret_cast<float*>(a.buf + byNode.offset[j]); };
   const size_t mine = byNode.length[me] / sizeof(float);
   Exchange ex = across.exchange();
-  for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    quantizeInt8(scratch.data() + at[j], block(j), byNode.length[j] / sizeof(float));
-    ex.send(across.link(j), scratch.data() + at[j], at[j + 1] - at[j]);
-    ex.recv(across.link(j), scratch.data() + at[n + j], at[n + j + 1] - at[n + j]);
-  }
+  withOtherNodes(
+      ex, across,
+      [&](int j) {
+        quantizeInt8(scratch.data() + at[j], block(j), byNode.length[j] / sizeof(float));
+        return std::pair(scratch.data() + at[j], at[j + 1] - at[j]);
+      },
+      [&](int j) { return std::pair(scratch.data() + at[n + j], at[n + j + 1] - at[n + j]); });
   ex.run();
   for (int j = 0; j < n; ++j)
     if (j != me) dequantizeAddInt8(block(me), block(me), scratch.data() + at[n + j], mine);

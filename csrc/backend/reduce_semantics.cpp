@@ -28,11 +28,14 @@ Wire ReduceSemantics::useWire(Comm& c, DType dt, ReduceSpec& spec) const {
   return c.wire;
 }
 
+bool ReduceSemantics::int8Runs(const Comm& c) const {
+  const Hierarchy* h = c.levels;
+  return wire_.int8 && h && c.members.empty() && h->numNodes() > 1 && h->uniform();
+}
+
 bool ReduceSemantics::int8Widens(const Comm& c, DType dt, const ReduceSpec& spec,
                                  const std::shared_ptr<DeviceOp>& dev) const {
-  const Hierarchy* h = c.levels;
-  return wire_.int8 && !dev && (dt == DType::F16 || dt == DType::BF16) && spec.op == RedOp::Sum &&
-         h && c.members.empty() && h->numNodes() > 1 && h->uniform();
+  return !dev && (dt == DType::F16 || dt == DType::BF16) && spec.op == RedOp::Sum && int8Runs(c);
 }
 
 void ReduceSemantics::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
@@ -127,8 +130,7 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
 bool ReduceSemantics::compressesSomeHop(Comm& c) const {
   c.wire = wire_.wire;
   c.wireIntra = wire_.intra;
-  // int8: where the int8 allreduce runs (several nodes of one size).
-  if (wire_.int8) return c.levels && c.levels->numNodes() > 1 && c.levels->uniform();
+  if (wire_.int8) return int8Runs(c);
   return c.compressesSomeHop(DType::F32);
 }
 

@@ -55,6 +55,9 @@ class ReduceSemantics {
     const at::Tensor* input = nullptr;
   };
   void reduceScatter(Comm& c, const HostReduceScatter& r, const ReduceSpec& spec) const;
+  // Whether the int8 wire runs on c (an int8 group over several nodes of
+  // one size, the whole group): the rule TwoLevelInt8::canRun also keeps.
+  bool int8Runs(const Comm& c) const;
   // Whether an allreduce of dt on the host crosses the int8 wire as
   // float32 (a bf16 / fp16 SUM on an int8 group spanning nodes).
   bool int8Widens(const Comm& c, DType dt, const ReduceSpec& spec,
