@@ -48,9 +48,9 @@ struct CollectiveArgs {
   size_t bytes = 0;                // broadcast
   int root = -1;                   // broadcast, reduce
   // reduce_scatter out of place (both set): the blocks are read from `in`,
-  // left as it was; buf (laid out alike) is scratch; this rank's reduced
-  // block lands in `out`, which may be `in`'s own block but must not
-  // overlap the others.
+  // left as it was unless it is buf itself; buf (laid out alike) is
+  // scratch; this rank's reduced block lands in `out`, which may be `in`'s
+  // own block but must not overlap the others.
   const char* in = nullptr;
   char* out = nullptr;
 };

@@ -95,10 +95,10 @@ size_t messageBytes(Collective coll, const CollectiveArgs& a) {
 }
 
 // An out-of-place reduce-scatter on an algorithm that reduces in place:
-// the input copied into buf, the result copied out.
+// the input copied into buf (unless it is buf), the result copied out.
 void runInPlace(const Algorithm& algo, Comm& c, const CollectiveArgs& a, const Tuning& t) {
   const Blocks& b = *a.blocks;
-  if (b.total()) std::memcpy(a.buf, a.in, b.total());
+  if (a.in != a.buf && b.total()) std::memcpy(a.buf, a.in, b.total());
   CollectiveArgs inPlace = a;
   inPlace.in = nullptr;
   inPlace.out = nullptr;
@@ -111,7 +111,7 @@ void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, const Tuning& g
   const size_t bytes = messageBytes(coll, a);
   Tuning t = forWire(c, dt, given);
   Situation s = situationOf(c, dt, t);
-  s.outOfPlace = coll == Collective::ReduceScatter && a.in;
+  s.outOfPlace = coll == Collective::ReduceScatter && a.in && a.in != a.buf;
   Choice choice = choose(coll, bytes, s, t);
   logDecision(coll, bytes, s, choice, t);
   SMDCCL_TRACE(c.ctx.describe(), ": ", collectiveName(coll), " of ", bytes, " B -> ",
@@ -119,7 +119,7 @@ void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, const Tuning& g
   trace::Span span(
       trace::enabled() ? strCat(choice.algo->name(), ", ", bytes, " B") : std::string(),
       "algorithm", trackOf(c));
-  if (coll == Collective::ReduceScatter && a.in && !choice.algo->outOfPlace(coll))
+  if (coll == Collective::ReduceScatter && a.out && !choice.algo->outOfPlace(coll))
     return runInPlace(*choice.algo, c, a, t);
   choice.algo->run(coll, c, a, t);
 }

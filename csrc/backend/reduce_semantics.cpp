@@ -1,6 +1,5 @@
 #include "backend/reduce_semantics.h"
 
-#include <cstring>
 
 #include "algorithms/collectives.h"
 #include "backend/host_buffers.h"
@@ -104,25 +103,20 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
   at::Tensor& work = r.work;
   const Blocks& blocks = r.blocks;
   at::Tensor& output = r.output;
-  size_t mine = output.nbytes();
   ReduceSpec spec = given;
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
   WireOverflowCheck overflow(useWire(c, dt, spec));
-  if (r.input) {
-    smdccl::reduceScatter(c,
-                          {.buf = bytesOf(work),
-                           .dt = dt,
-                           .op = spec.op,
-                           .blocks = &blocks,
-                           .in = bytesOf(*r.input),
-                           .out = bytesOf(output)},
-                          tuning_);
-  } else {
-    applyPreScale(work, spec);
-    smdccl::reduceScatter(c, {.buf = bytesOf(work), .dt = dt, .op = spec.op, .blocks = &blocks},
-                          tuning_);
-    if (mine) std::memcpy(bytesOf(output), bytesOf(work) + blocks.offset[c.rank()], mine);
-  }
+  // Without an input apart, work holds the blocks (pre-scaled here) and is
+  // read in place; either way this rank's block lands in output.
+  if (!r.input) applyPreScale(work, spec);
+  smdccl::reduceScatter(c,
+                        {.buf = bytesOf(work),
+                         .dt = dt,
+                         .op = spec.op,
+                         .blocks = &blocks,
+                         .in = r.input ? bytesOf(*r.input) : bytesOf(work),
+                         .out = bytesOf(output)},
+                        tuning_);
   applyPostDivide(output, spec);
   overflow.finish(c);
 }

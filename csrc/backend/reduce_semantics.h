@@ -44,10 +44,11 @@ class ReduceSemantics {
   // on `dev`'s device for CUDA tensors.
   void allreduceFlat(Comm& c, std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
                      const std::shared_ptr<DeviceOp>& dev) const;
-  // A host reduce-scatter: `work` (laid out as blocks) holds every block;
-  // block c.rank() reduced over the group lands in `output`. With `input`
-  // (contiguous, laid out as blocks, left as it was; a reduction with no
-  // pre-scale), every block is read there and `work` is only scratch.
+  // A host reduce-scatter: `work` (laid out as blocks) holds every block
+  // and is used up; block c.rank() reduced over the group lands in
+  // `output`. With `input` (contiguous, laid out as blocks, left as it
+  // was; a reduction with no pre-scale), every block is read there and
+  // `work` is only scratch.
   struct HostReduceScatter {
     at::Tensor& work;
     const Blocks& blocks;
