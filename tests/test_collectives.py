@@ -215,30 +215,24 @@ def _reductions(ctx: Ctx) -> None:
                     chunks = [c for c in chunks if c >= 1001]
                 for c in chunks:
                     full = ws * c
-                    desc = ctx.tag("reduce_scatter_tensor", dn, op, f"chunk={c}", kind)
-                    with chk.case(desc):
-                        if feat:
-                            ctx.needs(feat)
-                        ref = ctx.ref(full, dtype, op, kind).slice(rank * c, (rank + 1) * c)
-                        inp = rank_input(rank, full, dtype, 0, kind).clone()
-                        keep = inp.clone()
-                        out = filler(c, dtype)
-                        dist.reduce_scatter_tensor(out, inp, op=make_op(op, factor_for(kind)))
-                        assert_matches(out, ref)
-                        assert torch.equal(inp.view(torch.uint8), keep.view(torch.uint8)), "input changed"
-
-                    desc = ctx.tag("reduce_scatter_tensor into its own chunk", dn, op, f"chunk={c}", kind)
-                    with chk.case(desc):
-                        if feat:
-                            ctx.needs(feat)
-                        ref = ctx.ref(full, dtype, op, kind).slice(rank * c, (rank + 1) * c)
-                        inp = rank_input(rank, full, dtype, 0, kind).clone()
-                        keep = inp.clone()
-                        mine = inp[rank * c:(rank + 1) * c]
-                        dist.reduce_scatter_tensor(mine, inp, op=make_op(op, factor_for(kind)))
-                        assert_matches(mine, ref)
-                        inp[rank * c:(rank + 1) * c] = keep[rank * c:(rank + 1) * c]
-                        assert torch.equal(inp.view(torch.uint8), keep.view(torch.uint8)), "other chunks changed"
+                    # The output apart from the input, or the input's own chunk
+                    # (in place, as FSDP-style callers do); either way the rest
+                    # of the input is left as it was.
+                    for own_chunk in (False, True):
+                        label = "reduce_scatter_tensor" + (" into its own chunk" if own_chunk else "")
+                        with chk.case(ctx.tag(label, dn, op, f"chunk={c}", kind)):
+                            if feat:
+                                ctx.needs(feat)
+                            ref = ctx.ref(full, dtype, op, kind).slice(rank * c, (rank + 1) * c)
+                            inp = rank_input(rank, full, dtype, 0, kind).clone()
+                            keep = inp.clone()
+                            out = inp[rank * c:(rank + 1) * c] if own_chunk else filler(c, dtype)
+                            dist.reduce_scatter_tensor(out, inp, op=make_op(op, factor_for(kind)))
+                            assert_matches(out, ref)
+                            if own_chunk:
+                                inp[rank * c:(rank + 1) * c] = keep[rank * c:(rank + 1) * c]
+                            assert torch.equal(inp.view(torch.uint8), keep.view(torch.uint8)), (
+                                "other chunks changed" if own_chunk else "input changed")
 
                     desc = ctx.tag("reduce_scatter(list)", dn, op, f"chunk={c}", kind)
                     with chk.case(desc):
