@@ -82,6 +82,44 @@ def test_collectives_issued_and_awaited_in_callbacks_run_in_order():
     assert sum(r["on_progress_thread"] for r in res) > 0, res
 
 
+def rider_of_a_nested_allreduce() -> dict:
+    """An all_reduce issued in a callback on the progress thread (Y) runs at
+    once; the all_reduce queued behind it (R) must not ride in it. A rider
+    completes with Y, inside Y's callback: the op R's own callback issues (Z)
+    would run there, before the rest of Y's callback (W), on a rank that
+    attached R's callback in time, and after W on a rank that attached it
+    once R was done. Rank 0 attaches in time, rank 1 late."""
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    if rank == 1:
+        time.sleep(0.3)  # rank 0's first callback is attached before its op ends
+    first = dist.all_reduce(torch.ones(4), async_op=True)
+    if rank == 0:
+        # Holds rank 0's progress thread while its caller queues the rest.
+        first.get_future().then(lambda f: time.sleep(1.0))
+    # Sizes differ where order matters: W and Z swapped are a mismatch.
+    y, w, r, z = torch.ones(N), torch.ones(7), torch.ones(N), torch.ones(11)
+
+    def issue_y_then_w(fut):
+        dist.all_reduce(y, async_op=True).get_future().wait()  # R is queued behind Y
+        dist.all_reduce(w, async_op=True).get_future().wait()
+
+    def issue_z(fut):
+        dist.all_reduce(z, async_op=True).get_future().wait()
+
+    # int64: never fused with the float ops behind it.
+    x = torch.ones(5, dtype=torch.int64)
+    fx = dist.all_reduce(x, async_op=True).get_future().then(issue_y_then_w)
+    wr = dist.all_reduce(r, async_op=True)
+    if rank == 1:
+        wr.wait()  # then() below runs the callback here, on the caller's thread
+    fr = wr.get_future().then(issue_z)
+    fx.wait()
+    fr.wait()
+    got = {name: t.tolist()[:2] for name, t in (("y", y), ("w", w), ("r", r), ("z", z))}
+    assert all(v == [float(ws)] * 2 for v in got.values()), got
+    return got
+
+
 def wait_from_callback_raises() -> dict:
     """A callback on the progress thread that wait()s for an op queued behind
     it gets an error naming the op, instead of a hang."""
@@ -109,6 +147,11 @@ def wait_from_callback_raises() -> dict:
     w2.wait()
     assert torch.all(a == 2).item() and torch.all(b == 2).item()
     return seen
+
+
+def test_an_allreduce_issued_in_a_callback_takes_no_riders():
+    res = run_ranks(2, rider_of_a_nested_allreduce, timeout=120, pg_timeout=20)
+    assert res[0] == res[1]
 
 
 def test_wait_in_a_callback_for_an_op_queued_behind_it_raises():

@@ -43,7 +43,11 @@ void AllreduceFusion::run(Comm& c, QueuedAllreduce& first, std::atomic<uint64_t>
   // queue's head between the rounds below and the take: offer nothing then
   // (the rounds still run, so every rank makes the same ones). Inline runs
   // start with nothing queued, so little is lost.
-  const bool mayTake = queue_.onOwnThread();
+  // Issued by a completion callback (runNested), the op runs ahead of the
+  // queue: a rider taken from there would complete inside that callback, so
+  // the ops its own callbacks issue would run there on a rank that attached
+  // them in time and after the callback on a rank that attached them late.
+  const bool mayTake = queue_.onOwnThread() && !queue_.runningNested();
   int32_t count = !mayTake ? 0 : static_cast<int32_t>(queue_.countFusable([&](Fusable& f) {
     auto& q = static_cast<QueuedAllreduce&>(f);
     if (!sameKind(q) || bytes + q.tensor.nbytes() > maxBytes_) return false;

@@ -52,7 +52,7 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(OpRequest r) {
   // every rank at the same point of the run order (right after the op whose
   // completion issued it), whatever the caller threads queued meanwhile.
   if (progress_->runningHere()) {
-    runWork(*op);
+    progress_->runNested([&] { runWork(*op); });
     return work;
   }
   // A blocking call (async_op=False) with nothing ahead of it runs right here.

@@ -16,6 +16,8 @@ namespace {
 // The ProgressThread whose task this thread is running (the progress thread
 // itself, or a caller running one inline).
 thread_local const ProgressThread* tlRunning = nullptr;
+// How many tasks this thread runs from inside another's completion callback.
+thread_local int tlNested = 0;
 
 // Sets tlRunning for a scope.
 class RunningHere {
@@ -33,6 +35,16 @@ class RunningHere {
 const void* runningKey() { return tlRunning; }
 
 bool ProgressThread::runningHere() const { return tlRunning == this; }
+
+void ProgressThread::runNested(const std::function<void()>& task) {
+  ++tlNested;
+  struct Leave {
+    ~Leave() { --tlNested; }
+  } leave;
+  task();
+}
+
+bool ProgressThread::runningNested() const { return runningHere() && tlNested > 0; }
 
 ProgressThread::ProgressThread(int idleSpinUs) : idleSpinUs_(idleSpinUs) {
   thread_ = std::thread([this] { loop(); });

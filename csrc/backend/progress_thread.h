@@ -56,6 +56,11 @@ class ProgressThread {
   // inline): it is in a callback that a task's completion runs (DDP's comm
   // hooks chain them on futures).
   bool runningHere() const;
+  // Runs `task` at once on the calling thread, which runningHere(): a task
+  // issued by a completion callback, ahead of what is queued.
+  void runNested(const std::function<void()>& task);
+  // The calling thread runs a task from runNested (inside a callback).
+  bool runningNested() const;
   // The calling thread is this object's own thread (not a caller running a
   // task inline, while the thread may pop the queue beside it).
   bool onOwnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
