@@ -10,6 +10,7 @@
 #include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
 #include "algorithms/select.h"
+#include "kernels/cpu/reduce.h"
 
 namespace smdccl {
 
@@ -20,10 +21,6 @@ int ringDataBlock(const Comm& c, int logical) {
   int p = c.size();
   return c.ring[((logical - 1) % p + p) % p];
 }
-
-// An out-of-place result at least this large is written around the caches
-// (the caller reads it later, if at all; its lines need not be read first).
-constexpr size_t kStreamOutBytes = 1 << 20;
 
 int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a) {
   char* buf = a.buf;
@@ -68,7 +65,8 @@ int appendRing(Exchange& ex, Comm& c, const RsAgPhases& a) {
                      .wire = recvWire,
                      .roundTo = lastReduce ? roundLast : Wire::F32,
                      .from = in + b.offset[recvBlk],
-                     .streamOut = toMine && b.length[recvBlk] >= kStreamOutBytes},
+                     // A result too large for the caches to keep is written around them.
+                     .streamOut = toMine && b.length[recvBlk] >= streamingOutBytes()},
                     recvDeps);
     else ex.recv(prev, buf + b.offset[recvBlk], b.length[recvBlk], recvDeps, recvWire);
   };

@@ -1,6 +1,8 @@
 // Picks the reduction loops for this CPU once, at first use.
 #include "kernels/cpu/reduce.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <string>
 
@@ -91,6 +93,14 @@ void reduceToStreaming(void* out, const void* a, const void* b, size_t count, El
   const int op = static_cast<int>(e.op);
   if (e.dtype != DType::F32 || op >= kWireOps || count == 0) return reduceTo(out, a, b, count, e);
   table().f32Stream[op](out, a, b, count);
+}
+
+size_t streamingOutBytes() {
+  static const size_t bytes = [] {
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return llc > 0 ? static_cast<size_t>(llc) / 8 : size_t{4} << 20;
+  }();
+  return bytes;
 }
 
 const char* reduceIsa() { return table().isa; }
