@@ -7,7 +7,7 @@
 #include "algorithms/algorithm.h"
 #include "algorithms/cost_model.h"
 #include "algorithms/exchange.h"
-#include "algorithms/op_context.h"
+#include "common/op_context.h"
 #include "transport/mesh.h"
 
 namespace smdccl {

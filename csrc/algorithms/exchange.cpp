@@ -14,11 +14,6 @@
 
 namespace smdccl {
 
-std::string OpContext::describe() const {
-  return strCat(op, " #", seq, " on group '", group ? *group : std::string("?"), "' (rank ", rank,
-                ")");
-}
-
 Exchange& Exchange::add(Transfer added) {
   Link& link = *added.link;
   const Kind kind = added.kind;

@@ -12,7 +12,7 @@
 #include "kernels/cpu/reduce.h"
 
 #include "algorithms/exchange_book.h"
-#include "algorithms/op_context.h"
+#include "common/op_context.h"
 #include "transport/futex.h"
 #include "transport/link.h"
 #include "transport/shm_node.h"

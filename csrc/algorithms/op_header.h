@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "algorithms/op_context.h"
+#include "common/op_context.h"
 
 namespace smdccl {
 

@@ -18,7 +18,7 @@
 #include <memory>
 #include <vector>
 
-#include "algorithms/op_context.h"
+#include "common/op_context.h"
 #include "algorithms/stage_device.h"
 
 namespace smdccl {

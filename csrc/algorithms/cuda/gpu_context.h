@@ -14,7 +14,7 @@
 
 #include "algorithms/gpu_tuning.h"
 #include "algorithms/intra_engine.h"
-#include "algorithms/op_context.h"
+#include "common/op_context.h"
 #include "common/store.h"
 #include "transport/cuda/ipc_space.h"
 #include "transport/cuda/nccl_comm.h"

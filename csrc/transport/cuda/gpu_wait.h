@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "algorithms/op_context.h"
+#include "common/op_context.h"
 #include "common/deadline.h"
 
 namespace smdccl {

@@ -16,7 +16,8 @@ struct WaitPolicy {
 };
 
 // One collective call as every rank must make it: checked across ranks by
-// the header that opens the op's first message on each link (op_header.h).
+// the header that opens the op's first message on each link
+// (algorithms/op_header.h).
 struct OpSignature {
   static constexpr uint64_t kAnyCount = ~uint64_t{0};
   std::string name = "?";
