@@ -160,7 +160,7 @@ def _level(name, alpha_us, gbps, pair=(0, 1)) -> Level:
 
 def _model(path) -> dict[str, float]:
     """What the C++ parser made of ``path``, by profile key."""
-    _, _, desc = _C.plan("allreduce", 4096, 4, 2, 2, True, str(path))
+    _, _, desc = _C.plan("allreduce", 4096, (4, 2, 2), str(path))
     assert desc.endswith(f"({path})"), desc
     return parse_description(desc)
 
@@ -209,17 +209,17 @@ def test_bad_profile_raises_value_error_naming_file_and_key(tmp_path, body, need
     path = tmp_path / "bad.txt"
     path.write_text("# a comment\n" + body)
     with pytest.raises(ValueError) as err:
-        _C.plan("allreduce", 4096, 4, 2, 2, True, str(path))
+        _C.plan("allreduce", 4096, (4, 2, 2), str(path))
     assert str(path) in str(err.value) and needle in str(err.value), str(err.value)
 
 
 def test_missing_profile_raises_value_error_naming_the_file(tmp_path, monkeypatch):
     path = tmp_path / "nope.txt"
     with pytest.raises(ValueError, match=re.escape(str(path))):
-        _C.plan("allreduce", 4096, 4, 2, 2, True, str(path))
+        _C.plan("allreduce", 4096, (4, 2, 2), str(path))
     monkeypatch.setenv("SMDCCL_TUNE_FILE", str(path))  # the same through the variable
     with pytest.raises(ValueError, match="SMDCCL_TUNE_FILE"):
-        _C.plan("allreduce", 4096, 4, 2, 2)
+        _C.plan("allreduce", 4096, (4, 2, 2))
 
 
 # ---------------------------------------------------------------------------
@@ -230,7 +230,7 @@ KB, MB = 1 << 10, 1 << 20
 
 
 def _plan(collective, nbytes, ranks, nodes, max_local, uniform=True, tune_file=""):
-    return _C.plan(collective, nbytes, ranks, nodes, max_local, uniform, str(tune_file))
+    return _C.plan(collective, nbytes, (ranks, nodes, max_local, uniform), str(tune_file))
 
 
 def _write(tmp_path, **keys) -> Path:
@@ -386,7 +386,7 @@ def test_reduce_is_planned_on_its_own():
 
 def test_wire16_halves_the_inter_node_bytes_and_leaves_the_ring_out():
     _, plain, _ = _plan("allreduce", 64 * MB, 8, 8, 1)
-    algo, wired, _ = _C.plan("allreduce", 64 * MB, 8, 8, 1, True, "", True)
+    algo, wired, _ = _C.plan("allreduce", 64 * MB, (8, 8, 1), "", True)
     assert wired["halving"] < 0.6 * plain["halving"]
     assert algo != "ring"  # chained 16-bit roundings: not the model's pick on every-hop wires
 

@@ -14,8 +14,7 @@
 namespace smdccl {
 
 Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
-  Situation s;
-  GroupShape& g = s.g;
+  GroupShape g;
   g.ranks = c.size();
   if (c.levels && c.members.empty()) {
     g.nodes = c.levels->numNodes();
@@ -24,11 +23,13 @@ Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
   } else {
     g.maxLocal = g.ranks;
   }
-  s.someHop16 = c.compressesSomeHop(dt);
+  Situation s = situationFor(g, wireHopsOf(c, dt), t);
   s.int8 = c.int8 && dt == DType::F32 && c.size() > 1;
-  s.everyHop16 = c.compressesEveryHop(dt);
-  s.pipelineChunkBytes = t.pipelineChunkBytes;
   return s;
+}
+
+WireHops wireHopsOf(const Comm& c, DType dt) {
+  return {.some = c.compressesSomeHop(dt), .every = c.compressesEveryHop(dt), .intra = c.wireIntra};
 }
 
 namespace {
@@ -75,14 +76,7 @@ const std::string& trackOf(const Comm& c) {
   return c.ctx.group ? *c.ctx.group : none;
 }
 
-// With a 16-bit wire the compressed levels move half the bytes.
-Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
-  Tuning w = t;
-  if (!c.compressesSomeHop(dt)) return w;
-  w.model.inter.gbps *= 2;
-  if (c.wireIntra) w.model.intra.gbps *= 2;
-  return w;
-}
+Tuning forWire(const Comm& c, DType dt, const Tuning& t) { return forWire(wireHopsOf(c, dt), t); }
 
 // The message's bytes as the model counts them (Algorithm::estimate).
 size_t messageBytes(Collective coll, const CollectiveArgs& a) {

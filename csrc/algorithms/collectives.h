@@ -28,5 +28,7 @@ void barrier(Comm& c);
 
 // What selection sees of `c` for a collective on dt.
 Situation situationOf(const Comm& c, DType dt, const Tuning& t);
+// Which of c's hops carry dt data on the 16-bit wire.
+WireHops wireHopsOf(const Comm& c, DType dt);
 
 }  // namespace smdccl

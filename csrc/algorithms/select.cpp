@@ -120,4 +120,21 @@ Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t) {
   return best;
 }
 
+Situation situationFor(const GroupShape& g, const WireHops& w, const Tuning& t) {
+  Situation s;
+  s.g = g;
+  s.someHop16 = w.some;
+  s.everyHop16 = w.every;
+  s.pipelineChunkBytes = t.pipelineChunkBytes;
+  return s;
+}
+
+Tuning forWire(const WireHops& w, const Tuning& t) {
+  Tuning wired = t;
+  if (!w.some) return wired;
+  wired.model.inter.gbps *= 2;
+  if (w.intra) wired.model.intra.gbps *= 2;
+  return wired;
+}
+
 }  // namespace smdccl

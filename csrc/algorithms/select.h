@@ -42,4 +42,16 @@ std::vector<std::pair<const Algorithm*, double>> estimates(Collective c, double 
 // (two-level forms fall back to flat on one node), else the model picks.
 Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t);
 
+// Which hops of a group carry float32 data on the 16-bit wire.
+struct WireHops {
+  bool some = false;   // some hop (between nodes, or every hop with intra)
+  bool every = false;  // every hop
+  bool intra = false;  // inside nodes too (SMDCCL_COMPRESSION_INTRA)
+};
+// What selection sees of a collective on a group of shape g (the backend's
+// groups: situationOf, collectives.h; any shape: plan.h).
+Situation situationFor(const GroupShape& g, const WireHops& w, const Tuning& t);
+// The model as the wire changes it: the compressed levels move half the bytes.
+Tuning forWire(const WireHops& w, const Tuning& t);
+
 }  // namespace smdccl

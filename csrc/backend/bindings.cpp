@@ -8,6 +8,7 @@
 #include <map>
 
 #include "algorithms/gpu_tuning.h"
+#include "algorithms/plan.h"
 #include "algorithms/select.h"
 #include "backend/backend.h"
 #include "common/env.h"
@@ -84,11 +85,8 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
   return c10::make_intrusive<smdccl::SmdcclBackend>(store, std::move(cfg));
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "smdccl engine: a two-level collective-communication backend for torch.distributed";
-
+// smdccl's errors as Python's: bad input is a ValueError.
+void translateErrors() {
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -100,7 +98,10 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
     } catch (const smdccl::CommError& e) { PyErr_SetString(PyExc_RuntimeError, e.what()); }
   });
+}
 
+// The backend class: what a group tells of itself.
+void bindBackend(py::module_& m) {
   py::class_<smdccl::SmdcclBackend, ::c10d::Backend, c10::intrusive_ptr<smdccl::SmdcclBackend>>(
       m, "SmdcclBackend")
       .def_property_readonly("topology", &smdccl::SmdcclBackend::describeTopology,
@@ -149,7 +150,10 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "perform_nocolor_split", [](smdccl::SmdcclBackend&, const py::object& /*device*/) {},
           py::arg("device"), "A no-op: smdccl's split children need only their members");
+}
 
+// What _registration.py calls to make a group, and to end the process.
+void bindGroupCreation(py::module_& m) {
   py::class_<GroupParams>(m, "_GroupParams",
                           "What torch says of a group at its creation (for _create_backend)")
       .def(py::init<>())
@@ -167,6 +171,10 @@ PYBIND11_MODULE(_C, m) {
   // atexit (see common/exit_fence.h): waits for our threads without the GIL.
   m.def("_mark_process_exiting", &smdccl::markProcessExiting,
         py::call_guard<py::gil_scoped_release>());
+}
+
+// The SMDCCL_* variables and the settings they make.
+void bindSettings(py::module_& m) {
   m.def(
       "env_vars",
       [] {
@@ -202,47 +210,38 @@ PYBIND11_MODULE(_C, m) {
       "The SMDCCL_CUDA_* settings a CUDA collective would use here (raises ValueError for a "
       "bad value)");
 
-  m.def(
-      "plan",
-      [](const std::string& collective, double bytes, int ranks, int nodes, int maxLocal,
-         bool uniform, const std::string& tuneFile, bool wire16) {
-        smdccl::Collective c;
-        if (!smdccl::collectiveFromName(collective, &c))
-          throw smdccl::InvalidArgument(
-              "unknown collective '" + collective +
-              "' (allreduce, reduce_scatter, allgather, broadcast, reduce)");
-        SMDCCL_CHECK_ARG(
-            ranks >= 1 && nodes >= 1 && maxLocal >= 1 && nodes <= ranks && maxLocal <= ranks,
-            "plan: inconsistent group shape");
-        SMDCCL_CHECK_ARG(bytes >= 0 && bytes < 4.6e18, "plan: bytes must be in [0, 2^62), got ",
-                         bytes);
-        smdccl::Tuning t = smdccl::Tuning::fromEnv();
-        if (!tuneFile.empty()) t.model = smdccl::CostModel::fromFile(tuneFile);
-        smdccl::Situation s;
-        s.g = smdccl::GroupShape{ranks, nodes, maxLocal, uniform};
-        s.pipelineChunkBytes = t.pipelineChunkBytes;
-        bool reduction = c != smdccl::Collective::Allgather && c != smdccl::Collective::Broadcast;
-        if (wire16 && reduction && nodes > 1) {  // compressed across nodes, as the backend does
-          s.someHop16 = true;
-          s.everyHop16 = maxLocal == 1;
-          t.model.inter.gbps *= 2;
-        }
-        std::map<std::string, double> est;
-        // Every algorithm that can run (forced ones too), not only the model's candidates.
-        for (const smdccl::Algorithm* a : smdccl::registeredAlgorithms())
-          if (a->serves(c) && a->canRun(c, s))
-            est[a->name()] = ranks <= 1 ? 0.0 : a->estimate(c, bytes, s, t.model);
-        return std::make_tuple(
-            std::string(smdccl::choose(c, static_cast<size_t>(bytes), s, t).algo->name()), est,
-            t.model.describe());
-      },
-      py::arg("collective"), py::arg("bytes"), py::arg("ranks"), py::arg("nodes"),
-      py::arg("max_local"), py::arg("uniform") = true, py::arg("tune_file") = "",
-      py::arg("wire16") = false,
-      "The cost model's choice for a collective of `bytes` on a group shape: (algorithm, "
-      "{every algorithm that can run: estimated seconds}, model description). Honours SMDCCL_ALGO, "
-      "SMDCCL_TUNE_FILE (or tune_file) and SMDCCL_PIPELINE_CHUNK_KB; wire16: float32 reductions "
-      "cross nodes as 16 bits.");
+}
+
+// The cost model's view of any group shape (plan.h): the algorithm chosen,
+// every estimate, the model. shape: (ranks, nodes, max_local[, uniform]).
+std::tuple<std::string, std::map<std::string, double>, std::string> planOf(
+    const std::string& collective, double bytes, const py::tuple& shape,
+    const std::string& tuneFile, bool wire16) {
+  smdccl::PlanQuery q;
+  if (!smdccl::collectiveFromName(collective, &q.coll))
+    throw smdccl::InvalidArgument("unknown collective '" + collective +
+                                  "' (allreduce, reduce_scatter, allgather, broadcast, reduce)");
+  SMDCCL_CHECK_ARG(shape.size() == 3 || shape.size() == 4,
+                   "plan: shape is (ranks, nodes, max_local[, uniform]), got ", shape.size(),
+                   " values");
+  q.bytes = bytes;
+  q.shape = {shape[0].cast<int>(), shape[1].cast<int>(), shape[2].cast<int>(),
+             shape.size() == 4 ? shape[3].cast<bool>() : true};
+  q.wire16 = wire16;
+  smdccl::Tuning t = smdccl::Tuning::fromEnv();
+  if (!tuneFile.empty()) t.model = smdccl::CostModel::fromFile(tuneFile);
+  smdccl::Plan p = smdccl::planFor(q, t);
+  return {p.chosen, p.estimates, p.model};
+}
+
+// The cost model and the registered algorithms.
+void bindModel(py::module_& m) {
+  m.def("plan", &planOf, py::arg("collective"), py::arg("bytes"), py::arg("shape"),
+        py::arg("tune_file") = "", py::arg("wire16") = false,
+        "The cost model's choice for a collective of `bytes` on a group of `shape` (ranks, "
+        "nodes, max_local[, uniform=True]): (algorithm, {every algorithm that can run: estimated "
+        "seconds}, model description). Honours SMDCCL_ALGO, SMDCCL_TUNE_FILE (or tune_file) and "
+        "SMDCCL_PIPELINE_CHUNK_KB; wire16: float32 reductions cross nodes as 16 bits.");
 
   m.def(
       "algorithms",
@@ -259,6 +258,10 @@ PYBIND11_MODULE(_C, m) {
       },
       "The registered algorithms, in registration order: [(name, [collectives it runs])]");
 
+}
+
+// How the engine was built and what it found on this machine.
+void bindBuild(py::module_& m) {
   m.def(
       "build_info",
       [] {
@@ -326,4 +329,16 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "reduce_isa", [] { return std::string(smdccl::reduceIsa()); },
       "Instruction set the CPU reductions use on this machine");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "smdccl engine: a two-level collective-communication backend for torch.distributed";
+  translateErrors();
+  bindBackend(m);
+  bindGroupCreation(m);
+  bindSettings(m);
+  bindModel(m);
+  bindBuild(m);
 }

@@ -250,8 +250,8 @@ def model_estimate(backend: str, collective: str, nbytes: int, nodes: list[int])
     wire16 = "+" in name
     ranks = sum(nodes)
     with forced_algo(algo):
-        chosen, est, _ = _C.plan(collective, nbytes, ranks, len(nodes), max(nodes),
-                                 len(set(nodes)) == 1, os.environ.get("SMDCCL_TUNE_FILE", ""), wire16)
+        chosen, est, _ = _C.plan(collective, nbytes, (ranks, len(nodes), max(nodes), len(set(nodes)) == 1),
+                                 os.environ.get("SMDCCL_TUNE_FILE", ""), wire16)
     return (chosen, est[chosen]) if chosen in est else None
 
 

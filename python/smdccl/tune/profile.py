@@ -79,7 +79,7 @@ def builtin_defaults() -> dict[str, float]:
     from smdccl import _C
 
     with plain_env():
-        return parse_description(_C.plan("allreduce", 1, 1, 1, 1, True, "")[2])
+        return parse_description(_C.plan("allreduce", 1, (1, 1, 1), "")[2])
 
 
 def values(levels: list[Level], reduce: Reduce | None) -> dict[str, float]:

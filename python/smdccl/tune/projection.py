@@ -43,14 +43,14 @@ def table(ranks_per_node: int, uplink_gbit: float, inter_alpha_us: float,
         profile = f.name
     saved = os.environ.pop("SMDCCL_ALGO", None)
     try:
-        desc = _C.plan("allreduce", 1, 1, 1, 1, True, profile)[2].rsplit(" (", 1)[0]
+        desc = _C.plan("allreduce", 1, (1, 1, 1), profile)[2].rsplit(" (", 1)[0]
         out = [f"{uplink_gbit:g} Gbit/s uplinks, {ranks_per_node} ranks per node; model: {desc}", "",
                "| nodes | " + " | ".join(_label(s) for s in sizes) + " |",
                "|---:|" + "---|" * len(sizes)]
         for n in nodes:
             cells = []
             for s in sizes:
-                algo, est, _ = _C.plan("allreduce", s, n * ranks_per_node, n, ranks_per_node, True,
+                algo, est, _ = _C.plan("allreduce", s, (n * ranks_per_node, n, ranks_per_node),
                                        profile)
                 ring = est["ring"]
                 cells.append(f"{algo} {_time(est[algo])} ({ring / est[algo]:.1f}x)")

@@ -50,8 +50,8 @@ def picks(ranks: int, nodes: int, max_local: int, uniform: bool, path: str) -> s
     rows = []
     with plain_env():
         for nbytes in PICK_SIZES:
-            tuned, est_t, _ = _C.plan("allreduce", nbytes, ranks, nodes, max_local, uniform, path)
-            plain, est_d, _ = _C.plan("allreduce", nbytes, ranks, nodes, max_local, uniform, "")
+            tuned, est_t, _ = _C.plan("allreduce", nbytes, (ranks, nodes, max_local, uniform), path)
+            plain, est_d, _ = _C.plan("allreduce", nbytes, (ranks, nodes, max_local, uniform), "")
             rows.append([human(nbytes) + "B", tuned, f"{est_t[tuned] * 1e6:.1f}",
                          plain, f"{est_d[plain] * 1e6:.1f}",
                          "" if tuned == plain else "changed"])

@@ -1,0 +1,28 @@
+#pragma once
+// What selection would choose for a collective on a group of any shape,
+// without the group (smdccl._C.plan, python -m smdccl.tune): the situation
+// and wire the backend's dispatch sees for such a group (select.h).
+#include <map>
+#include <string>
+
+#include "algorithms/select.h"
+
+namespace smdccl {
+
+struct PlanQuery {
+  Collective coll = Collective::Allreduce;
+  double bytes = 0;
+  GroupShape shape;
+  bool wire16 = false;  // float32 reductions cross nodes as 16 bits
+};
+
+struct Plan {
+  std::string chosen;                       // the algorithm that would run
+  std::map<std::string, double> estimates;  // every one that can run (forced too): seconds
+  std::string model;                        // the model, as the wire scales it
+};
+
+// Throws InvalidArgument for an inconsistent shape or a size out of range.
+Plan planFor(const PlanQuery& q, const Tuning& t);
+
+}  // namespace smdccl
