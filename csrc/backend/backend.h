@@ -225,6 +225,12 @@ class SmdcclBackend : public ::c10d::Backend {
   // Runs one op where enqueue() put it: its checks, its body, its failure
   // handling, the completion of its Work and of the ops fused into it.
   void runWork(QueuedOp& op);
+  // runWork's parts: what the op knows of itself; its checks and body, the
+  // error they end with (the group failed where the ranks are out of step);
+  // the completion of its Work, then of its riders'.
+  OpContext contextOf(const QueuedOp& op, uint64_t seq) const;
+  std::exception_ptr runChecksAndBody(QueuedOp& op, Comm& c);
+  void completeWithRiders(QueuedOp& op, uint64_t seq, std::exception_ptr err);
   // SMDCCL_NAN_CHECK: the ranks agree (one tiny round) on whose inputs hold
   // NaN/Inf; if any do, every rank raises naming them, before any data moves.
   void checkFinite(Comm& c, const std::vector<at::Tensor>& inputs);

@@ -88,8 +88,6 @@ void SmdcclBackend::checkFinite(Comm& c, const std::vector<at::Tensor>& inputs) 
 }
 
 void SmdcclBackend::runWork(QueuedOp& op) {
-  SmdcclWork& work = *op.work;
-  const OpCall& call = op.request.call;
   const char* name = op.request.name;
   DeviceOp* device = op.request.device.get();
   const uint64_t seq = ++runSeq_;
@@ -98,26 +96,16 @@ void SmdcclBackend::runWork(QueuedOp& op) {
   // stream, and the work's future completes there.
   std::optional<c10::StreamGuard> onStream;
   if (device) onStream.emplace(device->stream());
-  std::exception_ptr err = fate_.fatal();
-  if (err) {
+  if (std::exception_ptr err = fate_.fatal()) {
     // Streams between ranks are out of step after a failure: fail fast.
     if (device) device->signal(seq);
-    work.complete(err);
+    op.work->complete(err);
     return;
   }
-  work.markStarted();
+  op.work->markStarted();
   watchdog_->opStarted(seq, name);
   fusion_->clearRiders();
-  OpContext ctx;
-  ctx.op = name;
-  ctx.group = &cfg_.groupName;
-  ctx.rank = rank_;
-  ctx.seq = seq;
-  ctx.deadline = Deadline::after(op.timeout);
-  ctx.wait = waitPolicy_;
-  ctx.sig = call.sig;
-  ctx.compareShapes = detailChecks_;
-  ctx.cancel = mesh_->cancelFlag();
+  OpContext ctx = contextOf(op, seq);
   Comm c{*mesh_, ctx, ring_, &levels_, /*members: the whole group*/ {}};
   c.book = &exchangeBook_;
   const std::string& track = cfg_.groupName;
@@ -130,12 +118,45 @@ void SmdcclBackend::runWork(QueuedOp& op) {
                    .durUs = now - op.queuedUs});
   }
   const bool tracing = trace::enabled();
-  trace::Span span(
-      tracing ? strCat(name, " #", seq) : std::string(), "collective", track,
-      tracing ? strCat("\"seq\":", seq, ",\"call\":\"", call.sig.describe(), "\"") : std::string());
+  trace::Span span(tracing ? strCat(name, " #", seq) : std::string(), "collective", track,
+                   tracing ? strCat("\"seq\":", seq, ",\"call\":\"",
+                                    op.request.call.sig.describe(), "\"")
+                           : std::string());
   const bool timing = logEnabled(LogLevel::Trace);
   auto started =
       timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  std::exception_ptr err = runChecksAndBody(op, c);
+  watchdog_->opFinished(seq);
+  if (timing)
+    SMDCCL_TRACE(ctx.describe(), " ", op.request.call.sig.describe(), ": ",
+                 std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::steady_clock::now() - started)
+                     .count(),
+                 " us",
+                 fusion_->riderCount() ? strCat(" (", fusion_->riderCount(), " fused in)") : "",
+                 err ? " (failed)" : "");
+  completeWithRiders(op, seq, err);
+}
+
+OpContext SmdcclBackend::contextOf(const QueuedOp& op, uint64_t seq) const {
+  OpContext ctx;
+  ctx.op = op.request.name;
+  ctx.group = &cfg_.groupName;
+  ctx.rank = rank_;
+  ctx.seq = seq;
+  ctx.deadline = Deadline::after(op.timeout);
+  ctx.wait = waitPolicy_;
+  ctx.sig = op.request.call.sig;
+  ctx.compareShapes = detailChecks_;
+  ctx.cancel = mesh_->cancelFlag();
+  return ctx;
+}
+
+std::exception_ptr SmdcclBackend::runChecksAndBody(QueuedOp& op, Comm& c) {
+  const OpCall& call = op.request.call;
+  DeviceOp* device = op.request.device.get();
+  const OpContext& ctx = c.ctx;
+  const std::string& track = cfg_.groupName;
   try {
     if (device) device->prepare(ctx);
     // The NaN check reads the inputs: host copies must have landed first.
@@ -153,38 +174,35 @@ void SmdcclBackend::runWork(QueuedOp& op) {
     if (device) device->beforeBody(ctx);
     op.request.body(c);
     if (device) device->finishBody(ctx);
+    return nullptr;
   } catch (const InvalidArgument&) {  // the ranks agreed on it (the NaN check): the group goes on
-    err = toTorchError(std::current_exception());
+    return toTorchError(std::current_exception());
   } catch (const c10::ValueError&) {  // likewise (the fp16 overflow check)
-    err = toTorchError(std::current_exception());
+    return toTorchError(std::current_exception());
   } catch (const CommError& e) {
-    err = failGroup(ctx, e.kind(), e.what());
+    return failGroup(ctx, e.kind(), e.what());
   } catch (const c10::Error& e) {
     // This rank alone (out of memory, ...): its peers would wait for it
     // until their deadline. Failing the group tells them at once.
-    err = failGroup(ctx, CommError::Kind::System, e.what_without_backtrace());
+    return failGroup(ctx, CommError::Kind::System, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    err = failGroup(ctx, CommError::Kind::System, e.what());
-  } catch (...) { err = failGroup(ctx, CommError::Kind::System, "an exception of unknown type"); }
-  watchdog_->opFinished(seq);
-  if (timing)
-    SMDCCL_TRACE(ctx.describe(), " ", call.sig.describe(), ": ",
-                 std::chrono::duration_cast<std::chrono::microseconds>(
-                     std::chrono::steady_clock::now() - started)
-                     .count(),
-                 " us",
-                 fusion_->riderCount() ? strCat(" (", fusion_->riderCount(), " fused in)") : "",
-                 err ? " (failed)" : "");
+    return failGroup(ctx, CommError::Kind::System, e.what());
+  } catch (...) {
+    return failGroup(ctx, CommError::Kind::System, "an exception of unknown type");
+  }
+}
+
+void SmdcclBackend::completeWithRiders(QueuedOp& op, uint64_t seq, std::exception_ptr err) {
   // Allreduces fused into this one complete with its outcome, after it: in
   // issue order, so that ops their callbacks run right here (enqueue) come
   // in the same order on every rank, whether a rank's callbacks were attached
   // before completion (run here) or after (run by the caller, queued).
   // Moved out first: those ops run runWork again.
   AllreduceFusion::Riders riders = fusion_->takeRiders();
-  if (device) device->signal(seq);
+  if (DeviceOp* device = op.request.device.get()) device->signal(seq);
   for (auto& [d, riderSeq] : riders.devices) d->signal(riderSeq);
   riders.devices.clear();
-  work.complete(err);
+  op.work->complete(err);
   for (auto& w : riders.works) w->complete(err);
   dropOrLeak(riders.works);
 }
