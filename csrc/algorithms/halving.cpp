@@ -47,123 +47,146 @@ std::vector<Run> runsOf(const Blocks& b, int lo, int hi) {
   return runs;
 }
 
+// One rank's halving schedule appended to an exchange. Virtual rank v < P
+// (P: the largest power of two <= p) stands for real rank realOf(v) and
+// owns the real blocks [firstBlock(v), firstBlock(v+1)): both blocks of a
+// folded pair.
+class HalvingSchedule {
+ public:
+  HalvingSchedule(Exchange& ex, Comm& c, const RsAgPhases& a)
+      : ex_(ex), c_(c), a_(a), b_(*a.blocks), p_(c.size()), r_(c.rank()), last_(a.startAfter) {
+    while (P_ * 2 <= p_) P_ *= 2;
+    rem_ = p_ - P_;
+    v_ = r_ < 2 * rem_ ? r_ / 2 : r_ - rem_;
+  }
+
+  // The index of the last transfer appended (-1: none).
+  int append() {
+    if (r_ < 2 * rem_ && r_ % 2 == 0) return foldAway();
+    if (r_ < 2 * rem_) takeFolded();
+    if (a_.reduceScatter) halve();
+    if (a_.allgather) gather();
+    if (r_ < 2 * rem_) handBack();
+    return last_ == a_.startAfter ? -1 : last_;
+  }
+
+ private:
+  Wire wireTo(int peer) const { return a_.dt == DType::F32 ? c_.wireTo(peer) : Wire::F32; }
+  int realOf(int v) const { return v < rem_ ? 2 * v + 1 : v + rem_; }
+  int firstBlock(int v) const { return v < rem_ ? 2 * v : v + rem_; }
+  char* at(const Run& s) const { return a_.buf + s.offset; }
+
+  // What a folded rank q gets back: every result (allreduce), its own block
+  // (reduce-scatter), or every block but its own (allgather).
+  std::vector<Run> foldBack(int q) const {
+    if (!a_.allgather) return runsOf(b_, q, q + 1);
+    if (a_.reduceScatter) return runsOf(b_, 0, p_);
+    std::vector<Run> runs = runsOf(b_, 0, q);
+    for (const Run& s : runsOf(b_, q + 1, p_)) runs.push_back(s);
+    return runs;
+  }
+
+  // An even rank of a folded pair hands everything (or, gathering only, its
+  // block) to r+1 and waits for the results.
+  int foldAway() {
+    Link& link = c_.link(r_ + 1);
+    Wire w = wireTo(r_ + 1);
+    int sent = last_;
+    for (const Run& s : a_.reduceScatter ? runsOf(b_, 0, p_) : runsOf(b_, r_, r_ + 1)) {
+      sent = ex_.size();
+      ex_.send(link, at(s), s.length, {last_, -1}, w);
+    }
+    for (const Run& k : foldBack(r_)) {
+      last_ = ex_.size();
+      ex_.recv(link, at(k), k.length, {sent, -1}, w);
+    }
+    return last_ == a_.startAfter ? -1 : last_;
+  }
+
+  // The odd rank of a folded pair takes in what its partner handed over.
+  void takeFolded() {
+    Link& link = c_.link(r_ - 1);
+    Wire w = wireTo(r_ - 1);
+    int stepLast = last_;
+    for (const Run& k : a_.reduceScatter ? runsOf(b_, 0, p_) : runsOf(b_, r_ - 1, r_)) {
+      stepLast = ex_.size();
+      if (a_.reduceScatter)
+        ex_.recvReduce(link, at(k), k.length, {a_.dt, a_.op, w}, {last_, -1});
+      else ex_.recv(link, at(k), k.length, {last_, -1}, w);
+    }
+    last_ = stepLast;
+  }
+
+  // Step with distance m: this rank's range is the aligned 2m virtual
+  // blocks around v; it keeps the half holding v, sends the other half to
+  // v^m (whose half it is) and reduces what v^m sends into its own.
+  void halve() {
+    const Wire roundFinal = a_.finalReduce ? c_.resultWire(a_.dt) : Wire::F32;
+    for (int m = P_ / 2; m >= 1; m /= 2) {
+      int lo = v_ & ~(2 * m - 1), mid = lo + m, hi = lo + 2 * m;
+      int peer = realOf(v_ ^ m);
+      bool keepLow = v_ < mid;
+      Link& link = c_.link(peer);
+      Wire w = wireTo(peer);
+      Wire roundTo = m == 1 ? roundFinal : Wire::F32;
+      int sendLo = firstBlock(keepLow ? mid : lo), sendHi = firstBlock(keepLow ? hi : mid);
+      int keepLo = firstBlock(keepLow ? lo : mid), keepHi = firstBlock(keepLow ? mid : hi);
+      for (const Run& s : runsOf(b_, sendLo, sendHi))
+        ex_.send(link, at(s), s.length, {last_, -1}, w);
+      int stepLast = last_;
+      for (const Run& k : runsOf(b_, keepLo, keepHi)) {
+        stepLast = ex_.size();
+        ex_.recvReduce(link, at(k), k.length, {a_.dt, a_.op, w, roundTo}, {last_, -1});
+      }
+      last_ = stepLast;
+    }
+  }
+
+  // Step with distance m: this rank holds the aligned m virtual blocks
+  // around v and swaps them with v^m for its m blocks.
+  void gather() {
+    for (int m = 1; m < P_; m *= 2) {
+      int mine = v_ & ~(m - 1), theirs = mine ^ m;
+      int peer = realOf(v_ ^ m);
+      Link& link = c_.link(peer);
+      Wire w = wireTo(peer);
+      for (const Run& s : runsOf(b_, firstBlock(mine), firstBlock(mine + m)))
+        ex_.send(link, at(s), s.length, {last_, -1}, w);
+      int stepLast = last_;
+      for (const Run& k : runsOf(b_, firstBlock(theirs), firstBlock(theirs + m))) {
+        stepLast = ex_.size();
+        // `after` keeps the chain transitive: the next step's send, which
+        // waits for this receive, then also waits for every earlier one
+        // (they came over other links).
+        ex_.recv(link, at(k), k.length, {last_, -1}, w);
+      }
+      last_ = stepLast;
+    }
+  }
+
+  // Hand the folded partner its results.
+  void handBack() {
+    Link& link = c_.link(r_ - 1);
+    for (const Run& s : foldBack(r_ - 1))
+      ex_.send(link, at(s), s.length, {last_, -1}, wireTo(r_ - 1));
+  }
+
+  Exchange& ex_;
+  Comm& c_;
+  const RsAgPhases& a_;
+  const Blocks& b_;
+  const int p_, r_;
+  int P_ = 1, rem_ = 0, v_ = 0;
+  int last_;  // the transfer everything next depends on
+};
+
 }  // namespace
 
 bool prefersHalving(const Comm& c, DType dt) { return c.size() > 2 && c.compressesEveryHop(dt); }
 
 int appendHalving(Exchange& ex, Comm& c, const RsAgPhases& a) {
-  char* buf = a.buf;
-  const Blocks& b = *a.blocks;
-  const DType dt = a.dt;
-  const RedOp op = a.op;
-  const bool reduceScatter = a.reduceScatter, allgather = a.allgather;
-  const int startAfter = a.startAfter;
-  const int p = c.size();
-  if (p == 1) return -1;
-  int P = 1;
-  while (P * 2 <= p) P *= 2;
-  const int rem = p - P;
-  const int r = c.rank();
-  const bool f32 = dt == DType::F32;
-  const Wire roundFinal = a.finalReduce ? c.resultWire(dt) : Wire::F32;
-  auto wireTo = [&](int peer) { return f32 ? c.wireTo(peer) : Wire::F32; };
-  // Virtual rank v < P stands for real rank realOf(v) and owns the real
-  // blocks [firstBlock(v), firstBlock(v+1)): both blocks of a folded pair.
-  auto realOf = [&](int v) { return v < rem ? 2 * v + 1 : v + rem; };
-  auto firstBlock = [&](int v) { return v < rem ? 2 * v : v + rem; };
-  const bool foldedAway = r < 2 * rem && r % 2 == 0;
-  // What a folded rank q gets back: every result (allreduce), its own block
-  // (reduce-scatter), or every block but its own (allgather).
-  auto foldBack = [&](int q) {
-    if (!allgather) return runsOf(b, q, q + 1);
-    if (reduceScatter) return runsOf(b, 0, p);
-    std::vector<Run> runs = runsOf(b, 0, q);
-    for (const Run& s : runsOf(b, q + 1, p)) runs.push_back(s);
-    return runs;
-  };
-  const int v = r < 2 * rem ? r / 2 : r - rem;
-  int last = startAfter;  // the transfer everything next depends on
-
-  if (foldedAway) {
-    // Hand everything (or, gathering only, this rank's block) to r+1 and
-    // wait for the results.
-    Link& link = c.link(r + 1);
-    Wire w = wireTo(r + 1);
-    int sent = last;
-    for (const Run& s : reduceScatter ? runsOf(b, 0, p) : runsOf(b, r, r + 1)) {
-      sent = ex.size();
-      ex.send(link, buf + s.offset, s.length, {last, -1}, w);
-    }
-    std::vector<Run> back = foldBack(r);
-    for (const Run& k : back) {
-      last = ex.size();
-      ex.recv(link, buf + k.offset, k.length, {sent, -1}, w);
-    }
-    return last == startAfter ? -1 : last;
-  }
-  if (r < 2 * rem) {
-    Link& link = c.link(r - 1);
-    Wire w = wireTo(r - 1);
-    int stepLast = last;
-    for (const Run& k : reduceScatter ? runsOf(b, 0, p) : runsOf(b, r - 1, r)) {
-      stepLast = ex.size();
-      if (reduceScatter) ex.recvReduce(link, buf + k.offset, k.length, {dt, op, w}, {last, -1});
-      else ex.recv(link, buf + k.offset, k.length, {last, -1}, w);
-    }
-    last = stepLast;
-  }
-
-  if (reduceScatter) {
-    // Step with distance m: this rank's range is the aligned 2m virtual
-    // blocks around v; it keeps the half holding v, sends the other half to
-    // v^m (whose half it is) and reduces what v^m sends into its own.
-    for (int m = P / 2; m >= 1; m /= 2) {
-      int lo = v & ~(2 * m - 1), mid = lo + m, hi = lo + 2 * m;
-      int peer = realOf(v ^ m);
-      bool keepLow = v < mid;
-      Link& link = c.link(peer);
-      Wire w = wireTo(peer);
-      Wire roundTo = m == 1 ? roundFinal : Wire::F32;
-      int sendLo = firstBlock(keepLow ? mid : lo), sendHi = firstBlock(keepLow ? hi : mid);
-      int keepLo = firstBlock(keepLow ? lo : mid), keepHi = firstBlock(keepLow ? mid : hi);
-      for (const Run& s : runsOf(b, sendLo, sendHi))
-        ex.send(link, buf + s.offset, s.length, {last, -1}, w);
-      int stepLast = last;
-      for (const Run& k : runsOf(b, keepLo, keepHi)) {
-        stepLast = ex.size();
-        ex.recvReduce(link, buf + k.offset, k.length, {dt, op, w, roundTo}, {last, -1});
-      }
-      last = stepLast;
-    }
-  }
-  if (allgather) {
-    // Step with distance m: this rank holds the aligned m virtual blocks
-    // around v and swaps them with v^m for its m blocks.
-    for (int m = 1; m < P; m *= 2) {
-      int mine = v & ~(m - 1), theirs = mine ^ m;
-      int peer = realOf(v ^ m);
-      Link& link = c.link(peer);
-      Wire w = wireTo(peer);
-      for (const Run& s : runsOf(b, firstBlock(mine), firstBlock(mine + m)))
-        ex.send(link, buf + s.offset, s.length, {last, -1}, w);
-      int stepLast = last;
-      for (const Run& k : runsOf(b, firstBlock(theirs), firstBlock(theirs + m))) {
-        stepLast = ex.size();
-        // `after` keeps the chain transitive: the next step's send, which
-        // waits for this receive, then also waits for every earlier one
-        // (they came over other links).
-        ex.recv(link, buf + k.offset, k.length, {last, -1}, w);
-      }
-      last = stepLast;
-    }
-  }
-  if (r < 2 * rem) {
-    // Hand the folded partner its results.
-    Link& link = c.link(r - 1);
-    std::vector<Run> back = foldBack(r - 1);
-    for (const Run& s : back) ex.send(link, buf + s.offset, s.length, {last, -1}, wireTo(r - 1));
-  }
-  return last == startAfter ? -1 : last;
+  if (c.size() == 1) return -1;
+  return HalvingSchedule(ex, c, a).append();
 }
 
 int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a) {

@@ -37,99 +37,107 @@ int ownerOf(int shard, int local, int shards) {
 }
 
 
-}  // namespace
-
-void twoLevelAllreduce(Comm& c, const CollectiveArgs& a, const TwoLevelPipeline& pipeline) {
-  char* buf = a.buf;
-  const size_t count = a.count;
-  const DType dt = a.dt;
-  const RedOp op = a.op;
-  const size_t chunkBytes = pipeline.chunkBytes;
-  const AcrossNodes acrossNodes = pipeline.across;
-  const LevelCost* interLink = pipeline.interLink;
-  const Hierarchy& h = levelsOf(c);
-  if (count == 0 || c.size() == 1) return;
-  size_t es = elementSize(dt);
-  const int n = h.numNodes(), S = h.maxLocal(), L = h.localSize(), me = h.myLocal;
-  Comm local = c.sub(h.nodes[h.myNode]);
-  const int myFirst = firstShard(me, L, S), myEnd = firstShard(me + 1, L, S);
-  // For each shard this rank owns: its owner on every node, by node.
+// For each shard [first, end) this rank owns: the group of its owners on
+// every node, by node.
+std::vector<Comm> acrossComms(Comm& c, const Hierarchy& h, int first, int end, int shards) {
   std::vector<Comm> across;
-  for (int s = myFirst; s < myEnd; ++s) {
+  for (int s = first; s < end; ++s) {
     std::vector<int> owners;
-    for (int j = 0; j < n; ++j) {
-      int Lj = static_cast<int>(h.nodes[j].size());
-      owners.push_back(h.nodes[j][ownerOf(s, Lj, S)]);
-    }
+    for (const auto& node : h.nodes)
+      owners.push_back(node[ownerOf(s, static_cast<int>(node.size()), shards)]);
     across.push_back(c.sub(owners));
   }
+  return across;
+}
 
-  size_t K = pipelineChunks(count * es, chunkBytes);
-  Blocks chunks = Blocks::even(count, static_cast<int>(K), es);
-  std::vector<Blocks> shardsOf(K), localBlocksOf(K);
-  std::vector<int> rsDone(K, -1), interDone(K, -1);
-  for (size_t k = 0; k < K; ++k) {
-    Blocks sh = Blocks::even(chunks.length[k] / es, S, es);
+// Chunk k's shards (S of them, over the whole node) and its blocks by local
+// rank (rank l owns shards [firstShard(l), firstShard(l+1))).
+struct ChunkLayout {
+  std::vector<Blocks> shards, localBlocks;
+};
+ChunkLayout layoutChunks(const Blocks& chunks, size_t es, int shards, int local) {
+  ChunkLayout out;
+  for (size_t k = 0; k < chunks.length.size(); ++k) {
+    Blocks sh = Blocks::even(chunks.length[k] / es, shards, es);
     for (auto& o : sh.offset) o += chunks.offset[k];
     Blocks lb;
-    for (int l = 0; l < L; ++l) {
-      int a = firstShard(l, L, S), e = firstShard(l + 1, L, S);
+    for (int l = 0; l < local; ++l) {
+      int a = firstShard(l, local, shards), e = firstShard(l + 1, local, shards);
       lb.offset.push_back(sh.offset[a]);
       size_t len = 0;
       for (int s = a; s < e; ++s) len += sh.length[s];
       lb.length.push_back(len);
     }
-    shardsOf[k] = std::move(sh);
-    localBlocksOf[k] = std::move(lb);
+    out.shards.push_back(std::move(sh));
+    out.localBlocks.push_back(std::move(lb));
   }
+  return out;
+}
 
+// One shard's allreduce across nodes, after transfer `after`; returns its last.
+int appendShardAcross(Exchange& ex, Comm& across, const CollectiveArgs& shard,
+                      const TwoLevelPipeline& pipeline, int after) {
+  const int n = across.size();
+  const size_t es = elementSize(shard.dt);
+  if (pipeline.across == AcrossNodes::DoubleTree) {
+    const double bytes = static_cast<double>(shard.count * es);
+    size_t pieces = pipeline.interLink ? doubleTreeChunks(bytes, n, *pipeline.interLink) : 1;
+    return appendDoubleTree(ex, across, shard, pieces, after);
+  }
+  Blocks parts = Blocks::even(shard.count, n, es);
+  return appendReduceScatterAllgather(
+      ex, across,
+      {.buf = shard.buf, .blocks = &parts, .dt = shard.dt, .op = shard.op, .startAfter = after});
+}
+
+}  // namespace
+
+void twoLevelAllreduce(Comm& c, const CollectiveArgs& a, const TwoLevelPipeline& pipeline) {
+  const Hierarchy& h = levelsOf(c);
+  if (a.count == 0 || c.size() == 1) return;
+  const size_t es = elementSize(a.dt);
+  const int n = h.numNodes(), S = h.maxLocal(), L = h.localSize(), me = h.myLocal;
+  Comm local = c.sub(h.nodes[h.myNode]);
+  const int myFirst = firstShard(me, L, S), myEnd = firstShard(me + 1, L, S);
+  std::vector<Comm> across = acrossComms(c, h, myFirst, myEnd, S);
+  const size_t K = pipelineChunks(a.count * es, pipeline.chunkBytes);
+  const ChunkLayout layout =
+      layoutChunks(Blocks::even(a.count, static_cast<int>(K), es), es, S, L);
+  std::vector<int> rsDone(K, -1), interDone(K, -1);
   Exchange ex = c.exchange();
   for (size_t stage = 0; stage < K + 2; ++stage) {
     if (stage < K) {
-      size_t k = stage;
-      rsDone[k] = appendReduceScatterAllgather(ex, local,
-                                               {.buf = buf,
-                                                .blocks = &localBlocksOf[k],
-                                                .dt = dt,
-                                                .op = op,
-                                                .allgather = false,
-                                                .finalReduce = n == 1});
+      rsDone[stage] = appendReduceScatterAllgather(ex, local,
+                                                   {.buf = a.buf,
+                                                    .blocks = &layout.localBlocks[stage],
+                                                    .dt = a.dt,
+                                                    .op = a.op,
+                                                    .allgather = false,
+                                                    .finalReduce = n == 1});
     }
     if (stage >= 1 && stage - 1 < K) {
-      size_t k = stage - 1;
       // One inter-node schedule per owned shard, one after the other: the
       // shards share this rank's uplink anyway.
+      const size_t k = stage - 1;
       int done = rsDone[k];
       for (int s = myFirst; s < myEnd; ++s) {
-        int last;
-        if (acrossNodes == AcrossNodes::DoubleTree) {
-          size_t shardBytes = shardsOf[k].length[s];
-          size_t pieces =
-              interLink ? doubleTreeChunks(static_cast<double>(shardBytes), n, *interLink) : 1;
-          last = appendDoubleTree(
-              ex, across[s - myFirst],
-              {.buf = buf + shardsOf[k].offset[s], .count = shardBytes / es, .dt = dt, .op = op},
-              pieces, done);
-        } else {
-          Blocks parts = Blocks::even(shardsOf[k].length[s] / es, n, es);
-          for (auto& o : parts.offset) o += shardsOf[k].offset[s];
-          last = appendReduceScatterAllgather(
-              ex, across[s - myFirst],
-              {.buf = buf, .blocks = &parts, .dt = dt, .op = op, .startAfter = done});
-        }
+        const Blocks& sh = layout.shards[k];
+        int last = appendShardAcross(
+            ex, across[s - myFirst],
+            {.buf = a.buf + sh.offset[s], .count = sh.length[s] / es, .dt = a.dt, .op = a.op},
+            pipeline, done);
         if (last >= 0) done = last;
       }
       interDone[k] = done;
     }
     if (stage >= 2) {
-      size_t k = stage - 2;
       appendRing(ex, local,
-                 {.buf = buf,
-                  .blocks = &localBlocksOf[k],
-                  .dt = dt,
-                  .op = op,
+                 {.buf = a.buf,
+                  .blocks = &layout.localBlocks[stage - 2],
+                  .dt = a.dt,
+                  .op = a.op,
                   .reduceScatter = false,
-                  .startAfter = interDone[k]});
+                  .startAfter = interDone[stage - 2]});
     }
   }
   ex.run();
