@@ -181,6 +181,39 @@ def test_recv_gets_the_message_of_a_sender_that_has_exited():
         assert r0["got"] == [7.0] * 3, r0
 
 
+def sender_exits_while_read() -> dict:
+    """As above, with rank 0 already reading from rank 1: its loop takes in
+    both messages and then the closed connection, before any receive asks."""
+    rank = dist.get_rank()
+    store = harness_store()
+    out = {}
+    if rank == 1:
+        dist.send(torch.ones(3), dst=0, tag=1)  # rank 0's receiving loop reads rank 1 from now
+        store.wait(["reading/first"], datetime.timedelta(seconds=60))
+        dist.send(torch.full((3,), 7.0), dst=0, tag=4)
+        dist.send(torch.full((3,), 8.0), dst=0, tag=5)
+        store.set("reading/sent", "1")
+        return out  # finishes: destroys its group and exits
+    dist.recv(torch.zeros(3), src=1, tag=1)
+    store.set("reading/first", "1")
+    store.wait(["reading/sent"], datetime.timedelta(seconds=60))
+    time.sleep(1.5)  # rank 1 has exited; the loop has seen its messages and its close
+    by_rank, by_any = torch.zeros(3), torch.zeros(3)
+    out["recv"] = _raises(lambda: dist.recv(by_rank, src=1, tag=4))
+    out["any source"] = _raises(lambda: dist.recv(by_any, tag=5))
+    out["got"] = [by_rank.tolist(), by_any.tolist()]
+    out["then"] = _raises(lambda: dist.recv(torch.zeros(3), src=1, tag=6))
+    return out
+
+
+def test_messages_read_before_the_sender_closed_are_delivered():
+    r0 = run_ranks(2, sender_exits_while_read, timeout=120)[0]
+    assert r0["recv"][1] is None and r0["any source"][1] is None, r0
+    assert r0["got"] == [[7.0] * 3, [8.0] * 3], r0
+    # Nothing more can come: the next receive fails at once, naming the close.
+    assert r0["then"][1] is not None and "closed the connection" in r0["then"][1], r0
+
+
 def shortened_timeout() -> dict:
     rank = dist.get_rank()
     store = harness_store()

@@ -128,7 +128,10 @@ void P2PEngine::recv(int rank, Incoming m) {
   attachLoops();  // first: a request is queued only where loops serve it
   Peer& p = *peers_[rank];
   RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, nullptr};
-  if (p.failed) {
+  // A message that arrived before its peer closed the connection (it sent,
+  // then exited) is still delivered; after abort() nothing is.
+  auto early = aborted_ ? p.early.end() : p.early.find(m.tag);
+  if (p.failed && early == p.early.end()) {
     std::exception_ptr e = p.failed;
     lock.unlock();
     finish(req, rank, e);
@@ -136,7 +139,6 @@ void P2PEngine::recv(int rank, Incoming m) {
   }
   // No any-source receive of this tag is pending when a message of it waits
   // here: that receive would have taken it on arrival.
-  auto early = p.early.find(m.tag);
   if (early != p.early.end()) {
     Arrived msg = takeEarly(p, early);
     lock.unlock();
@@ -157,13 +159,14 @@ void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
   std::unique_lock<std::mutex> lock(mu_);
   attachLoops();  // first: a request is queued only where loops serve it
   RecvReq req{m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), nextPost_++, std::move(source)};
-  if (anyFailed_) {
-    std::exception_ptr failed = anyFailed_;
+  if (aborted_) {
+    std::exception_ptr failed = aborted_;
     lock.unlock();
     finish(req, -1, failed);
     return;
   }
-  // The oldest message of the tag that has already arrived, from any peer.
+  // The oldest message of the tag that has already arrived, from any peer
+  // (also one whose connection has closed since).
   int from = -1;
   EarlyMap::iterator queue;
   for (int r = 0; r < mesh_.size(); ++r) {
@@ -179,6 +182,12 @@ void P2PEngine::recvAny(Incoming m, std::function<void(int)> source) {
     Arrived msg = takeEarly(*peers_[from], queue);
     lock.unlock();
     completeFromBuffer(group_, from, req, msg);
+    return;
+  }
+  if (anyFailed_) {
+    std::exception_ptr failed = anyFailed_;
+    lock.unlock();
+    finish(req, -1, failed);
     return;
   }
   anyRecvs_.push_back(std::move(req));
