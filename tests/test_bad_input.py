@@ -6,7 +6,7 @@ message that says what to fix, and must not leave the group broken, hanging
 or silently wrong.  tests/test_collectives.py (``_invalid_ops``) already
 covers AVG / PREMUL_SUM on integer and bool tensors for every reducing
 collective; this file covers the rest of the argument checks
-(csrc/backend/tensor_checks.cpp, csrc/backend/backend_collectives.cpp) and
+(csrc/backend/arg_checks.cpp, csrc/backend/call_checks.cpp, the *_ops.cpp) and
 the overlaps that torch allows.
 
 How: one spawn of 2 ranks runs every case of ``CASES`` in order.  Every case

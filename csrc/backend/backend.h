@@ -24,7 +24,6 @@
 #include "backend/progress_thread.h"
 #include "backend/reduce_semantics.h"
 #include "backend/scratch_pool.h"
-#include "backend/tensor_checks.h"
 #include "backend/watchdog.h"
 #include "backend/work.h"
 #include "common/store.h"

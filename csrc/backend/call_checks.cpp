@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "backend/tensor_checks.h"
+#include "backend/arg_checks.h"
 #include "common/hash.h"
 
 namespace smdccl {

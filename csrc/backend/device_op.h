@@ -1,6 +1,6 @@
 #pragma once
 // The device side of one collective on CUDA tensors, seen from the
-// device-neutral backend code (backend.cpp, backend_collectives.cpp): this
+// device-neutral backend code (backend.cpp, the *_ops.cpp files): this
 // header needs no CUDA. The CUDA build implements it in backend/cuda/;
 // CPU tensors have none (nullptr).
 //

@@ -1,7 +1,6 @@
 // The CPU build's DeviceOps: no tensor may be on a GPU.
 #ifndef SMDCCL_WITH_CUDA
 #include "backend/device_op.h"
-#include "backend/tensor_checks.h"
 
 namespace smdccl {
 

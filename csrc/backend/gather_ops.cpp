@@ -11,7 +11,7 @@
 #include "backend/backend.h"
 #include "backend/call_checks.h"
 #include "backend/host_buffers.h"
-#include "backend/tensor_checks.h"
+#include "backend/arg_checks.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
 #include "kernels/cpu/reduce.h"

@@ -8,7 +8,7 @@
 #include "backend/backend.h"
 #include "common/hash.h"
 #include "backend/gil.h"
-#include "backend/tensor_checks.h"
+#include "backend/arg_checks.h"
 #include "common/error.h"
 #include "common/log.h"
 

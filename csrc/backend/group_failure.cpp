@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "backend/backend.h"
-#include "backend/tensor_checks.h"
+#include "backend/torch_error.h"
 #include "common/error.h"
 #include "common/log.h"
 

@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "backend/tensor_checks.h"
+#include "backend/arg_checks.h"
 
 namespace smdccl {
 

@@ -15,7 +15,7 @@
 #include "algorithms/comm.h"
 #include "backend/device_op.h"
 #include "backend/progress_thread.h"
-#include "backend/tensor_checks.h"
+#include "backend/reduce_scaling.h"
 #include "backend/work.h"
 
 namespace smdccl {

@@ -8,7 +8,8 @@
 
 #include "backend/backend.h"
 #include "common/exit_fence.h"
-#include "backend/tensor_checks.h"
+#include "backend/arg_checks.h"
+#include "backend/torch_error.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/trace.h"

@@ -1,7 +1,7 @@
 #include "backend/reduce_semantics.h"
 
-
 #include "algorithms/collectives.h"
+#include "backend/arg_checks.h"
 #include "backend/host_buffers.h"
 #include "backend/wire_overflow_check.h"
 

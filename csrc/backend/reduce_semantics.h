@@ -14,7 +14,7 @@
 #include "algorithms/select.h"
 #include "backend/device_op.h"
 #include "backend/scratch_pool.h"
-#include "backend/tensor_checks.h"
+#include "backend/reduce_scaling.h"
 
 namespace smdccl {
 

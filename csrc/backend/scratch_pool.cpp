@@ -35,9 +35,4 @@ at::Tensor ScratchPool::copyOf(const at::Tensor& like) {
   return out;
 }
 
-int64_t ScratchPool::keptBytes() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return kept_.defined() ? kept_.numel() : 0;
-}
-
 }  // namespace smdccl

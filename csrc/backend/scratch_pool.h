@@ -18,8 +18,6 @@ class ScratchPool {
   at::Tensor copyOf(const at::Tensor& like);
   // The same without the copy: contents undefined.
   at::Tensor take(int64_t numel, at::ScalarType dtype);
-  // Bytes held between ops (0 when nothing is kept).
-  int64_t keptBytes();
 
   // After this many takes in a row that need under a quarter of the kept
   // buffer, it is given back: a burst of large ops does not pin its memory.

@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "algorithms/collectives.h"
-#include "backend/tensor_checks.h"
+#include "backend/arg_checks.h"
+#include "backend/reduce_scaling.h"
 #include "common/error.h"
 
 namespace smdccl {

@@ -4,7 +4,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "backend/tensor_checks.h"
+#include "backend/torch_error.h"
 #include "common/calls_in_flight.h"
 
 namespace smdccl {

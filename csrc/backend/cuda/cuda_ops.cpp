@@ -20,7 +20,6 @@
 #include "backend/cuda/cuda_completion.h"
 #include "backend/cuda/internal_streams.h"
 #include "backend/device_op.h"
-#include "backend/tensor_checks.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"

@@ -1,35 +1,24 @@
 #pragma once
-// Validation of user arguments (raised at call time as ValueError with what
-// to fix) and the translation of torch types into the engine's.
+// Validation of user arguments, raised at call time as ValueError with what
+// to fix, and torch's dtypes as the engine's.
 #include <cstdint>
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
-#include <exception>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 
-namespace smdccl {
+// A ValueError whose message starts with "smdccl: ".
+#define SMDCCL_VALUE_CHECK(cond, ...) TORCH_CHECK_VALUE(cond, "smdccl: ", __VA_ARGS__)
 
-// How a torch ReduceOp maps onto the engine: an associative op plus a scale
-// applied to the local input before (PREMUL_SUM; AVG on 16-bit types, by an
-// exact power of two) and a divisor applied to the result after (AVG).
-struct ReduceSpec {
-  RedOp op = RedOp::Sum;
-  double preScale = 1.0;
-  at::Tensor preScaleTensor;  // PREMUL_SUM given a tensor factor
-  double postDivide = 1.0;
-  bool needsPreScale() const { return preScale != 1.0 || preScaleTensor.defined(); }
-};
+namespace smdccl {
 
 DType toDType(at::ScalarType t, const char* op);
 // torch's Python name of a dtype ("int16", "float8_e4m3fn"), for messages.
 std::string torchDtypeName(at::ScalarType t);
-// Also raises for a dtype the reductions do not support.
-ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
-                        const char* op);
 
 // Complex data reduces as its real and imaginary parts, the way torch's
 // all_reduce hands it over (view_as_real) and gloo sums it: t as such a view
@@ -51,17 +40,6 @@ std::string nonFiniteReport(const at::Tensor& t);
 void checkSameShapeAndType(const at::Tensor& t, const at::Tensor& ref, const char* op,
                            const std::string& what);
 void checkRank(int64_t r, int size, const char* op, const char* what);
-
-// The smallest power of two >= n: AVG's exact 16-bit pre-scale is its inverse.
-double powerOfTwoAtLeast(int n);
-
-// Applies the scale parts of a ReduceSpec in place.
-void applyPreScale(at::Tensor& t, const ReduceSpec& spec);
-void applyPostDivide(at::Tensor& t, const ReduceSpec& spec);
-
-// Engine exceptions -> torch's Python-visible types (ValueError,
-// DistBackendError).
-std::exception_ptr toTorchError(std::exception_ptr e);
 
 inline char* bytesOf(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
