@@ -105,6 +105,132 @@ def _hook_result(hook, state, tensor):
     return out
 
 
+def _open_groups(world):
+    """(gloo group, CompressionState on an smdccl group, {"smdccl_bf16": group,
+    "smdccl_int8": group}); exits with a message if one cannot be opened."""
+    from smdccl.bench.backends import open_group
+    from smdccl.ddp import CompressionState
+
+    gloo, err = open_group("gloo", world, 300.0)
+    if gloo is None:
+        raise SystemExit(f"smdccl.bench.accuracy: gloo unavailable: {err}")
+    smd, err = open_group("smdccl", world, 300.0)
+    if smd is None:
+        raise SystemExit(f"smdccl.bench.accuracy: smdccl unavailable: {err}")
+    state = CompressionState(process_group=smd)
+    wires = {}
+    for wire in ("bf16", "int8"):
+        wires[f"smdccl_{wire}"], err = open_group(f"smdccl+{wire}", world, 300.0)
+        if wires[f"smdccl_{wire}"] is None:
+            raise SystemExit(f"smdccl.bench.accuracy: smdccl+{wire} unavailable: {err}")
+    return gloo, state, wires
+
+
+def _averages(x, gloo, state, wires) -> dict:
+    """This rank's `x` averaged over the ranks every way, by name."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from smdccl.ddp import fp16_compress_hook
+
+    results = {
+        "torch_fp16_hook": _hook_result(default_hooks.fp16_compress_hook, gloo, x),
+        "smdccl_fp16": _hook_result(fp16_compress_hook, state, x),
+    }
+    for name, group in wires.items():
+        out = x.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.AVG, group=group)
+        results[name] = out
+    return results
+
+
+def _errors(name: str, out, ref, ctrl) -> dict:
+    """The row's columns for one way: its errors (max over ranks), whether
+    the ranks got the same result, whether it is finite."""
+    import torch
+    import torch.distributed as dist
+
+    err_t = (out.double() - ref).abs()
+    stats = torch.tensor([err_t.max().item(), err_t.pow(2).mean().sqrt().item()],
+                         dtype=torch.float64)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=ctrl)
+    # identical on every rank?
+    same = torch.tensor([0.0])
+    first = out.clone()
+    dist.broadcast(first, 0, group=ctrl)
+    same[0] = 0.0 if torch.equal(first, out) else 1.0
+    dist.all_reduce(same, group=ctrl)
+    return {f"{name}_max_abs_err": stats[0].item(), f"{name}_rms_err": stats[1].item(),
+            f"{name}_ranks_differ": int(same.item()),
+            f"{name}_finite": bool(torch.isfinite(out).all())}
+
+
+def _measure(scale: float, args, world, gloo, state, wires) -> dict:
+    """The row of one scale: every way's error against the float64 mean."""
+    import torch
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(args.seed * 7919 + world.rank * 104729
+                                      + int(round(1e6 * scale)) % 1_000_003)
+    x = torch.randn(args.count, generator=g) * scale
+    parts = [torch.empty_like(x) for _ in range(world.size)]
+    dist.all_gather(parts, x, group=world.ctrl)
+    ref = torch.stack([p.double() for p in parts]).sum(0) / world.size
+
+    results = _averages(x, gloo, state, wires)
+    row = {"ranks": world.size, "scale": scale, "count": args.count,
+           "ref_max_abs": ref.abs().max().item()}
+    for name, out in results.items():
+        row.update(_errors(name, out, ref, world.ctrl))
+    return row
+
+
+def _header(args, world, scales: list[float], state, ok: bool) -> dict:
+    """The run's description for the table and the JSON."""
+    import torch
+
+    from smdccl._launch import command_line
+
+    cgroup = next(iter(state._groups.values()))
+    backend = cgroup._get_backend(torch.device("cpu"))
+    return dict(
+        hostname=socket.gethostname(), cpu_count=os.cpu_count(),
+        platform=platform.platform(), torch_version=torch.__version__,
+        world_size=world.size, smdccl_topology_env=os.environ.get("SMDCCL_TOPOLOGY"),
+        smdccl_topology=str(backend.topology), smdccl_compression=str(backend.compression),
+        count=args.count, scales=scales, seed=args.seed,
+        date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        command_line=command_line("smdccl.bench.accuracy"), smdccl_not_worse=ok)
+
+
+def _table(rows: list[dict], info: dict) -> str:
+    """What rank 0 prints: the header lines, a line per scale, the verdict."""
+    names = ("torch_fp16_hook", "smdccl_fp16", "smdccl_bf16", "smdccl_int8")
+    lines = [
+        f"# smdccl.bench.accuracy  {info['command_line']}",
+        f"# {info['world_size']} ranks, {info['count']} float32 values per rank, normal(0, scale); "
+        f"smdccl group: topology '{info['smdccl_topology']}', compression "
+        f"'{info['smdccl_compression']}' (SMDCCL_TOPOLOGY={info['smdccl_topology_env']})",
+        "# error = |result - float64 mean of the float32 inputs|, max over elements and ranks",
+        "# torch_fp16_hook: default_hooks.fp16_compress_hook over gloo (fp16 sums); "
+        "smdccl_fp16: smdccl.ddp.fp16_compress_hook (fp16 wire, float32 sums); "
+        "smdccl_bf16 / smdccl_int8: AVG all_reduce on a group with that wire",
+        f"#  {'ranks':>5}  {'scale':>8}  {'max|ref|':>10}  "
+        + "  ".join(f"{n + ' max':>20}  {n + ' rms':>20}" for n in names),
+    ]
+    for r in rows:
+        lines.append(f"   {r['ranks']:>5}  {r['scale']:>8.0e}  {r['ref_max_abs']:>10.3e}  " + "  ".join(
+            f"{r[n + '_max_abs_err']:>20.3e}  {r[n + '_rms_err']:>20.3e}" for n in names))
+        for name in names:
+            if r[f"{name}_ranks_differ"] or not r[f"{name}_finite"]:
+                lines.append(f"#  note: {name} at scale {r['scale']:g}: "
+                             f"{r[f'{name}_ranks_differ']} rank(s) differ from rank 0, "
+                             f"finite={r[f'{name}_finite']}")
+    ok = info["smdccl_not_worse"]
+    lines.append("# smdccl error <= torch hook error at every scale: " + ("yes" if ok else "NO"))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.int8_blocks:
@@ -114,99 +240,18 @@ def main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore", category=FutureWarning)
 
-    import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from smdccl._launch import command_line
-    from smdccl.bench.backends import init_world, open_group
-    from smdccl.ddp import CompressionState, fp16_compress_hook
+    from smdccl.bench.backends import init_world
 
     world = init_world("cpu", 300.0)
     try:
-        gloo, err = open_group("gloo", world, 300.0)
-        if gloo is None:
-            raise SystemExit(f"smdccl.bench.accuracy: gloo unavailable: {err}")
-        smd, err = open_group("smdccl", world, 300.0)
-        if smd is None:
-            raise SystemExit(f"smdccl.bench.accuracy: smdccl unavailable: {err}")
-        state = CompressionState(process_group=smd)
-        wires = {}
-        for wire in ("bf16", "int8"):
-            wires[f"smdccl_{wire}"], err = open_group(f"smdccl+{wire}", world, 300.0)
-            if wires[f"smdccl_{wire}"] is None:
-                raise SystemExit(f"smdccl.bench.accuracy: smdccl+{wire} unavailable: {err}")
-        rows = []
-        for scale in scales:
-            g = torch.Generator().manual_seed(args.seed * 7919 + world.rank * 104729
-                                              + int(round(1e6 * scale)) % 1_000_003)
-            x = torch.randn(args.count, generator=g) * scale
-            parts = [torch.empty_like(x) for _ in range(world.size)]
-            dist.all_gather(parts, x, group=world.ctrl)
-            ref = torch.stack([p.double() for p in parts]).sum(0) / world.size
-
-            results = {
-                "torch_fp16_hook": _hook_result(default_hooks.fp16_compress_hook, gloo, x),
-                "smdccl_fp16": _hook_result(fp16_compress_hook, state, x),
-            }
-            for name, group in wires.items():
-                out = x.clone()
-                dist.all_reduce(out, op=dist.ReduceOp.AVG, group=group)
-                results[name] = out
-            row = {"ranks": world.size, "scale": scale, "count": args.count,
-                   "ref_max_abs": ref.abs().max().item()}
-            for name, out in results.items():
-                err_t = (out.double() - ref).abs()
-                stats = torch.tensor([err_t.max().item(), err_t.pow(2).mean().sqrt().item()],
-                                     dtype=torch.float64)
-                dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=world.ctrl)
-                # identical on every rank?
-                same = torch.tensor([0.0])
-                first = out.clone()
-                dist.broadcast(first, 0, group=world.ctrl)
-                same[0] = 0.0 if torch.equal(first, out) else 1.0
-                dist.all_reduce(same, group=world.ctrl)
-                row[f"{name}_max_abs_err"] = stats[0].item()
-                row[f"{name}_rms_err"] = stats[1].item()
-                row[f"{name}_ranks_differ"] = int(same.item())
-                row[f"{name}_finite"] = bool(torch.isfinite(out).all())
-            rows.append(row)
-
+        gloo, state, wires = _open_groups(world)
+        rows = [_measure(scale, args, world, gloo, state, wires) for scale in scales]
         ok = all(r["smdccl_fp16_max_abs_err"] <= r["torch_fp16_hook_max_abs_err"] for r in rows)
-        names = ("torch_fp16_hook", "smdccl_fp16", "smdccl_bf16", "smdccl_int8")
         if world.rank == 0:
-            cgroup = next(iter(state._groups.values()))
-            backend = cgroup._get_backend(torch.device("cpu"))
-            info = dict(
-                hostname=socket.gethostname(), cpu_count=os.cpu_count(),
-                platform=platform.platform(), torch_version=torch.__version__,
-                world_size=world.size, smdccl_topology_env=os.environ.get("SMDCCL_TOPOLOGY"),
-                smdccl_topology=str(backend.topology), smdccl_compression=str(backend.compression),
-                count=args.count, scales=scales, seed=args.seed,
-                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                command_line=command_line("smdccl.bench.accuracy"), smdccl_not_worse=ok)
-            lines = [
-                f"# smdccl.bench.accuracy  {info['command_line']}",
-                f"# {world.size} ranks, {args.count} float32 values per rank, normal(0, scale); "
-                f"smdccl group: topology '{info['smdccl_topology']}', compression "
-                f"'{info['smdccl_compression']}' (SMDCCL_TOPOLOGY={info['smdccl_topology_env']})",
-                "# error = |result - float64 mean of the float32 inputs|, max over elements and ranks",
-                "# torch_fp16_hook: default_hooks.fp16_compress_hook over gloo (fp16 sums); "
-                "smdccl_fp16: smdccl.ddp.fp16_compress_hook (fp16 wire, float32 sums); "
-                "smdccl_bf16 / smdccl_int8: AVG all_reduce on a group with that wire",
-                f"#  {'ranks':>5}  {'scale':>8}  {'max|ref|':>10}  "
-                + "  ".join(f"{n + ' max':>20}  {n + ' rms':>20}" for n in names),
-            ]
-            for r in rows:
-                lines.append(f"   {r['ranks']:>5}  {r['scale']:>8.0e}  {r['ref_max_abs']:>10.3e}  " + "  ".join(
-                    f"{r[n + '_max_abs_err']:>20.3e}  {r[n + '_rms_err']:>20.3e}" for n in names))
-                for name in names:
-                    if r[f"{name}_ranks_differ"] or not r[f"{name}_finite"]:
-                        lines.append(f"#  note: {name} at scale {r['scale']:g}: "
-                                     f"{r[f'{name}_ranks_differ']} rank(s) differ from rank 0, "
-                                     f"finite={r[f'{name}_finite']}")
-            lines.append("# smdccl error <= torch hook error at every scale: " + ("yes" if ok else "NO"))
-            print("\n".join(lines), flush=True)
+            info = _header(args, world, scales, state, ok)
+            print(_table(rows, info), flush=True)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"header": info, "rows": rows}, f, indent=1)

@@ -17,10 +17,14 @@ import argparse
 import os
 import sys
 import warnings
+from typing import TYPE_CHECKING, Callable
 
 from smdccl._launch import RankZeroParser
 from smdccl.bench import choices
 from smdccl.bench.sizes import geometric, parse_size, parse_size_list
+
+if TYPE_CHECKING:  # torch is imported only after the options are parsed
+    from smdccl.bench.backends import World
 
 EPILOG = """\
 examples:
@@ -59,15 +63,8 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = RankZeroParser(
-        prog="smdccl.bench",
-        usage="torchrun --nproc-per-node N -m smdccl.bench [options]",
-        description="nccl-tests-style collective benchmark: smdccl vs gloo vs nccl, "
-                    "all measured in one run.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _add_what_options(p: argparse.ArgumentParser) -> None:
+    """The "what to measure" group: backends, collectives, dtype, op, algorithms, device."""
     what = p.add_argument_group("what to measure")
     what.add_argument("--backends", type=_names, default=None, metavar="LIST",
                       help="comma list (default: smdccl,gloo, plus nccl with --device cuda "
@@ -96,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
                            "NCCL_SOCKET_IFNAME=lo when all ranks are local and "
                            "SMDCCL_TOPOLOGY=1,1,... unless they are set; nccl is then "
                            "measured by default")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = RankZeroParser(
+        prog="smdccl.bench",
+        usage="torchrun --nproc-per-node N -m smdccl.bench [options]",
+        description="nccl-tests-style collective benchmark: smdccl vs gloo vs nccl, "
+                    "all measured in one run.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_what_options(p)
 
     size = p.add_argument_group("sizes (bytes; K/M/G suffixes are powers of 1024)")
     size.add_argument("--min-bytes", type=_size, default=parse_size("4K"), metavar="N",
@@ -169,13 +178,90 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def _quiet_deprecations() -> None:
     # torch 2.14 deprecates these two names; they are still the documented
     # c10d calls the benchmark measures, so the warning is only noise here.
     warnings.filterwarnings(
         "ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)`",
         category=FutureWarning)
+
+
+def _open_groups(args: argparse.Namespace, world: World, local_ranks: int, groups: dict,
+                 say: Callable[[str], None]) -> dict | None:
+    """Opens one group per backend to measure into ``groups`` (the caller
+    closes them, also those opened before a failure). Returns the skipped
+    backends with their reasons, or None when the run must exit with code 2."""
+    from smdccl.bench.backends import default_backends, open_group, with_algos
+
+    explicit = args.backends is not None
+    names = args.backends if explicit else default_backends(
+        args.device, local_ranks, args.nccl_ranks_as_hosts)
+    if args.algos:
+        from smdccl import _C
+
+        known = [a for a, _ in _C.algorithms()] + ["auto"]
+        bad = [a for a in args.algos if a not in known]
+        if bad:
+            say(f"unknown algorithm(s) {','.join(bad)}; registered: {','.join(known)}")
+            return None
+        names = with_algos(names, args.algos)
+        explicit = True  # a forced algorithm that cannot open is an error, not a skip
+    unavailable = {}
+    for name in names:
+        group, err = open_group(name, world, args.timeout, args.nccl_ranks_as_hosts)
+        if group is None:
+            unavailable[name] = err
+            if explicit:
+                say(f"backend {name!r} was requested but is unavailable: {err}")
+                return None
+            say(f"backend {name!r} unavailable, skipped: {err}")
+        else:
+            groups[name] = group
+    if not groups:
+        say("no backend could be opened")
+        return None
+    return unavailable
+
+
+def _report(rows: list, skipped: list, measured: list[str], unavailable: dict, world: World,
+            args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    """Rank 0: prints the table, writes ``--json`` and ``--plot``."""
+    from smdccl.bench import plot, report
+
+    info = report.header(world, args, measured)
+    info["unavailable"] = unavailable
+    print(report.table(rows, skipped, measured, args.collectives,
+                       report.preamble(info)), flush=True)
+    if args.json:
+        report.write_json(args.json, info, rows, skipped)
+        say(f"wrote {args.json}")
+    if args.plot:
+        title = (f"{world.size} ranks, {world.device.type}, {args.dtype}"
+                 f", op {args.op}")
+        plot.plot(rows, args.plot, measured, args.collectives, title)
+        say(f"wrote {args.plot}")
+
+
+def _tear_down(groups: dict, world: World) -> None:
+    """Every rank: destroys the measured groups, then the default one; a
+    teardown that does not return in time ends the process with exit code 3."""
+    import torch.distributed as dist
+
+    from smdccl.bench.backends import CLOSE_LIMIT_S, close_groups
+
+    left_open = close_groups(groups, dist.destroy_process_group)
+    if left_open:
+        print(f"smdccl.bench: rank {world.rank}: destroying the {left_open[0]!r} group did not "
+              f"return within {CLOSE_LIMIT_S:.0f} s; exiting with "
+              f"{', '.join(left_open)} still open", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(3)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    _quiet_deprecations()
 
     from smdccl.bench import plot
 
@@ -185,10 +271,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from smdccl.bench import report
-    from smdccl.bench.backends import (CLOSE_LIMIT_S, close_groups, default_backends, init_world,
-                                       node_sizes, open_group, ranks_as_hosts_env, with_algos,
-                                       with_model)
+    from smdccl.bench.backends import init_world, node_sizes, ranks_as_hosts_env, with_model
 
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if args.nccl_ranks_as_hosts:  # before any group exists: NCCL and smdccl read them at start
@@ -207,32 +290,8 @@ def main(argv: list[str] | None = None) -> int:
 
     groups: dict = {}
     try:
-        explicit = args.backends is not None
-        names = args.backends if explicit else default_backends(
-            args.device, local_ranks, args.nccl_ranks_as_hosts)
-        if args.algos:
-            from smdccl import _C
-
-            known = [a for a, _ in _C.algorithms()] + ["auto"]
-            bad = [a for a in args.algos if a not in known]
-            if bad:
-                say(f"unknown algorithm(s) {','.join(bad)}; registered: {','.join(known)}")
-                return 2
-            names = with_algos(names, args.algos)
-            explicit = True  # a forced algorithm that cannot open is an error, not a skip
-        unavailable = {}
-        for name in names:
-            group, err = open_group(name, world, args.timeout, args.nccl_ranks_as_hosts)
-            if group is None:
-                unavailable[name] = err
-                if explicit:
-                    say(f"backend {name!r} was requested but is unavailable: {err}")
-                    return 2
-                say(f"backend {name!r} unavailable, skipped: {err}")
-            else:
-                groups[name] = group
-        if not groups:
-            say("no backend could be opened")
+        unavailable = _open_groups(args, world, local_ranks, groups, say)
+        if unavailable is None:
             return 2
 
         per_backend = len(args.collectives) * (args.passes * len(args.size_list) + 1)  # + warm-up
@@ -246,27 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.algos:
             with_model(rows, node_sizes(groups, world))
         if lead:
-            measured = list(groups)
-            info = report.header(world, args, measured)
-            info["unavailable"] = unavailable
-            print(report.table(rows, skipped, measured, args.collectives,
-                               report.preamble(info)), flush=True)
-            if args.json:
-                report.write_json(args.json, info, rows, skipped)
-                say(f"wrote {args.json}")
-            if args.plot:
-                title = (f"{world.size} ranks, {world.device.type}, {args.dtype}"
-                         f", op {args.op}")
-                plot.plot(rows, args.plot, measured, args.collectives, title)
-                say(f"wrote {args.plot}")
+            _report(rows, skipped, list(groups), unavailable, world, args, say)
         dist.barrier(group=world.ctrl)  # every rank tears its groups down at once
         return 1 if any(r["wrong"] for r in rows) else 0
     finally:
-        left_open = close_groups(groups, dist.destroy_process_group)
-        if left_open:
-            print(f"smdccl.bench: rank {world.rank}: destroying the {left_open[0]!r} group did not "
-                  f"return within {CLOSE_LIMIT_S:.0f} s; exiting with "
-                  f"{', '.join(left_open)} still open", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(3)
-        dist.destroy_process_group()
+        _tear_down(groups, world)

@@ -288,18 +288,149 @@ def _table(rows, info) -> str:
     return "\n".join(out)
 
 
+def _open_groups(args, world, say) -> dict | None:
+    """The groups DDP runs on, by base backend ("gloo", "smdccl"); None when
+    a configuration is unavailable (exit code 2)."""
+    from smdccl.bench.backends import open_group
+
+    groups = {}
+    for name in args.config_list:
+        # the compressed configurations run DDP on a plain smdccl group;
+        # the hook makes the compressed group itself (CompressionState)
+        base_name = "gloo" if name == "gloo" else "smdccl"
+        if base_name not in groups:
+            group, err = open_group(base_name, world, args.timeout)
+            if group is None:
+                say(f"{name!r} is unavailable: {err}")
+                return None
+            groups[base_name] = group
+    return groups
+
+
+def _compute_time(base, data, world, args) -> float:
+    """Seconds per step of the same training without DDP, all ranks at once."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier(group=world.ctrl)
+    model = copy.deepcopy(base)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    times, _ = _train(model, opt, data, world.rank, args.steps, args.warmup)
+    return _max_over_ranks(statistics.median(times), world.ctrl)
+
+
+def _ddp(name: str, group, base, args):
+    """(DDP of a copy of `base` on `group`, the hook's CompressionState or
+    None): the compressed configurations register their wire hook."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from smdccl import ddp as sddp
+    from smdccl.ddp import CompressionState
+
+    ddp = DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
+    state = None
+    if "+" in name:
+        wire = name.split("+")[1]
+        state = CompressionState(process_group=group, error_feedback=wire == "int8")
+        ddp.register_comm_hook(state, getattr(sddp, f"{wire}_wire_hook"))
+    return ddp, state
+
+
+def _compression(state) -> str | None:
+    """The compression of the group the hook made (None without a hook)."""
+    import torch
+
+    if state is None or not state._groups:
+        return None
+    g = next(iter(state._groups.values()))
+    return str(g._get_backend(torch.device("cpu")).compression)
+
+
+def _measure_configs(groups, base, data, sizes, nodes: int, world, args, say) -> list[dict]:
+    """One row per configuration (the columns: see the module doc)."""
+    import torch
+    import torch.distributed as dist
+
+    grad_bytes = 4 * sum(sizes)
+    rows = []
+    for name in args.config_list:
+        group = groups["gloo" if name == "gloo" else "smdccl"]
+        # compute only, right before this configuration (the machine state
+        # drifts over a run): the same steps, no DDP, all ranks at once
+        say(f"measuring compute before {name} (no communication)")
+        compute = _compute_time(base, data, world, args)
+        say(f"training {name}")
+        dist.barrier(group=world.ctrl)
+        ddp, state = _ddp(name, group, base, args)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+        times, losses = _train(ddp, opt, data, world.rank, args.steps, args.warmup)
+        step = _max_over_ranks(statistics.median(times), world.ctrl)
+        curve = [_mean_over_ranks(v, world.ctrl) for v in losses]
+
+        say(f"measuring {name} communication only")
+        # with a hook, through the hook's own groups, already created by DDP
+        comm = _max_over_ranks(
+            _comm_time(name, group, state, sizes, args.comm_iters, world.ctrl), world.ctrl)
+        hidden = min(1.0, max(0.0, (compute + comm - step) / comm)) if comm > 0 else 0.0
+        wire = wire_bytes(name, grad_bytes, world.size, nodes)
+        rows.append(dict(
+            config=name, step_ms=step * 1e3, compute_ms=compute * 1e3, comm_ms=comm * 1e3,
+            hidden=hidden, grad_bytes=grad_bytes, grad_mb=grad_bytes / 1e6,
+            inter_bytes_per_uplink=wire, inter_mb_per_uplink=wire / 1e6,
+            final_loss=curve[-1], first_loss=curve[0], loss_curve=curve,
+            group_compression=_compression(state)))
+        del ddp, opt
+    return rows
+
+
+def _header(args, world, spec, params: int, sizes, nodes: int, nodes_from: str) -> dict:
+    """The run's description for the table and the JSON (the loss check is
+    added by the caller)."""
+    import torch
+
+    from smdccl._launch import command_line
+
+    return dict(
+        hostname=socket.gethostname(), cpu_count=os.cpu_count(),
+        cpu_model=_cpu_model(), platform=platform.platform(),
+        python=platform.python_version(), torch_version=torch.__version__,
+        smdccl_version=getattr(sys.modules.get("smdccl"), "__version__", None),
+        world_size=world.size, nodes=nodes, nodes_from=nodes_from,
+        smdccl_topology_env=os.environ.get("SMDCCL_TOPOLOGY"),
+        model=args.model, params=params, batch=spec.batch, seq=spec.seq,
+        lr=args.lr, seed=args.seed, bucket_cap_mb=args.bucket_cap_mb,
+        bucket_bytes=[4 * n for n in sizes], warmup=args.warmup, steps=args.steps,
+        comm_iters=args.comm_iters, configs=args.config_list, formula=FORMULA,
+        date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        command_line=command_line("smdccl.bench.ddp"), argv=list(sys.argv))
+
+
+def _report(rows, info, args, say) -> None:
+    """Rank 0: prints the table and the loss check, writes ``--json``."""
+    spread, similar = info["loss_spread_rel"], info["losses_similar"]
+    text = _table(rows, info)
+    text += (f"\n# final losses (start {rows[0]['first_loss']:.4f}): "
+             + ", ".join(f"{r['config']} {r['final_loss']:.4f}" for r in rows)
+             + f"; max relative difference to {rows[0]['config']} {spread:.2e} "
+             + ("<= " if similar else "> ") + f"{args.loss_rtol}: "
+             + ("similar" if similar else "NOT SIMILAR"))
+    print(text, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"header": info, "rows": rows}, f, indent=1)
+            f.write("\n")
+        say(f"wrote {args.json}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import warnings
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
 
-    import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from smdccl._launch import command_line
-    from smdccl.bench.backends import init_world, open_group
+    from smdccl.bench.backends import init_world
     from smdccl.bench.ddp_model import Data, Spec, build, num_params
 
     world = init_world("cpu", args.timeout)
@@ -310,103 +441,24 @@ def main(argv=None) -> int:
             print(f"smdccl.bench.ddp: {msg}", file=sys.stderr, flush=True)
 
     try:
-        groups = {}
-        for name in args.config_list:
-            # the compressed configurations run DDP on a plain smdccl group;
-            # the hook makes the compressed group itself (CompressionState)
-            base_name = "gloo" if name == "gloo" else "smdccl"
-            if base_name not in groups:
-                group, err = open_group(base_name, world, args.timeout)
-                if group is None:
-                    say(f"{name!r} is unavailable: {err}")
-                    return 2
-                groups[base_name] = group
+        groups = _open_groups(args, world, say)
+        if groups is None:
+            return 2
         nodes, nodes_from = _nodes(groups, world.ctrl)
 
         spec = Spec.named(args.model)
         data = Data(spec, args.seed)
         base = build(spec, args.seed)
         sizes = _bucket_sizes(base, next(iter(groups.values())), args)
-        grad_bytes = 4 * sum(sizes)
-
-        rows = []
-        for name in args.config_list:
-            from smdccl import ddp as sddp
-            from smdccl.ddp import CompressionState
-            group = groups["gloo" if name == "gloo" else "smdccl"]
-            # compute only, right before this configuration (the machine state
-            # drifts over a run): the same steps, no DDP, all ranks at once
-            say(f"measuring compute before {name} (no communication)")
-            dist.barrier(group=world.ctrl)
-            model = copy.deepcopy(base)
-            opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-            times, _ = _train(model, opt, data, world.rank, args.steps, args.warmup)
-            compute = _max_over_ranks(statistics.median(times), world.ctrl)
-            del model, opt
-            say(f"training {name}")
-            dist.barrier(group=world.ctrl)
-            ddp = DDP(copy.deepcopy(base), process_group=group, bucket_cap_mb=args.bucket_cap_mb)
-            state = None
-            if "+" in name:
-                wire = name.split("+")[1]
-                state = CompressionState(process_group=group, error_feedback=wire == "int8")
-                ddp.register_comm_hook(state, getattr(sddp, f"{wire}_wire_hook"))
-            opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-            times, losses = _train(ddp, opt, data, world.rank, args.steps, args.warmup)
-            step = _max_over_ranks(statistics.median(times), world.ctrl)
-            curve = [_mean_over_ranks(v, world.ctrl) for v in losses]
-
-            say(f"measuring {name} communication only")
-            if state is None:
-                comm_state = None
-            else:
-                comm_state = state  # the hook's own groups, already created by DDP
-            comm = _max_over_ranks(
-                _comm_time(name, group, comm_state, sizes, args.comm_iters, world.ctrl), world.ctrl)
-            hidden = min(1.0, max(0.0, (compute + comm - step) / comm)) if comm > 0 else 0.0
-            wire = wire_bytes(name, grad_bytes, world.size, nodes)
-            compression = None
-            if state is not None and state._groups:
-                g = next(iter(state._groups.values()))
-                compression = str(g._get_backend(torch.device("cpu")).compression)
-            rows.append(dict(
-                config=name, step_ms=step * 1e3, compute_ms=compute * 1e3, comm_ms=comm * 1e3,
-                hidden=hidden, grad_bytes=grad_bytes, grad_mb=grad_bytes / 1e6,
-                inter_bytes_per_uplink=wire, inter_mb_per_uplink=wire / 1e6,
-                final_loss=curve[-1], first_loss=curve[0], loss_curve=curve,
-                group_compression=compression))
-            del ddp, opt
+        rows = _measure_configs(groups, base, data, sizes, nodes, world, args, say)
 
         first = rows[0]["final_loss"]
         spread = max(abs(r["final_loss"] - first) / abs(first) for r in rows)
         similar = spread <= args.loss_rtol
         if lead:
-            info = dict(
-                hostname=socket.gethostname(), cpu_count=os.cpu_count(),
-                cpu_model=_cpu_model(), platform=platform.platform(),
-                python=platform.python_version(), torch_version=torch.__version__,
-                smdccl_version=getattr(sys.modules.get("smdccl"), "__version__", None),
-                world_size=world.size, nodes=nodes, nodes_from=nodes_from,
-                smdccl_topology_env=os.environ.get("SMDCCL_TOPOLOGY"),
-                model=args.model, params=num_params(base), batch=spec.batch, seq=spec.seq,
-                lr=args.lr, seed=args.seed, bucket_cap_mb=args.bucket_cap_mb,
-                bucket_bytes=[4 * n for n in sizes], warmup=args.warmup, steps=args.steps,
-                comm_iters=args.comm_iters, configs=args.config_list, formula=FORMULA,
-                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                command_line=command_line("smdccl.bench.ddp"), argv=list(sys.argv),
-                loss_spread_rel=spread, loss_rtol=args.loss_rtol, losses_similar=similar)
-            text = _table(rows, info)
-            text += (f"\n# final losses (start {rows[0]['first_loss']:.4f}): "
-                     + ", ".join(f"{r['config']} {r['final_loss']:.4f}" for r in rows)
-                     + f"; max relative difference to {rows[0]['config']} {spread:.2e} "
-                     + ("<= " if similar else "> ") + f"{args.loss_rtol}: "
-                     + ("similar" if similar else "NOT SIMILAR"))
-            print(text, flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump({"header": info, "rows": rows}, f, indent=1)
-                    f.write("\n")
-                say(f"wrote {args.json}")
+            info = _header(args, world, spec, num_params(base), sizes, nodes, nodes_from)
+            info.update(loss_spread_rel=spread, loss_rtol=args.loss_rtol, losses_similar=similar)
+            _report(rows, info, args, say)
         return 1 if (lead and not similar) else 0  # rank 0 only: see smdccl.bench.accuracy
     finally:
         dist.destroy_process_group()
