@@ -18,7 +18,7 @@ struct Tuning;
 
 enum class Collective { Allreduce, ReduceScatter, Allgather, Broadcast, Reduce };
 constexpr int kCollectives = 5;
-const char* collectiveName(Collective c);
+const char* collectiveName(Collective coll);
 // "allreduce" -> Allreduce; false for an unknown name.
 bool collectiveFromName(const std::string& name, Collective* out);
 
@@ -77,29 +77,29 @@ class Algorithm {
  public:
   virtual ~Algorithm() = default;
   virtual const char* name() const = 0;
-  virtual bool serves(Collective c) const = 0;
+  virtual bool serves(Collective coll) const = 0;
   // Whether its schedule works on this group (power-of-two sizes, several
   // nodes, uniform nodes, ...). Callers ask only for collectives it serves.
-  virtual bool canRun(Collective c, const Situation& s) const { return true; }
+  virtual bool canRun(Collective coll, const Situation& s) const { return true; }
   // Whether the model may pick it where it can run; forcing still runs it.
-  virtual bool autoCandidate(Collective c, const Situation& s) const { return true; }
+  virtual bool autoCandidate(Collective coll, const Situation& s) const { return true; }
   // Estimated seconds for `bytes` (allreduce, broadcast, reduce: the tensor;
   // reduce_scatter, allgather: all ranks' blocks together).
-  virtual double estimate(Collective c, double bytes, const Situation& s,
+  virtual double estimate(Collective coll, double bytes, const Situation& s,
                           const CostModel& m) const = 0;
-  virtual void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const = 0;
+  virtual void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const = 0;
   // Runs the int8 wire: on an int8 situation it is chosen wherever it can
   // run (the user asked for the bytes it saves), before the model weighs
   // the rest.
   virtual bool int8Wire() const { return false; }
   // Whether run() takes a reduce-scatter out of place (CollectiveArgs::in);
   // for the others reduceScatter() copies the input into buf first.
-  virtual bool outOfPlace(Collective c) const { return false; }
+  virtual bool outOfPlace(Collective coll) const { return false; }
   // Forced where it cannot run: what runs instead (nullptr: the model picks).
   virtual const char* fallback() const { return nullptr; }
   // SMDCCL_ALGO=<name> for the whole group: what runs for a collective it
   // does not serve (nullptr: the model picks).
-  virtual const char* kin(Collective c) const { return nullptr; }
+  virtual const char* kin(Collective coll) const { return nullptr; }
 };
 
 // Every algorithm, in registration order (the order ties and logs use).

@@ -43,8 +43,8 @@ namespace {
 class Chain final : public Algorithm {
  public:
   const char* name() const override { return "chain"; }
-  bool serves(Collective c) const override { return c == Collective::Broadcast; }
-  double estimate(Collective c, double bytes, const Situation& s,
+  bool serves(Collective coll) const override { return coll == Collective::Broadcast; }
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     const GroupShape& g = s.g;
     int p = g.ranks, crossings = g.nodes - 1;
@@ -52,7 +52,7 @@ class Chain final : public Algorithm {
     return hops +
            Costs{m, g}.bottleneck().bytesSeconds(bytes + (p - 2) * std::min<double>(bytes, kChunk));
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     chainBroadcast(comm, a.buf, a.bytes, a.root);
   }
 };

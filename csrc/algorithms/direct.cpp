@@ -105,8 +105,8 @@ constexpr double kDirectContention = 1.5;
 class Direct final : public Algorithm {
  public:
   const char* name() const override { return "direct"; }
-  bool serves(Collective c) const override { return c == Collective::Allgather; }
-  double estimate(Collective c, double bytes, const Situation& s,
+  bool serves(Collective coll) const override { return coll == Collective::Allgather; }
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     const GroupShape& g = s.g;
     int p = g.ranks;
@@ -115,7 +115,7 @@ class Direct final : public Algorithm {
     double through = g.nodes > 1 ? g.maxLocal * (p - g.maxLocal) * bytes / p : (p - 1) * bytes / p;
     return b.alphaUs * 1e-6 + b.bytesSeconds(through) * (p > 2 ? kDirectContention : 1.0);
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     directAllgather(comm, a.buf, *a.blocks);
   }
 };

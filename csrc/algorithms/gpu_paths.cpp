@@ -29,12 +29,12 @@ double stagedSeconds(const GpuFacts& f, double bytes, int ranks) {
          2 * (p - 1) / p * net.bytesSeconds(wire);
 }
 
-bool servesAll(Collective c) { return c != Collective::Reduce; }
+bool servesAll(Collective coll) { return coll != Collective::Reduce; }
 
 class NcclPath final : public GpuPath {
  public:
   const char* name() const override { return "nccl"; }
-  bool serves(Collective c) const override { return servesAll(c); }
+  bool serves(Collective coll) const override { return servesAll(coll); }
   bool canRun(const GpuFacts& f) const override { return ncclMayRun(f) && f.ncclChosen; }
   double estimate(const GpuFacts& f) const override {
     // NCCL's ring inside the node; across nodes, a block per rank staged.
@@ -51,7 +51,7 @@ class IpcAllreducePath final : public GpuPath {
  public:
   IpcAllreducePath(const char* name, IpcShape shape) : name_(name), shape_(shape) {}
   const char* name() const override { return name_; }
-  bool serves(Collective c) const override { return c == Collective::Allreduce; }
+  bool serves(Collective coll) const override { return coll == Collective::Allreduce; }
   bool canRun(const GpuFacts& f) const override {
     if (!ipcMayRun(f)) return false;
     const bool small = f.bytes <= f.oneShotBytes;
@@ -77,8 +77,8 @@ class IpcAllreducePath final : public GpuPath {
 class IpcScatterGatherPath final : public GpuPath {
  public:
   const char* name() const override { return "ipc"; }
-  bool serves(Collective c) const override {
-    return c == Collective::ReduceScatter || c == Collective::Allgather;
+  bool serves(Collective coll) const override {
+    return coll == Collective::ReduceScatter || coll == Collective::Allgather;
   }
   bool canRun(const GpuFacts& f) const override { return ipcMayRun(f) && f.nodes == 1; }
   double estimate(const GpuFacts& f) const override {
@@ -90,7 +90,7 @@ class IpcScatterGatherPath final : public GpuPath {
 class StagedPath final : public GpuPath {
  public:
   const char* name() const override { return "staged"; }
-  bool serves(Collective c) const override { return servesAll(c); }
+  bool serves(Collective coll) const override { return servesAll(coll); }
   bool canRun(const GpuFacts&) const override { return true; }
   double estimate(const GpuFacts& f) const override {
     return stagedSeconds(f, static_cast<double>(f.bytes), f.nodes * f.localSize);

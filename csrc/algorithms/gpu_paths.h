@@ -47,7 +47,7 @@ class GpuPath {
  public:
   virtual ~GpuPath() = default;
   virtual const char* name() const = 0;
-  virtual bool serves(Collective c) const = 0;
+  virtual bool serves(Collective coll) const = 0;
   virtual bool canRun(const GpuFacts& f) const = 0;
   // Estimated seconds (gpuLinks() and f.model).
   virtual double estimate(const GpuFacts& f) const = 0;

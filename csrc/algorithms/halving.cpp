@@ -256,15 +256,16 @@ double foldSeconds(double in, double out, const Costs& k) {
 class Halving final : public Algorithm {
  public:
   const char* name() const override { return "halving"; }
-  bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::ReduceScatter || c == Collective::Reduce;
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::ReduceScatter ||
+           coll == Collective::Reduce;
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     Costs k{m, s.g};
     int p = s.g.ranks;
     double rs = halvingPhase(bytes, k, true);
-    switch (c) {
+    switch (coll) {
       case Collective::Allreduce: {
         // Pipelined in chunks: each more chunk costs its steps' messages.
         double K =
@@ -277,8 +278,8 @@ class Halving final : public Algorithm {
         return foldSeconds(bytes, bytes / p, k) + rs + gatherSeconds(bytes, k);
     }
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
-    switch (c) {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    switch (coll) {
       case Collective::Allreduce: halvingAllreduce(comm, a, t.pipelineChunkBytes); break;
       case Collective::ReduceScatter:
         halvingReduceScatter(comm, a.buf, *a.blocks, a.dt, a.op);
@@ -286,8 +287,10 @@ class Halving final : public Algorithm {
       default: reduceScatterThenGather(comm, a, appendHalving); break;
     }
   }
-  const char* kin(Collective c) const override {
-    return c == Collective::Broadcast ? "tree" : c == Collective::Allgather ? "ring" : nullptr;
+  const char* kin(Collective coll) const override {
+    return coll == Collective::Broadcast   ? "tree"
+           : coll == Collective::Allgather ? "ring"
+                                           : nullptr;
   }
 };
 

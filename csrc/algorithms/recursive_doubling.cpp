@@ -69,15 +69,15 @@ namespace {
 class RecursiveDoubling final : public Algorithm {
  public:
   const char* name() const override { return "rd"; }
-  bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::ReduceScatter;
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::ReduceScatter;
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     return Costs{m, s.g}.rd(bytes);  // reduce-scatter: an allreduce of everything
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
-    if (c == Collective::Allreduce) {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    if (coll == Collective::Allreduce) {
       recursiveDoublingAllreduce(comm, a.buf, a.count, a.dt, a.op);
       return;
     }
@@ -87,8 +87,8 @@ class RecursiveDoubling final : public Algorithm {
     recursiveDoublingAllreduce(comm, a.buf + b.offset[0], b.total() / elementSize(a.dt), a.dt,
                                a.op);
   }
-  const char* kin(Collective c) const override {
-    switch (c) {
+  const char* kin(Collective coll) const override {
+    switch (coll) {
       case Collective::Allgather: return "direct";
       case Collective::Broadcast:
       case Collective::Reduce: return "tree";

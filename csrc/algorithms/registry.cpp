@@ -43,8 +43,8 @@ std::string algorithmNames() {
   return out;
 }
 
-const char* collectiveName(Collective c) {
-  switch (c) {
+const char* collectiveName(Collective coll) {
+  switch (coll) {
     case Collective::Allreduce: return "allreduce";
     case Collective::ReduceScatter: return "reduce_scatter";
     case Collective::Allgather: return "allgather";

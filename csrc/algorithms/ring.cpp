@@ -122,21 +122,21 @@ namespace {
 class Ring final : public Algorithm {
  public:
   const char* name() const override { return "ring"; }
-  bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::ReduceScatter ||
-           c == Collective::Allgather || c == Collective::Reduce;
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::ReduceScatter ||
+           coll == Collective::Allgather || coll == Collective::Reduce;
   }
   // Under a 16-bit wire on every hop the chain's roundings grow with p
   // (halving.cpp): the model picks a pairwise schedule; SMDCCL_ALGO=ring
   // still gets the ring.
-  bool autoCandidate(Collective c, const Situation& s) const override {
-    return c == Collective::Allgather || !(s.everyHop16 && s.g.ranks > 2);
+  bool autoCandidate(Collective coll, const Situation& s) const override {
+    return coll == Collective::Allgather || !(s.everyHop16 && s.g.ranks > 2);
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     Costs k{m, s.g};
     int p = s.g.ranks;
-    switch (c) {
+    switch (coll) {
       case Collective::Allreduce: return k.ring(2 * (p - 1), bytes / p, p - 1);
       case Collective::ReduceScatter: return k.ring(p - 1, bytes / p, p - 1);
       case Collective::Allgather: return k.ring(p - 1, bytes / p, 0);
@@ -144,18 +144,18 @@ class Ring final : public Algorithm {
         return k.ring(p - 1, bytes / p, p - 1) + gatherSeconds(bytes, k);
     }
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
-    switch (c) {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    switch (coll) {
       case Collective::Allreduce: ringAllreduce(comm, a.buf, a.count, a.dt, a.op); break;
       case Collective::ReduceScatter: ringReduceScatter(comm, a); break;
       case Collective::Allgather: ringAllgather(comm, a.buf, *a.blocks); break;
       default: ringReduce(comm, a); break;
     }
   }
-  const char* kin(Collective c) const override {
-    return c == Collective::Broadcast ? "chain" : nullptr;
+  const char* kin(Collective coll) const override {
+    return coll == Collective::Broadcast ? "chain" : nullptr;
   }
-  bool outOfPlace(Collective c) const override { return c == Collective::ReduceScatter; }
+  bool outOfPlace(Collective coll) const override { return coll == Collective::ReduceScatter; }
 };
 
 }  // namespace

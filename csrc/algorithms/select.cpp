@@ -64,59 +64,60 @@ void Tuning::force(const std::string& spec) {
       const Algorithm* a = findAlgorithm(item);
       if (!a) badSpec(spec, strCat("'", item, "' is not a registered algorithm"));
       for (int k = 0; k < kCollectives; ++k) {
-        Collective c = static_cast<Collective>(k);
-        const char* kin = a->serves(c) ? a->name() : a->kin(c);
+        Collective coll = static_cast<Collective>(k);
+        const char* kin = a->serves(coll) ? a->name() : a->kin(coll);
         forced[k] = kin ? findAlgorithm(kin) : nullptr;
       }
       continue;
     }
-    std::string coll = item.substr(0, colon), name = item.substr(colon + 1);
-    Collective c;
-    if (!collectiveFromName(coll, &c))
-      badSpec(spec, strCat("'", coll,
+    std::string collName = item.substr(0, colon), name = item.substr(colon + 1);
+    Collective coll;
+    if (!collectiveFromName(collName, &coll))
+      badSpec(spec, strCat("'", collName,
                            "' is not a collective (allreduce, reduce_scatter, "
                            "allgather, broadcast, reduce)"));
     if (name == "auto") {
-      forced[static_cast<int>(c)] = nullptr;
+      forced[static_cast<int>(coll)] = nullptr;
       continue;
     }
     const Algorithm* a = findAlgorithm(name);
     if (!a) badSpec(spec, strCat("'", name, "' is not a registered algorithm"));
-    if (!a->serves(c))
-      badSpec(spec, strCat("'", name, "' does not run ", coll, " (it runs ", servedBy(*a), ")"));
-    forced[static_cast<int>(c)] = a;
+    if (!a->serves(coll))
+      badSpec(spec,
+              strCat("'", name, "' does not run ", collName, " (it runs ", servedBy(*a), ")"));
+    forced[static_cast<int>(coll)] = a;
   }
 }
 
-std::vector<std::pair<const Algorithm*, double>> estimates(Collective c, double bytes,
+std::vector<std::pair<const Algorithm*, double>> estimates(Collective coll, double bytes,
                                                            const Situation& s, const CostModel& m) {
   std::vector<std::pair<const Algorithm*, double>> out;
   for (const Algorithm* a : registeredAlgorithms())
-    if (a->serves(c) && a->canRun(c, s) && a->autoCandidate(c, s)) {
-      double sec = s.g.ranks <= 1 ? 0.0 : a->estimate(c, bytes, s, m);
+    if (a->serves(coll) && a->canRun(coll, s) && a->autoCandidate(coll, s)) {
+      double sec = s.g.ranks <= 1 ? 0.0 : a->estimate(coll, bytes, s, m);
       // The copy of the input into the working buffer (a memory copy costs
       // about what a shared-memory transfer of the bytes does).
-      if (s.outOfPlace && !a->outOfPlace(c)) sec += m.intra.bytesSeconds(bytes);
+      if (s.outOfPlace && !a->outOfPlace(coll)) sec += m.intra.bytesSeconds(bytes);
       out.emplace_back(a, sec);
     }
   return out;
 }
 
-Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t) {
-  for (const Algorithm* a = t.forcedFor(c); a;
+Choice choose(Collective coll, size_t bytes, const Situation& s, const Tuning& t) {
+  for (const Algorithm* a = t.forcedFor(coll); a;
        a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
-    if (a->serves(c) && a->canRun(c, s)) return {a, true};
+    if (a->serves(coll) && a->canRun(coll, s)) return {a, true};
   if (s.int8)
     for (const Algorithm* a : registeredAlgorithms())
-      if (a->int8Wire() && a->serves(c) && a->canRun(c, s)) return {a, false};
+      if (a->int8Wire() && a->serves(coll) && a->canRun(coll, s)) return {a, false};
   Choice best;
   double bestT = std::numeric_limits<double>::infinity();
-  for (const auto& [a, sec] : estimates(c, static_cast<double>(bytes), s, t.model))
+  for (const auto& [a, sec] : estimates(coll, static_cast<double>(bytes), s, t.model))
     if (!best.algo || sec < bestT) {
       best.algo = a;
       bestT = sec;
     }
-  if (!best.algo) throw std::logic_error(strCat("no algorithm can run ", collectiveName(c)));
+  if (!best.algo) throw std::logic_error(strCat("no algorithm can run ", collectiveName(coll)));
   return best;
 }
 

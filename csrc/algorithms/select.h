@@ -26,7 +26,7 @@ struct Tuning {
   // / or "collective:algorithm" pairs ("allreduce:tree,allgather:ring"),
   // comma-separated, later entries winning. Throws InvalidArgument.
   void force(const std::string& spec);
-  const Algorithm* forcedFor(Collective c) const { return forced[static_cast<int>(c)]; }
+  const Algorithm* forcedFor(Collective coll) const { return forced[static_cast<int>(coll)]; }
 };
 
 struct Choice {
@@ -34,13 +34,13 @@ struct Choice {
   bool forced = false;  // SMDCCL_ALGO decided it
 };
 
-// The algorithms the model weighs for `c` (serve it, can run, may be
+// The algorithms the model weighs for `coll` (serve it, can run, may be
 // picked), with their estimates, in registration order.
-std::vector<std::pair<const Algorithm*, double>> estimates(Collective c, double bytes,
+std::vector<std::pair<const Algorithm*, double>> estimates(Collective coll, double bytes,
                                                            const Situation& s, const CostModel& m);
 // A forced algorithm applies where it can run; elsewhere its fallback does
 // (two-level forms fall back to flat on one node), else the model picks.
-Choice choose(Collective c, size_t bytes, const Situation& s, const Tuning& t);
+Choice choose(Collective coll, size_t bytes, const Situation& s, const Tuning& t);
 
 // Which hops of a group carry float32 data on the 16-bit wire.
 struct WireHops {

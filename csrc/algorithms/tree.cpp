@@ -215,21 +215,22 @@ namespace {
 class Tree final : public Algorithm {
  public:
   const char* name() const override { return "tree"; }
-  bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::Broadcast || c == Collective::Reduce;
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::Broadcast ||
+           coll == Collective::Reduce;
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     Costs k{m, s.g};
-    switch (c) {
+    switch (coll) {
       case Collective::Allreduce:
         return doubleTreeSeconds(bytes, s.g.ranks, k.bottleneck(), m.reduceGbps);
       case Collective::Broadcast: return k.binomialTree(bytes);
       default: return k.binomialTree(bytes) + ceilLog2(s.g.ranks) * k.reduceSeconds(bytes);
     }
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
-    switch (c) {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    switch (coll) {
       case Collective::Allreduce: {
         double bytes = static_cast<double>(a.count * elementSize(a.dt));
         const LevelCost& link =
@@ -243,10 +244,10 @@ class Tree final : public Algorithm {
       default: treeReduce(comm, a); break;
     }
   }
-  const char* kin(Collective c) const override {
-    return c == Collective::ReduceScatter ? "halving"
-           : c == Collective::Allgather   ? "ring"
-                                          : nullptr;
+  const char* kin(Collective coll) const override {
+    return coll == Collective::ReduceScatter ? "halving"
+           : coll == Collective::Allgather   ? "ring"
+                                             : nullptr;
   }
 };
 

@@ -212,20 +212,20 @@ double twoLevelRingSeconds(double bytes, const Costs& k, size_t chunkBytes) {
 class TwoLevel final : public Algorithm {
  public:
   const char* name() const override { return "two_level"; }
-  bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::ReduceScatter ||
-           c == Collective::Allgather;
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::ReduceScatter ||
+           coll == Collective::Allgather;
   }
   // Several nodes with several ranks; reduce-scatter and allgather need
   // every node the same size.
-  bool canRun(Collective c, const Situation& s) const override {
-    return s.g.nodes > 1 && s.g.maxLocal > 1 && (c == Collective::Allreduce || s.g.uniform);
+  bool canRun(Collective coll, const Situation& s) const override {
+    return s.g.nodes > 1 && s.g.maxLocal > 1 && (coll == Collective::Allreduce || s.g.uniform);
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     Costs k{m, s.g};
     int L = s.g.maxLocal, n = s.g.nodes;
-    switch (c) {
+    switch (coll) {
       case Collective::Allreduce: return twoLevelRingSeconds(bytes, k, s.pipelineChunkBytes);
       case Collective::ReduceScatter:
         return (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds((L - 1.0) / L * bytes) +
@@ -237,8 +237,8 @@ class TwoLevel final : public Algorithm {
                (n - 1) * m.inter.alphaUs * 1e-6 + m.inter.bytesSeconds((n - 1.0) / n * bytes);
     }
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
-    switch (c) {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    switch (coll) {
       case Collective::Allreduce:
         twoLevelAllreduce(comm, a, {.chunkBytes = t.pipelineChunkBytes});
         break;
@@ -249,8 +249,8 @@ class TwoLevel final : public Algorithm {
     }
   }
   const char* fallback() const override { return "ring"; }
-  const char* kin(Collective c) const override {
-    return c == Collective::Broadcast ? "two_level_tree" : nullptr;
+  const char* kin(Collective coll) const override {
+    return coll == Collective::Broadcast ? "two_level_tree" : nullptr;
   }
 };
 

@@ -249,26 +249,26 @@ namespace {
 class TwoLevelInt8 final : public Algorithm {
  public:
   const char* name() const override { return "two_level_int8"; }
-  bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::ReduceScatter;
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::ReduceScatter;
   }
   // A group compressed to int8, float32 SUM, several uniform nodes.
-  bool canRun(Collective c, const Situation& s) const override {
+  bool canRun(Collective coll, const Situation& s) const override {
     return s.int8 && s.g.nodes > 1 && s.g.uniform;
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     Costs k{m, s.g};
     const int L = s.g.maxLocal, n = s.g.nodes;
-    const double wireBytes = (c == Collective::ReduceScatter ? 1.0 : 2.0) * (n - 1) / n * bytes *
-                             (1.0 + 4.0 / kInt8Block) / 4.0;
+    const double phases = coll == Collective::ReduceScatter ? 1.0 : 2.0;
+    const double wireBytes = phases * (n - 1) / n * bytes * (1.0 + 4.0 / kInt8Block) / 4.0;
     return 2 * (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) +
            k.reduceSeconds((L - 1.0) / L * bytes) + 2 * m.inter.alphaUs * 1e-6 +
            m.inter.bytesSeconds(wireBytes) + k.reduceSeconds(4.0 * bytes / L);
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     std::vector<char> own;  // a lone exchange's Comm (tests) has no book
-    if (c == Collective::ReduceScatter)
+    if (coll == Collective::ReduceScatter)
       return int8TwoLevelReduceScatter(comm, a, comm.book ? comm.book->quantized : own);
     int8TwoLevelAllreduce(comm, a,
                           {.scratch = comm.book ? comm.book->quantized : own,
@@ -278,7 +278,7 @@ class TwoLevelInt8 final : public Algorithm {
   const char* fallback() const override { return "two_level"; }
   bool int8Wire() const override { return true; }
   // Chosen by the int8 rule (select.cpp), never weighed against the rest.
-  bool autoCandidate(Collective c, const Situation& s) const override { return false; }
+  bool autoCandidate(Collective coll, const Situation& s) const override { return false; }
 };
 
 }  // namespace

@@ -33,11 +33,11 @@ namespace {
 class TwoLevelRd final : public Algorithm {
  public:
   const char* name() const override { return "two_level_rd"; }
-  bool serves(Collective c) const override { return c == Collective::Allreduce; }
-  bool canRun(Collective c, const Situation& s) const override {
+  bool serves(Collective coll) const override { return coll == Collective::Allreduce; }
+  bool canRun(Collective coll, const Situation& s) const override {
     return s.g.nodes > 1 && s.g.maxLocal > 1;
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     const GroupShape& g = s.g;
     Costs k{m, g};
@@ -50,12 +50,12 @@ class TwoLevelRd final : public Algorithm {
     if (!g.uniform) t += ceilLog2(g.maxLocal) * m.intra.secondsFor(bytes);  // leaders broadcast
     return t;
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     twoLevelRdAllreduce(comm, a.buf, a.count, a.dt, a.op);
   }
   const char* fallback() const override { return "rd"; }
-  const char* kin(Collective c) const override {
-    switch (c) {
+  const char* kin(Collective coll) const override {
+    switch (coll) {
       case Collective::ReduceScatter:
       case Collective::Allgather: return "two_level";
       case Collective::Broadcast: return "two_level_tree";

@@ -38,17 +38,17 @@ namespace {
 class TwoLevelTree final : public Algorithm {
  public:
   const char* name() const override { return "two_level_tree"; }
-  bool serves(Collective c) const override {
-    return c == Collective::Allreduce || c == Collective::Broadcast;
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::Broadcast;
   }
-  bool canRun(Collective c, const Situation& s) const override {
+  bool canRun(Collective coll, const Situation& s) const override {
     return s.g.nodes > 1 && s.g.maxLocal > 1;
   }
-  double estimate(Collective c, double bytes, const Situation& s,
+  double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     const GroupShape& g = s.g;
     int L = g.maxLocal, n = g.nodes;
-    if (c == Collective::Broadcast)
+    if (coll == Collective::Broadcast)
       return ceilLog2(n) * m.inter.secondsFor(bytes) + ceilLog2(L) * m.intra.secondsFor(bytes);
     Costs k{m, g};
     double K =
@@ -62,8 +62,8 @@ class TwoLevelTree final : public Algorithm {
     return latency + std::max(A, E) + std::min(A, E) / K +
            (K - 1) * 2 * (L - 1) * kPerMessageUs * 1e-6;
   }
-  void run(Collective c, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
-    if (c == Collective::Broadcast) {
+  void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
+    if (coll == Collective::Broadcast) {
       twoLevelBroadcast(comm, a.buf, a.bytes, a.root);
       return;
     }
@@ -73,8 +73,9 @@ class TwoLevelTree final : public Algorithm {
                        .interLink = &t.model.inter});
   }
   const char* fallback() const override { return "tree"; }
-  const char* kin(Collective c) const override {
-    return c == Collective::ReduceScatter || c == Collective::Allgather ? "two_level" : nullptr;
+  const char* kin(Collective coll) const override {
+    return coll == Collective::ReduceScatter || coll == Collective::Allgather ? "two_level"
+                                                                              : nullptr;
   }
 };
 

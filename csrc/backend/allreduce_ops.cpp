@@ -80,18 +80,19 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
 }
 
 WorkPtr SmdcclBackend::allreduceSparse(at::Tensor t, const ::c10d::AllreduceOptions& opts) {
-  const char* op = "sparse allreduce";
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "smdccl: ", op, ": the tensor is on ", t.device(),
+  const char* opName = "sparse allreduce";
+  TORCH_CHECK_VALUE(t.device().is_cpu(), "smdccl: ", opName, ": the tensor is on ", t.device(),
                     "; smdccl reduces sparse tensors on the CPU: pass t.cpu() (or a dense tensor)");
-  toDType(t.scalar_type(), op);
+  toDType(t.scalar_type(), opName);
   // Entries a rank does not hold are zeros: only SUM and AVG are the same
   // whether those are counted or not (gloo offers SUM alone).
   auto kind = opts.reduceOp.op_;
-  TORCH_CHECK_VALUE(kind == ::c10d::ReduceOp::SUM || kind == ::c10d::ReduceOp::AVG, "smdccl: ", op,
+  TORCH_CHECK_VALUE(kind == ::c10d::ReduceOp::SUM || kind == ::c10d::ReduceOp::AVG,
+                    "smdccl: ", opName,
                     " supports ReduceOp.SUM and ReduceOp.AVG; for other ops pass a dense "
                     "tensor (t.to_dense())");
   bool average = kind == ::c10d::ReduceOp::AVG;
-  if (average) toReduceSpec(opts.reduceOp, t.scalar_type(), size_, op);  // floating point only
+  if (average) toReduceSpec(opts.reduceOp, t.scalar_type(), size_, opName);  // floating point only
   // The entry counts differ between ranks (kAnyCount); the engine checks
   // the shapes itself. The NaN check looks at the values when the op runs
   // (an op queued before this one may replace them), in the body.

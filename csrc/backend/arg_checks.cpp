@@ -33,7 +33,7 @@ std::string torchDtypeName(at::ScalarType t) {
   }
 }
 
-DType toDType(at::ScalarType t, const char* op) {
+DType toDType(at::ScalarType t, const char* opName) {
   switch (t) {
     case at::kFloat: return DType::F32;
     case at::kDouble: return DType::F64;
@@ -45,74 +45,74 @@ DType toDType(at::ScalarType t, const char* op) {
     case at::kByte: return DType::U8;
     case at::kBool: return DType::Bool;
     default:
-      SMDCCL_VALUE_CHECK(false, op, " does not support dtype ", torchDtypeName(t),
+      SMDCCL_VALUE_CHECK(false, opName, " does not support dtype ", torchDtypeName(t),
                          " (it reduces float32, float64, float16, bfloat16, int8, int32, int64, "
                          "uint8, bool; collectives that only move data take any dtype)");
   }
 }
 
-at::Tensor realView(const at::Tensor& t, const ::c10d::ReduceOp& rop, const char* op,
+at::Tensor realView(const at::Tensor& t, const ::c10d::ReduceOp& rop, const char* opName,
                     const char* what) {
   if (!t.defined() || !t.is_complex()) return t;
-  checkTensor(t, op, what);  // view_as_real needs a dense, contiguous one
+  checkTensor(t, opName, what);  // view_as_real needs a dense, contiguous one
   auto k = rop.op_;
   SMDCCL_VALUE_CHECK(
       k == ::c10d::ReduceOp::SUM || k == ::c10d::ReduceOp::AVG || k == ::c10d::ReduceOp::PREMUL_SUM,
-      op, ": ", what, " is ", torchDtypeName(t.scalar_type()),
+      opName, ": ", what, " is ", torchDtypeName(t.scalar_type()),
       ": complex tensors reduce with SUM, AVG or PREMUL_SUM (the other ops are "
       "not defined on complex numbers part by part)");
   return at::view_as_real(t);
 }
 
 std::vector<at::Tensor> realViews(const std::vector<at::Tensor>& ts, const ::c10d::ReduceOp& rop,
-                                  const char* op, const char* what) {
+                                  const char* opName, const char* what) {
   std::vector<at::Tensor> out;
   out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(realView(t, rop, op, what));
+  for (const auto& t : ts) out.push_back(realView(t, rop, opName, what));
   return out;
 }
 
-void checkTensor(const at::Tensor& t, const char* op, const char* what) {
-  SMDCCL_VALUE_CHECK(t.defined(), op, ": ", what, " is undefined");
+void checkTensor(const at::Tensor& t, const char* opName, const char* what) {
+  SMDCCL_VALUE_CHECK(t.defined(), opName, ": ", what, " is undefined");
 #ifdef SMDCCL_WITH_CUDA
   SMDCCL_VALUE_CHECK(
-      t.device().is_cpu() || t.is_cuda(), op, ": ", what, " is on ", t.device(),
+      t.device().is_cpu() || t.is_cuda(), opName, ": ", what, " is on ", t.device(),
       "; smdccl runs collectives on CPU and CUDA tensors (move it with .cpu() or .cuda())");
 #else
-  SMDCCL_VALUE_CHECK(t.device().is_cpu(), op, ": ", what, " is on ", t.device(),
+  SMDCCL_VALUE_CHECK(t.device().is_cpu(), opName, ": ", what, " is on ", t.device(),
                      "; this build of smdccl has no CUDA support (built without nvcc or against "
                      "a CPU build of torch): move it with .cpu(), or rebuild smdccl where nvcc "
                      "and a CUDA torch are found");
 #endif
   SMDCCL_VALUE_CHECK(
-      t.layout() == at::kStrided, op, ": ", what,
+      t.layout() == at::kStrided, opName, ": ", what,
       " must be a dense (strided) tensor (of the collectives, only all_reduce takes a "
       "sparse COO tensor)");
-  SMDCCL_VALUE_CHECK(t.is_contiguous(), op, ": ", what,
+  SMDCCL_VALUE_CHECK(t.is_contiguous(), opName, ": ", what,
                      " must be contiguous; call .contiguous() on it first");
   // Any dtype: collectives that only move data (broadcast, all_gather,
   // all_to_all, gather, scatter, send/recv) copy bytes, e.g. float8 weights
   // for an FSDP all-gather. Reductions check their dtype (toReduceSpec).
 }
 
-const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* op) {
-  SMDCCL_VALUE_CHECK(ts.size() == 1, op, " takes exactly one tensor per rank, got ", ts.size());
-  checkTensor(ts[0], op, "tensor");
+const at::Tensor& checkSingle(const std::vector<at::Tensor>& ts, const char* opName) {
+  SMDCCL_VALUE_CHECK(ts.size() == 1, opName, " takes exactly one tensor per rank, got ", ts.size());
+  checkTensor(ts[0], opName, "tensor");
   return ts[0];
 }
 
-void checkSameShapeAndType(const at::Tensor& t, const at::Tensor& ref, const char* op,
+void checkSameShapeAndType(const at::Tensor& t, const at::Tensor& ref, const char* opName,
                            const std::string& what) {
-  checkTensor(t, op, what.c_str());
-  SMDCCL_VALUE_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", what, " has dtype ",
+  checkTensor(t, opName, what.c_str());
+  SMDCCL_VALUE_CHECK(t.scalar_type() == ref.scalar_type(), opName, ": ", what, " has dtype ",
                      t.scalar_type(), " but the input has ", ref.scalar_type());
-  SMDCCL_VALUE_CHECK(t.numel() == ref.numel(), op, ": ", what, " has ", t.numel(),
+  SMDCCL_VALUE_CHECK(t.numel() == ref.numel(), opName, ": ", what, " has ", t.numel(),
                      " elements but the input has ", ref.numel());
 }
 
-void checkRank(int64_t r, int size, const char* op, const char* what) {
-  SMDCCL_VALUE_CHECK(r >= 0 && r < size, op, ": ", what, " ", r, " is out of range for a group of ",
-                     size, " ranks");
+void checkRank(int64_t r, int size, const char* opName, const char* what) {
+  SMDCCL_VALUE_CHECK(r >= 0 && r < size, opName, ": ", what, " ", r,
+                     " is out of range for a group of ", size, " ranks");
 }
 
 std::string nonFiniteReport(const at::Tensor& t) {

@@ -9,17 +9,17 @@
 
 namespace smdccl {
 
-void checkOnePerRank(const std::vector<at::Tensor>& list, int size, const char* op,
+void checkOnePerRank(const std::vector<at::Tensor>& list, int size, const char* opName,
                      const char* what) {
-  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == size, "smdccl: ", op, ": ", what,
+  TORCH_CHECK_VALUE(static_cast<int>(list.size()) == size, "smdccl: ", opName, ": ", what,
                     " must hold one tensor per rank (", size, "), got ", list.size());
 }
 
 void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int size,
-                     const char* op, const char* what) {
-  checkOnePerRank(list, size, op, what);
+                     const char* opName, const char* what) {
+  checkOnePerRank(list, size, opName, what);
   for (size_t i = 0; i < list.size(); ++i)
-    checkSameShapeAndType(list[i], ref, op, strCat(what, "[", i, "]"));
+    checkSameShapeAndType(list[i], ref, opName, strCat(what, "[", i, "]"));
 }
 
 // all_gather's output list / reduce_scatter's input list, which may be
@@ -27,20 +27,20 @@ void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
 // own block has `ref`'s element count. Returns their byte blocks.
 Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
                       const CheckedCall& call, const char* what, const char* refName) {
-  const char* op = call.op;
+  const char* opName = call.opName;
   const int rank = call.rank, size = call.size;
-  checkOnePerRank(list, size, op, what);
+  checkOnePerRank(list, size, opName, what);
   std::vector<size_t> lengths;
   for (size_t i = 0; i < list.size(); ++i) {
     std::string name = strCat(what, "[", i, "]");
-    checkTensor(list[i], op, name.c_str());
-    TORCH_CHECK_VALUE(list[i].scalar_type() == ref.scalar_type(), "smdccl: ", op, ": ", name,
+    checkTensor(list[i], opName, name.c_str());
+    TORCH_CHECK_VALUE(list[i].scalar_type() == ref.scalar_type(), "smdccl: ", opName, ": ", name,
                       " has dtype ", list[i].scalar_type(), " but the ", refName, " has ",
                       ref.scalar_type());
     lengths.push_back(list[i].nbytes());
   }
-  TORCH_CHECK_VALUE(list[static_cast<size_t>(rank)].numel() == ref.numel(), "smdccl: ", op, ": ",
-                    what, "[", rank, "] (this rank's block) has ",
+  TORCH_CHECK_VALUE(list[static_cast<size_t>(rank)].numel() == ref.numel(), "smdccl: ", opName,
+                    ": ", what, "[", rank, "] (this rank's block) has ",
                     list[static_cast<size_t>(rank)].numel(), " elements but the ", refName, " has ",
                     ref.numel());
   return Blocks::fromLengths(lengths);
@@ -50,13 +50,13 @@ Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref
 // device of the process (one here): torch passes [tensor_list], with
 // tensor_list[r] for rank r. One-tensor lists, one per rank, are that
 // layout transposed: named so, with the fix.
-void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* op,
+void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* opName,
                   const char* name) {
   if (lists.size() == 1) return;
   bool transposed =
       lists.size() == static_cast<size_t>(size) && size > 1 &&
       std::all_of(lists.begin(), lists.end(), [](const auto& l) { return l.size() == 1; });
-  TORCH_CHECK_VALUE(false, "smdccl: ", op, ": expected one ", name, " (torch's layout: [", name,
+  TORCH_CHECK_VALUE(false, "smdccl: ", opName, ": expected one ", name, " (torch's layout: [", name,
                     "], ", name, "[r] for rank r), got ", lists.size(), " lists",
                     transposed ? "; they hold one tensor per rank each, which is that layout "
                                  "transposed: pass [[l[0] for l in lists]]"
@@ -68,15 +68,15 @@ void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, c
 std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists,
                                  const at::Tensor& ref, const CheckedCall& call, int root,
                                  const char* name) {
-  const char* op = call.op;
+  const char* opName = call.opName;
   const int rank = call.rank, size = call.size;
   if (rank != root) {
-    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "smdccl: ", op, ": only the root (rank ",
-                      root, ") passes ", name);
+    TORCH_CHECK_VALUE(lists.empty() || lists[0].empty(), "smdccl: ", opName,
+                      ": only the root (rank ", root, ") passes ", name);
     return {};
   }
-  checkOneList(lists, size, op, name);
-  checkOutputList(lists[0], ref, size, op, name);
+  checkOneList(lists, size, opName, name);
+  checkOutputList(lists[0], ref, size, opName, name);
   return lists[0];
 }
 
@@ -86,7 +86,7 @@ std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lis
 // per rank) are named as such, with the fix: when world_size equals the
 // number of inputs and the shapes agree the two cannot be told apart.
 void checkPerRankLists(const std::vector<std::vector<at::Tensor>>& lists,
-                       const std::vector<at::Tensor>& inputs, int size, const char* op) {
+                       const std::vector<at::Tensor>& inputs, int size, const char* opName) {
   auto fits = [&](size_t outer, size_t inner, bool transposed) {
     if (lists.size() != outer) return false;
     for (size_t a = 0; a < lists.size(); ++a) {
@@ -106,15 +106,15 @@ void checkPerRankLists(const std::vector<std::vector<at::Tensor>>& lists,
       "torch's layout (gloo's and NCCL's) is one list per rank, output_tensor_lists[r][i] "
       "receiving rank r's input_tensor_list[i]";
   if (fits(n, ranks, /*transposed=*/true))
-    TORCH_CHECK_VALUE(false, "smdccl: ", op,
+    TORCH_CHECK_VALUE(false, "smdccl: ", opName,
                       ": output_tensor_lists holds one list per input tensor (", n,
                       ") of one tensor per rank (", size, "): the transpose of ", layout,
                       "; pass [list(t) for t in zip(*output_tensor_lists)]");
-  TORCH_CHECK_VALUE(lists.size() == ranks, "smdccl: ", op,
+  TORCH_CHECK_VALUE(lists.size() == ranks, "smdccl: ", opName,
                     ": output_tensor_lists must hold one list per rank (", size, "), got ",
                     lists.size(), "; ", layout);
   for (size_t r = 0; r < lists.size(); ++r)
-    TORCH_CHECK_VALUE(lists[r].size() == n, "smdccl: ", op, ": output_tensor_lists[", r,
+    TORCH_CHECK_VALUE(lists[r].size() == n, "smdccl: ", opName, ": output_tensor_lists[", r,
                       "] must hold one tensor per input tensor (", n, "), got ", lists[r].size(),
                       "; ", layout);
 }

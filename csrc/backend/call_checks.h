@@ -15,22 +15,22 @@ namespace smdccl {
 
 // The call being checked: the op's name in errors, this rank, the group's size.
 struct CheckedCall {
-  const char* op;
+  const char* opName;
   int rank;
   int size;
 };
 
-void checkOnePerRank(const std::vector<at::Tensor>& list, int size, const char* op,
+void checkOnePerRank(const std::vector<at::Tensor>& list, int size, const char* opName,
                      const char* what);
 void checkOutputList(const std::vector<at::Tensor>& list, const at::Tensor& ref, int size,
-                     const char* op, const char* what);
+                     const char* opName, const char* what);
 // all_gather's output list / reduce_scatter's input list, which may be
 // uneven (as with NCCL): one tensor per rank, of `ref`'s dtype; this rank's
 // own block has `ref`'s element count. Returns their byte blocks.
 Blocks checkBlockList(const std::vector<at::Tensor>& list, const at::Tensor& ref,
                       const CheckedCall& call, const char* what, const char* refName);
 // torch's [tensor_list] layout of the per-rank lists (one list per device).
-void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* op,
+void checkOneList(const std::vector<std::vector<at::Tensor>>& lists, int size, const char* opName,
                   const char* name);
 // The coalesced forms of all_gather_into_tensor / reduce_scatter_tensor
 // pair tensors by index, each pair laid out as the single call's.
@@ -47,7 +47,7 @@ std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lis
                                  const char* name);
 // all_gather_coalesced's output_tensor_lists in torch's layout.
 void checkPerRankLists(const std::vector<std::vector<at::Tensor>>& lists,
-                       const std::vector<at::Tensor>& inputs, int size, const char* op);
+                       const std::vector<at::Tensor>& inputs, int size, const char* opName);
 // The signature of a call (what every rank must pass alike) and the inputs
 // whose contents it sends. `count`: elements each rank passes, or kAnyCount.
 OpCall callOf(std::vector<at::Tensor> inputs, at::ScalarType dt, uint64_t count, int redop = -1,

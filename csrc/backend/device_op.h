@@ -94,10 +94,10 @@ class DeviceOps {
   // one call are on different devices, or on another device than earlier
   // calls of this group.
   virtual std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors,
-                                          const char* op) = 0;
+                                          const char* opName) = 0;
   // The CUDA device of a call's tensors (-1: all on the CPU), with begin()'s
   // checks, for calls that need no DeviceOp (point-to-point).
-  virtual int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) = 0;
+  virtual int deviceOf(const std::vector<at::Tensor>& tensors, const char* opName) = 0;
   // Point-to-point on CUDA tensors goes through host memory. A send's
   // pinned copy of `dev` is queued on the caller's current stream, behind
   // its work, without blocking the caller; `ready` (polled by the send/recv

@@ -7,14 +7,15 @@ namespace smdccl {
 namespace {
 class CpuOnlyDeviceOps : public DeviceOps {
  public:
-  std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors, const char* op) override {
-    deviceOf(tensors, op);
+  std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors,
+                                  const char* opName) override {
+    deviceOf(tensors, opName);
     return nullptr;
   }
-  int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) override {
+  int deviceOf(const std::vector<at::Tensor>& tensors, const char* opName) override {
     for (const auto& t : tensors)
-      TORCH_CHECK_VALUE(!t.defined() || t.device().is_cpu(), "smdccl: ", op, ": a tensor is on ",
-                        t.device(),
+      TORCH_CHECK_VALUE(!t.defined() || t.device().is_cpu(), "smdccl: ", opName,
+                        ": a tensor is on ", t.device(),
                         "; this build of smdccl has no CUDA support (it was built without "
                         "nvcc or against a CPU build of torch): move it with .cpu(), or "
                         "rebuild smdccl where nvcc and a CUDA torch are found");

@@ -221,30 +221,30 @@ WorkPtr SmdcclBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
 
 WorkPtr SmdcclBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
                                           const ::c10d::GatherOptions& opts) {
-  const char* op = "gather_into_tensor";
-  checkTensor(input, op, "input");
-  checkRank(opts.rootRank, size_, op, "root rank");
+  const char* opName = "gather_into_tensor";
+  checkTensor(input, opName, "input");
+  checkRank(opts.rootRank, size_, opName, "root rank");
   int root = static_cast<int>(opts.rootRank);
   std::vector<at::Tensor> devOuts;
   if (rank_ == root) {
     // torch passes an empty placeholder elsewhere; the root's is checked.
-    checkTensor(output, op, "output");
-    TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "smdccl: ", op,
+    checkTensor(output, opName, "output");
+    TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(), "smdccl: ", opName,
                       ": the output has dtype ", output.scalar_type(), " but the input has ",
                       input.scalar_type());
-    TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "smdccl: ", op, ": the output has ",
-                      output.numel(), " elements; it needs world_size (", size_, ") x the input's ",
-                      input.numel());
+    TORCH_CHECK_VALUE(output.numel() == input.numel() * size_, "smdccl: ", opName,
+                      ": the output has ", output.numel(), " elements; it needs world_size (",
+                      size_, ") x the input's ", input.numel());
     TORCH_CHECK_VALUE(
         !overlaps(output, input) || bytesOf(input) == bytesOf(output) + input.nbytes() * root,
-        "smdccl: ", op, ": the input overlaps the output other than as the root's own block");
+        "smdccl: ", opName, ": the input overlaps the output other than as the root's own block");
     devOuts.push_back(output);
   }
-  auto dev = deviceOps_->begin(allOf(devOuts, {input}), op);
+  auto dev = deviceOps_->begin(allOf(devOuts, {input}), opName);
   std::vector<at::Tensor> outs = hostOf(dev, devOuts, false, true);
   at::Tensor hin = hostOf(dev, input, true, false);
   return enqueue({.type = OpType::GATHER,
-                  .name = op,
+                  .name = opName,
                   .call = callOf({hin}, input.scalar_type(), input.numel(), -1, root),
                   .outputs = devOuts,
                   .body =

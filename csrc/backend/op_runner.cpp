@@ -141,7 +141,7 @@ void SmdcclBackend::runWork(QueuedOp& op) {
 
 OpContext SmdcclBackend::contextOf(const QueuedOp& op, uint64_t seq) const {
   OpContext ctx;
-  ctx.op = op.request.name;
+  ctx.opName = op.request.name;
   ctx.group = &cfg_.groupName;
   ctx.rank = rank_;
   ctx.seq = seq;

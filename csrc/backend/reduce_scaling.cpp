@@ -15,8 +15,8 @@ const char* bitwiseOpName(::c10d::ReduceOp::RedOpType t) {
 }  // namespace
 
 ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
-                        const char* op) {
-  toDType(t, op);  // reductions need a kernel for the dtype; moving data does not
+                        const char* opName) {
+  toDType(t, opName);  // reductions need a kernel for the dtype; moving data does not
   ReduceSpec s;
   bool floating = at::isFloatingType(t);
   switch (rop.op_) {
@@ -27,15 +27,15 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
     case ::c10d::ReduceOp::BAND:
     case ::c10d::ReduceOp::BOR:
     case ::c10d::ReduceOp::BXOR:
-      SMDCCL_VALUE_CHECK(!floating, op, " with ReduceOp.", bitwiseOpName(rop.op_),
+      SMDCCL_VALUE_CHECK(!floating, opName, " with ReduceOp.", bitwiseOpName(rop.op_),
                          " needs an integer or bool tensor, got ", torchDtypeName(t));
       s.op = rop.op_ == ::c10d::ReduceOp::BAND  ? RedOp::BAnd
              : rop.op_ == ::c10d::ReduceOp::BOR ? RedOp::BOr
                                                 : RedOp::BXor;
       break;
     case ::c10d::ReduceOp::AVG:
-      SMDCCL_VALUE_CHECK(floating, op, " with ReduceOp.AVG needs a floating-point tensor, got ", t,
-                         "; use SUM and divide, or convert to float");
+      SMDCCL_VALUE_CHECK(floating, opName, " with ReduceOp.AVG needs a floating-point tensor, got ",
+                         t, "; use SUM and divide, or convert to float");
       s.op = RedOp::Sum;
       // 16-bit sums of many ranks can overflow where the average would not:
       // scale those first, by the power of two at or above the world size,
@@ -51,16 +51,17 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
       }
       break;
     case ::c10d::ReduceOp::PREMUL_SUM: {
-      SMDCCL_VALUE_CHECK(floating, op, " with PREMUL_SUM needs a floating-point tensor, got ", t);
+      SMDCCL_VALUE_CHECK(floating, opName, " with PREMUL_SUM needs a floating-point tensor, got ",
+                         t);
       s.op = RedOp::Sum;
       auto* sup = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(rop.supplement_.get());
-      SMDCCL_VALUE_CHECK(sup != nullptr, op, ": PREMUL_SUM without a factor");
+      SMDCCL_VALUE_CHECK(sup != nullptr, opName, ": PREMUL_SUM without a factor");
       if (sup->tensor_factor.defined()) {
         const at::Tensor& f = sup->tensor_factor;
         // Checked here, at the call: applying it later on the progress
         // thread would fail there with torch's own message.
         SMDCCL_VALUE_CHECK(
-            f.device().is_cpu() && f.numel() == 1 && at::isFloatingType(f.scalar_type()), op,
+            f.device().is_cpu() && f.numel() == 1 && at::isFloatingType(f.scalar_type()), opName,
             ": the PREMUL_SUM factor must be a real floating-point CPU tensor "
             "of one element (or a Python number), got a ",
             f.scalar_type(), " tensor of ", f.numel(), " element(s) on ", f.device());
@@ -71,7 +72,7 @@ ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int world
       break;
     }
     default:
-      SMDCCL_VALUE_CHECK(false, op,
+      SMDCCL_VALUE_CHECK(false, opName,
                          " does not support this ReduceOp (supported: SUM, AVG, MIN, "
                          "MAX, PRODUCT, PREMUL_SUM, BAND, BOR, BXOR)");
   }

@@ -21,7 +21,7 @@ struct ReduceSpec {
 
 // Also raises for a dtype the reductions do not support.
 ReduceSpec toReduceSpec(const ::c10d::ReduceOp& rop, at::ScalarType t, int worldSize,
-                        const char* op);
+                        const char* opName);
 
 // The smallest power of two >= n: AVG's exact 16-bit pre-scale is its inverse.
 double powerOfTwoAtLeast(int n);

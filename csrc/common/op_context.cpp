@@ -30,8 +30,8 @@ std::string OpSignature::describe() const {
 }
 
 std::string OpContext::describe() const {
-  return strCat(op, " #", seq, " on group '", group ? *group : std::string("?"), "' (rank ", rank,
-                ")");
+  return strCat(opName, " #", seq, " on group '", group ? *group : std::string("?"), "' (rank ",
+                rank, ")");
 }
 
 }  // namespace smdccl

@@ -33,7 +33,7 @@ struct OpSignature {
 };
 
 struct OpContext {
-  const char* op = "?";
+  const char* opName = "?";
   const std::string* group = nullptr;  // owned by the backend
   int rank = 0;                        // in the group
   uint64_t seq = 0;                    // 0: not a numbered collective (no op headers)

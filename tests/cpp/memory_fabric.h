@@ -86,7 +86,7 @@ class MemoryFabric {
           Mesh mesh(store, mc, std::move(links), &bells[r]);
           Hierarchy levels = hierarchyOf(topo_, r);
           OpContext ctx;
-          ctx.op = "in-process algorithm test";
+          ctx.opName = "in-process algorithm test";
           ctx.rank = r;
           ctx.deadline = Deadline::after(std::chrono::seconds(timeoutSec));
           ctx.cancel = &aborted;

@@ -59,7 +59,7 @@ TEST(shm_ring_wraps_and_keeps_messages_aligned) {
   std::vector<size_t> sizes = {1, 4095, 4096, 10001, 3, 70000};
   withTwoRanks(4096, [&](int rank, Link& link, Doorbell& bell) {
     OpContext ctx;
-    ctx.op = "test";
+    ctx.opName = "test";
     ctx.deadline = Deadline::after(std::chrono::seconds(10));
     for (size_t n : sizes) {
       std::vector<uint8_t> out(n), in(n);
@@ -122,7 +122,7 @@ TEST(shm_ring_padding_past_a_full_ring_waits_for_the_reader) {
 TEST(shm_recv_reduce_float) {
   withTwoRanks(8192, [&](int rank, Link& link, Doorbell& bell) {
     OpContext ctx;
-    ctx.op = "test";
+    ctx.opName = "test";
     ctx.deadline = Deadline::after(std::chrono::seconds(10));
     size_t n = 12345;
     std::vector<float> mine(n), acc(n);
@@ -139,7 +139,7 @@ TEST(exchange_times_out_naming_the_peer) {
   withTwoRanks(4096, [&](int rank, Link& link, Doorbell& bell) {
     if (rank == 1) return;  // never sends
     OpContext ctx;
-    ctx.op = "allreduce";
+    ctx.opName = "allreduce";
     ctx.deadline = Deadline::after(std::chrono::milliseconds(300));
     char buf[16];
     std::string msg;
@@ -164,7 +164,7 @@ TEST(exchange_fails_at_once_when_a_local_peer_gave_up) {
       return;
     }
     OpContext ctx;
-    ctx.op = "allreduce";
+    ctx.opName = "allreduce";
     ctx.deadline = Deadline::after(std::chrono::seconds(20));
     ctx.wait.spinUs = 0;
     char buf[16];
@@ -185,7 +185,7 @@ TEST(exchange_keeps_message_order_through_zero_length_transfers) {
   // (the streaming ring chains transfers with `after`).
   withTwoRanks(4096, [&](int rank, Link& link, Doorbell& bell) {
     OpContext ctx;
-    ctx.op = "test";
+    ctx.opName = "test";
     ctx.deadline = Deadline::after(std::chrono::seconds(10));
     Exchange ex(ctx, &bell);
     if (rank == 0) {
@@ -220,7 +220,7 @@ TEST(shm_rings_shrink_to_fit_dev_shm_on_every_local_rank) {
     got[r] = node.ringBytes();
     stream[r] = node.streamBytes();
     OpContext ctx;
-    ctx.op = "test";
+    ctx.opName = "test";
     ctx.deadline = Deadline::after(std::chrono::seconds(10));
     int v = 41 + r, w = 0;
     Exchange(ctx, &bell).send(link, &v, sizeof v).recv(link, &w, sizeof w).run();

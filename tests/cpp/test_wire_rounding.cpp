@@ -56,7 +56,7 @@ std::string withGroup(const std::vector<int>& nodeSizes,
         mesh = std::make_unique<Mesh>(store, mc, soon());
         Hierarchy levels = hierarchyOf(topo, r);
         OpContext ctx;
-        ctx.op = "wire rounding test";
+        ctx.opName = "wire rounding test";
         ctx.rank = r;
         ctx.deadline = soon();
         ExchangeBook book;

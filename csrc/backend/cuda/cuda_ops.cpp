@@ -32,11 +32,11 @@ namespace {
 // Raises a ValueError when the caller's current stream is capturing a CUDA
 // graph: the collectives are driven from the host, step by step, which a
 // graph cannot replay (and querying a capturing stream breaks the capture).
-void checkNotCapturing(int dev, const char* op) {
+void checkNotCapturing(int dev, const char* opName) {
   CaptureSafeScope captureSafe;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   SMDCCL_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(dev).stream(), &status));
-  TORCH_CHECK_VALUE(status == cudaStreamCaptureStatusNone, "smdccl: ", op,
+  TORCH_CHECK_VALUE(status == cudaStreamCaptureStatusNone, "smdccl: ", opName,
                     ": the current CUDA stream is capturing a CUDA graph; smdccl's CUDA "
                     "collectives are driven from the host and cannot be captured: call them "
                     "outside the graph");
@@ -194,10 +194,11 @@ class CudaDeviceOps : public DeviceOps {
   CudaDeviceOps(KVStore& store, std::function<std::chrono::milliseconds()> timeout)
       : store_(store), timeout_(std::move(timeout)) {}
 
-  std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors, const char* op) override {
-    int device = deviceOf(tensors, op);
+  std::shared_ptr<DeviceOp> begin(const std::vector<at::Tensor>& tensors,
+                                  const char* opName) override {
+    int device = deviceOf(tensors, opName);
     if (device < 0) return nullptr;
-    checkNotCapturing(device, op);
+    checkNotCapturing(device, opName);
     CaptureSafeScope captureSafe;
     std::shared_ptr<CudaState> s;
     {
@@ -206,7 +207,7 @@ class CudaDeviceOps : public DeviceOps {
         state_ = std::make_shared<CudaState>(device, store_);
         state_->gpu->onDeviceFailure(deviceFailed_);
       }
-      checkGroupDevice(device, op);  // another thread may have created it first
+      checkGroupDevice(device, opName);  // another thread may have created it first
       s = state_;
     }
     // The caching allocator must not hand these blocks to another stream's
@@ -217,13 +218,13 @@ class CudaDeviceOps : public DeviceOps {
     return std::make_shared<CudaOp>(std::move(s));
   }
 
-  int deviceOf(const std::vector<at::Tensor>& tensors, const char* op) override {
+  int deviceOf(const std::vector<at::Tensor>& tensors, const char* opName) override {
     int device = -1;
     bool anyCpu = false;
     for (const auto& t : tensors) {
       if (!t.defined()) continue;
       if (t.is_cuda()) {
-        TORCH_CHECK_VALUE(device < 0 || device == t.get_device(), "smdccl: ", op,
+        TORCH_CHECK_VALUE(device < 0 || device == t.get_device(), "smdccl: ", opName,
                           ": tensors on cuda:", device, " and cuda:", t.get_device(),
                           "; one call's tensors must be on one device");
         device = t.get_device();
@@ -232,10 +233,10 @@ class CudaDeviceOps : public DeviceOps {
       }
     }
     if (device < 0) return -1;
-    TORCH_CHECK_VALUE(!anyCpu, "smdccl: ", op, ": some tensors are on cuda:", device,
+    TORCH_CHECK_VALUE(!anyCpu, "smdccl: ", opName, ": some tensors are on cuda:", device,
                       " and some on the CPU; one call's tensors must be on one device");
     std::lock_guard<std::mutex> lock(mu_);
-    checkGroupDevice(device, op);
+    checkGroupDevice(device, opName);
     return device;
   }
 
@@ -309,8 +310,8 @@ class CudaDeviceOps : public DeviceOps {
 
  private:
   // With mu_ held: a group's CUDA collectives all run on its first one's GPU.
-  void checkGroupDevice(int device, const char* op) const {
-    TORCH_CHECK_VALUE(!state_ || state_->device == device, "smdccl: ", op,
+  void checkGroupDevice(int device, const char* opName) const {
+    TORCH_CHECK_VALUE(!state_ || state_->device == device, "smdccl: ", opName,
                       ": this group runs on cuda:", state_ ? state_->device : -1,
                       " (its first CUDA collective was there), got a tensor on cuda:", device,
                       "; use one GPU per rank and group, like NCCL");
