@@ -76,7 +76,11 @@ const std::string& trackOf(const Comm& c) {
   return c.ctx.group ? *c.ctx.group : none;
 }
 
-Tuning forWire(const Comm& c, DType dt, const Tuning& t) { return forWire(wireHopsOf(c, dt), t); }
+// The model reads only whether some hop is compressed: not every-hop, whose
+// check looks at every pair of ranks.
+Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
+  return forWire({.some = c.compressesSomeHop(dt), .intra = c.wireIntra}, t);
+}
 
 // The message's bytes as the model counts them (Algorithm::estimate).
 size_t messageBytes(Collective coll, const CollectiveArgs& a) {
