@@ -39,6 +39,11 @@ class MemoryFabric {
     for (int r = 0; r < size_; ++r) ranks[r] = r;
     topo_ = topologyFromSpec(nodeSizes_, ranks, true);
   }
+  // Any topology, also one whose nodes are not consecutive ranks.
+  explicit MemoryFabric(Topology topo, size_t ringBytes = 32 << 10)
+      : ringBytes_(ringBytes),
+        size_(static_cast<int>(topo.nodeOf.size())),
+        topo_(std::move(topo)) {}
   int size() const { return size_; }
   const Topology& topology() const { return topo_; }
 
