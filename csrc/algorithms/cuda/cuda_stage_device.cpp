@@ -14,7 +14,8 @@
 namespace smdccl {
 
 CudaStageDevice::CudaStageDevice(std::function<void()> freeCached)
-    : freeCached_(std::move(freeCached)) {
+    : packing_(std::move(freeCached), "the staged copies' packing scratch",
+               "SMDCCL_CUDA_STAGE_CHUNK_KB sizes it (2x the chunk)") {
   for (Lane& l : lanes_) {
     SMDCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
     l.events.resize(kEvents);
@@ -40,8 +41,6 @@ CudaStageDevice::~CudaStageDevice() {
   }
   for (cudaEvent_t e : {opMark_, laneMark_, counted_})
     if (e) cudaEventDestroy(e);
-  for (char* p : outgrown_) cudaFree(p);
-  if (scratch_) cudaFree(scratch_);
   if (overflowsDev_) cudaFree(overflowsDev_);
   if (overflowsHost_) cudaFreeHost(overflowsHost_);
 }
@@ -60,20 +59,7 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const SlotLayout
   }
   // Per slot: a packed piece out and one in, half a slot each.
   const size_t need = scratch ? static_cast<size_t>(layout.slots) * (layout.slotBytes / 2) * 2 : 0;
-  if (need > scratchBytes_) {
-    // Earlier ops' copies may still use the old one: it is freed with the
-    // device (outgrown_), not here.
-    if (scratch_) outgrown_.push_back(scratch_);
-    scratch_ = nullptr;
-    scratchBytes_ = 0;
-    int device = -1;
-    (void)cudaGetDevice(&device);
-    CallInFlight call("cudaMalloc of the staged copies' packing scratch");
-    scratch_ = static_cast<char*>(allocateDeviceMemory(
-        need, device, freeCached_, "the staged copies' packing scratch",
-        "SMDCCL_CUDA_STAGE_CHUNK_KB sizes it (2x the chunk)"));
-    scratchBytes_ = need;
-  }
+  scratch_ = need ? packing_.reserve(need) : nullptr;
   // Both lanes count fp16 overflows (packs out, roundings in): zero the
   // count before either starts.
   SMDCCL_CUDA_CHECK(cudaMemsetAsync(overflowsDev_, 0, sizeof(unsigned long long), opStream));

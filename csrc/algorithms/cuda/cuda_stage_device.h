@@ -20,6 +20,7 @@
 
 #include "common/op_context.h"
 #include "algorithms/stage_device.h"
+#include "transport/cuda/device_scratch.h"
 
 namespace smdccl {
 
@@ -84,13 +85,11 @@ class CudaStageDevice final : public StageDevice {
 
   Lane lanes_[2];  // 0: out to host, 1: in from host
   bool abandoned_ = false;   // an op failed: begin() waits for its copies
-  char* scratch_ = nullptr;  // per slot: slotBytes / 2 out, slotBytes / 2 in
-  size_t scratchBytes_ = 0;
-  // Outgrown scratch, freed with the device: cudaFree waits for the whole
-  // device, which on the op's thread would hold the op behind the user's
-  // queued work (a few at most: the need is bounded by the tuning).
-  std::vector<char*> outgrown_;
-  std::function<void()> freeCached_;
+  // Outgrown packing scratch is freed with the device: cudaFree waits for
+  // the whole device, which on the op's thread would hold the op behind the
+  // user's queued work.
+  DeviceScratch packing_;
+  char* scratch_ = nullptr;  // the op's: per slot, slotBytes / 2 out, slotBytes / 2 in
   unsigned long long* overflowsDev_ = nullptr;
   unsigned long long* overflowsHost_ = nullptr;  // pinned
   cudaEvent_t opMark_ = nullptr, laneMark_ = nullptr, counted_ = nullptr;
