@@ -37,11 +37,16 @@ class NcclPath final : public GpuPath {
   bool serves(Collective coll) const override { return servesAll(coll); }
   bool canRun(const GpuFacts& f) const override { return ncclMayRun(f) && f.ncclChosen; }
   double estimate(const GpuFacts& f) const override {
-    // NCCL's ring inside the node; across nodes, a block per rank staged.
+    // NCCL's ring inside the node (allreduce: a reduce-scatter and an
+    // allgather; the others: one call per node's region); across nodes,
+    // each rank's share of the blocks staged (broadcast: the whole tensor).
     const double local = f.localSize;
     const LevelCost& link = gpuLinks().nccl;
-    return 2 * link.alphaUs * 1e-6 + 2 * (local - 1) / local * link.bytesSeconds(f.bytes) +
-           stagedSeconds(f, f.bytes / local, f.nodes);
+    const bool allreduce = f.coll == Collective::Allreduce;
+    const double calls = allreduce ? 2 : f.nodes, passes = allreduce ? 2 : 1;
+    const double across = f.coll == Collective::Broadcast ? f.bytes : f.bytes / local;
+    return calls * link.alphaUs * 1e-6 + passes * (local - 1) / local * link.bytesSeconds(f.bytes) +
+           stagedSeconds(f, across, f.nodes);
   }
 };
 
@@ -99,10 +104,7 @@ class StagedPath final : public GpuPath {
 
 }  // namespace
 
-bool ncclMayRun(const GpuFacts& f) {
-  return nodeEngineMayRun(f) && f.ncclTypes &&
-         (f.coll == Collective::Allreduce || f.nodes == 1);
-}
+bool ncclMayRun(const GpuFacts& f) { return nodeEngineMayRun(f) && f.ncclTypes; }
 
 const std::vector<const GpuPath*>& gpuPaths() {
   static const NcclPath nccl;

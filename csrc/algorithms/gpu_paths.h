@@ -4,8 +4,8 @@
 // can run on this group and tensor, the cheapest by its estimate. The
 // choice is a pure function of plain facts (GpuFacts), so it is tested
 // without a GPU; the CUDA layer runs what it names
-// (algorithms/cuda/gpu_registry.cpp). Registered: nccl (inside the node;
-// allreduce across nodes too, with the staged step), ipc_one_shot,
+// (algorithms/cuda/gpu_registry.cpp). Registered: nccl (inside the node,
+// with the staged steps across nodes), ipc_one_shot,
 // ipc_two_shot, two_level_ipc (smdccl's CUDA IPC allreduce), ipc
 // (reduce-scatter and allgather on one node), staged (through pinned host
 // memory; always runs).

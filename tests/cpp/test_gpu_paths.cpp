@@ -34,9 +34,12 @@ TEST(gpu_paths_nccl_where_the_node_chose_it) {
   CHECK(pick(facts(1, 4, true, Collective::Allgather)) == "nccl");
   CHECK(pick(facts(2, 2, true)) == "nccl");  // reduce-scatter, staged step, allgather
   CHECK(pick(facts(1, 4, true, Collective::Allreduce, 4096)) == "nccl");
-  // Across nodes reduce-scatter and allgather stage (blocks by local rank: not written).
-  CHECK(pick(facts(2, 2, true, Collective::ReduceScatter)) == "staged");
-  CHECK(pick(facts(2, 2, true, Collective::Allgather)) == "staged");
+  // Across nodes: NCCL inside each node, the node's share staged between
+  // nodes (algorithms/node_then_across.h).
+  CHECK(pick(facts(2, 2, true, Collective::ReduceScatter)) == "nccl");
+  CHECK(pick(facts(2, 2, true, Collective::Allgather)) == "nccl");
+  CHECK(pick(facts(2, 2, true, Collective::Broadcast)) == "nccl");
+  CHECK(pick(facts(2, 2, false, Collective::Broadcast)) == "staged");
   // More ranks in a node than the IPC kernels take: NCCL still runs.
   CHECK(pick(facts(1, 32, true)) == "nccl");
 }
@@ -75,7 +78,7 @@ TEST(gpu_paths_staged_where_nothing_else_runs) {
 TEST(gpu_paths_ask_the_node_only_where_nccl_could_run) {
   CHECK(ncclMayRun(facts(1, 4, false)));
   CHECK(ncclMayRun(facts(2, 2, false)));
-  CHECK(!ncclMayRun(facts(2, 2, false, Collective::Allgather)));
+  CHECK(ncclMayRun(facts(2, 2, false, Collective::Allgather)));
   CHECK(!ncclMayRun(facts(2, 1, false)));
   std::set<std::string> names;
   for (const GpuPath* p : gpuPaths()) names.insert(p->name());

@@ -38,13 +38,14 @@ void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning&
 // staged: rounds of SMDCCL_CUDA_STAGE_CHUNK_KB: the root's piece out, the
 // host broadcast, the piece back on the others.
 void stagedBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
-// nccl (gpu_nccl.cpp): one node, NCCL's allreduce; several, NCCL's
+// nccl (gpu_nccl.cpp): one node, NCCL's collective; several, NCCL's
 // reduce-scatter in the node, the staged allreduce of this rank's block
-// across nodes, NCCL's allgather. Reduce-scatter and allgather: one node.
+// across nodes, NCCL's allgather; reduce-scatter, allgather and broadcast
+// as algorithms/node_then_across.h schedules them.
 void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
-void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r);
-void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b);
-void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a);
+void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t);
+void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
+void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 // ipc_one_shot, ipc_two_shot, two_level_ipc (gpu_allreduce.cpp): over the
 // node's IPC buffers, in pieces of a buffer, one-shot where a piece is at
 // most SMDCCL_CUDA_ONESHOT_KB on one node, else two-shot; across nodes each

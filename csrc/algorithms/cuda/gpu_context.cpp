@@ -72,6 +72,7 @@ GpuContext::~GpuContext() {
       staging_.release();
       ipc_.release();
       stage_.release();
+      scratch_.release();
       return;
     }
   }
@@ -80,6 +81,14 @@ GpuContext::~GpuContext() {
 CudaStageDevice& GpuContext::stage() {
   if (!stage_) stage_ = std::make_unique<CudaStageDevice>(freeCached_);
   return *stage_;
+}
+
+char* GpuContext::scratch(size_t bytes) {
+  if (!scratch_)
+    scratch_ = std::make_unique<DeviceScratch>(
+        freeCached_, "the two-level collectives' intermediate blocks",
+        "a reduce-scatter or allgather across nodes holds its node's share of the blocks");
+  return scratch_->reserve(bytes);
 }
 
 CudaIpcSpace& GpuContext::ipc(const Hierarchy& h, Deadline deadline) {

@@ -16,6 +16,7 @@
 #include "algorithms/intra_engine.h"
 #include "common/op_context.h"
 #include "common/store.h"
+#include "transport/cuda/device_scratch.h"
 #include "transport/cuda/ipc_space.h"
 #include "transport/cuda/nccl_comm.h"
 #include "transport/cuda/pinned_buffer.h"
@@ -43,6 +44,9 @@ class GpuContext {
   PinnedBuffer& staging() { return *staging_; }
   // The device side of the staged schedules (made at first use).
   CudaStageDevice& stage();
+  // Device memory for one collective's intermediate blocks (the two-level
+  // NCCL paths), at least `bytes`; the next collective on the stream reuses it.
+  char* scratch(size_t bytes);
   // Bytes the group's staged collectives copied from device to host memory
   // and back (what crosses PCIe): counted by every staging path.
   void countCopies(uint64_t toHost, uint64_t fromHost) {
@@ -102,6 +106,7 @@ class GpuContext {
   std::mutex handlerMu_;
   std::function<void(const std::string&)> deviceFailed_;
   std::unique_ptr<CudaStageDevice> stage_;
+  std::unique_ptr<DeviceScratch> scratch_;
   std::function<void()> freeCached_;
   std::atomic<uint64_t> bytesToHost_{0}, bytesFromHost_{0};
   bool tuningAgreed_ = false;

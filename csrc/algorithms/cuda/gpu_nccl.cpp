@@ -5,12 +5,16 @@
 // group's 16-bit wire on the GPU where the group compresses), NCCL's
 // allgather inside the node. Everything NCCL does is queued on the op's
 // stream; the staged step waits for it and the op's stream for the staged
-// step, so the order needs no node barrier. The host does not wait for
+// step, so the order needs no node barrier. Reduce-scatter, allgather and
+// broadcast across nodes: algorithms/node_then_across.h, NCCL inside the
+// node, the staged steps across nodes. The host does not wait for
 // NCCL's work: the group's watch (GpuContext::watchNccl) fails the group
 // and aborts NCCL if it has not finished by the op's deadline.
 #include <algorithm>
 
 #include "algorithms/cuda/gpu_collectives.h"
+#include "algorithms/node_then_across.h"
+#include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
 
@@ -43,22 +47,62 @@ void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning
   g.watchNccl(c.ctx);
 }
 
-void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r) {
-  g.nccl(*c.levels, c.ctx.deadline).reduceScatter({r.in, r.out, r.each, r.dt, r.op}, g.stream());
+namespace {
+
+// The two-level schedules' steps (algorithms/node_then_across.h): NCCL over
+// the node and device copies on the op's stream, the staged steps across nodes.
+class NcclSteps final : public NodeThenAcrossSteps {
+ public:
+  NcclSteps(Comm& c, GpuContext& g, const Tuning& t)
+      : g_(g), t_(t), nccl_(g.nccl(*c.levels, c.ctx.deadline)) {}
+  char* scratch(size_t bytes) override { return g_.scratch(bytes); }
+  void copy(char* dst, const char* src, size_t bytes) override {
+    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_.stream()));
+  }
+  void nodeReduceScatter(const BlockReduction& r) override {
+    nccl_.reduceScatter({r.in, r.out, r.each, r.dt, r.op}, g_.stream());
+  }
+  void nodeAllgather(const BlockGather& b) override {
+    nccl_.allGather({b.in, b.out, b.eachBytes, DType::U8}, g_.stream());
+  }
+  void nodeBroadcast(const CollectiveArgs& a) override {
+    nccl_.broadcast({a.buf, a.buf, a.bytes, DType::U8, RedOp::Sum, a.root}, g_.stream());
+  }
+  void acrossReduceScatter(Comm& across, const BlockReduction& r) override {
+    stagedReduceScatter(across, g_, r, t_);
+  }
+  void acrossAllgather(Comm& across, const BlockGather& b) override {
+    stagedAllgather(across, g_, b, t_);
+  }
+  void acrossBroadcast(Comm& across, const CollectiveArgs& a) override {
+    stagedBroadcast(across, g_, a, t_);
+  }
+
+ private:
+  GpuContext& g_;
+  const Tuning& t_;
+  NcclNodeComm& nccl_;
+};
+
+}  // namespace
+
+void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
+  NcclSteps steps(c, g, t);
+  if (c.levels->numNodes() == 1) steps.nodeReduceScatter(r);
+  else nodeThenAcrossReduceScatter(c, steps, r);
   g.watchNccl(c.ctx);
 }
 
-void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
-  g.nccl(*c.levels, c.ctx.deadline).allGather({b.in, b.out, b.eachBytes, DType::U8}, g.stream());
+void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
+  NcclSteps steps(c, g, t);
+  if (c.levels->numNodes() == 1) steps.nodeAllgather(b);
+  else acrossThenNodeAllgather(c, steps, b);
   g.watchNccl(c.ctx);
 }
 
-void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a) {
-  const Hierarchy& h = *c.levels;
-  const std::vector<int>& node = h.nodes[static_cast<size_t>(h.myNode)];
-  const int root = static_cast<int>(std::find(node.begin(), node.end(), a.root) - node.begin());
-  g.nccl(h, c.ctx.deadline)
-      .broadcast({a.buf, a.buf, a.bytes, DType::U8, RedOp::Sum, root}, g.stream());
+void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
+  NcclSteps steps(c, g, t);
+  acrossThenNodeBroadcast(c, steps, a);
   g.watchNccl(c.ctx);
 }
 

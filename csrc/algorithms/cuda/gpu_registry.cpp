@@ -77,7 +77,7 @@ void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tun
                                 .bytes = blockBytes * static_cast<size_t>(c.size())},
                                t);
   trace::Span span(spanName(Collective::ReduceScatter, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl")) ncclReduceScatter(c, g, r);
+  if (is(path, "nccl")) ncclReduceScatter(c, g, r, t);
   else if (is(path, "ipc")) ipcReduceScatter(c, g, r);
   else stagedReduceScatter(c, g, r, t);
 }
@@ -91,7 +91,7 @@ void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t)
                                 .bytes = b.eachBytes * static_cast<size_t>(c.size())},
                                t);
   trace::Span span(spanName(Collective::Allgather, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl")) ncclAllgather(c, g, b);
+  if (is(path, "nccl")) ncclAllgather(c, g, b, t);
   else if (is(path, "ipc")) ipcAllgather(c, g, b);
   else stagedAllgather(c, g, b, t);
 }
@@ -101,7 +101,7 @@ void gpuBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   const GpuPath& path =
       choose(c, g, {.coll = Collective::Broadcast, .dt = DType::U8, .bytes = a.bytes}, t);
   trace::Span span(spanName(Collective::Broadcast, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl")) ncclBroadcast(c, g, a);
+  if (is(path, "nccl")) ncclBroadcast(c, g, a, t);
   else stagedBroadcast(c, g, a, t);
 }
 
