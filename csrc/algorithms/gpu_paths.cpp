@@ -104,7 +104,19 @@ class StagedPath final : public GpuPath {
 
 }  // namespace
 
+GpuFacts groupFacts(const Hierarchy& h, const GpuTuning& t) {
+  GpuFacts f;
+  f.nodes = h.numNodes();
+  f.localSize = h.localSize();
+  f.uniform = h.uniform();
+  f.ipcOn = t.ipc;
+  f.oneShotBytes = t.oneShotBytes;
+  return f;
+}
+
 bool ncclMayRun(const GpuFacts& f) { return nodeEngineMayRun(f) && f.ncclTypes; }
+
+bool ncclQueuesWhole(const GpuFacts& f) { return ncclMayRun(f) && f.ncclChosen && f.nodes == 1; }
 
 const std::vector<const GpuPath*>& gpuPaths() {
   static const NcclPath nccl;

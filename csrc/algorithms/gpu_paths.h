@@ -14,7 +14,9 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/cost_model.h"
+#include "algorithms/gpu_tuning.h"
 #include "common/dtype.h"
+#include "topology/topology.h"
 
 namespace smdccl {
 
@@ -39,9 +41,15 @@ struct GpuFacts {
   static constexpr int kMaxIpcRanks = 16;
 };
 
+// The facts of the group `h` (its nodes) and the settings, for a
+// collective over the whole group; the call's own facts at their defaults.
+GpuFacts groupFacts(const Hierarchy& h, const GpuTuning& t);
 // Whether the NCCL path could run but for the node's engine choice: the
 // CUDA layer asks the node (a store round) only then.
 bool ncclMayRun(const GpuFacts& f);
+// Whether the NCCL path runs on f and queues all its work on the stream
+// (one node): the host drives no step of it.
+bool ncclQueuesWhole(const GpuFacts& f);
 
 class GpuPath {
  public:

@@ -89,3 +89,24 @@ TEST(gpu_paths_ask_the_node_only_where_nccl_could_run) {
   for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather})
     CHECK(last.serves(c) && last.canRun(facts(1, 1, false, c)));
 }
+
+TEST(gpu_paths_only_nccl_on_one_node_needs_no_host_step) {
+  // A group of one node of 4 whose node chose NCCL: queued whole.
+  Hierarchy oneNode = hierarchyOf(topologyFromSpec({4}, {0, 1, 2, 3}, true), 1);
+  GpuFacts f = groupFacts(oneNode, GpuTuning{});
+  CHECK(f.nodes == 1 && f.localSize == 4 && f.uniform && f.ipcOn);
+  f.ncclTypes = true;
+  CHECK(!ncclQueuesWhole(f));  // the node has not chosen NCCL (yet)
+  f.ncclChosen = true;
+  CHECK(ncclQueuesWhole(f));
+  // Across nodes the staged step is the host's; SMDCCL_CUDA_IPC=0 stages all.
+  GpuFacts across =
+      groupFacts(hierarchyOf(topologyFromSpec({2, 2}, {0, 1, 2, 3}, true), 0), GpuTuning{});
+  across.ncclTypes = across.ncclChosen = true;
+  CHECK(!ncclQueuesWhole(across));
+  GpuTuning off;
+  off.ipc = false;
+  GpuFacts staged = groupFacts(oneNode, off);
+  staged.ncclTypes = staged.ncclChosen = true;
+  CHECK(!ncclQueuesWhole(staged));
+}

@@ -18,14 +18,13 @@ namespace {
 // The facts of a collective over c; the node's engine is asked (a store
 // round among its ranks, at the first call) only where NCCL could run.
 GpuFacts factsOf(const Comm& c, GpuContext& g, const GpuFacts& call, const Tuning& t) {
-  GpuFacts f = call;
   const Hierarchy& h = *c.levels;
-  f.nodes = h.numNodes();
-  f.localSize = h.localSize();
-  f.uniform = h.uniform();
+  GpuFacts f = groupFacts(h, g.tuning());
+  f.coll = call.coll;
+  f.dt = call.dt;
+  f.op = call.op;
+  f.bytes = call.bytes;
   f.wholeGroup = c.members.empty();
-  f.ipcOn = g.tuning().ipc;
-  f.oneShotBytes = g.tuning().oneShotBytes;
   int unused = 0;
   f.ncclTypes = NcclLibrary::dataType(f.dt, &unused) && NcclLibrary::redOp(f.op, &unused);
   f.ncclChosen = ncclMayRun(f) && g.intra(h, c.ctx.deadline).engine == IntraEngine::Nccl;

@@ -17,6 +17,7 @@
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
+#include "algorithms/gpu_paths.h"
 #include "backend/cuda/cuda_completion.h"
 #include "backend/cuda/internal_streams.h"
 #include "backend/device_op.h"
@@ -117,9 +118,13 @@ class CudaOp : public DeviceOp {
 
   bool hostDriven(const Hierarchy& h) const override {
     // Only NCCL inside one node is queued without the host waiting for it
-    // (the IPC steps meet at host barriers, the staged steps are the host's).
-    return hostStaged() || !s_->gpu->tuning().ipc || h.numNodes() > 1 || h.localSize() < 2 ||
-           !h.uniform() || !s_->gpu->ncclChosen();
+    // (the IPC steps meet at host barriers, the staged steps are the
+    // host's). The call's dtype and op are not looked at: a bitwise op then
+    // takes the IPC path on the caller's thread, which a blocking call may.
+    GpuFacts f = groupFacts(h, s_->gpu->tuning());
+    f.ncclTypes = true;
+    f.ncclChosen = s_->gpu->ncclChosen();
+    return hostStaged() || !ncclQueuesWhole(f);
   }
 
   void beforeBody(const OpContext& ctx) override { awaitInputs(ctx); }
