@@ -29,12 +29,11 @@ double stagedSeconds(const GpuFacts& f, double bytes, int ranks) {
          2 * (p - 1) / p * net.bytesSeconds(wire);
 }
 
-bool servesAll(Collective coll) { return coll != Collective::Reduce; }
-
 class NcclPath final : public GpuPath {
  public:
   const char* name() const override { return "nccl"; }
-  bool serves(Collective coll) const override { return servesAll(coll); }
+  // Reduce: NCCL's on one node, across nodes NCCL's allreduce.
+  bool serves(Collective) const override { return true; }
   bool canRun(const GpuFacts& f) const override { return ncclMayRun(f) && f.ncclChosen; }
   double estimate(const GpuFacts& f) const override {
     // NCCL's ring inside the node (allreduce: a reduce-scatter and an
@@ -42,7 +41,8 @@ class NcclPath final : public GpuPath {
     // each rank's share of the blocks staged (broadcast: the whole tensor).
     const double local = f.localSize;
     const LevelCost& link = gpuLinks().nccl;
-    const bool allreduce = f.coll == Collective::Allreduce;
+    const bool allreduce =
+        f.coll == Collective::Allreduce || (f.coll == Collective::Reduce && f.nodes > 1);
     const double calls = allreduce ? 2 : f.nodes, passes = allreduce ? 2 : 1;
     const double across = f.coll == Collective::Broadcast ? f.bytes : f.bytes / local;
     return calls * link.alphaUs * 1e-6 + passes * (local - 1) / local * link.bytesSeconds(f.bytes) +
@@ -56,7 +56,10 @@ class IpcAllreducePath final : public GpuPath {
  public:
   IpcAllreducePath(const char* name, IpcShape shape) : name_(name), shape_(shape) {}
   const char* name() const override { return name_; }
-  bool serves(Collective coll) const override { return coll == Collective::Allreduce; }
+  // Reduce: the allreduce, its result kept on the root.
+  bool serves(Collective coll) const override {
+    return coll == Collective::Allreduce || coll == Collective::Reduce;
+  }
   bool canRun(const GpuFacts& f) const override {
     if (!ipcMayRun(f)) return false;
     const bool small = f.bytes <= f.oneShotBytes;
@@ -95,7 +98,7 @@ class IpcScatterGatherPath final : public GpuPath {
 class StagedPath final : public GpuPath {
  public:
   const char* name() const override { return "staged"; }
-  bool serves(Collective coll) const override { return servesAll(coll); }
+  bool serves(Collective) const override { return true; }  // reduce: the allreduce
   bool canRun(const GpuFacts&) const override { return true; }
   double estimate(const GpuFacts& f) const override {
     return stagedSeconds(f, static_cast<double>(f.bytes), f.nodes * f.localSize);

@@ -5,10 +5,11 @@
 // choice is a pure function of plain facts (GpuFacts), so it is tested
 // without a GPU; the CUDA layer runs what it names
 // (algorithms/cuda/gpu_registry.cpp). Registered: nccl (inside the node,
-// with the staged steps across nodes), ipc_one_shot,
+// with the staged steps across nodes; reduce on one node), ipc_one_shot,
 // ipc_two_shot, two_level_ipc (smdccl's CUDA IPC allreduce), ipc
 // (reduce-scatter and allgather on one node), staged (through pinned host
-// memory; always runs).
+// memory; always runs). A reduce that NCCL does not run takes the path
+// its allreduce would.
 #include <cstddef>
 #include <vector>
 
@@ -21,7 +22,7 @@
 namespace smdccl {
 
 struct GpuFacts {
-  Collective coll = Collective::Allreduce;  // not Reduce (it runs as an allreduce)
+  Collective coll = Collective::Allreduce;
   DType dt = DType::F32;
   RedOp op = RedOp::Sum;
   size_t bytes = 0;  // allreduce, broadcast: the tensor; reduce_scatter, allgather: all blocks

@@ -168,21 +168,13 @@ WorkPtr SmdcclBackend::reduce(std::vector<at::Tensor>& tensors, const ::c10d::Re
                         at::Tensor buf = isRoot ? t : dev ? t.clone() : scratch_.copyOf(t);
                         WireOverflowCheck overflow(reduce_.useWire(c, dt, spec));
                         applyPreScale(buf, spec);
-                        if (dev)  // CUDA tensors: the device path's allreduce
-                          allreduceOn(dev, c,
-                                      {.buf = bytesOf(buf),
-                                       .count = static_cast<size_t>(buf.numel()),
-                                       .dt = dt,
-                                       .op = spec.op},
-                                      tuning);
-                        else
-                          smdccl::reduce(c,
-                                         {.buf = bytesOf(buf),
-                                          .count = static_cast<size_t>(buf.numel()),
-                                          .dt = dt,
-                                          .op = spec.op,
-                                          .root = root},
-                                         tuning);
+                        const CollectiveArgs args{.buf = bytesOf(buf),
+                                                  .count = static_cast<size_t>(buf.numel()),
+                                                  .dt = dt,
+                                                  .op = spec.op,
+                                                  .root = root};
+                        if (dev) dev->reduce(c, args, tuning);
+                        else smdccl::reduce(c, args, tuning);
                         if (isRoot) applyPostDivide(buf, spec);
                         overflow.finish(c);
                       },

@@ -11,7 +11,8 @@
 //                   staged inputs are copied to pinned host memory;
 //                   beforeBody(): the host waits for the copies in;
 //                   the body runs (kernels on the internal stream: allreduce,
-//                   reduce, reduce_scatter_tensor, all_gather_into_tensor;
+//                   reduce, reduce_scatter_tensor, all_gather_into_tensor,
+//                   broadcast;
 //                   or host algorithms on the pinned copies: the rest);
 //                   finishBody(): staged outputs are copied back;
 //                   signal(seq): an event is recorded behind the op's GPU work
@@ -73,6 +74,9 @@ class DeviceOp {
   // In-place allreduce of device memory (CUDA IPC / staged): a.count
   // a.dt elements at device address a.buf, reduced with a.op.
   virtual void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) = 0;
+  // Reduce of device memory: a.count a.dt elements at a.buf, reduced with
+  // a.op into group rank a.root's a.buf (elsewhere a.buf is scratch).
+  virtual void reduce(Comm& c, const CollectiveArgs& a, const Tuning& t) = 0;
   // Reduce-scatter of device memory (see BlockReduction).
   virtual void reduceScatter(Comm& c, const BlockReduction& r, const Tuning& t) = 0;
   // Allgather of device memory: r.in and every peer's block into r.out.

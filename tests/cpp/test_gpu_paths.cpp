@@ -110,3 +110,15 @@ TEST(gpu_paths_only_nccl_on_one_node_needs_no_host_step) {
   staged.ncclTypes = staged.ncclChosen = true;
   CHECK(!ncclQueuesWhole(staged));
 }
+
+TEST(gpu_paths_reduce_is_nccls_on_one_node_else_the_allreduces_path) {
+  CHECK(pick(facts(1, 4, true, Collective::Reduce)) == "nccl");  // ncclReduce
+  CHECK(pick(facts(2, 2, true, Collective::Reduce)) == "nccl");  // NCCL's two-level allreduce
+  CHECK(pick(facts(1, 4, false, Collective::Reduce, 4096)) == "ipc_one_shot");
+  CHECK(pick(facts(2, 2, false, Collective::Reduce)) == "two_level_ipc");
+  CHECK(pick(facts(2, 1, true, Collective::Reduce)) == "staged");
+  // On one node NCCL's reduce moves half what its allreduce does.
+  GpuFacts reduce = facts(1, 4, true, Collective::Reduce), allreduce = facts(1, 4, true);
+  const GpuPath& nccl = chooseGpuPath(reduce);
+  CHECK(nccl.estimate(reduce) < nccl.estimate(allreduce));
+}

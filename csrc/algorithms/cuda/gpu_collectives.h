@@ -12,6 +12,10 @@ namespace smdccl {
 
 // In place on a.buf (a.count elements of a.dt, a.op), over the whole group c.
 void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
+// a.count a.dt elements at a.buf reduced with a.op into group rank
+// a.root's a.buf (elsewhere a.buf is scratch): NCCL's reduce on one node
+// where NCCL runs there, the allreduce otherwise.
+void gpuReduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 // Reduce-scatter of device memory over the group c: r.in holds c.size()
 // blocks of `each` elements (block r is rank r's), `out` (each elements)
 // receives this rank's block reduced over every rank; `in` is left as it was.
@@ -46,6 +50,7 @@ void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning
 void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t);
 void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
 void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
+void ncclReduce(Comm& c, GpuContext& g, const CollectiveArgs& a);  // one node
 // ipc_one_shot, ipc_two_shot, two_level_ipc (gpu_allreduce.cpp): over the
 // node's IPC buffers, in pieces of a buffer, one-shot where a piece is at
 // most SMDCCL_CUDA_ONESHOT_KB on one node, else two-shot; across nodes each

@@ -100,6 +100,14 @@ void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t
   g.watchNccl(c.ctx);
 }
 
+void ncclReduce(Comm& c, GpuContext& g, const CollectiveArgs& a) {
+  const Hierarchy& h = *c.levels;
+  const std::vector<int>& node = h.nodes[static_cast<size_t>(h.myNode)];
+  const int root = static_cast<int>(std::find(node.begin(), node.end(), a.root) - node.begin());
+  g.nccl(h, c.ctx.deadline).reduce({a.buf, a.buf, a.count, a.dt, a.op, root}, g.stream());
+  g.watchNccl(c.ctx);
+}
+
 void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   NcclSteps steps(c, g, t);
   acrossThenNodeBroadcast(c, steps, a);

@@ -52,6 +52,15 @@ void copyOnDevice(GpuContext& g, char* dst, const char* src, size_t bytes) {
               "copy to the output");
 }
 
+// The allreduce on `path` (a reduce that NCCL does not run on one node
+// takes it too).
+void runAllreduce(const GpuPath& path, Comm& c, GpuContext& g, const CollectiveArgs& a,
+                  const Tuning& t) {
+  if (is(path, "nccl")) ncclAllreduce(c, g, a, t);
+  else if (is(path, "staged")) stagedAllreduce(c, g, a, t);
+  else ipcAllreduce(c, g, a, t);  // ipc_one_shot, ipc_two_shot, two_level_ipc
+}
+
 }  // namespace
 
 void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
@@ -60,9 +69,18 @@ void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
       c, g, {.coll = Collective::Allreduce, .dt = a.dt, .op = a.op, .bytes = a.count * elementSize(a.dt)},
       t);
   trace::Span span(spanName(Collective::Allreduce, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl")) ncclAllreduce(c, g, a, t);
-  else if (is(path, "staged")) stagedAllreduce(c, g, a, t);
-  else ipcAllreduce(c, g, a, t);  // ipc_one_shot, ipc_two_shot, two_level_ipc
+  runAllreduce(path, c, g, a, t);
+}
+
+void gpuReduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
+  if (a.count == 0 || c.size() == 1) return;
+  const GpuPath& path = choose(
+      c, g,
+      {.coll = Collective::Reduce, .dt = a.dt, .op = a.op, .bytes = a.count * elementSize(a.dt)},
+      t);
+  trace::Span span(spanName(Collective::Reduce, path), "algorithm", *c.ctx.group);
+  if (is(path, "nccl") && c.levels->numNodes() == 1) ncclReduce(c, g, a);
+  else runAllreduce(path, c, g, a, t);
 }
 
 void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {

@@ -159,6 +159,11 @@ class CudaOp : public DeviceOp {
     gpuAllreduce(c, *s_->gpu, a, t);
   }
 
+  void reduce(Comm& c, const CollectiveArgs& a, const Tuning& t) override {
+    CaptureSafeScope captureSafe;
+    gpuReduce(c, *s_->gpu, a, t);
+  }
+
   void reduceScatter(Comm& c, const BlockReduction& r, const Tuning& t) override {
     CaptureSafeScope captureSafe;
     gpuReduceScatter(c, *s_->gpu, r, t);

@@ -126,4 +126,12 @@ void NcclNodeComm::broadcast(const Args& a, void* stream) {
              what_ + ": ncclBroadcast");
 }
 
+void NcclNodeComm::reduce(const Args& a, void* stream) {
+  int ndt = 0, nop = 0;
+  types(a, &ndt, &nop, what_);
+  countCudaCall();
+  lib_.check(lib_.reduce(a.in, a.out, a.count, ndt, nop, a.root, comm_, stream),
+             what_ + ": ncclReduce");
+}
+
 }  // namespace smdccl

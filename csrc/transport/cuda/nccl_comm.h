@@ -40,7 +40,8 @@ class NcclNodeComm {
     size_t count = 0;
     DType dt = DType::U8;
     RedOp op = RedOp::Sum;
-    int root = 0;  // broadcast: the local rank whose `in` everyone gets
+    int root =
+        0;  // broadcast: the local rank whose `in` everyone gets; reduce: the one that gets the sum
   };
   // Each queues NCCL's collective on `stream` (a cudaStream_t) and throws a
   // CommError if NCCL refuses it.
@@ -48,6 +49,8 @@ class NcclNodeComm {
   void reduceScatter(const Args& a, void* stream);
   void allGather(const Args& a, void* stream);
   void broadcast(const Args& a, void* stream);
+  // Into local rank a.root's `out`.
+  void reduce(const Args& a, void* stream);
   // After a failure (the group timed out or was aborted): NCCL's kernels
   // stop, and the communicator is unusable. Safe from any thread, once.
   void abort() noexcept;
