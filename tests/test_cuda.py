@@ -569,12 +569,11 @@ def test_cuda_stream_semantics(world_size):
 def blocking_call_behind_queued_work() -> dict:
     """A blocking 4 KiB all_reduce issued behind ~1 s of GPU work on the
     caller's stream: with NCCL inside one node it returns to the host once it
-    is queued, as ProcessGroupNCCL's does (so do reduce_scatter_tensor and
-    all_gather_into_tensor), and is still right once the stream gets there.
+    is queued, as ProcessGroupNCCL's does (so do reduce_scatter_tensor,
+    all_gather_into_tensor, broadcast and all_gather's list form, padded
+    into one device buffer), and is still right once the stream gets there.
     Where the host drives steps (CUDA IPC at host barriers, staged across
-    nodes) the host waits about as long as the collective. Broadcast (on
-    host copies) and an all_gather behind it are checked for their results
-    only."""
+    nodes) the host waits about as long as the collective."""
     dev = _device()
     rank, ws = dist.get_rank(), dist.get_world_size()
     expect = float(sum(r + 1 for r in range(ws)))
@@ -596,19 +595,17 @@ def blocking_call_behind_queued_work() -> dict:
     timed("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(rs, blocks))
     ag = torch.zeros(ws * 256, device=dev)
     timed("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(ag, rs))
-    # Collectives that run on the host between a copy in and a copy back:
-    # their host part waits for the copy in (behind the sleep).
     b = torch.full((1024,), float(rank + 7), device=dev)
-    dist.broadcast(b, src=0)
+    timed("broadcast", lambda: dist.broadcast(b, src=0))
     parts = [torch.zeros(1024, device=dev) for _ in range(ws)]
-    dist.all_gather(parts, t)
+    timed("all_gather (list)", lambda: dist.all_gather(parts, t))
     torch.cuda.synchronize()
     tri = ws * (ws + 1) / 2
     want_rs = torch.arange(rank * 256, (rank + 1) * 256, dtype=torch.float32) * tri
     want_ag = torch.arange(ws * 256, dtype=torch.float32) * tri
     return {"seconds": seconds, "allreduce_ok": bool(torch.all(t == expect).item()),
             "rs_ok": torch.equal(rs.cpu(), want_rs), "ag_ok": torch.equal(ag.cpu(), want_ag),
-            "host_staged_ok": bool(torch.all(b == 7.0).item())
+            "broadcast_and_list_ok": bool(torch.all(b == 7.0).item())
             and all(bool(torch.all(p == expect).item()) for p in parts)}
 
 
@@ -635,7 +632,7 @@ def test_cuda_blocking_call_behind_queued_work(mode):
                     pg_timeout=PG_TIMEOUT, env=env)
     for r, got in enumerate(res):
         assert got["allreduce_ok"] and got["rs_ok"] and got["ag_ok"], f"rank {r}: {got}"
-        assert got["host_staged_ok"], f"rank {r}: {got}"
+        assert got["broadcast_and_list_ok"], f"rank {r}: {got}"
         if on_stream:
             # NCCL's work is queued whole: the host only queues. A host wait
             # would take the ~1 s of sleep queued ahead.

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/call_checks.h"
 #include "backend/host_buffers.h"
+#include "backend/padded_blocks.h"
 #include "backend/arg_checks.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
@@ -52,6 +53,29 @@ WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
 
 // ---------------------------------------------------------------- allgather
 
+namespace {
+
+// The list form on CUDA tensors: the blocks padded into one device buffer,
+// the device path's allgather, each block out (no pinned copy).
+void allgatherPadded(Comm& c, DeviceOp& dev, const at::Tensor& in, std::vector<at::Tensor>& outs,
+                     const Tuning& tuning) {
+  std::vector<size_t> lengths;
+  for (const at::Tensor& t : outs) lengths.push_back(t.nbytes());
+  const Blocks blocks = Blocks::fromLengths(lengths);
+  PaddedBlocks all(blocks, in);
+  const int me = c.rank();
+  all.block(me, in.nbytes()).copy_(byteView(in));
+  dev.allgather(c,
+                {.in = all.data() + static_cast<size_t>(me) * all.each(),
+                 .out = all.data(),
+                 .eachBytes = all.each()},
+                tuning);
+  for (int r = 0; r < c.size(); ++r)
+    byteView(outs[static_cast<size_t>(r)]).copy_(all.block(r, lengths[static_cast<size_t>(r)]));
+}
+
+}  // namespace
+
 WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                  std::vector<at::Tensor>& inputs,
                                  const ::c10d::AllgatherOptions& opts) {
@@ -60,8 +84,6 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
   Blocks blocks =
       checkBlockList(outputs[0], in, {"allgather", rank_, size_}, "output_tensor_list", "input");
   auto dev = deviceOps_->begin(allOf(outputs[0], {in}), "allgather");
-  std::vector<at::Tensor> outs = hostOf(dev, outputs[0], false, true);
-  at::Tensor hin = hostOf(dev, in, true, false);
   Tuning tuning = tuning_;
   return enqueue(
       {.type = OpType::ALLGATHER,
@@ -69,7 +91,8 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
        .call = blockListCall(outputs[0], in),
        .outputs = outputs[0],
        .body =
-           [in = hin, outs, blocks, tuning](Comm& c) mutable {
+           [in, outs = outputs[0], blocks, tuning, dev](Comm& c) mutable {
+             if (dev) return allgatherPadded(c, *dev, in, outs, tuning);
              at::Tensor flat = at::empty({static_cast<int64_t>(blocks.total())}, at::kByte);
              if (in.nbytes())
                std::memcpy(bytesOf(flat) + blocks.offset[c.rank()], bytesOf(in), in.nbytes());

@@ -52,19 +52,21 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
       realViews(inputs[0], opts.reduceOp, "reduce_scatter", "input_list");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, out.scalar_type(), size_, "reduce_scatter");
   auto dev = deviceOps_->begin(allOf(real, {out}), "reduce_scatter");
-  std::vector<at::Tensor> ins = hostOf(dev, real, true, false);
-  at::Tensor hout = hostOf(dev, out, false, true);
   OpCall call = blockListCall(real, out, redOpCode(opts.reduceOp));
-  call.inputs = ins;
+  call.inputs = real;
+  Tuning tuning = tuning_;
   return enqueue({.type = OpType::REDUCE_SCATTER,
                   .name = "reduce_scatter",
                   .call = std::move(call),
                   .outputs = outputs,
                   .body =
-                      [this, ins, out = hout, blocks, spec](Comm& c) mutable {
+                      [this, real, out, blocks, spec, tuning, dev](Comm& c) mutable {
+                        // CUDA tensors: the blocks padded into one device buffer.
+                        if (dev)
+                          return reduce_.reduceScatter(c, *dev, {real, blocks, out}, spec, tuning);
                         at::Tensor work =
-                            scratch_.take(static_cast<int64_t>(numelOf(ins)), out.scalar_type());
-                        packInto(bytesOf(work), ins);
+                            scratch_.take(static_cast<int64_t>(numelOf(real)), out.scalar_type());
+                        packInto(bytesOf(work), real);
                         reduce_.reduceScatter(c, {work, blocks, out}, spec);
                       },
                   .timeout = opts.timeout,
@@ -99,23 +101,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     .outputs = {result},
                     .body =
                         [this, input, output, spec, tuning, dev](Comm& c) mutable {
-                          DType dt = toDType(output.scalar_type(), "reduce_scatter_tensor");
-                          WireOverflowCheck overflow(reduce_.useWire(c, dt, spec));
-                          // The input is left as it was: a pre-scale works on a copy.
-                          at::Tensor in = input;
-                          if (spec.needsPreScale()) {
-                            in = input.clone();
-                            applyPreScale(in, spec);
-                          }
-                          dev->reduceScatter(c,
-                                             {.in = bytesOf(in),
-                                              .out = bytesOf(output),
-                                              .each = static_cast<size_t>(output.numel()),
-                                              .dt = dt,
-                                              .op = spec.op},
-                                             tuning);
-                          applyPostDivide(output, spec);
-                          overflow.finish(c);
+                          reduce_.reduceScatter(c, *dev, {input, output}, spec, tuning);
                         },
                     .timeout = opts.timeout,
                     .asyncOp = opts.asyncOp,

@@ -3,6 +3,7 @@
 #include "algorithms/collectives.h"
 #include "backend/arg_checks.h"
 #include "backend/host_buffers.h"
+#include "backend/padded_blocks.h"
 #include "backend/wire_overflow_check.h"
 
 namespace smdccl {
@@ -119,6 +120,43 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
                         tuning_);
   applyPostDivide(output, spec);
   overflow.finish(c);
+}
+
+void ReduceSemantics::reduceScatter(Comm& c, DeviceOp& dev, const DeviceReduceScatter& r,
+                                    ReduceSpec spec, const Tuning& tuning) const {
+  DType dt = toDType(r.output.scalar_type(), "reduce_scatter");
+  WireOverflowCheck overflow(useWire(c, dt, spec));
+  at::Tensor in = r.input;
+  if (spec.needsPreScale()) {
+    if (!r.inputIsScratch) in = r.input.clone();
+    applyPreScale(in, spec);
+  }
+  dev.reduceScatter(c,
+                    {.in = bytesOf(in),
+                     .out = bytesOf(r.output),
+                     .each = static_cast<size_t>(r.output.numel()),
+                     .dt = dt,
+                     .op = spec.op},
+                    tuning);
+  applyPostDivide(r.output, spec);
+  overflow.finish(c);
+}
+
+void ReduceSemantics::reduceScatter(Comm& c, DeviceOp& dev, const DeviceListReduceScatter& r,
+                                    const ReduceSpec& spec, const Tuning& tuning) const {
+  PaddedBlocks in(r.blocks, r.output);
+  for (int q = 0; q < c.size(); ++q)
+    in.block(q, r.blocks.length[static_cast<size_t>(q)])
+        .copy_(byteView(r.inputs[static_cast<size_t>(q)]));
+  const at::ScalarType dt = r.output.scalar_type();
+  if (in.each() == r.output.nbytes())
+    return reduceScatter(c, dev, {in.all(dt), r.output, /*inputIsScratch=*/true}, spec, tuning);
+  // Uneven blocks: this rank's padded block lands apart first.
+  at::Tensor mine =
+      at::empty({static_cast<int64_t>(in.each())}, r.output.options().dtype(at::kByte));
+  at::Tensor result = mine.view(dt);
+  reduceScatter(c, dev, {in.all(dt), result, /*inputIsScratch=*/true}, spec, tuning);
+  byteView(r.output).copy_(mine.narrow(0, 0, static_cast<int64_t>(r.output.nbytes())));
 }
 
 bool ReduceSemantics::compressesSomeHop(Comm& c) const {

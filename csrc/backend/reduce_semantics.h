@@ -56,6 +56,26 @@ class ReduceSemantics {
     const at::Tensor* input = nullptr;
   };
   void reduceScatter(Comm& c, const HostReduceScatter& r, const ReduceSpec& spec) const;
+  // A reduce-scatter on the op's device: `input` (c.size() blocks of
+  // output's length) into `output`. `input` is left as it was unless it is
+  // the op's own scratch (`inputIsScratch`: a pre-scale then works in place).
+  struct DeviceReduceScatter {
+    const at::Tensor& input;
+    at::Tensor& output;
+    bool inputIsScratch = false;
+  };
+  void reduceScatter(Comm& c, DeviceOp& dev, const DeviceReduceScatter& r, ReduceSpec spec,
+                     const Tuning& tuning) const;
+  // The list form on the op's device: `inputs` (one per rank, of the
+  // blocks' lengths) padded into one device buffer, this rank's block into
+  // `output`.
+  struct DeviceListReduceScatter {
+    const std::vector<at::Tensor>& inputs;
+    const Blocks& blocks;
+    at::Tensor& output;
+  };
+  void reduceScatter(Comm& c, DeviceOp& dev, const DeviceListReduceScatter& r,
+                     const ReduceSpec& spec, const Tuning& tuning) const;
   // Whether the int8 wire runs on c (an int8 group over several nodes of
   // one size, the whole group): the rule TwoLevelInt8::canRun also keeps.
   bool int8Runs(const Comm& c) const;
