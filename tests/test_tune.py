@@ -386,7 +386,7 @@ def test_reduce_is_planned_on_its_own():
 
 def test_wire16_halves_the_inter_node_bytes_and_leaves_the_ring_out():
     _, plain, _ = _plan("allreduce", 64 * MB, 8, 8, 1)
-    algo, wired, _ = _C.plan("allreduce", 64 * MB, (8, 8, 1), "", True)
+    algo, wired, _ = _C.plan("allreduce", 64 * MB, (8, 8, 1), "", "fp16")
     assert wired["halving"] < 0.6 * plain["halving"]
     assert algo != "ring"  # chained 16-bit roundings: not the model's pick on every-hop wires
 
@@ -591,3 +591,8 @@ def test_tune_on_two_virtual_nodes_then_use_the_profile(tmp_path):
                         env={"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_TUNE_FILE": str(out),
                              "SMDCCL_DEBUG": "INFO"})
     assert all(r["checked"] == 12 for r in results)
+
+
+def test_plan_names_the_compressions_it_takes():
+    with pytest.raises(ValueError, match="none, fp16, bf16, int8"):
+        _C.plan("allreduce", 1024, (4, 2, 2), "", "fp8")

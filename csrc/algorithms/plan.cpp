@@ -14,10 +14,11 @@ Plan planFor(const PlanQuery& q, const Tuning& given) {
   // Reductions cross nodes compressed, as a group with compression does.
   const bool reduction = q.coll != Collective::Allgather && q.coll != Collective::Broadcast;
   WireHops w;
-  w.some = q.wire16 && reduction && g.nodes > 1;
+  w.some = q.compression.wire != Wire::F32 && reduction && g.nodes > 1;
   w.every = w.some && g.maxLocal == 1;
   const Tuning t = forWire(w, given);
-  const Situation s = situationFor(g, w, t);
+  Situation s = situationFor(g, w, t);
+  s.int8 = q.compression.int8 && reduction && g.ranks > 1;  // float32 SUM
   Plan p;
   for (const Algorithm* a : registeredAlgorithms())
     if (a->serves(q.coll) && a->canRun(q.coll, s))

@@ -13,7 +13,7 @@ struct PlanQuery {
   Collective coll = Collective::Allreduce;
   double bytes = 0;
   GroupShape shape;
-  bool wire16 = false;  // float32 reductions cross nodes as 16 bits
+  Compression compression;  // what float32 reductions cross nodes as
 };
 
 struct Plan {

@@ -23,10 +23,11 @@
 namespace py = pybind11;
 
 namespace smdccl::env {
-SMDCCL_ENV_CHOICE(kCompression, "SMDCCL_COMPRESSION", "none", "none, fp16, bf16, int8",
+SMDCCL_ENV_CHOICE(kCompression, "SMDCCL_COMPRESSION", "none", kCompressionNames,
                   "Fewer bits between nodes for float32 reductions, every addition float32: fp16 "
                   "or bf16 (allreduce / reduce_scatter; the cast fused into the send and the "
-                  "receive-and-reduce), int8 (allreduce, reduce_scatter SUM/AVG on uniform nodes: block-wise int8 "
+                  "receive-and-reduce), int8 (allreduce, reduce_scatter SUM/AVG on uniform nodes: "
+                  "block-wise int8 "
                   "with a float32 scale per 128 values, quantized once per level; the rest full "
                   "precision). Per group: pg_options={'compression': 'fp16'}.");
 SMDCCL_ENV_INT(kCompressionIntra, "SMDCCL_COMPRESSION_INTRA", 0, 0, 1,
@@ -68,17 +69,11 @@ c10::intrusive_ptr<smdccl::SmdcclBackend> createBackend(
   cfg.timeout = std::chrono::milliseconds(static_cast<int64_t>(p.timeoutSeconds * 1000.0));
   cfg.masterAddr = p.masterAddr;
   cfg.worldSize = p.worldSize;
-  std::string wire =
-      compression.empty() ? smdccl::envString(smdccl::env::kCompression) : compression;
-  for (auto& ch : wire)
-    ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));  // FP16 too
-  if (wire == "fp16") cfg.wire = smdccl::Wire::F16;
-  else if (wire == "bf16") cfg.wire = smdccl::Wire::BF16;
-  else if (wire == "int8") cfg.int8 = true;
-  else if (wire != "none")
-    throw smdccl::InvalidArgument("smdccl: compression '" + wire +
-                                  "' is not one of: none, fp16, bf16, int8 (SMDCCL_COMPRESSION "
-                                  "or pg_options['compression'])");
+  const smdccl::Compression chosen = smdccl::parseCompression(
+      compression.empty() ? smdccl::envString(smdccl::env::kCompression) : compression,
+      "SMDCCL_COMPRESSION or pg_options['compression']");
+  cfg.wire = chosen.wire;
+  cfg.int8 = chosen.int8;
   cfg.wireIntra = p.compressionIntra >= 0 ? p.compressionIntra != 0
                                           : smdccl::envInt(smdccl::env::kCompressionIntra) != 0;
   py::gil_scoped_release nogil;  // construction rendezvouses through the store
@@ -216,7 +211,7 @@ void bindSettings(py::module_& m) {
 // every estimate, the model. shape: (ranks, nodes, max_local[, uniform]).
 std::tuple<std::string, std::map<std::string, double>, std::string> planOf(
     const std::string& collective, double bytes, const py::tuple& shape,
-    const std::string& tuneFile, bool wire16) {
+    const std::string& tuneFile, const std::string& compression) {
   smdccl::PlanQuery q;
   if (!smdccl::collectiveFromName(collective, &q.coll))
     throw smdccl::InvalidArgument("unknown collective '" + collective +
@@ -227,7 +222,7 @@ std::tuple<std::string, std::map<std::string, double>, std::string> planOf(
   q.bytes = bytes;
   q.shape = {shape[0].cast<int>(), shape[1].cast<int>(), shape[2].cast<int>(),
              shape.size() == 4 ? shape[3].cast<bool>() : true};
-  q.wire16 = wire16;
+  q.compression = smdccl::parseCompression(compression, "plan's compression");
   smdccl::Tuning t = smdccl::Tuning::fromEnv();
   if (!tuneFile.empty()) t.model = smdccl::CostModel::fromFile(tuneFile);
   smdccl::Plan p = smdccl::planFor(q, t);
@@ -237,11 +232,12 @@ std::tuple<std::string, std::map<std::string, double>, std::string> planOf(
 // The cost model and the registered algorithms.
 void bindModel(py::module_& m) {
   m.def("plan", &planOf, py::arg("collective"), py::arg("bytes"), py::arg("shape"),
-        py::arg("tune_file") = "", py::arg("wire16") = false,
+        py::arg("tune_file") = "", py::arg("compression") = "",
         "The cost model's choice for a collective of `bytes` on a group of `shape` (ranks, "
         "nodes, max_local[, uniform=True]): (algorithm, {every algorithm that can run: estimated "
         "seconds}, model description). Honours SMDCCL_ALGO, SMDCCL_TUNE_FILE (or tune_file) and "
-        "SMDCCL_PIPELINE_CHUNK_KB; wire16: float32 reductions cross nodes as 16 bits.");
+        "SMDCCL_PIPELINE_CHUNK_KB; compression: what float32 reductions (SUM) cross nodes as, "
+        "none, fp16, bf16 or int8.");
 
   m.def(
       "algorithms",

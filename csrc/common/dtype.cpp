@@ -1,5 +1,9 @@
 #include "common/dtype.h"
 
+#include <cctype>
+
+#include "common/error.h"
+
 namespace smdccl {
 
 const char* dtypeName(DType t) {
@@ -28,6 +32,16 @@ const char* redOpName(RedOp op) {
     case RedOp::BXor: return "BXOR";
   }
   return "?";
+}
+
+Compression parseCompression(std::string name, const char* where) {
+  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (name.empty() || name == "none") return {};
+  if (name == "fp16") return {.wire = Wire::F16};
+  if (name == "bf16") return {.wire = Wire::BF16};
+  if (name == "int8") return {.int8 = true};
+  throw InvalidArgument(strCat("smdccl: compression '", name,
+                               "' is not one of: ", kCompressionNames, " (", where, ")"));
 }
 
 const char* wireName(Wire w) {

@@ -19,6 +19,16 @@ inline bool isBitwise(RedOp op) {
 // (added back in float32 on arrival).
 enum class Wire : uint8_t { F32, F16, BF16 };
 const char* wireName(Wire w);
+// A group's compression between nodes (compression="..."): a 16-bit wire,
+// or block int8.
+struct Compression {
+  Wire wire = Wire::F32;
+  bool int8 = false;
+};
+inline constexpr const char* kCompressionNames = "none, fp16, bf16, int8";
+// One of kCompressionNames (any case; "" is none); anything else raises
+// InvalidArgument naming the choices and `where` it was set.
+Compression parseCompression(std::string name, const char* where);
 
 inline size_t elementSize(DType t) {
   switch (t) {

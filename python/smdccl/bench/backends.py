@@ -247,11 +247,11 @@ def model_estimate(backend: str, collective: str, nbytes: int, nodes: list[int])
         return None
     from smdccl import _C
 
-    wire16 = "+" in name
+    compression = name.partition("+")[2]  # smdccl+fp16, smdccl+int8
     ranks = sum(nodes)
     with forced_algo(algo):
         chosen, est, _ = _C.plan(collective, nbytes, (ranks, len(nodes), max(nodes), len(set(nodes)) == 1),
-                                 os.environ.get("SMDCCL_TUNE_FILE", ""), wire16)
+                                 os.environ.get("SMDCCL_TUNE_FILE", ""), compression)
     return (chosen, est[chosen]) if chosen in est else None
 
 
