@@ -593,6 +593,19 @@ def test_tune_on_two_virtual_nodes_then_use_the_profile(tmp_path):
     assert all(r["checked"] == 12 for r in results)
 
 
+def test_int8_plans_halving_for_small_tensors_over_many_nodes():
+    # 256 nodes x 2: the direct exchange's 255 messages per phase cost more
+    # than halving's 8 start-ups up to some size; above it the direct
+    # pipeline wins. On 8 nodes the direct exchange always does.
+    small, est, _ = _C.plan("allreduce", 64 * KB, (512, 256, 2), "", "int8")
+    assert small == "two_level_int8_halving" and est[small] < est["two_level_int8"]
+    big, est, _ = _C.plan("allreduce", 256 * MB, (512, 256, 2), "", "int8")
+    assert big == "two_level_int8" and est[big] < est["two_level_int8_halving"]
+    assert _C.plan("allreduce", 64 * KB, (16, 8, 2), "", "int8")[0] == "two_level_int8"
+    assert _C.plan("allreduce", 64 * KB, (4, 2, 2), "", "int8")[0] == "two_level_int8"
+    assert _C.plan("reduce_scatter", 64 * KB, (512, 256, 2), "", "int8")[0] == "two_level_int8"
+
+
 def test_plan_names_the_compressions_it_takes():
     with pytest.raises(ValueError, match="none, fp16, bf16, int8"):
         _C.plan("allreduce", 1024, (4, 2, 2), "", "fp8")

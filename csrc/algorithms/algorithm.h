@@ -34,8 +34,10 @@ struct Situation {
   // A reduce-scatter out of place (CollectiveArgs::in): an algorithm that
   // reduces in place pays a copy of the input first.
   bool outOfPlace = false;
-  // Float32 SUM over a group compressed to int8 (Comm::int8).
+  // Float32 SUM over a group compressed to int8 (Comm::int8), with error
+  // feedback residuals (Comm::int8Feedback).
   bool int8 = false;
+  bool int8Feedback = false;
 };
 
 // One call's arguments; each collective reads its own.
@@ -88,9 +90,9 @@ class Algorithm {
   virtual double estimate(Collective coll, double bytes, const Situation& s,
                           const CostModel& m) const = 0;
   virtual void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const = 0;
-  // Runs the int8 wire: on an int8 situation it is chosen wherever it can
-  // run (the user asked for the bytes it saves), before the model weighs
-  // the rest.
+  // Runs the int8 wire: on an int8 situation the cheapest of these that
+  // can run is chosen (the user asked for the bytes it saves), before the
+  // model weighs the rest.
   virtual bool int8Wire() const { return false; }
   // Whether run() takes a reduce-scatter out of place (CollectiveArgs::in);
   // for the others reduceScatter() copies the input into buf first.

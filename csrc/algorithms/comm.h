@@ -151,6 +151,22 @@ struct Int8Run {
 };
 // In place on a.buf (a.count float32, SUM) over uniform nodes.
 void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run);
+// The int8 allreduce inside a node of `local` ranks (2 alphas per other
+// rank; a float32 reduce-scatter and allgather), and across `nodes` nodes
+// without the alphas (the quantized bytes through the uplink, quantizing
+// and decoding): both int8 allreduces have these parts, in sequence or
+// overlapped.
+struct Int8Parts {
+  double intraAlphas = 0, intra = 0, interAlpha = 0, inter = 0;
+};
+Int8Parts int8Parts(Collective coll, double bytes, const Situation& s, const CostModel& m);
+// Unpipelined, for small tensors over many nodes: the node's float32
+// reduce-scatter, then across nodes recursive halving (log2(nodes)
+// exchanges, each sending its half's pieces quantized and adding the
+// partner's decoded), the owner's piece quantized once and recursive
+// doubling of the quantized pieces, then the node's allgather. A power of
+// two of uniform nodes.
+void int8HalvingAllreduce(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
 // In place on a.buf (*a.blocks of float32, SUM) over uniform nodes: block
 // rank() ends reduced, the other nodes' contributions quantized once.
 void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);

@@ -14,7 +14,8 @@
   X(twoLevel)                \
   X(twoLevelRd)              \
   X(twoLevelTree)            \
-  X(twoLevelInt8)
+  X(twoLevelInt8)            \
+  X(twoLevelInt8Halving)
 
 namespace smdccl {
 

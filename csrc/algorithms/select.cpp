@@ -107,9 +107,19 @@ Choice choose(Collective coll, size_t bytes, const Situation& s, const Tuning& t
   for (const Algorithm* a = t.forcedFor(coll); a;
        a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
     if (a->serves(coll) && a->canRun(coll, s)) return {a, true};
-  if (s.int8)
+  if (s.int8) {  // the cheapest int8 algorithm that runs (ties: the first registered)
+    Choice int8;
+    double cheapest = std::numeric_limits<double>::infinity();
     for (const Algorithm* a : registeredAlgorithms())
-      if (a->int8Wire() && a->serves(coll) && a->canRun(coll, s)) return {a, false};
+      if (a->int8Wire() && a->serves(coll) && a->canRun(coll, s)) {
+        const double sec = a->estimate(coll, static_cast<double>(bytes), s, t.model);
+        if (!int8.algo || sec < cheapest) {
+          int8.algo = a;
+          cheapest = sec;
+        }
+      }
+    if (int8.algo) return int8;
+  }
   Choice best;
   double bestT = std::numeric_limits<double>::infinity();
   for (const auto& [a, sec] : estimates(coll, static_cast<double>(bytes), s, t.model))

@@ -27,6 +27,7 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
+#include "algorithms/cost_model.h"
 #include "algorithms/select.h"
 #include "kernels/cpu/quantize.h"
 
@@ -238,6 +239,18 @@ void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<cha
     if (j != me) dequantizeAddInt8(block(me), block(me), scratch.data() + at[n + j], mine);
 }
 
+Int8Parts int8Parts(Collective coll, double bytes, const Situation& s, const CostModel& m) {
+  Costs k{m, s.g};
+  const int L = s.g.maxLocal, n = s.g.nodes;
+  const double phases = coll == Collective::ReduceScatter ? 1.0 : 2.0;
+  const double wireBytes = phases * (n - 1) / n * bytes * (1.0 + 4.0 / kInt8Block) / 4.0;
+  return {.intraAlphas = 2 * (L - 1) * m.intra.alphaUs * 1e-6,
+          .intra = m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) +
+                   k.reduceSeconds((L - 1.0) / L * bytes),
+          .interAlpha = m.inter.alphaUs * 1e-6,
+          .inter = m.inter.bytesSeconds(wireBytes) + k.reduceSeconds(4.0 * bytes / L)};
+}
+
 void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
   if (!levelsOf(c).uniform()) throw std::logic_error("the int8 allreduce needs uniform nodes");
   if (a.count == 0) return;
@@ -256,15 +269,22 @@ class TwoLevelInt8 final : public Algorithm {
   bool canRun(Collective coll, const Situation& s) const override {
     return s.int8 && s.g.nodes > 1 && s.g.uniform;
   }
+  // The direct exchange: per phase, a message to every other node, posted
+  // at once (one start-up, and the software cost of each further message;
+  // a later chunk's hide behind an earlier one's bytes); the allreduce's
+  // chunks overlap the node's steps and the network's (the slower bounds
+  // it, the other adds a chunk's share).
   double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
-    Costs k{m, s.g};
-    const int L = s.g.maxLocal, n = s.g.nodes;
+    const Int8Parts p = int8Parts(coll, bytes, s, m);
     const double phases = coll == Collective::ReduceScatter ? 1.0 : 2.0;
-    const double wireBytes = phases * (n - 1) / n * bytes * (1.0 + 4.0 / kInt8Block) / 4.0;
-    return 2 * (L - 1) * m.intra.alphaUs * 1e-6 + m.intra.bytesSeconds(2.0 * (L - 1) / L * bytes) +
-           k.reduceSeconds((L - 1.0) / L * bytes) + 2 * m.inter.alphaUs * 1e-6 +
-           m.inter.bytesSeconds(wireBytes) + k.reduceSeconds(4.0 * bytes / L);
+    const double chunks =
+        coll == Collective::ReduceScatter
+            ? 1.0
+            : static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), s.pipelineChunkBytes));
+    const double round = p.interAlpha + (s.g.nodes - 2) * kPerMessageUs * 1e-6;
+    return p.intraAlphas + phases * round + std::max(p.intra, p.inter) +
+           std::min(p.intra, p.inter) / chunks;
   }
   void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     std::vector<char> own;  // a lone exchange's Comm (tests) has no book

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "algorithms/collectives.h"
+#include "algorithms/select.h"
 #include "check.h"
 #include "common/hash.h"
 #include "kernels/cpu/quantize.h"
@@ -60,6 +61,19 @@ struct Failures {
     if (all.size() < 8) all.push_back(s);
   }
 };
+
+// Rank r's result bits for case `index` (of p ranks), to compare across ranks.
+void record(std::vector<std::vector<uint64_t>>& hashes, size_t index, int p, int r,
+            const std::vector<float>& buf) {
+  Fnv1a h;
+  for (float f : buf) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    h.mix(bits);
+  }
+  if (hashes.size() <= index) hashes.emplace_back(p);
+  hashes[index][r] = h.value;
+}
 
 void runShape(const std::vector<int>& nodes, Failures& fail, int& cases) {
   MemoryFabric fabric(nodes);
@@ -120,15 +134,8 @@ void runShape(const std::vector<int>& nodes, Failures& fail, int& cases) {
       }
       if (uniform && count >= 1000 && rounded == 0)
         fail.add(shape + " n=" + std::to_string(count) + ": exact: the int8 wire did not run");
-      Fnv1a h;
-      for (float f : buf) {
-        uint32_t bits;
-        std::memcpy(&bits, &f, 4);
-        h.mix(bits);
-      }
       std::lock_guard<std::mutex> lock(mu);
-      if (hashes.size() <= index) hashes.emplace_back(p);
-      hashes[index++][r] = h.value;
+      record(hashes, index++, p, r, buf);
     }
   });
   if (!error.empty()) fail.add(shape + ": " + error);
@@ -285,4 +292,129 @@ TEST(int8_reduce_scatter_within_one_quantization) {
   for (const auto& f : fail.all) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
   CHECK(fail.all.empty());
   CHECK(cases == 8);
+}
+
+namespace {
+
+// [begin, end) of element i's quantization block in two_level_int8_halving:
+// shards over the L local ranks of the whole tensor, each cut into pieces
+// over the n nodes, blocks from each piece's start (the same at every step).
+std::pair<size_t, size_t> halvingBlockOf(size_t i, size_t count, int L, int n) {
+  Blocks shards = Blocks::even(count, L, 1);
+  int l = 0;
+  while (i >= shards.offset[l] + shards.length[l]) ++l;
+  Blocks pieces = Blocks::even(shards.length[l], n, 1);
+  int j = 0;
+  while (i - shards.offset[l] >= pieces.offset[j] + pieces.length[j]) ++j;
+  const size_t start = shards.offset[l] + pieces.offset[j], end = start + pieces.length[j];
+  const size_t b = start + (i - start) / kInt8Block * kInt8Block;
+  return {b, std::min(end, b + kInt8Block)};
+}
+
+}  // namespace
+
+// two_level_int8_halving (forced): every rank's result within log2(n) + 1
+// quantizations (each step's partial sum is bounded by the nodes' sums'
+// magnitudes, then the sum's), the same bits on every rank, and visibly
+// quantized.
+TEST(int8_halving_allreduce_within_its_bound_on_every_rank) {
+  Failures fail;
+  int cases = 0;
+  for (const auto& nodes : std::vector<std::vector<int>>{
+           {1, 1, 1, 1}, {2, 2, 2, 2}, {3, 3, 3, 3}, {1, 1, 1, 1, 1, 1, 1, 1}}) {
+    MemoryFabric fabric(nodes);
+    const int p = fabric.size(), n = static_cast<int>(nodes.size()), L = nodes[0];
+    int steps = 0;
+    while ((1 << steps) < n) ++steps;
+    std::vector<std::vector<uint64_t>> hashes;
+    std::mutex mu;
+    std::string error = fabric.run([&](int r, Comm& c) {
+      c.int8 = true;
+      Tuning t;
+      t.force("allreduce:two_level_int8_halving");
+      size_t index = 0;
+      for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{65537}}) {
+        std::vector<float> buf(count);
+        for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
+        allreduce(c,
+                  {.buf = reinterpret_cast<char*>(buf.data()),
+                   .count = count,
+                   .dt = DType::F32,
+                   .op = RedOp::Sum},
+                  t);
+        size_t rounded = 0;
+        for (size_t i = 0; i < count; ++i) {
+          auto [b, e] = halvingBlockOf(i, count, L, n);
+          double total = 0.0, nodesMax = 0.0, sumMax = 0.0;
+          for (int q = 0; q < p; ++q) total += valueOf(q, i);
+          for (int k = 0; k < n; ++k) {
+            double m = 0.0;
+            for (size_t j = b; j < e; ++j) {
+              double v = 0.0;
+              for (int l = 0; l < L; ++l) v += valueOf(k * L + l, j);
+              m = std::max(m, std::fabs(v));
+            }
+            nodesMax += m;
+          }
+          for (size_t j = b; j < e; ++j) {
+            double v = 0.0;
+            for (int q = 0; q < p; ++q) v += valueOf(q, j);
+            sumMax = std::max(sumMax, std::fabs(v));
+          }
+          const double bound =
+              1.01 * (steps * nodesMax + sumMax) / 254.0 + 1e-5 * (std::fabs(total) + 1.0);
+          if (std::fabs(buf[i] - total) > 1e-3 * std::fabs(total) + 1e-4) ++rounded;
+          if (!(std::fabs(buf[i] - total) <= bound)) {
+            fail.add("rank " + std::to_string(r) + " n=" + std::to_string(count) + " element " +
+                     std::to_string(i) + ": " + std::to_string(buf[i]) + " vs " +
+                     std::to_string(total) + " (bound " + std::to_string(bound) + ")");
+            break;
+          }
+        }
+        if (count >= 1000 && rounded == 0) fail.add("exact: the int8 wire did not run");
+        std::lock_guard<std::mutex> lock(mu);
+        record(hashes, index++, p, r, buf);
+      }
+    });
+    if (!error.empty()) fail.add(error);
+    for (size_t k = 0; k < hashes.size(); ++k)
+      for (int q = 1; q < p; ++q)
+        if (hashes[k][q] != hashes[k][0]) fail.add("rank bits differ, size #" + std::to_string(k));
+    cases += static_cast<int>(hashes.size());
+  }
+  for (const auto& f : fail.all) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
+  CHECK(fail.all.empty());
+  CHECK(cases == 4 * 4);
+}
+
+// The choice between the int8 allreduces: halving for small tensors over
+// many nodes (a power of two), where the direct exchange's n - 1 messages
+// per phase cost more than log2(n) start-ups; the direct exchange for large
+// ones (its pipeline overlaps the node's steps and the network's), on
+// fewer nodes, and with error feedback (whose residuals cover its two
+// quantizations).
+TEST(int8_halving_chosen_for_small_tensors_over_many_nodes) {
+  auto pick = [](int nodes, double bytes, bool feedback) {
+    Situation s;
+    s.g.nodes = nodes;
+    s.g.maxLocal = 2;
+    s.g.ranks = 2 * nodes;
+    s.int8 = true;
+    s.int8Feedback = feedback;
+    return std::string(
+        choose(Collective::Allreduce, static_cast<size_t>(bytes), s, Tuning{}).algo->name());
+  };
+  CHECK(pick(256, 64 << 10, false) == "two_level_int8_halving");
+  CHECK(pick(256, 256 << 20, false) == "two_level_int8");
+  CHECK(pick(256, 64 << 10, true) == "two_level_int8");
+  CHECK(pick(8, 64 << 10, false) == "two_level_int8");
+  CHECK(pick(2, 64 << 10, false) == "two_level_int8");
+  CHECK(pick(3, 64 << 10, false) == "two_level_int8");
+  // Somewhere between, the choice turns (and stays turned above).
+  bool direct = false;
+  for (double b = 64 << 10; b <= 256 << 20; b *= 2) {
+    const bool d = pick(256, b, false) == "two_level_int8";
+    CHECK(d || !direct);
+    direct = d;
+  }
 }
