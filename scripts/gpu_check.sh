@@ -133,7 +133,7 @@ pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
 pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
 pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
 pytest_step two-level 400 "two_level" tests/test_cuda.py &
-pytest_step packed 150 "packed_staged_path" tests/test_cuda.py &
+pytest_step packed 200 "packed_staged_path or int8_wire_across" tests/test_cuda.py &
 pytest_step nccl-intra 300 "nccl_intra" tests/test_cuda.py &
 wait
 # Alone: it takes every byte of the GPU's memory.

@@ -550,6 +550,53 @@ def test_cuda_nccl_intra_two_level_fp16_wire():
                      timeout=180, pg_timeout=PG_TIMEOUT))
 
 
+def int8_wire_on_cuda() -> dict:
+    """compression="int8" on CUDA tensors: the step across nodes runs the
+    int8 exchange on the host (float32 staged over PCIe). The allreduce
+    within the format's bound (every node's contribution and the sum
+    quantized once, each at most half a step of a block of at most the
+    largest magnitude), the reduce-scatter within one quantization of the
+    other nodes' contributions; visibly quantized; the same allreduce bits
+    on every rank."""
+    dev = _device()
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    chk = Checker(f"on rank {rank} (cuda int8 wire)")
+    nodes = [list(range(k, k + 2)) for k in range(0, ws, 2)] if ws == 4 else [[r] for r in range(ws)]
+    for n in (1001, 300_007):
+        ins = [rank_input(r, n, torch.float32, 6, "rand").double() for r in range(ws)]
+        node_sums = [sum(ins[r] for r in node) for node in nodes]
+        ref = sum(node_sums)
+        bound = (sum(float(x.abs().max()) for x in node_sums) + float(ref.abs().max())) / 254 + 1e-4
+        with chk.case(f"int8 all_reduce n={n}"):
+            t = ins[rank].float().to(dev)
+            dist.all_reduce(t)
+            out = t.cpu().double()
+            err = (out - ref).abs()
+            assert float(err.max()) <= bound, f"max error {float(err.max())} over bound {bound}"
+            assert float(err.max()) > 1e-3 * float(ref.abs().max()), "exact: the int8 wire did not run"
+            chk.digest(f"int8 n={n}", out)
+        with chk.case(f"int8 reduce_scatter_tensor n={n}"):
+            blocks = torch.cat([rank_input(rank, n, torch.float32, 7 + q, "rand") for q in range(ws)]).to(dev)
+            mine = torch.zeros(n, device=dev)
+            dist.reduce_scatter_tensor(mine, blocks)
+            want = sum(rank_input(r, n, torch.float32, 7 + rank, "rand").double() for r in range(ws))
+            assert float((mine.cpu().double() - want).abs().max()) <= bound
+    chk.compare_digests(dist.new_group(backend="gloo"))
+    return {"failures": chk.failures, "count": chk.count}
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["2x2-nccl", "2x1-staged"])
+def test_cuda_int8_wire_across_nodes(layout):
+    if layout == "2x2-nccl":
+        env = {**NCCL_INTRA, "SMDCCL_TOPOLOGY": "2x2", "SMDCCL_COMPRESSION": "int8"}
+        _check(run_ranks(4, with_nccl_host_per_rank, "test_cuda:int8_wire_on_cuda", env=env,
+                         timeout=180, pg_timeout=PG_TIMEOUT))
+    else:
+        _check(run_ranks(2, int8_wire_on_cuda, env={"SMDCCL_TOPOLOGY": "2x1", "SMDCCL_COMPRESSION": "int8"},
+                         timeout=180, pg_timeout=PG_TIMEOUT))
+
+
 @needs_gpu
 def test_cuda_nccl_intra_ddp_and_fsdp2():
     """DDP (2 nodes of 2) against gloo, and FSDP2 (one node of 2) against a

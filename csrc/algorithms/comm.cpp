@@ -52,7 +52,11 @@ bool Comm::compressesSomeHop(DType dt) const {
 
 bool Comm::compressesEveryHop(DType dt) const {
   if (!compressesSomeHop(dt)) return false;
-  if (wireIntra) return true;
+  return wireIntra || eachOnItsOwnNode();
+}
+
+bool Comm::eachOnItsOwnNode() const {
+  if (size() < 2) return false;
   const Topology& topo = mesh.topology();
   for (int a = 0; a < size(); ++a)
     for (int b = a + 1; b < size(); ++b)

@@ -60,6 +60,13 @@ struct Comm {
   bool compressesSomeHop(DType dt) const;
   // ... and every hop of it does (wireIntra, or no two ranks share a node).
   bool compressesEveryHop(DType dt) const;
+  // No two of its ranks share a node (and it has two).
+  bool eachOnItsOwnNode() const;
+  // Whether a dt reduction with op over it runs the int8 wire by
+  // int8Across*: an int8 op's float32 SUM, each rank on a node of its own.
+  bool int8Across(DType dt, RedOp op) const {
+    return int8 && dt == DType::F32 && op == RedOp::Sum && eachOnItsOwnNode();
+  }
   // What a schedule over this Comm rounds its final results to: the wire
   // where some hop is compressed (a rank that received a value over such a
   // hop holds it at the wire's precision, so the rank that computed it must
@@ -167,6 +174,10 @@ Int8Parts int8Parts(Collective coll, double bytes, const Situation& s, const Cos
 // doubling of the quantized pieces, then the node's allgather. A power of
 // two of uniform nodes.
 void int8HalvingAllreduce(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
+// The same over a Comm whose ranks are each on a node of its own (the step
+// across nodes of the CUDA paths, staged on the host): no node steps.
+void int8AcrossAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run);
+void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
 // In place on a.buf (*a.blocks of float32, SUM) over uniform nodes: block
 // rank() ends reduced, the other nodes' contributions quantized once.
 void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);

@@ -44,6 +44,23 @@ void narrowInPlace(char* dst, const char* src, size_t n, Wire wire) {
     std::memcpy(dst + at * 2, tmp, m * 2);
   }
 }
+// The host step's reduction of a round: the int8 wire's exchange where c
+// runs it across nodes (Comm::int8Across: the CUDA paths' step across
+// nodes, whose Comm has no levels for the int8 algorithms' choice), else
+// what a host tensor gets.
+void allreduceSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
+  if (!c.int8Across(a.dt, a.op)) return allreduce(c, a, t);
+  std::vector<char> own;
+  int8AcrossAllreduce(
+      c, a, {.scratch = c.book ? c.book->quantized : own, .chunkBytes = t.pipelineChunkBytes});
+}
+
+void reduceScatterSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
+  if (!c.int8Across(a.dt, a.op)) return reduceScatter(c, a, t);
+  std::vector<char> own;
+  int8AcrossReduceScatter(c, a, c.book ? c.book->quantized : own);
+}
+
 }  // namespace
 
 Wire stagedPackWire(const Comm& c, DType dt) { return c.resultWire(dt); }
@@ -69,7 +86,7 @@ StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t c
     job.rounds.push_back({{{dev, 0, n * es}},
                           [comm = c, &t, n, wire, dt = a.dt, op = a.op](char* slot) mutable {
                             if (wire != Wire::F32) widenInPlace(slot, n, wire);
-                            allreduce(comm, {.buf = slot, .count = n, .dt = dt, .op = op}, t);
+                            allreduceSlot(comm, {.buf = slot, .count = n, .dt = dt, .op = op}, t);
                             if (wire != Wire::F32) narrowInPlace(slot, slot, n, wire);
                           },
                           {{dev, 0, n * es}}});
@@ -94,7 +111,7 @@ StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, cons
        [comm = c, &t, blockBytes, total, mine, back, wire, dt = r.dt, op = r.op](char* slot) mutable {
          if (wire != Wire::F32) widenInPlace(slot, total / 4, wire);
          Blocks blocks = Blocks::equal(comm.size(), blockBytes);
-         reduceScatter(comm, {.buf = slot, .dt = dt, .op = op, .blocks = &blocks}, t);
+         reduceScatterSlot(comm, {.buf = slot, .dt = dt, .op = op, .blocks = &blocks}, t);
          if (wire != Wire::F32) narrowInPlace(slot + back, slot + mine, blockBytes / 4, wire);
        },
        {{r.out, back, blockBytes}}});

@@ -77,9 +77,9 @@ Chunk chunkOf(size_t first, size_t count, int L, int l, int n) {
 // for three stages).
 class Int8Pipeline {
  public:
-  Int8Pipeline(Comm& c, const CollectiveArgs& a, const Int8Run& run)
-      : c_(c), a_(a), run_(run), h_(levelsOf(c)), local_(c.sub(h_.nodes[h_.myNode])),
-        across_(c.sub(h_.acrossNodes(h_.myLocal))) {
+  // local: this rank's node; across: the ranks of its local index, by node.
+  Int8Pipeline(Comm& c, Comm local, Comm across, const CollectiveArgs& a, const Int8Run& run)
+      : c_(c), a_(a), run_(run), local_(std::move(local)), across_(std::move(across)) {
     const int L = local_.size(), n = across_.size();
     const Blocks cut = Blocks::even(a.count, static_cast<int>(pipelineChunks(
                                                  a.count * sizeof(float), run.chunkBytes)),
@@ -190,7 +190,6 @@ class Int8Pipeline {
   Comm& c_;
   const CollectiveArgs& a_;
   const Int8Run& run_;
-  const Hierarchy& h_;
   Comm local_, across_;
   std::vector<Chunk> chunks_;
   size_t slotBytes_ = 0;
@@ -198,33 +197,20 @@ class Int8Pipeline {
 
 }  // namespace
 
-void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
-  const Hierarchy& h = levelsOf(c);
-  if (!h.uniform()) throw std::logic_error("the int8 reduce-scatter needs uniform nodes");
-  const Blocks& b = *a.blocks;
-  Comm local = c.sub(h.nodes[h.myNode]);
-  Comm across = c.sub(h.acrossNodes(h.myLocal));
+namespace {
+
+// Across nodes (the ranks of `across`, one per node): block j of buf
+// (byNode) goes to its owner j quantized once; the owner adds every
+// contribution to its own in float32 (node order). One quantization per
+// element; each rank keeps its own block, so no second.
+void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<char>& scratch) {
   const int n = across.size(), me = across.rank();
-  {
-    // Inside each node, for every node j: local rank l gets the node's sum
-    // of the block of node j's rank l.
-    Exchange ex = local.exchange();
-    for (const auto& node : h.nodes) {
-      Blocks theirs = pickBlocks(b, node);
-      appendReduceScatterAllgather(ex, local, {.buf = a.buf, .blocks = &theirs, .dt = a.dt,
-                                               .op = a.op, .allgather = false, .finalReduce = false});
-    }
-    ex.run();
-  }
-  // Across nodes: node j's block goes to its owner quantized once; the owner
-  // adds every contribution to its own in float32 (node order). One
-  // quantization per element; each rank keeps its own block, so no second.
-  const Blocks byNode = pickBlocks(b, h.acrossNodes(h.myLocal));
   std::vector<size_t> at(2 * static_cast<size_t>(n) + 1, 0);  // scratch offsets: n out, n in
   for (int j = 0; j < n; ++j) at[j + 1] = at[j] + int8Bytes(byNode.length[j] / sizeof(float));
-  for (int j = 0; j < n; ++j) at[n + j + 1] = at[n + j] + int8Bytes(byNode.length[me] / sizeof(float));
+  for (int j = 0; j < n; ++j)
+    at[n + j + 1] = at[n + j] + int8Bytes(byNode.length[me] / sizeof(float));
   scratch.resize(at[2 * n]);
-  auto block = [&](int j) { return reinterpret_cast<float*>(a.buf + byNode.offset[j]); };
+  auto block = [&](int j) { return reinterpret_cast<float*>(buf + byNode.offset[j]); };
   const size_t mine = byNode.length[me] / sizeof(float);
   Exchange ex = across.exchange();
   withOtherNodes(
@@ -237,6 +223,37 @@ void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<cha
   ex.run();
   for (int j = 0; j < n; ++j)
     if (j != me) dequantizeAddInt8(block(me), block(me), scratch.data() + at[n + j], mine);
+}
+
+}  // namespace
+
+void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
+  const Hierarchy& h = levelsOf(c);
+  if (!h.uniform()) throw std::logic_error("the int8 reduce-scatter needs uniform nodes");
+  const Blocks& b = *a.blocks;
+  Comm local = c.sub(h.nodes[h.myNode]);
+  {
+    // Inside each node, for every node j: local rank l gets the node's sum
+    // of the block of node j's rank l.
+    Exchange ex = local.exchange();
+    for (const auto& node : h.nodes) {
+      Blocks theirs = pickBlocks(b, node);
+      appendReduceScatterAllgather(ex, local,
+                                   {.buf = a.buf,
+                                    .blocks = &theirs,
+                                    .dt = a.dt,
+                                    .op = a.op,
+                                    .allgather = false,
+                                    .finalReduce = false});
+    }
+    ex.run();
+  }
+  Comm across = c.sub(h.acrossNodes(h.myLocal));
+  int8ToOwners(across, a.buf, pickBlocks(b, h.acrossNodes(h.myLocal)), scratch);
+}
+
+void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
+  int8ToOwners(c, a.buf, *a.blocks, scratch);
 }
 
 Int8Parts int8Parts(Collective coll, double bytes, const Situation& s, const CostModel& m) {
@@ -252,9 +269,15 @@ Int8Parts int8Parts(Collective coll, double bytes, const Situation& s, const Cos
 }
 
 void int8TwoLevelAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
-  if (!levelsOf(c).uniform()) throw std::logic_error("the int8 allreduce needs uniform nodes");
+  const Hierarchy& h = levelsOf(c);
+  if (!h.uniform()) throw std::logic_error("the int8 allreduce needs uniform nodes");
   if (a.count == 0) return;
-  Int8Pipeline(c, a, run).run();
+  Int8Pipeline(c, c.sub(h.nodes[h.myNode]), c.sub(h.acrossNodes(h.myLocal)), a, run).run();
+}
+
+void int8AcrossAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
+  if (a.count == 0) return;
+  Int8Pipeline(c, c.sub({c.rank()}), c, a, run).run();
 }
 
 namespace {

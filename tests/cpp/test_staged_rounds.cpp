@@ -57,6 +57,21 @@ void hostAllreduceByChunk(Comm& c, std::vector<float>& v, size_t chunk) {
               kTuning);
 }
 
+// The staged reduce-scatter of `in` (c.size() blocks of `each` float32,
+// SUM) into `out` on `device`.
+void runStagedReduceScatter(Comm& c, StageDevice& device, std::vector<float>& in,
+                            std::vector<float>& out, size_t each) {
+  StagedRoundsJob rs = reduceScatterRounds(c,
+                                           {.in = reinterpret_cast<char*>(in.data()),
+                                            .out = reinterpret_cast<char*>(out.data()),
+                                            .each = each,
+                                            .dt = DType::F32,
+                                            .op = RedOp::Sum},
+                                           kTuning);
+  std::vector<char> host(rs.hostBytes());
+  planStagedRounds(c.ctx, device, std::move(rs), host.data())->run();
+}
+
 std::vector<float> valuesOf(int r, size_t n) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i)
@@ -241,15 +256,7 @@ TEST(staged_rounds_pack_the_16_bit_wire_with_the_host_paths_bits) {
                         kTuning);
           const std::vector<float> inBefore = in;
           HostStageDevice rsDevice(mode);
-          StagedRoundsJob rs = reduceScatterRounds(c,
-                                                   {.in = reinterpret_cast<char*>(in.data()),
-                                                    .out = reinterpret_cast<char*>(out.data()),
-                                                    .each = per,
-                                                    .dt = DType::F32,
-                                                    .op = RedOp::Sum},
-                                                   kTuning);
-          std::vector<char> rsHost(rs.hostBytes());
-          planStagedRounds(c.ctx, rsDevice, std::move(rs), rsHost.data())->run();
+          runStagedReduceScatter(c, rsDevice, in, out, per);
           if (std::memcmp(out.data(), rsRef.data() + per * r, per * 4) != 0)
             fail("reduce-scatter" + at + ": differs from the host reduce-scatter");
           if (in != inBefore) fail("reduce-scatter" + at + ": its input changed");
@@ -480,4 +487,66 @@ TEST(staged_rounds_copy_the_next_round_out_during_a_host_step) {
   });
   if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
   CHECK(error.empty());
+}
+
+// An int8 group's step across nodes (the CUDA paths stage each rank's share
+// over the ranks of its local index, a Comm without the group's levels):
+// the staged allreduce and reduce-scatter run the int8 wire's exchange on
+// the host (int8Across*), with its bits, not float32; on a whole group of
+// one rank per node the staged allreduce has the host int8 allreduce's bits.
+TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
+  for (const std::vector<int>& nodes : {std::vector<int>{2, 2}, {1, 1, 1}}) {
+    MemoryFabric fabric(nodes);
+    const bool whole = nodes[0] == 1;
+    std::string error = fabric.run([&](int r, Comm& c) {
+      c.int8 = true;
+      Comm across = whole ? c : c.sub(c.levels->acrossNodes(c.levels->myLocal));
+      if (!across.int8Across(DType::F32, RedOp::Sum))
+        throw std::runtime_error("not int8 across nodes");
+      for (size_t n : {size_t{1000}, size_t{70000}}) {
+        const size_t chunk = 16384;
+        std::vector<float> buf = valuesOf(r, n), ref = buf, plain = buf;
+        std::vector<char> scratch;
+        for (size_t at = 0; at < n; at += chunk) {
+          const CollectiveArgs a{.buf = reinterpret_cast<char*>(ref.data() + at),
+                                 .count = std::min(chunk, n - at),
+                                 .dt = DType::F32,
+                                 .op = RedOp::Sum};
+          if (whole) allreduce(across, a, kTuning);
+          else int8AcrossAllreduce(across, a, {.scratch = scratch});
+        }
+        Comm full = across;
+        full.int8 = false;
+        hostAllreduceByChunk(full, plain, chunk);
+        HostStageDevice device(Mode::Deferred);
+        StagedRoundsJob job = allreduceRounds(across,
+                                              {.buf = reinterpret_cast<char*>(buf.data()),
+                                               .count = n,
+                                               .dt = DType::F32,
+                                               .op = RedOp::Sum},
+                                              chunk * 4, kTuning);
+        std::vector<char> host(job.hostBytes());
+        planStagedRounds(across.ctx, device, std::move(job), host.data())->run();
+        if (buf != ref)
+          throw std::runtime_error("staged allreduce differs from the int8 exchange's");
+        if (buf == plain)
+          throw std::runtime_error("staged allreduce is float32's: int8 did not run");
+      }
+      if (whole) return;
+      // Reduce-scatter over the pair: each keeps its block, the other's quantized once.
+      const size_t each = 3000;
+      std::vector<float> in = valuesOf(r + 20, each * 2), out(each), ref = in;
+      std::vector<char> scratch;
+      Blocks blocks = Blocks::equal(2, each * 4);
+      int8AcrossReduceScatter(
+          across, {.buf = reinterpret_cast<char*>(ref.data()), .blocks = &blocks}, scratch);
+      HostStageDevice device;
+      runStagedReduceScatter(across, device, in, out, each);
+      const float* mine = ref.data() + each * static_cast<size_t>(across.rank());
+      if (!std::equal(out.begin(), out.end(), mine))
+        throw std::runtime_error("staged reduce-scatter differs from the int8 exchange's");
+    });
+    if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+    CHECK(error.empty());
+  }
 }
