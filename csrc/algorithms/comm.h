@@ -178,6 +178,18 @@ void int8HalvingAllreduce(Comm& c, const CollectiveArgs& a, std::vector<char>& s
 // across nodes of the CUDA paths, staged on the host): no node steps.
 void int8AcrossAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run);
 void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
+// A round of those staged with int8 packed on the device: piece j of the
+// slot (counts[j] values at offsets[j]) holds, for every other rank, its
+// values quantized (int8Bytes), for this rank its float32 values.
+struct Int8Slot {
+  std::vector<size_t> counts, offsets;
+};
+// On return every piece holds its owner's quantized sum: what
+// int8AcrossAllreduce gives one pipeline chunk, bit for bit.
+void int8AcrossPackedAllreduce(Comm& c, char* slot, const Int8Slot& s, std::vector<char>& scratch);
+// On return this rank's piece holds its float32 sum: int8AcrossReduceScatter's bits.
+void int8AcrossPackedReduceScatter(Comm& c, char* slot, const Int8Slot& s,
+                                   std::vector<char>& scratch);
 // In place on a.buf (*a.blocks of float32, SUM) over uniform nodes: block
 // rank() ends reduced, the other nodes' contributions quantized once.
 void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);

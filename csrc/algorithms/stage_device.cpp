@@ -1,5 +1,7 @@
 #include "algorithms/stage_device.h"
 
+#include "kernels/cpu/quantize.h"
+
 namespace smdccl {
 
 StageDevice::Ticket StageDevice::add(const Copy& c) {
@@ -9,19 +11,20 @@ StageDevice::Ticket StageDevice::add(const Copy& c) {
   return (number << 1) | static_cast<Ticket>(lane);
 }
 
-StageDevice::Ticket StageDevice::toHost(void* slot, const char* src, size_t count, DType dt,
-                                        Wire wire) {
-  bytesToHost_ += count * wireElementSize(dt, wire);
-  return add({.out = true,
-              .slot = slot,
-              .dev = const_cast<char*>(src),
-              .count = count,
-              .how = {.dt = dt, .wire = wire}});
+size_t StageDevice::slotBytes(size_t count, const Unpack& how) {
+  return how.int8 ? int8Bytes(count) : count * wireElementSize(how.dt, how.wire);
+}
+
+StageDevice::Ticket StageDevice::toHost(void* slot, const char* src, size_t count,
+                                        const Unpack& how) {
+  bytesToHost_ += slotBytes(count, how);
+  return add(
+      {.out = true, .slot = slot, .dev = const_cast<char*>(src), .count = count, .how = how});
 }
 
 StageDevice::Ticket StageDevice::fromHost(char* dst, const void* slot, size_t count,
                                           const Unpack& how) {
-  bytesFromHost_ += count * wireElementSize(how.dt, how.wire);
+  bytesFromHost_ += slotBytes(count, how);
   return add({.out = false, .slot = const_cast<void*>(slot), .dev = dst, .count = count, .how = how});
 }
 

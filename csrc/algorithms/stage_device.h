@@ -26,10 +26,12 @@ class StageDevice {
 
   // How a copy packs: dt data as `wire` carries it (float32 on a 16-bit
   // wire: cast to it on the way out, widened on the way in; anything else:
-  // the bytes themselves).
+  // the bytes themselves); `int8`: float32 as one block-int8 piece
+  // (kernels/cpu/quantize.h: quantized on the way out, decoded on the way in).
   struct Unpack {
     DType dt;
     Wire wire = Wire::F32;
+    bool int8 = false;
   };
   // One copy. Out: slot = dev[0, count) as `how` says. In: dev[0, count)
   // from the slot, as `how` says.
@@ -42,7 +44,7 @@ class StageDevice {
   };
 
   // Queue a copy behind the ones queued on its lane. Never block.
-  Ticket toHost(void* slot, const char* src, size_t count, DType dt, Wire wire);
+  Ticket toHost(void* slot, const char* src, size_t count, const Unpack& how);
   Ticket fromHost(char* dst, const void* slot, size_t count, const Unpack& how);
   // Whether `t` has run. Never blocks.
   bool done(Ticket t);
@@ -60,6 +62,10 @@ class StageDevice {
   static size_t wireElementSize(DType dt, Wire wire) {
     return packed(dt, wire) ? 2 : elementSize(dt);
   }
+  // Bytes `count` elements take in a slot.
+  static size_t slotBytes(size_t count, const Unpack& how);
+  // Whether the device casts or quantizes (its scratch holds the packed piece).
+  static bool transforms(const Unpack& how) { return how.int8 || packed(how.dt, how.wire); }
 
  protected:
   // Queue copy `number` (from 1, per lane, in order) of `lane`.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "algorithms/collectives.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/reduce.h"
 
 namespace smdccl {
@@ -61,6 +62,47 @@ void reduceScatterSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   int8AcrossReduceScatter(c, a, c.book ? c.book->quantized : own);
 }
 
+// Where each rank's piece (counts[j] float32 values) sits in a slot packed
+// for the int8 exchange across nodes: the others' quantized, this rank's
+// float32. Empty where some piece has fewer than 2 values (a quantized
+// single value takes more bytes than it does as float32).
+Int8Slot int8SlotOf(const Comm& c, const std::vector<size_t>& counts) {
+  Int8Slot s;
+  size_t at = 0;
+  for (int j = 0; j < c.size(); ++j) {
+    if (counts[j] < 2) return {};
+    s.counts.push_back(counts[j]);
+    s.offsets.push_back(at);
+    at += j == c.rank() ? counts[j] * sizeof(float) : int8Bytes(counts[j]);
+  }
+  return s;
+}
+
+size_t int8SlotBytes(const Int8Slot& s) {
+  const size_t last = s.counts.size() - 1;
+  return s.offsets[last] + s.counts[last] * sizeof(float);  // room for float32 either way
+}
+
+// An allreduce round of values at `dev` packed as `s` says: out, the
+// others' pieces quantized and this rank's as it is; back, every piece
+// quantized (its owner's sum).
+StagedRound int8AllreduceRound(const Comm& c, char* dev, const Int8Slot& s) {
+  StagedRound round;
+  size_t first = 0;
+  for (int j = 0; j < c.size(); ++j) {
+    const StagedRange piece{dev + first * sizeof(float), s.offsets[j], s.counts[j] * sizeof(float),
+                            j != c.rank()};
+    round.out.push_back(piece);
+    round.in.push_back({piece.dev, piece.slotOffset, piece.bytes, true});
+    first += s.counts[j];
+  }
+  round.host = [comm = c, s](char* slot) mutable {
+    std::vector<char> own;
+    int8AcrossPackedAllreduce(comm, slot, s, comm.book ? comm.book->quantized : own);
+  };
+  return round;
+}
+
 }  // namespace
 
 Wire stagedPackWire(const Comm& c, DType dt) { return c.resultWire(dt); }
@@ -80,9 +122,19 @@ StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t c
   job.slots = slotsFor(a.count, chunk);
   job.dt = a.dt;
   job.wire = wire;
+  const bool int8 = c.int8Across(a.dt, a.op);
   for (size_t at = 0; at < a.count; at += chunk) {
     const size_t n = std::min(chunk, a.count - at);
     char* dev = a.buf + at * es;
+    // int8 across nodes: the device quantizes the pieces the other nodes
+    // own, once (the int8 pipeline's pieces of a chunk); the host runs the
+    // exchange on them; every piece comes back quantized.
+    const Int8Slot s = int8 ? int8SlotOf(c, Blocks::even(n, c.size(), 1).length) : Int8Slot{};
+    if (!s.counts.empty()) {
+      job.rounds.push_back(int8AllreduceRound(c, dev, s));
+      job.slotBytes = std::max(job.slotBytes, int8SlotBytes(s));
+      continue;
+    }
     job.rounds.push_back({{{dev, 0, n * es}},
                           [comm = c, &t, n, wire, dt = a.dt, op = a.op](char* slot) mutable {
                             if (wire != Wire::F32) widenInPlace(slot, n, wire);
@@ -106,6 +158,25 @@ StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, cons
   job.slotBytes = total;
   job.dt = r.dt;
   job.wire = wire;
+  const Int8Slot s = c.int8Across(r.dt, r.op)
+                         ? int8SlotOf(c, std::vector<size_t>(static_cast<size_t>(c.size()), r.each))
+                         : Int8Slot{};
+  if (!s.counts.empty()) {
+    // int8 across nodes: the other ranks' blocks quantized on the device,
+    // this rank's as it is; its float32 sum comes back.
+    StagedRound round;
+    for (int j = 0; j < c.size(); ++j)
+      round.out.push_back({const_cast<char*>(r.in) + static_cast<size_t>(j) * blockBytes,
+                           s.offsets[j], blockBytes, j != c.rank()});
+    round.host = [comm = c, s](char* slot) mutable {
+      std::vector<char> own;
+      int8AcrossPackedReduceScatter(comm, slot, s, comm.book ? comm.book->quantized : own);
+    };
+    round.in.push_back({r.out, s.offsets[c.rank()], blockBytes});
+    job.slotBytes = int8SlotBytes(s);
+    job.rounds.push_back(std::move(round));
+    return job;
+  }
   job.rounds.push_back(
       {{{const_cast<char*>(r.in), 0, total}},
        [comm = c, &t, blockBytes, total, mine, back, wire, dt = r.dt, op = r.op](char* slot) mutable {

@@ -36,9 +36,10 @@ class StagedRounds final : public StagedProxy {
       for (const auto* ranges : {&r.out, &r.in})
         for (const StagedRange& x : *ranges) {
           SMDCCL_CHECK_ARG(x.bytes % es == 0, "staged rounds: a range of part of an element");
-          SMDCCL_CHECK_ARG(x.slotOffset + x.bytes / es * StageDevice::wireElementSize(
-                                                               job_.dt, wire()) <= job_.slotBytes,
-                           "staged rounds: a range ends past its slot");
+          SMDCCL_CHECK_ARG(!x.int8 || job_.dt == DType::F32, "staged rounds: int8 of non-float32");
+          SMDCCL_CHECK_ARG(
+              x.slotOffset + StageDevice::slotBytes(x.bytes / es, how(x)) <= job_.slotBytes,
+              "staged rounds: a range ends past its slot");
         }
     out_.resize(job_.rounds.size());
     in_.resize(job_.rounds.size());
@@ -81,7 +82,10 @@ class StagedRounds final : public StagedProxy {
   }
 
  private:
-  Wire wire() const { return StageDevice::packed(job_.dt, job_.wire) ? job_.wire : Wire::F32; }
+  StageDevice::Unpack how(const StagedRange& r) const {
+    if (r.int8) return {.dt = job_.dt, .int8 = true};
+    return {.dt = job_.dt, .wire = StageDevice::packed(job_.dt, job_.wire) ? job_.wire : Wire::F32};
+  }
   // Queues round k's copies out (or back).
   void queue(size_t k, bool out) {
     char* slot = slotOf(k);
@@ -90,8 +94,8 @@ class StagedRounds final : public StagedProxy {
       const size_t count = r.bytes / es;
       if (count == 0) continue;
       char* at = slot + r.slotOffset;
-      if (out) out_[k].push_back(d_.toHost(at, r.dev, count, job_.dt, wire()));
-      else in_[k].push_back(d_.fromHost(r.dev, at, count, {.dt = job_.dt, .wire = wire()}));
+      if (out) out_[k].push_back(d_.toHost(at, r.dev, count, how(r)));
+      else in_[k].push_back(d_.fromHost(r.dev, at, count, how(r)));
     }
   }
   char* slotOf(size_t k) const {
@@ -124,6 +128,14 @@ class StagedRounds final : public StagedProxy {
 };
 
 }  // namespace
+
+bool StagedRoundsJob::hasInt8() const {
+  for (const StagedRound& r : rounds)
+    for (const auto* ranges : {&r.out, &r.in})
+      for (const StagedRange& x : *ranges)
+        if (x.int8) return true;
+  return false;
+}
 
 std::unique_ptr<StagedProxy> planStagedRounds(const OpContext& ctx, StageDevice& device,
                                               StagedRoundsJob job, char* slots) {

@@ -27,6 +27,9 @@ struct StagedRange {
   char* dev = nullptr;
   size_t slotOffset = 0;
   size_t bytes = 0;
+  // float32 quantized to one block-int8 piece in the slot (int8Bytes of
+  // its values there), decoded on the way back; the job's wire is not applied.
+  bool int8 = false;
 };
 
 struct StagedRound {
@@ -43,6 +46,8 @@ struct StagedRoundsJob {
   // 16-bit wire is packed (StageDevice::packed); anything else is copied as is.
   DType dt = DType::U8;
   Wire wire = Wire::F32;
+  // Whether some range is quantized (the device then needs its scratch).
+  bool hasInt8() const;
   // Host bytes the job needs.
   size_t hostBytes() const { return static_cast<size_t>(slots) * slotBytes; }
 };

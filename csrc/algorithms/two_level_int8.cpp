@@ -256,6 +256,37 @@ void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>
   int8ToOwners(c, a.buf, *a.blocks, scratch);
 }
 
+void int8AcrossPackedReduceScatter(Comm& c, char* slot, const Int8Slot& s,
+                                   std::vector<char>& scratch) {
+  const int n = c.size(), me = c.rank();
+  const size_t mine = s.counts[me], each = int8Bytes(mine);
+  scratch.resize(static_cast<size_t>(n) * each);  // contributions, by sender
+  Exchange ex = c.exchange();
+  withOtherNodes(
+      ex, c, [&](int j) { return std::pair(slot + s.offsets[j], int8Bytes(s.counts[j])); },
+      [&](int j) { return std::pair(scratch.data() + static_cast<size_t>(j) * each, each); });
+  ex.run();
+  float* sum = reinterpret_cast<float*>(slot + s.offsets[me]);
+  for (int j = 0; j < n; ++j)
+    if (j != me) dequantizeAddInt8(sum, sum, scratch.data() + static_cast<size_t>(j) * each, mine);
+}
+
+void int8AcrossPackedAllreduce(Comm& c, char* slot, const Int8Slot& s, std::vector<char>& scratch) {
+  int8AcrossPackedReduceScatter(c, slot, s, scratch);
+  // The owner's sum quantized once (as its piece's bytes, which it decodes
+  // like every other rank), and every owner's to every rank.
+  const int me = c.rank();
+  const size_t bytes = int8Bytes(s.counts[me]);
+  scratch.resize(bytes);
+  quantizeInt8(scratch.data(), reinterpret_cast<float*>(slot + s.offsets[me]), s.counts[me]);
+  std::memcpy(slot + s.offsets[me], scratch.data(), bytes);
+  Exchange ex = c.exchange();
+  withOtherNodes(
+      ex, c, [&](int) { return std::pair(slot + s.offsets[me], bytes); },
+      [&](int j) { return std::pair(slot + s.offsets[j], int8Bytes(s.counts[j])); });
+  ex.run();
+}
+
 Int8Parts int8Parts(Collective coll, double bytes, const Situation& s, const CostModel& m) {
   Costs k{m, s.g};
   const int L = s.g.maxLocal, n = s.g.nodes;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/reduce.h"
 
 namespace smdccl {
@@ -10,6 +11,11 @@ void HostStageDevice::run(const Copy& c) {
   const DType dt = c.how.dt;
   const Wire wire = c.how.wire;
   float* f = reinterpret_cast<float*>(c.dev);
+  if (c.how.int8) {
+    if (c.out) quantizeInt8(c.slot, f, c.count);
+    else dequantizeInt8(f, c.slot, c.count);
+    return;
+  }
   if (c.out) {
     if (packed(dt, wire)) packToWire(c.slot, f, c.count, wire);
     else std::memcpy(c.slot, c.dev, c.count * elementSize(dt));

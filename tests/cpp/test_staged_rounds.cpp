@@ -24,6 +24,7 @@
 #include "algorithms/staged_rounds.h"
 #include "check.h"
 #include "common/error.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/reduce.h"
 #include "memory_fabric.h"
 #include "stuck_stage_device.h"
@@ -531,6 +532,20 @@ TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
           throw std::runtime_error("staged allreduce differs from the int8 exchange's");
         if (buf == plain)
           throw std::runtime_error("staged allreduce is float32's: int8 did not run");
+        // Across PCIe: out, the others' pieces quantized and this rank's
+        // float32; back, every piece quantized.
+        size_t out = 0, back = 0;
+        for (size_t at = 0; at < n; at += chunk) {
+          const Blocks pieces = Blocks::even(std::min(chunk, n - at), across.size(), 1);
+          for (int j = 0; j < across.size(); ++j) {
+            out += j == across.rank() ? pieces.length[j] * 4 : int8Bytes(pieces.length[j]);
+            back += int8Bytes(pieces.length[j]);
+          }
+        }
+        if (device.bytesToHost() != out || device.bytesFromHost() != back || back > n * 4 / 3)
+          throw std::runtime_error(
+              "bytes across the device: " + std::to_string(device.bytesToHost()) + " out, " +
+              std::to_string(device.bytesFromHost()) + " back");
       }
       if (whole) return;
       // Reduce-scatter over the pair: each keeps its block, the other's quantized once.
@@ -542,6 +557,8 @@ TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
           across, {.buf = reinterpret_cast<char*>(ref.data()), .blocks = &blocks}, scratch);
       HostStageDevice device;
       runStagedReduceScatter(across, device, in, out, each);
+      if (device.bytesToHost() != int8Bytes(each) + each * 4 || device.bytesFromHost() != each * 4)
+        throw std::runtime_error("reduce-scatter's bytes across the device");
       const float* mine = ref.data() + each * static_cast<size_t>(across.rank());
       if (!std::equal(out.begin(), out.end(), mine))
         throw std::runtime_error("staged reduce-scatter differs from the int8 exchange's");

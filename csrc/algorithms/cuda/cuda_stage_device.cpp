@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "kernels/cpu/quantize.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/kernels.h"
 #include "transport/cuda/cuda_check.h"
@@ -161,7 +162,11 @@ void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {
   CallInFlight call("queueing a staged copy out (packToWire, cudaMemcpyAsync)");
   const DType dt = c.how.dt;
   const Wire wire = c.how.wire;
-  if (packed(dt, wire)) {
+  if (c.how.int8) {
+    char* out = scratch(0, slotIndex(c.slot));
+    SMDCCL_CUDA_CHECK(cuda::quantizeInt8(out, reinterpret_cast<const float*>(c.dev), c.count, s));
+    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(c.slot, out, int8Bytes(c.count), cudaMemcpyDeviceToHost, s));
+  } else if (packed(dt, wire)) {
     char* out = scratch(0, slotIndex(c.slot));
     SMDCCL_CUDA_CHECK(cuda::packToWire(out, reinterpret_cast<const float*>(c.dev), c.count,
                                        {wire, wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
@@ -176,6 +181,12 @@ void CudaStageDevice::queueIn(cudaStream_t s, const Copy& c) {
   CallInFlight call("queueing a staged copy in (cudaMemcpyAsync, unpack kernel)");
   const DType dt = c.how.dt;
   const Wire wire = c.how.wire;
+  if (c.how.int8) {
+    char* in = scratch(1, slotIndex(c.slot));
+    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, c.slot, int8Bytes(c.count), cudaMemcpyHostToDevice, s));
+    SMDCCL_CUDA_CHECK(cuda::dequantizeInt8(reinterpret_cast<float*>(c.dev), in, c.count, s));
+    return;
+  }
   if (!packed(dt, wire)) {
     if (c.count)
       SMDCCL_CUDA_CHECK(

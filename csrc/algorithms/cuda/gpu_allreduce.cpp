@@ -99,17 +99,19 @@ struct IpcStep {
 };
 
 // The staged allreduces of one op over c (staged_collectives.h: chunk k
-// out, packed to c's 16-bit wire where c compresses, the host allreduce of
-// it, back), in a few chunk-sized pinned slots in turn.
+// out, packed to c's 16-bit wire where c compresses, or quantized where it
+// runs the int8 wire across nodes, the host allreduce of it, back), in a
+// few chunk-sized pinned slots in turn.
 struct StagedAllreduces {
   Comm& c;
   GpuContext& g;
   DType dt;
+  RedOp op;
   const Tuning& t;
   size_t chunk;  // elements
   StagedOnGpu::Spec spec() const {
     return {.layout = {.slotBytes = chunk * elementSize(dt), .slots = kStagedRoundSlots},
-            .scratch = stagedPackWire(c, dt) != Wire::F32};
+            .scratch = stagedPackWire(c, dt) != Wire::F32 || c.int8Across(dt, op)};
   }
   // Runs the in-place allreduce of `a` (device memory) on `staged`.
   void run(StagedOnGpu& staged, const CollectiveArgs& a) const {
@@ -128,7 +130,7 @@ size_t stageChunkElems(const GpuContext& g, DType dt) {
 
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   if (a.count == 0 || c.size() == 1) return;
-  const StagedAllreduces staged{c, g, a.dt, t, stageChunkElems(g, a.dt)};
+  const StagedAllreduces staged{c, g, a.dt, a.op, t, stageChunkElems(g, a.dt)};
   StagedOnGpu op(g, c.ctx, staged.spec());
   staged.run(op, a);
   op.finish();
@@ -153,7 +155,7 @@ void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   std::optional<StagedAllreduces> inter;
   std::optional<StagedOnGpu> staged;
   if (multiNode) {
-    inter.emplace(StagedAllreduces{across, g, dt, t, stageChunkElems(g, dt)});
+    inter.emplace(StagedAllreduces{across, g, dt, op, t, stageChunkElems(g, dt)});
     staged.emplace(g, c.ctx, inter->spec());
   }
   for (size_t at = 0; at < a.count; at += chunk) {

@@ -17,7 +17,7 @@ namespace {
 
 // Staged rounds of a host collective (staged_collectives.h) on the GPU.
 void stagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
-  const bool packs = StageDevice::packed(job.dt, job.wire);
+  const bool packs = StageDevice::packed(job.dt, job.wire) || job.hasInt8();
   StagedOnGpu staged(g, c.ctx,
                      {.layout = {.slotBytes = job.slotBytes, .slots = job.slots}, .scratch = packs});
   StageDevice& d = staged.device();
