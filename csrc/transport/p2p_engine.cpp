@@ -7,16 +7,10 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "common/exit_fence.h"
 #include "common/log.h"
 #include "transport/mesh.h"
 
 namespace smdccl {
-
-void P2PEngine::runLater(Later& later) {
-  for (auto& f : later) f();
-  dropOrLeak(later);  // the requests may hold the last reference to Python's tensors
-}
 
 P2PEngine::P2PEngine(Mesh& mesh, std::string groupName,
                      std::function<std::chrono::milliseconds()> timeout, double warnAfterS)
@@ -63,7 +57,7 @@ P2PEngine::~P2PEngine() {
     for (RecvReq& req : anyRecvs_) finishLater(later, std::move(req), -1, gone);
     anyRecvs_.clear();
   }
-  runLater(later);
+  runP2PLater(later);
 }
 
 void P2PEngine::attachLoops() {
@@ -104,7 +98,7 @@ void P2PEngine::abort(std::exception_ptr why) {
       if (r != mesh_.rank()) failPeer(r, why, later);
   }
   wakeBoth();  // the loops end what they have in flight
-  runLater(later);
+  runP2PLater(later);
 }
 
 void P2PEngine::send(int rank, Outgoing m) {
@@ -117,8 +111,7 @@ void P2PEngine::send(int rank, Outgoing m) {
     m.done(e);
     return;
   }
-  p.sends.push_back(
-      {m.buf, m.bytes, m.tag, m.deadline, std::move(m.done), std::move(m.ready), m.flags});
+  p.sends.push_back(std::move(m));
   lock.unlock();
   wake(Direction::Out);
 }
@@ -295,7 +288,7 @@ void P2PEngine::failPeer(int rank, std::exception_ptr e, Later& later) {
   }
   e = p.failed;
   wakeBoth();  // the loops end what they have in flight for it
-  for (SendReq& s : p.sends) later.push_back([s = std::move(s), e] { s.done(e); });
+  for (Outgoing& s : p.sends) later.push_back([s = std::move(s), e] { s.done(e); });
   p.sends.clear();
   for (RecvReq& r : p.recvs) finishLater(later, std::move(r), -1, e);
   p.recvs.clear();

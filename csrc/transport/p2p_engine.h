@@ -37,7 +37,7 @@ class Mesh;
 
 using Completion = std::function<void(std::exception_ptr)>;
 
-class P2PEngine {
+class P2PEngine final : private P2PHandler {
  public:
   // `timeout` gives the group's current timeout: the bound on reading a
   // message nobody has asked for yet.
@@ -86,20 +86,10 @@ class P2PEngine {
   void abort(std::exception_ptr why);
 
  private:
-  friend class P2PLoops;  // runs the turns below
   using Clock = std::chrono::steady_clock;
   // One peer's turn ends after this many bytes, so that a large message
   // does not hold the others up.
   static constexpr uint64_t kTurnBytes = uint64_t(16) << 20;
-  struct SendReq {
-    const void* buf = nullptr;
-    size_t bytes = 0;
-    int64_t tag = 0;
-    Deadline deadline;
-    Completion done;
-    std::function<bool()> ready;
-    uint32_t flags = 0;
-  };
   struct RecvReq {
     void* buf = nullptr;
     size_t bytes = 0;
@@ -123,7 +113,7 @@ class P2PEngine {
     bool active = false;
     bool ready = false;      // the data (or the report of why not) is there
     bool connected = false;  // polled on its peer's socket
-    SendReq req;
+    Outgoing req;
     uint8_t head[sizeof(P2PHeader)];
     const char* payload = nullptr;
     uint64_t payloadBytes = 0;
@@ -143,7 +133,7 @@ class P2PEngine {
   };
   struct Peer {
     // Under mu_:
-    std::deque<SendReq> sends;  // not started yet
+    std::deque<Outgoing> sends;  // not started yet
     std::deque<RecvReq> recvs;
     EarlyMap early;             // arrived before a recv, by tag
     std::exception_ptr failed;  // sticky: the peer is gone
@@ -165,7 +155,6 @@ class P2PEngine {
   // Completions never call into the engine (they name the group by a copy
   // of its name): a loop runs them after its turn, when the engine may be gone.
   using Later = P2PLater;
-  static void runLater(Later& later);
 
   // p2p_engine.cpp: posting, matching, failing.
   // mu_ held: the process's loops serve this engine from now on (throws
@@ -197,15 +186,13 @@ class P2PEngine {
   void failSending(int rank, int64_t tag, const std::string& why, Later& later);
   std::exception_ptr recvFailure(int rank, const std::string& why) const;
 
-  // p2p_loop.cpp: this engine's part of a loop's turn (P2PLoops runs one
-  // loop per direction: sends are written while messages are read, as two
-  // peers' sockets need). Before poll(): the bookkeeping, the sockets to
-  // poll, and how long poll() may wait; after it: one ready socket's peer.
-  int prepareTurn(Direction d, P2PPollSet& set, Later& later, std::vector<std::string>& warnings);
-  void serve(Direction d, int rank, Later& later);
-  // The loop could not go on (poll() or an allocation failed): every peer
-  // fails with `what`.
-  void failAll(const std::string& what, Later& later);
+  // p2p_loop.cpp: this engine's part of a loop's turn (P2PHandler; the
+  // loops run one per direction: sends are written while messages are
+  // read, as two peers' sockets need).
+  int prepareTurn(Direction d, P2PPollSet& set, Later& later,
+                  std::vector<std::string>& warnings) override;
+  void serve(Direction d, int rank, Later& later) override;
+  void failAll(const std::string& what, Later& later) override;
   // The sending loop's bookkeeping (mu_ held): deadlines, warnings, the
   // next send of each peer; then which sockets to poll, and dials to ask for.
   void startSends(Later& later, std::vector<std::string>& warnings);
@@ -247,7 +234,7 @@ class P2PEngine {
   // slow peer holds up no other group): a dial per peer, and one probe of
   // the silent peers at a time. The turn joins those that ended, takes
   // their completions, and starts those that are due (mu_ held by `lock`).
-  void connectorTurn(Later& later);
+  void connectorTurn(Later& later) override;
   void startDials();
   void startProbe();
   // Receives wait for `rank`, which has not connected (mu_ held).

@@ -17,9 +17,14 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/own_thread.h"
-#include "transport/p2p_engine.h"
+#include "common/exit_fence.h"
 
 namespace smdccl {
+
+void runP2PLater(P2PLater& later) {
+  for (auto& f : later) f();
+  dropOrLeak(later);  // the requests may hold the last reference to Python's tensors
+}
 
 namespace {
 // Never freed: the loops run until the process ends.
@@ -52,10 +57,10 @@ P2PLoops::P2PLoops() {
   }
 }
 
-void P2PLoops::attach(P2PEngine* e) {
+void P2PLoops::attach(P2PHandler* e) {
   std::lock_guard<std::mutex> lock(mu_);
   start();
-  if (std::find(engines_.begin(), engines_.end(), e) == engines_.end()) engines_.push_back(e);
+  if (std::find(handlers_.begin(), handlers_.end(), e) == handlers_.end()) handlers_.push_back(e);
 }
 
 void P2PLoops::start() {
@@ -71,11 +76,11 @@ void P2PLoops::start() {
   }
 }
 
-void P2PLoops::detach(P2PEngine* e) {
+void P2PLoops::detach(P2PHandler* e) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto it = std::find(engines_.begin(), engines_.end(), e);
-  if (it == engines_.end()) return;
-  engines_.erase(it);
+  auto it = std::find(handlers_.begin(), handlers_.end(), e);
+  if (it == handlers_.end()) return;
+  handlers_.erase(it);
   uint64_t seen[kRunners];
   for (int w = 0; w < kRunners; ++w) seen[w] = turns_[w].started;
   connectorPoked_ = true;
@@ -103,12 +108,12 @@ void P2PLoops::wakeConnector() {
   connectorCv_.notify_all();
 }
 
-std::vector<P2PEngine*> P2PLoops::beginTurn(Runner who) {
+std::vector<P2PHandler*> P2PLoops::beginTurn(Runner who) {
   std::lock_guard<std::mutex> lock(mu_);
   ids_[who] = std::this_thread::get_id();
   turns_[who].busy = true;
   ++turns_[who].started;
-  return engines_;
+  return handlers_;
 }
 
 void P2PLoops::endTurn(Runner who) {
@@ -143,34 +148,34 @@ void P2PLoops::loopTurn(P2PDirection d) {
   }
   endTurn(who);
   for (const std::string& line : warnings) SMDCCL_WARN(line);
-  P2PEngine::runLater(later);  // also what came due before a failure
+  runP2PLater(later);  // also what came due before a failure
 }
 
-void P2PLoops::turnInside(P2PDirection d, const std::vector<P2PEngine*>& engines, P2PLater& later,
+void P2PLoops::turnInside(P2PDirection d, const std::vector<P2PHandler*>& handlers, P2PLater& later,
                           std::vector<std::string>& warnings) {
   P2PPollSet set;
   set.add(wakeFd_[static_cast<int>(d)], POLLIN);
   int timeoutMs = 100;
-  auto guarded = [&](P2PEngine* e, auto&& step) {
+  auto guarded = [&](P2PHandler* h, auto&& step) {
     try {
       step();
     } catch (const std::exception& ex) {
-      e->failAll(ex.what(), later);  // what this loop serves of `e` cannot go on
+      h->failAll(ex.what(), later);  // what this loop serves of `h` cannot go on
     }
   };
-  for (P2PEngine* e : engines)
-    guarded(e, [&] { timeoutMs = std::min(timeoutMs, e->prepareTurn(d, set, later, warnings)); });
+  for (P2PHandler* h : handlers)
+    guarded(h, [&] { timeoutMs = std::min(timeoutMs, h->prepareTurn(d, set, later, warnings)); });
   if (!later.empty()) timeoutMs = 0;  // completions are due: a glance only
   int n = poll(set.fds.data(), set.fds.size(), timeoutMs);
   if (n < 0 && errno != EINTR) {
     std::string why = strCat("poll: ", std::strerror(errno));
-    for (P2PEngine* e : engines) e->failAll(why, later);
+    for (P2PHandler* h : handlers) h->failAll(why, later);
   }
   for (size_t i = 0; n > 0 && i < set.fds.size(); ++i) {
     if (!set.fds[i].revents) continue;
-    auto [e, rank] = set.owners[i];
-    if (!e) drain(set.fds[i].fd);  // a wake-up, or a listener's arrivals
-    else guarded(e, [&, e = e, rank = rank] { e->serve(d, rank, later); });
+    auto [h, rank] = set.owners[i];
+    if (!h) drain(set.fds[i].fd);  // a wake-up, or a listener's arrivals
+    else guarded(h, [&, h = h, rank = rank] { h->serve(d, rank, later); });
   }
 }
 
@@ -183,9 +188,9 @@ void P2PLoops::connector() {
     }
     P2PLater later;
     try {
-      for (P2PEngine* e : beginTurn(kConnector)) {
+      for (P2PHandler* h : beginTurn(kConnector)) {
         try {
-          e->connectorTurn(later);
+          h->connectorTurn(later);
         } catch (const std::exception& ex) {
           SMDCCL_WARN("send/recv connector: ", ex.what());  // its next turn tries again
         }
@@ -195,13 +200,13 @@ void P2PLoops::connector() {
     }
     endTurn(kConnector);
     try {
-      P2PEngine::runLater(later);  // also what came due before a failure
+      runP2PLater(later);  // also what came due before a failure
     } catch (const std::exception& ex) {
       SMDCCL_WARN("send/recv connector: a completion failed: ", ex.what());
     }
     std::unique_lock<std::mutex> lock(mu_);
     // Silent peers are probed every 100 ms; a dial asked for or ended, or
-    // an engine leaving, starts a turn at once.
+    // a handler leaving, starts a turn at once.
     connectorCv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return connectorPoked_; });
   }
 }

@@ -22,24 +22,45 @@
 
 namespace smdccl {
 
-class P2PEngine;
-
 enum class P2PDirection { Out, In };
 
-// What a loop's turn polls: each socket with the engine and peer rank it
-// belongs to (no engine: a wake-up or arrival descriptor, only drained).
+class P2PHandler;
+
+// What a loop's turn polls: each socket with the handler and peer rank it
+// belongs to (no handler: a wake-up or arrival descriptor, only drained).
 struct P2PPollSet {
   std::vector<pollfd> fds;
-  std::vector<std::pair<P2PEngine*, int>> owners;
-  void add(int fd, short events, P2PEngine* e = nullptr, int rank = -1) {
+  std::vector<std::pair<P2PHandler*, int>> owners;
+  void add(int fd, short events, P2PHandler* h = nullptr, int rank = -1) {
     fds.push_back({fd, events, 0});
-    owners.emplace_back(e, rank);
+    owners.emplace_back(h, rank);
   }
 };
 
-// Completions, run once a turn no longer calls into any engine (they may
+// Completions, run once a turn no longer calls into any handler (they may
 // call back in, or drop the last reference to a tensor).
 using P2PLater = std::vector<std::function<void()>>;
+// Runs them, and drops them (or leaks them while the process exits).
+void runP2PLater(P2PLater& later);
+
+// What the loops serve: one group's part of each turn (P2PEngine). Called
+// by one loop thread per direction, and by the connector.
+class P2PHandler {
+ public:
+  // Before poll(): the bookkeeping, the sockets to poll, and how long
+  // poll() may wait (ms).
+  virtual int prepareTurn(P2PDirection d, P2PPollSet& set, P2PLater& later,
+                          std::vector<std::string>& warnings) = 0;
+  // After poll(): the turn of one peer whose socket is ready.
+  virtual void serve(P2PDirection d, int rank, P2PLater& later) = 0;
+  // The loop could not go on (poll() or an allocation failed): every peer fails with `what`.
+  virtual void failAll(const std::string& what, P2PLater& later) = 0;
+  // The connector's turn: dials and probes of silent peers.
+  virtual void connectorTurn(P2PLater& later) = 0;
+
+ protected:
+  ~P2PHandler() = default;
+};
 
 class P2PLoops {
  public:
@@ -49,10 +70,10 @@ class P2PLoops {
   // parent's (whose threads the child does not have) are not current.
   static P2PLoops* current();
 
-  // The loops serve `e` from now on (idempotent); starts them if needed.
-  void attach(P2PEngine* e);
-  // Once it returns, no thread of these loops calls into `e` again.
-  void detach(P2PEngine* e);
+  // The loops serve `h` from now on (idempotent); starts them if needed.
+  void attach(P2PHandler* h);
+  // Once it returns, no thread of these loops calls into `h` again.
+  void detach(P2PHandler* h);
   // The loop of direction `d` (or the connector) starts a new turn soon.
   void wake(P2PDirection d);
   void wakeConnector();
@@ -62,18 +83,18 @@ class P2PLoops {
   // Who runs a turn: the two loops and the connector.
   enum Runner { kOut, kIn, kConnector, kRunners };
   struct Turn {
-    bool busy = false;  // inside a turn, calling into the engines it took
+    bool busy = false;  // inside a turn, calling into the handlers it took
     uint64_t started = 0;
   };
   void start();  // mu_ held
-  // A turn starts (busy, with the engines attached now) and ends.
-  std::vector<P2PEngine*> beginTurn(Runner who);
+  // A turn starts (busy, with the handlers attached now) and ends.
+  std::vector<P2PHandler*> beginTurn(Runner who);
   void endTurn(Runner who);
   void loop(P2PDirection d);
-  // One turn: its engine calls (turnInside), then, whatever they threw,
+  // One turn: its handler calls (turnInside), then, whatever they threw,
   // the end of the turn and its completions.
   void loopTurn(P2PDirection d);
-  void turnInside(P2PDirection d, const std::vector<P2PEngine*>& engines, P2PLater& later,
+  void turnInside(P2PDirection d, const std::vector<P2PHandler*>& handlers, P2PLater& later,
                   std::vector<std::string>& warnings);
   void connector();
 
@@ -81,7 +102,7 @@ class P2PLoops {
   std::condition_variable turnEnded_;  // detach waits on it
   std::condition_variable connectorCv_;
   bool connectorPoked_ = false;
-  std::vector<P2PEngine*> engines_;
+  std::vector<P2PHandler*> handlers_;
   Turn turns_[kRunners];
   std::thread::id ids_[kRunners];
   int wakeFd_[2] = {-1, -1};  // eventfds, by direction: a loop's poll() returns
