@@ -32,10 +32,6 @@ SMDCCL_ENV_CHOICE(kCompression, "SMDCCL_COMPRESSION", "none", kCompressionNames,
                   "precision). Per group: pg_options={'compression': 'fp16'}.");
 SMDCCL_ENV_INT(kCompressionIntra, "SMDCCL_COMPRESSION_INTRA", 0, 0, 1,
                "1: compress inside nodes too (shared memory), not only between nodes.");
-// Read by python/smdccl/_registration.py; declared here to be in the table.
-SMDCCL_ENV_TEXT(kAutoload, "SMDCCL_AUTOLOAD", "1",
-                "0 stops the registration that runs at `import torch` (read by the Python "
-                "package).");
 }  // namespace smdccl::env
 
 namespace {
@@ -170,14 +166,6 @@ void bindGroupCreation(py::module_& m) {
 
 // The SMDCCL_* variables and the settings they make.
 void bindSettings(py::module_& m) {
-  m.def(
-      "env_vars",
-      [] {
-        std::vector<std::tuple<std::string, std::string, std::string>> out;
-        for (const auto& v : smdccl::envVars()) out.emplace_back(v.name, v.defaultValue, v.help);
-        return out;
-      },
-      "Every SMDCCL_* variable: (name, default, meaning)");
   m.def(
       "env_table",
       [] {

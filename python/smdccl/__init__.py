@@ -18,6 +18,6 @@ register()
 
 def env_vars():
     """Every SMDCCL_* environment variable as (name, default, meaning)."""
-    from smdccl import _C
+    from smdccl._registration import env_table
 
-    return _C.env_vars()
+    return [(v["name"], v["default"], v["help"]) for v in env_table()]

@@ -19,6 +19,21 @@ import warnings
 
 BACKEND_NAME = "smdccl"
 
+#: The one variable read before the engine loads (at ``import torch``), so
+#: declared here, in the engine's table's form; :func:`env_table` joins the two.
+AUTOLOAD_ENV = {
+    "name": "SMDCCL_AUTOLOAD", "default": "1", "kind": "text", "min": 0, "max": 0, "choices": "",
+    "help": "0 stops the registration that runs at `import torch` (read by the Python package).",
+    "declared_in": "python/smdccl/_registration.py",
+}
+
+
+def env_table() -> list:
+    """Every SMDCCL_* variable's declaration, the engine's and this module's, by name."""
+    from smdccl import _C
+
+    return sorted(_C.env_table() + [AUTOLOAD_ENV], key=lambda v: v["name"])
+
 
 def _master_addr_hint(store) -> str:
     """Address to route towards when picking the network interface."""
@@ -117,7 +132,7 @@ def register() -> None:
 
 def autoload() -> None:
     """Entry point run at ``import torch``: never raises."""
-    if os.environ.get("SMDCCL_AUTOLOAD", "1") == "0":
+    if os.environ.get(AUTOLOAD_ENV["name"], AUTOLOAD_ENV["default"]) == "0":
         return
     try:
         register()

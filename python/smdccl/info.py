@@ -145,7 +145,7 @@ This file is generated: `python -m smdccl.info --env-markdown > docs/env.md`
 
 
 def env_markdown(table: list) -> str:
-    """docs/env.md, from the engine's declarations (``_C.env_table()``)."""
+    """docs/env.md, from the declarations (``smdccl._registration.env_table()``)."""
     rows = []
     for v in table:
         default = f"`{v['default']}`" if v["default"] else "(unset)"
@@ -208,9 +208,9 @@ def main(argv=None) -> int:
                       help="print docs/env.md (the same list as a Markdown table)")
     args = p.parse_args(argv)
     if args.env or args.env_markdown:
-        from smdccl import _C
+        from smdccl._registration import env_table
 
-        table = _C.env_table()
+        table = env_table()
         print(env_markdown(table) if args.env_markdown else env_text(table, os.environ), end="")
         return 0
     info = collect()
