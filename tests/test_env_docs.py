@@ -54,3 +54,9 @@ def test_info_env_lists_every_variable_with_its_value_here():
     for v in env_table():
         assert f"{v['name']} = " in out.stdout, v["name"]
     assert "SMDCCL_FUSION_MB = 7  [default 16; integer, 0 to 1024]" in out.stdout, out.stdout
+
+
+def test_smdccl_algo_names_every_registered_algorithm():
+    algo = next(v for v in env_table() if v["name"] == "SMDCCL_ALGO")
+    for name, _collectives in _C.algorithms():
+        assert name in algo["help"], f"SMDCCL_ALGO's help does not name {name}"

@@ -12,7 +12,8 @@ namespace env {
 SMDCCL_ENV_TEXT(kAlgo, "SMDCCL_ALGO", "auto",
                 "Force algorithms: auto (cheapest by the cost model), a registered name for "
                 "every collective it runs (ring, rd, halving, tree, direct, chain, two_level, "
-                "two_level_rd, two_level_tree; a collective it does not run gets its kin, e.g. "
+                "two_level_rd, two_level_tree, two_level_int8, two_level_int8_halving; a "
+                "collective it does not run gets its kin, e.g. "
                 "ring -> chain for broadcast), and/or collective:name pairs, e.g. "
                 "allreduce:tree,allgather:ring. A two-level name on one node runs its flat form. "
                 "ring also keeps compressed reductions on the ring. docs/algorithms.md lists "
