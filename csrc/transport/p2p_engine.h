@@ -7,10 +7,10 @@
 // its own socket, dialled by the sender, so a send never waits behind a collective or behind a
 // receive (two ranks may both send first). Between ranks of one node the bytes go through a
 // shared-memory ring instead, the socket carrying wake-ups (p2p_shm_stream.h; which of the two
-// is the socket's first byte: p2p_paths.cpp). A message is a header {tag, bytes} and the payload;
-// receives match the oldest pending receive of the same tag (from that peer, or from any source),
-// and messages that arrive before their receive is posted are buffered. The engine's part of a
-// loop's turn: p2p_loop.cpp; of the connector's: p2p_connector.cpp; deadlines and
+// is the socket's first byte: p2p_out_channel.h). A message is a header {tag, bytes} and the
+// payload; receives match the oldest pending receive of the same tag (from that peer, or from any
+// source), and messages that arrive before their receive is posted are buffered. The engine's part
+// of a loop's turn: p2p_loop.cpp; of the connector's: p2p_connector.cpp; deadlines and
 // SMDCCL_WARN_AFTER's warnings: p2p_watch.cpp.
 #include <atomic>
 #include <cstdint>
@@ -28,14 +28,13 @@
 #include "common/error.h"
 #include "transport/p2p_frame.h"
 #include "transport/p2p_loops.h"
-#include "transport/p2p_reader.h"
-#include "transport/p2p_shm_stream.h"
+#include "transport/p2p_in_channel.h"
+#include "transport/p2p_out_channel.h"
+#include "transport/p2p_requests.h"
 
 namespace smdccl {
 
 class Mesh;
-
-using Completion = std::function<void(std::exception_ptr)>;
 
 class P2PEngine final : private P2PHandler {
  public:
@@ -48,22 +47,8 @@ class P2PEngine final : private P2PHandler {
             double warnAfterS = 0);
   ~P2PEngine();
 
-  // A message to send: `bytes` at `buf`, matched by `tag`, due by
-  // `deadline`; `done` runs once with its outcome. `ready`, when given, is
-  // polled by the loop before anything is sent: false while the data is not
-  // in `buf` yet (e.g. a GPU copy into it), true once it is; what it throws
-  // (or the deadline passing first) fails this send and the receive it
-  // matches (the receiver gets why), nothing else. `flags` go into the
-  // header (P2PHeader::kNonFinite: buf is a report).
-  struct Outgoing {
-    const void* buf = nullptr;
-    size_t bytes = 0;
-    int64_t tag = 0;
-    Deadline deadline;
-    Completion done;
-    std::function<bool()> ready = nullptr;
-    uint32_t flags = 0;
-  };
+  // A message to send (p2p_requests.h).
+  using Outgoing = P2PSend;
   void send(int peer, Outgoing m);
   // Where a message lands: `bytes` at `buf`, for a message of `tag`, by
   // `deadline`; `done` runs once with the outcome.
@@ -87,20 +72,7 @@ class P2PEngine final : private P2PHandler {
 
  private:
   using Clock = std::chrono::steady_clock;
-  // One peer's turn ends after this many bytes, so that a large message
-  // does not hold the others up.
-  static constexpr uint64_t kTurnBytes = uint64_t(16) << 20;
-  struct RecvReq {
-    void* buf = nullptr;
-    size_t bytes = 0;
-    int64_t tag = 0;
-    Deadline deadline = Deadline::never();
-    Completion done;
-    uint64_t posted = 0;              // post order over all receives
-    std::function<void(int)> source;  // recvAny: told the sender's rank
-    Clock::time_point postedAt = Clock::now();
-    bool warned = false;  // SMDCCL_WARN_AFTER: said once
-  };
+  using RecvReq = P2PRecv;
   // A message read before a receive for it was posted.
   struct Arrived {
     std::vector<char> payload;
@@ -108,29 +80,6 @@ class P2PEngine final : private P2PHandler {
     uint64_t arrived;  // arrival order over all peers (recvAny takes the oldest)
   };
   using EarlyMap = std::map<int64_t, std::deque<Arrived>>;
-  // The send the sending loop is moving (that thread's only).
-  struct Outbound {
-    bool active = false;
-    bool ready = false;      // the data (or the report of why not) is there
-    bool connected = false;  // polled on its peer's socket
-    Outgoing req;
-    uint8_t head[sizeof(P2PHeader)];
-    const char* payload = nullptr;
-    uint64_t payloadBytes = 0;
-    std::string report;  // kSenderFailed: why the data is not there
-    std::exception_ptr notReady;
-    uint64_t sent = 0;      // of the header and the payload
-    bool waitRoom = false;  // the shared-memory ring is full: wait for the reader's wake-up
-    Clock::time_point lastMoved;
-    bool warned = false;  // SMDCCL_WARN_AFTER: said once
-  };
-  // The message the receiving loop is reading (that thread's only).
-  struct Inbound {
-    P2PReader reader;
-    bool matched = false;  // `target` is this message's receive
-    RecvReq target;
-    Deadline due;  // the group's timeout from the message's first byte
-  };
   struct Peer {
     // Under mu_:
     std::deque<Outgoing> sends;  // not started yet
@@ -142,14 +91,8 @@ class P2PEngine final : private P2PHandler {
     Deadline dialBy;            // ...by the deadline of the send that needs it
     int64_t dialTag = 0;
     int outFd = -1, inFd = -1;
-    // The sending loop's only:
-    Outbound out;
-    bool announced = false;              // the path's byte is sent
-    std::unique_ptr<P2PShmWriter> ring;  // the path is shared memory
-    // The receiving loop's only:
-    Inbound in;
-    std::unique_ptr<P2PByteSource> source;  // once the path's byte is in
-    bool readNow = true;  // read without waiting for the socket (a ring with bytes left)
+    P2POutChannel out;  // the sending loop's only
+    P2PInChannel in;    // the receiving loop's only
   };
   // What completes after mu_ is released (completions may call back in).
   // Completions never call into the engine (they name the group by a copy
@@ -202,18 +145,7 @@ class P2PEngine final : private P2PHandler {
   // One peer's turn after poll(): start, move and end its transfers.
   void serveOut(int rank, Peer& p, Later& later);
 
-  // p2p_paths.cpp: the bytes' path to and from a peer, a socket or a
-  // shared-memory ring. The sender says which in its connection's first
-  // byte (false: the socket cannot take it now).
-  bool announcePath(int rank, Peer& p);
-  // Moves what can move now of the current send, at most kTurnBytes;
-  // returns how much. Throw CommError when the connection failed.
-  uint64_t writeSocket(int rank, Peer& p);
-  uint64_t writeRing(Peer& p);
-  // The path's byte, once it is in (false: not yet).
-  bool learnPath(int rank, Peer& p);
   bool startSend(Peer& p);  // mu_ held
-  void pollReady(Peer& p);  // the sending loop's own state
   // Reads what is there of the current message; false: the peer failed.
   bool readSome(int rank, Peer& p, Later& later);
   // A message's header is in: match it, and say where its payload goes.

@@ -1,9 +1,9 @@
 // P2PEngine's part of the process's event loops (p2p_loops.h): one thread
 // polls every peer's sending sockets, another every receiving one, and each
-// moves what its path (a socket, or a shared-memory ring: p2p_paths.cpp)
-// can take without blocking. The state of a message in flight (Outbound,
-// Inbound) is its loop's alone; the queues they take from and the matching
-// are under mu_, the I/O is not.
+// moves what its path (a socket, or a shared-memory ring) can take without
+// blocking. A peer's channels (P2POutChannel, P2PInChannel: the message in
+// flight and its path) are their loop's alone; the queues they take from
+// and the matching are under mu_, the I/O is not.
 #include <poll.h>
 
 #include "common/log.h"
@@ -32,7 +32,7 @@ int P2PEngine::prepareTurn(Direction d, P2PPollSet& set, Later& later,
     // Peer::out is this loop's own.
     for (int r = 0; r < mesh_.size(); ++r)
       if (r != mesh_.rank() && peers_[r]->out.active && !peers_[r]->out.ready)
-        pollReady(*peers_[r]);
+        peers_[r]->out.pollReady();
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (d == Direction::Out) pollSends(set);
@@ -69,7 +69,7 @@ void P2PEngine::pollSends(P2PPollSet& set) {
     if (p.outFd >= 0) {
       if (!p.out.connected) {
         p.out.connected = true;
-        p.out.lastMoved = Clock::now();  // "has sent nothing for" counts from here
+        p.out.lastMoved = P2POutChannel::Clock::now();  // "has sent nothing for" counts from here
       }
       // A full ring waits for its reader's wake-up; otherwise the socket
       // (whose buffer holds at most wake-ups then) is ready at once.
@@ -98,7 +98,7 @@ void P2PEngine::prepareIn(Later& later, std::vector<std::string>& warnings, P2PP
     } else if (p.reading && p.inFd >= 0) {
       // POLLOUT: a socket that only ever carries a few wake-up bytes back
       // is writable at once, so the peer's turn comes without waiting.
-      set.add(p.inFd, p.readNow ? POLLIN | POLLOUT : POLLIN, this, r);
+      set.add(p.inFd, p.in.readNow ? POLLIN | POLLOUT : POLLIN, this, r);
     }
   }
 }
@@ -122,78 +122,36 @@ void P2PEngine::acceptArrivals(Later& later) {
 
 bool P2PEngine::startSend(Peer& p) {
   if (p.sends.empty()) return false;
-  p.out = Outbound{};
-  p.out.active = true;
-  p.out.req = std::move(p.sends.front());
+  p.out.start(std::move(p.sends.front()));
   p.sends.pop_front();
   return true;
 }
 
-void P2PEngine::pollReady(Peer& p) {
-  Outbound& o = p.out;
-  // A local failure before the data is there (the GPU copy) fails this send
-  // only: the receiver gets why in place of the data and fails the matching
-  // receive (instead of waiting for it, or taking the next message of the
-  // tag); the link stays in step.
-  try {
-    o.ready = !o.req.ready || o.req.ready();
-  } catch (const std::exception& e) {
-    o.notReady = std::current_exception();
-    o.report = e.what();
-    o.ready = true;
-  } catch (...) {
-    o.notReady = std::current_exception();
-    o.report = "an exception of unknown type";
-    o.ready = true;
-  }
-  if (!o.ready) return;
-  P2PHeader head{P2PHeader::kMagic, o.req.flags, o.req.tag, o.req.bytes};
-  o.payload = static_cast<const char*>(o.req.buf);
-  if (o.notReady) {
-    head.flags = P2PHeader::kSenderFailed;
-    head.bytes = o.report.size();
-    o.payload = o.report.data();
-  }
-  o.payloadBytes = head.bytes;
-  encodeP2PHeader(head, o.head);
-}
-
 void P2PEngine::serveOut(int rank, Peer& p, Later& later) {
-  Outbound& o = p.out;
+  P2POutChannel& o = p.out;
   if (!o.active) return;
   try {
-    if (!p.announced && !announcePath(rank, p)) return;
-    if ((p.ring ? writeRing(p) : writeSocket(rank, p)) > 0) o.lastMoved = Clock::now();
+    if (o.move(mesh_, rank, p.outFd) > 0) o.lastMoved = P2POutChannel::Clock::now();
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mu_);
     failSending(rank, o.req.tag, e.what(), later);
     endOut(p, later);
     return;
   }
-  if (o.sent < sizeof o.head + o.payloadBytes) return;
+  if (!o.finished()) return;
   later.push_back([req = std::move(o.req), e = o.notReady] { req.done(e); });
-  o = Outbound{};
+  o.clear();
   std::lock_guard<std::mutex> lock(mu_);
   if (!p.failed) startSend(p);  // the next one; its readiness is asked next turn
 }
 
 bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
-  Inbound& in = p.in;
-  uint64_t budget = kTurnBytes;
-  if (in.reader.buffering() && !in.matched) matchMidMessage(p);
+  if (p.in.reader.buffering() && !p.in.matched) matchMidMessage(p);
   try {
-    p.readNow = false;
-    if (!p.source && !learnPath(rank, p)) return true;
-    p.source->startTurn();
-    while (true) {
-      bool began = !in.reader.midMessage();
-      P2PReader::Event ev = in.reader.read(*p.source, &budget);
-      if (began && in.reader.midMessage()) in.due = Deadline::after(timeout_());
-      if (ev == P2PReader::Event::Idle) break;
-      if (ev == P2PReader::Event::Header) headerRead(rank, p, later);
-      if (in.reader.complete()) messageRead(rank, p, later);
-    }
-    p.readNow = p.source->readOnNow(budget);
+    p.in.read(mesh_, rank, p.inFd, P2POutChannel::kTurnBytes,
+              {.timeout = timeout_,
+               .header = [&] { headerRead(rank, p, later); },
+               .message = [&] { messageRead(rank, p, later); }});
     return true;
   } catch (const std::exception& e) {  // the connection, or memory for a message
     std::lock_guard<std::mutex> lock(mu_);
@@ -203,9 +161,8 @@ bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
 }
 
 void P2PEngine::headerRead(int rank, Peer& p, Later& later) {
-  Inbound& in = p.in;
+  P2PInChannel& in = p.in;
   const P2PHeader& h = in.reader.header();
-  in.due = Deadline::after(timeout_());  // the payload follows its header
   std::lock_guard<std::mutex> lock(mu_);
   // A failed peer's receives have failed; its turn ends with this one.
   in.matched = !p.failed && takeMatch(p, h.tag, &in.target);
@@ -216,7 +173,7 @@ void P2PEngine::headerRead(int rank, Peer& p, Later& later) {
 }
 
 void P2PEngine::matchMidMessage(Peer& p) {
-  Inbound& in = p.in;
+  P2PInChannel& in = p.in;
   const P2PHeader& h = in.reader.header();
   if (P2PHeader::carriesReport(h.flags)) return;
   std::lock_guard<std::mutex> lock(mu_);
@@ -229,7 +186,7 @@ void P2PEngine::matchMidMessage(Peer& p) {
 }
 
 void P2PEngine::messageRead(int rank, Peer& p, Later& later) {
-  Inbound& in = p.in;
+  P2PInChannel& in = p.in;
   const P2PHeader h = in.reader.header();
   const bool report = P2PHeader::carriesReport(h.flags);
   std::lock_guard<std::mutex> lock(mu_);
@@ -261,7 +218,7 @@ void P2PEngine::messageRead(int rank, Peer& p, Later& later) {
 
 void P2PEngine::endOut(Peer& p, Later& later) {
   if (p.out.active) later.push_back([req = std::move(p.out.req), e = p.failed] { req.done(e); });
-  p.out = Outbound{};
+  p.out.clear();
 }
 
 void P2PEngine::endIn(int rank, Peer& p, Later& later) {

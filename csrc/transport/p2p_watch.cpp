@@ -54,7 +54,7 @@ void P2PEngine::expireSends(Later& later) {
   for (int r = 0; r < mesh_.size(); ++r) {
     if (r == mesh_.rank()) continue;
     Peer& p = *peers_[r];
-    Outbound& o = p.out;
+    P2POutChannel& o = p.out;
     if (p.failed || !o.active || !o.req.deadline.expired()) continue;
     if (!o.ready) {
       // Its data never came (a GPU copy that did not finish): the receiver
@@ -63,7 +63,7 @@ void P2PEngine::expireSends(Later& later) {
         throw CommError(CommError::Kind::Timeout, "its data was not ready by the send's deadline");
       };
       o.req.deadline = Deadline::after(timeout_());
-      pollReady(p);
+      o.pollReady();
     } else if (p.outFd >= 0) {  // a dial has its own deadline
       failSending(r, o.req.tag, strCat("timed out sending to rank ", r), later);
       endOut(p, later);
@@ -167,7 +167,7 @@ void P2PEngine::warnSends(std::vector<std::string>& lines) {
   auto window = seconds(warnAfterS_);
   for (int q = 0; q < mesh_.size(); ++q) {
     if (q == mesh_.rank()) continue;
-    Outbound& o = peers_[q]->out;
+    P2POutChannel& o = peers_[q]->out;
     // Once nothing has moved for a window (e.g. the peer posts no receive
     // from this rank, so nothing reads the socket once its buffers are full).
     if (!o.active || !o.connected || o.warned || now - o.lastMoved < window) continue;
