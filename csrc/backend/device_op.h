@@ -143,13 +143,6 @@ class DeviceOps {
 std::unique_ptr<DeviceOps> makeDeviceOps(KVStore& store,
                                          std::function<std::chrono::milliseconds()> timeout);
 
-// In-place allreduce on the op's device, or on the host for CPU tensors.
-inline void allreduceOn(const std::shared_ptr<DeviceOp>& d, Comm& c, const CollectiveArgs& a,
-                        const Tuning& t) {
-  if (d) d->allreduce(c, a, t);
-  else allreduce(c, a, t);
-}
-
 // A host copy where there is a device op, the tensor itself otherwise.
 inline at::Tensor hostOf(const std::shared_ptr<DeviceOp>& d, const at::Tensor& t, bool in,
                          bool out) {

@@ -53,9 +53,10 @@ void ReduceSemantics::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
   }
   WireOverflowCheck overflow(useWire(c, dt, spec));
   applyPreScale(t, spec);
-  allreduceOn(dev, c,
-              {.buf = bytesOf(t), .count = static_cast<size_t>(t.numel()), .dt = dt, .op = spec.op},
-              tuning);
+  const CollectiveArgs args{
+      .buf = bytesOf(t), .count = static_cast<size_t>(t.numel()), .dt = dt, .op = spec.op};
+  if (dev) dev->allreduce(c, args, tuning);  // the GPU paths
+  else smdccl::allreduce(c, args, tuning);
   applyPostDivide(t, spec);
   overflow.finish(c);
 }
