@@ -64,16 +64,19 @@ void reduceScatterSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
 
 // Where each rank's piece (counts[j] float32 values) sits in a slot packed
 // for the int8 exchange across nodes: the others' quantized, this rank's
-// float32. Empty where some piece has fewer than 2 values (a quantized
-// single value takes more bytes than it does as float32).
+// float32, each from a 16-byte boundary (the host sums into this rank's
+// float32 in place). Empty where some piece has fewer than 8 values (a
+// quantized piece and its padding must take no more room than float32).
+constexpr size_t kPieceAlign = 16;
 Int8Slot int8SlotOf(const Comm& c, const std::vector<size_t>& counts) {
   Int8Slot s;
   size_t at = 0;
   for (int j = 0; j < c.size(); ++j) {
-    if (counts[j] < 2) return {};
+    if (counts[j] < 8) return {};
     s.counts.push_back(counts[j]);
     s.offsets.push_back(at);
     at += j == c.rank() ? counts[j] * sizeof(float) : int8Bytes(counts[j]);
+    at = (at + kPieceAlign - 1) / kPieceAlign * kPieceAlign;
   }
   return s;
 }
