@@ -37,7 +37,7 @@ struct GpuFacts {
   bool ncclChosen = false, ncclTypes = false;
   // The staged step across nodes: the wire it packs to (F32: none).
   Wire packWire = Wire::F32;
-  CostModel model;
+  CostModel model{};
   // Whether smdccl's IPC kernels can serve the node (at most this many ranks).
   static constexpr int kMaxIpcRanks = 16;
 };
