@@ -21,10 +21,10 @@ void P2PInChannel::read(Mesh& mesh, int rank, int fd, uint64_t budget, const Eve
   while (true) {
     bool began = !reader.midMessage();
     P2PReader::Event ev = reader.read(*source_, &budget);
-    if (began && reader.midMessage()) due = Deadline::after(on.timeout());
+    if (began && reader.midMessage()) due = Deadline::after((*on.timeout)());
     if (ev == P2PReader::Event::Idle) break;
     if (ev == P2PReader::Event::Header) {
-      due = Deadline::after(on.timeout());  // the payload follows its header
+      due = Deadline::after((*on.timeout)());  // the payload follows its header
       on.header();
     }
     if (reader.complete()) on.message();

@@ -21,7 +21,7 @@ class P2PInChannel {
   // What the engine does as a message comes in. A message must go on
   // arriving within `timeout()` of its first byte, and of its header (`due`).
   struct Events {
-    std::function<std::chrono::milliseconds()> timeout;
+    const std::function<std::chrono::milliseconds()>* timeout;  // the group's, outlives the read
     std::function<void()> header;   // its header is in: it says where the payload goes
     std::function<void()> message;  // all of it is in
   };

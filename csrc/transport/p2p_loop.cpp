@@ -149,7 +149,7 @@ bool P2PEngine::readSome(int rank, Peer& p, Later& later) {
   if (p.in.reader.buffering() && !p.in.matched) matchMidMessage(p);
   try {
     p.in.read(mesh_, rank, p.inFd, P2POutChannel::kTurnBytes,
-              {.timeout = timeout_,
+              {.timeout = &timeout_,
                .header = [&] { headerRead(rank, p, later); },
                .message = [&] { messageRead(rank, p, later); }});
     return true;
