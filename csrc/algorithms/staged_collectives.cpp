@@ -138,13 +138,18 @@ StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t c
       job.slotBytes = std::max(job.slotBytes, int8SlotBytes(s));
       continue;
     }
-    job.rounds.push_back({{{dev, 0, n * es}},
-                          [comm = c, &t, n, wire, dt = a.dt, op = a.op](char* slot) mutable {
-                            if (wire != Wire::F32) widenInPlace(slot, n, wire);
-                            allreduceSlot(comm, {.buf = slot, .count = n, .dt = dt, .op = op}, t);
-                            if (wire != Wire::F32) narrowInPlace(slot, slot, n, wire);
-                          },
-                          {{dev, 0, n * es}}});
+    // A round reduces a chunk, not the tensor whose elements the int8
+    // wire's error feedback is kept for: it runs without feedback.
+    Comm chunkComm = c;
+    chunkComm.int8Feedback = nullptr;
+    job.rounds.push_back(
+        {{{dev, 0, n * es}},
+         [comm = chunkComm, &t, n, wire, dt = a.dt, op = a.op](char* slot) mutable {
+           if (wire != Wire::F32) widenInPlace(slot, n, wire);
+           allreduceSlot(comm, {.buf = slot, .count = n, .dt = dt, .op = op}, t);
+           if (wire != Wire::F32) narrowInPlace(slot, slot, n, wire);
+         },
+         {{dev, 0, n * es}}});
   }
   return job;
 }

@@ -567,3 +567,40 @@ TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
     CHECK(error.empty());
   }
 }
+
+// The int8 wire's error feedback is kept per element of a tensor; a staged
+// round reduces one chunk of it, so the staged allreduce runs without it:
+// the residuals are left as they were and the results equal the staged
+// allreduce's without feedback, chunk for chunk (applied to another chunk's
+// elements, last round's residuals would blur them).
+TEST(staged_rounds_leave_the_int8_error_feedback_alone) {
+  MemoryFabric fabric({2, 2});
+  std::string error = fabric.run([&](int r, Comm& c) {
+    c.int8 = true;
+    const size_t n = 20000, chunk = 4096;
+    std::vector<float> plain = valuesOf(r, n), fed = plain;
+    Int8Residuals residuals;
+    residuals.sent.assign(n, 0.5f);
+    residuals.owned.assign(n, -0.25f);
+    for (bool feedback : {false, true}) {
+      Comm comm = c;
+      comm.int8Feedback = feedback ? &residuals : nullptr;
+      std::vector<float>& buf = feedback ? fed : plain;
+      HostStageDevice device;
+      StagedRoundsJob job = allreduceRounds(comm,
+                                            {.buf = reinterpret_cast<char*>(buf.data()),
+                                             .count = n,
+                                             .dt = DType::F32,
+                                             .op = RedOp::Sum},
+                                            chunk * 4, kTuning);
+      std::vector<char> host(job.hostBytes());
+      planStagedRounds(comm.ctx, device, std::move(job), host.data())->run();
+    }
+    if (fed != plain) throw std::runtime_error("error feedback reached a staged round");
+    if (residuals.sent != std::vector<float>(n, 0.5f) ||
+        residuals.owned != std::vector<float>(n, -0.25f))
+      throw std::runtime_error("a staged round changed the residuals");
+  });
+  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+  CHECK(error.empty());
+}
