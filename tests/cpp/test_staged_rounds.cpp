@@ -58,6 +58,19 @@ void hostAllreduceByChunk(Comm& c, std::vector<float>& v, size_t chunk) {
               kTuning);
 }
 
+// The staged allreduce of `buf` (float32, SUM) in chunks of `chunk`
+// values on `device`.
+void runStagedAllreduce(Comm& c, StageDevice& device, std::vector<float>& buf, size_t chunk) {
+  StagedRoundsJob job = allreduceRounds(c,
+                                        {.buf = reinterpret_cast<char*>(buf.data()),
+                                         .count = buf.size(),
+                                         .dt = DType::F32,
+                                         .op = RedOp::Sum},
+                                        chunk * 4, kTuning);
+  std::vector<char> host(job.hostBytes());
+  planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+}
+
 // The staged reduce-scatter of `in` (c.size() blocks of `each` float32,
 // SUM) into `out` on `device`.
 void runStagedReduceScatter(Comm& c, StageDevice& device, std::vector<float>& in,
@@ -520,14 +533,7 @@ TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
         full.int8 = false;
         hostAllreduceByChunk(full, plain, chunk);
         HostStageDevice device(Mode::Deferred);
-        StagedRoundsJob job = allreduceRounds(across,
-                                              {.buf = reinterpret_cast<char*>(buf.data()),
-                                               .count = n,
-                                               .dt = DType::F32,
-                                               .op = RedOp::Sum},
-                                              chunk * 4, kTuning);
-        std::vector<char> host(job.hostBytes());
-        planStagedRounds(across.ctx, device, std::move(job), host.data())->run();
+        runStagedAllreduce(across, device, buf, chunk);
         if (buf != ref)
           throw std::runtime_error("staged allreduce differs from the int8 exchange's");
         if (buf == plain)
@@ -587,14 +593,7 @@ TEST(staged_rounds_leave_the_int8_error_feedback_alone) {
       comm.int8Feedback = feedback ? &residuals : nullptr;
       std::vector<float>& buf = feedback ? fed : plain;
       HostStageDevice device;
-      StagedRoundsJob job = allreduceRounds(comm,
-                                            {.buf = reinterpret_cast<char*>(buf.data()),
-                                             .count = n,
-                                             .dt = DType::F32,
-                                             .op = RedOp::Sum},
-                                            chunk * 4, kTuning);
-      std::vector<char> host(job.hostBytes());
-      planStagedRounds(comm.ctx, device, std::move(job), host.data())->run();
+      runStagedAllreduce(comm, device, buf, chunk);
     }
     if (fed != plain) throw std::runtime_error("error feedback reached a staged round");
     if (residuals.sent != std::vector<float>(n, 0.5f) ||
