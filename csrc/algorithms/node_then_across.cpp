@@ -1,6 +1,5 @@
 #include "algorithms/node_then_across.h"
 
-#include <algorithm>
 #include <vector>
 
 #include "topology/node_major.h"
@@ -60,19 +59,12 @@ void acrossThenNodeAllgather(Comm& c, NodeThenAcrossSteps& s, const BlockGather&
 
 void acrossThenNodeBroadcast(Comm& c, NodeThenAcrossSteps& s, const CollectiveArgs& a) {
   const Hierarchy& h = levelsOf(c);
-  int rootNode = 0, rootLocal = 0;
-  for (int n = 0; n < h.numNodes(); ++n) {
-    const std::vector<int>& node = h.nodes[static_cast<size_t>(n)];
-    auto it = std::find(node.begin(), node.end(), a.root);
-    if (it == node.end()) continue;
-    rootNode = n;
-    rootLocal = static_cast<int>(it - node.begin());
+  const Hierarchy::Place root = h.placeOf(a.root);
+  if (h.numNodes() > 1 && h.myLocal == root.local) {
+    Comm across = c.sub(h.acrossNodes(root.local));
+    s.acrossBroadcast(across, {.buf = a.buf, .bytes = a.bytes, .root = root.node});
   }
-  if (h.numNodes() > 1 && h.myLocal == rootLocal) {
-    Comm across = c.sub(h.acrossNodes(rootLocal));
-    s.acrossBroadcast(across, {.buf = a.buf, .bytes = a.bytes, .root = rootNode});
-  }
-  s.nodeBroadcast({.buf = a.buf, .bytes = a.bytes, .root = rootLocal});
+  s.nodeBroadcast({.buf = a.buf, .bytes = a.bytes, .root = root.local});
 }
 
 }  // namespace smdccl

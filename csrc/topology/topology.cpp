@@ -51,6 +51,14 @@ bool Hierarchy::uniform() const {
   return true;
 }
 
+Hierarchy::Place Hierarchy::placeOf(int rank) const {
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    auto it = std::find(nodes[n].begin(), nodes[n].end(), rank);
+    if (it != nodes[n].end()) return {static_cast<int>(n), static_cast<int>(it - nodes[n].begin())};
+  }
+  return {};
+}
+
 std::vector<int> Hierarchy::acrossNodes(int local) const {
   std::vector<int> out;
   for (const auto& n : nodes) out.push_back(n[local]);
@@ -70,9 +78,9 @@ Hierarchy hierarchyOf(const Topology& t, int rank) {
   Hierarchy h;
   h.nodes.resize(t.numNodes);
   for (int r = 0; r < static_cast<int>(t.nodeOf.size()); ++r) h.nodes[t.nodeOf[r]].push_back(r);
-  h.myNode = t.nodeOf[rank];
-  const auto& mine = h.nodes[h.myNode];
-  h.myLocal = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  const Hierarchy::Place mine = h.placeOf(rank);
+  h.myNode = mine.node;
+  h.myLocal = mine.local;
   return h;
 }
 

@@ -37,6 +37,11 @@ struct Hierarchy {
   bool uniform() const;
   // The rank with local index `local` on each node, by node (uniform only).
   std::vector<int> acrossNodes(int local) const;
+  // Where group rank `rank` sits: its node and its index there ({-1, -1}: nowhere).
+  struct Place {
+    int node = -1, local = -1;
+  };
+  Place placeOf(int rank) const;
   // "2 nodes x 2 ranks" or "uneven nodes 3,1", for logs.
   std::string shape() const;
 };

@@ -48,3 +48,11 @@ TEST(hierarchy_levels) {
   CHECK(!u.uniform() && u.maxLocal() == 3 && u.localSize() == 1 && u.myLocal == 0);
   CHECK(u.shape() == "uneven nodes 3,1");
 }
+
+TEST(hierarchy_place_of_a_rank) {
+  Hierarchy h = hierarchyOf(topologyFromHostKeys({"a", "b", "a", "b", "b"}), 4);
+  CHECK(h.myNode == 1 && h.myLocal == 2);  // nodes [0,2] [1,3,4]
+  CHECK(h.placeOf(2).node == 0 && h.placeOf(2).local == 1);
+  CHECK(h.placeOf(3).node == 1 && h.placeOf(3).local == 1);
+  CHECK(h.placeOf(7).node == -1 && h.placeOf(7).local == -1);
+}

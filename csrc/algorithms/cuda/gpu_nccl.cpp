@@ -10,7 +10,6 @@
 // node, the staged steps across nodes. The host does not wait for
 // NCCL's work: the group's watch (GpuContext::watchNccl) fails the group
 // and aborts NCCL if it has not finished by the op's deadline.
-#include <algorithm>
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/node_then_across.h"
@@ -102,8 +101,7 @@ void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t
 
 void ncclReduce(Comm& c, GpuContext& g, const CollectiveArgs& a) {
   const Hierarchy& h = *c.levels;
-  const std::vector<int>& node = h.nodes[static_cast<size_t>(h.myNode)];
-  const int root = static_cast<int>(std::find(node.begin(), node.end(), a.root) - node.begin());
+  const int root = h.placeOf(a.root).local;
   g.nccl(h, c.ctx.deadline).reduce({a.buf, a.buf, a.count, a.dt, a.op, root}, g.stream());
   g.watchNccl(c.ctx);
 }
