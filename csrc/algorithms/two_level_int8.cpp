@@ -195,34 +195,40 @@ class Int8Pipeline {
   size_t slotBytes_ = 0;
 };
 
-}  // namespace
-
-namespace {
+// Every other node's quantized contribution to this rank's piece `mine`
+// (count values), added in node order (the sum does not depend on arrival
+// order): `sent(j)` gives the quantized piece for node j ({bytes, size});
+// `inbox` takes the contributions (a piece of int8Bytes(count) per node).
+template <typename Sent>
+void addFromOthers(Comm& across, Sent sent, float* mine, size_t count, char* inbox) {
+  const size_t each = int8Bytes(count);
+  Exchange ex = across.exchange();
+  withOtherNodes(ex, across, sent,
+                 [&](int j) { return std::pair(inbox + static_cast<size_t>(j) * each, each); });
+  ex.run();
+  for (int j = 0; j < across.size(); ++j)
+    if (j != across.rank())
+      dequantizeAddInt8(mine, mine, inbox + static_cast<size_t>(j) * each, count);
+}
 
 // Across nodes (the ranks of `across`, one per node): block j of buf
 // (byNode) goes to its owner j quantized once; the owner adds every
-// contribution to its own in float32 (node order). One quantization per
-// element; each rank keeps its own block, so no second.
+// contribution to its own in float32. One quantization per element; each
+// rank keeps its own block, so no second.
 void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<char>& scratch) {
   const int n = across.size(), me = across.rank();
-  std::vector<size_t> at(2 * static_cast<size_t>(n) + 1, 0);  // scratch offsets: n out, n in
-  for (int j = 0; j < n; ++j) at[j + 1] = at[j] + int8Bytes(byNode.length[j] / sizeof(float));
-  for (int j = 0; j < n; ++j)
-    at[n + j + 1] = at[n + j] + int8Bytes(byNode.length[me] / sizeof(float));
-  scratch.resize(at[2 * n]);
+  auto count = [&](int j) { return byNode.length[j] / sizeof(float); };
   auto block = [&](int j) { return reinterpret_cast<float*>(buf + byNode.offset[j]); };
-  const size_t mine = byNode.length[me] / sizeof(float);
-  Exchange ex = across.exchange();
-  withOtherNodes(
-      ex, across,
+  std::vector<size_t> at(static_cast<size_t>(n) + 1, 0);  // the pieces for the others, by node
+  for (int j = 0; j < n; ++j) at[j + 1] = at[j] + int8Bytes(count(j));
+  scratch.resize(at[n] + static_cast<size_t>(n) * int8Bytes(count(me)));  // then the inbox
+  addFromOthers(
+      across,
       [&](int j) {
-        quantizeInt8(scratch.data() + at[j], block(j), byNode.length[j] / sizeof(float));
+        quantizeInt8(scratch.data() + at[j], block(j), count(j));
         return std::pair(scratch.data() + at[j], at[j + 1] - at[j]);
       },
-      [&](int j) { return std::pair(scratch.data() + at[n + j], at[n + j + 1] - at[n + j]); });
-  ex.run();
-  for (int j = 0; j < n; ++j)
-    if (j != me) dequantizeAddInt8(block(me), block(me), scratch.data() + at[n + j], mine);
+      block(me), count(me), scratch.data() + at[n]);
 }
 
 }  // namespace
@@ -258,17 +264,11 @@ void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>
 
 void int8AcrossPackedReduceScatter(Comm& c, char* slot, const Int8Slot& s,
                                    std::vector<char>& scratch) {
-  const int n = c.size(), me = c.rank();
-  const size_t mine = s.counts[me], each = int8Bytes(mine);
-  scratch.resize(static_cast<size_t>(n) * each);  // contributions, by sender
-  Exchange ex = c.exchange();
-  withOtherNodes(
-      ex, c, [&](int j) { return std::pair(slot + s.offsets[j], int8Bytes(s.counts[j])); },
-      [&](int j) { return std::pair(scratch.data() + static_cast<size_t>(j) * each, each); });
-  ex.run();
-  float* sum = reinterpret_cast<float*>(slot + s.offsets[me]);
-  for (int j = 0; j < n; ++j)
-    if (j != me) dequantizeAddInt8(sum, sum, scratch.data() + static_cast<size_t>(j) * each, mine);
+  const size_t mine = s.counts[c.rank()];
+  scratch.resize(static_cast<size_t>(c.size()) * int8Bytes(mine));  // the inbox
+  addFromOthers(
+      c, [&](int j) { return std::pair(slot + s.offsets[j], int8Bytes(s.counts[j])); },
+      reinterpret_cast<float*>(slot + s.offsets[c.rank()]), mine, scratch.data());
 }
 
 void int8AcrossPackedAllreduce(Comm& c, char* slot, const Int8Slot& s, std::vector<char>& scratch) {
