@@ -55,14 +55,17 @@ WorkPtr SmdcclBackend::broadcast(std::vector<at::Tensor>& tensors,
 
 namespace {
 
-// The list form on CUDA tensors: the blocks padded into one device buffer,
-// the device path's allgather, each block out (no pinned copy).
-void allgatherPadded(Comm& c, DeviceOp& dev, const at::Tensor& in, std::vector<at::Tensor>& outs,
-                     const Tuning& tuning) {
-  std::vector<size_t> lengths;
-  for (const at::Tensor& t : outs) lengths.push_back(t.nbytes());
-  const Blocks blocks = Blocks::fromLengths(lengths);
-  PaddedBlocks all(blocks, in);
+// The list form on CUDA tensors: the blocks (`blocks`, as checked at the
+// call) padded into one device buffer, the device path's allgather, each
+// block out (no pinned copy).
+struct ListGather {
+  const at::Tensor& in;
+  std::vector<at::Tensor>& outs;
+  const Blocks& blocks;
+};
+void allgatherPadded(Comm& c, DeviceOp& dev, const ListGather& g, const Tuning& tuning) {
+  const at::Tensor& in = g.in;
+  PaddedBlocks all(g.blocks, in);
   const int me = c.rank();
   all.block(me, in.nbytes()).copy_(byteView(in));
   dev.allgather(c,
@@ -71,7 +74,8 @@ void allgatherPadded(Comm& c, DeviceOp& dev, const at::Tensor& in, std::vector<a
                  .eachBytes = all.each()},
                 tuning);
   for (int r = 0; r < c.size(); ++r)
-    byteView(outs[static_cast<size_t>(r)]).copy_(all.block(r, lengths[static_cast<size_t>(r)]));
+    byteView(g.outs[static_cast<size_t>(r)])
+        .copy_(all.block(r, g.blocks.length[static_cast<size_t>(r)]));
 }
 
 }  // namespace
@@ -92,7 +96,7 @@ WorkPtr SmdcclBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
        .outputs = outputs[0],
        .body =
            [in, outs = outputs[0], blocks, tuning, dev](Comm& c) mutable {
-             if (dev) return allgatherPadded(c, *dev, in, outs, tuning);
+             if (dev) return allgatherPadded(c, *dev, {in, outs, blocks}, tuning);
              at::Tensor flat = at::empty({static_cast<int64_t>(blocks.total())}, at::kByte);
              if (in.nbytes())
                std::memcpy(bytesOf(flat) + blocks.offset[c.rank()], bytesOf(in), in.nbytes());
