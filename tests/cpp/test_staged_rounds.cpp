@@ -553,6 +553,24 @@ TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
               "bytes across the device: " + std::to_string(device.bytesToHost()) + " out, " +
               std::to_string(device.bytesFromHost()) + " back");
       }
+      {
+        // Pieces under 8 values are not packed: float32 crosses the
+        // device, and the host still runs the int8 exchange on it.
+        std::vector<float> buf = valuesOf(r + 40, 10), ref = buf;
+        std::vector<char> scratch;
+        const CollectiveArgs a{.buf = reinterpret_cast<char*>(ref.data()),
+                               .count = ref.size(),
+                               .dt = DType::F32,
+                               .op = RedOp::Sum};
+        if (whole) allreduce(across, a, kTuning);
+        else int8AcrossAllreduce(across, a, {.scratch = scratch});
+        HostStageDevice device;
+        runStagedAllreduce(across, device, buf, 16384);
+        if (buf != ref)
+          throw std::runtime_error("an unpacked int8 round differs from the exchange's");
+        if (device.bytesToHost() != 40 || device.bytesFromHost() != 40)
+          throw std::runtime_error("an unpacked int8 round did not stage float32");
+      }
       if (whole) return;
       // Reduce-scatter over the pair: each keeps its block, the other's quantized once.
       const size_t each = 3000;
