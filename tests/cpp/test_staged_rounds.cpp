@@ -72,9 +72,9 @@ void runStagedAllreduce(Comm& c, StageDevice& device, std::vector<float>& buf, s
 }
 
 // The staged reduce-scatter of `in` (c.size() blocks of `each` float32,
-// SUM) into `out` on `device`.
-void runStagedReduceScatter(Comm& c, StageDevice& device, std::vector<float>& in,
-                            std::vector<float>& out, size_t each) {
+// SUM) into `out` on `device`; returns its rounds.
+size_t runStagedReduceScatter(Comm& c, StageDevice& device, std::vector<float>& in,
+                              std::vector<float>& out, size_t each) {
   StagedRoundsJob rs = reduceScatterRounds(c,
                                            {.in = reinterpret_cast<char*>(in.data()),
                                             .out = reinterpret_cast<char*>(out.data()),
@@ -82,8 +82,10 @@ void runStagedReduceScatter(Comm& c, StageDevice& device, std::vector<float>& in
                                             .dt = DType::F32,
                                             .op = RedOp::Sum},
                                            kTuning);
+  const size_t rounds = rs.rounds.size();
   std::vector<char> host(rs.hostBytes());
   planStagedRounds(c.ctx, device, std::move(rs), host.data())->run();
+  return rounds;
 }
 
 std::vector<float> valuesOf(int r, size_t n) {
@@ -155,16 +157,8 @@ TEST(staged_rounds_reduce_scatter_and_allgather_match_the_host) {
                        .op = RedOp::Sum,
                        .blocks = &blocks},
                       kTuning);
-        StagedRoundsJob rs = reduceScatterRounds(c,
-                                                 {.in = reinterpret_cast<char*>(in.data()),
-                                                  .out = reinterpret_cast<char*>(out.data()),
-                                                  .each = each,
-                                                  .dt = DType::F32,
-                                                  .op = RedOp::Sum},
-                                                 kTuning);
-        if (rs.rounds.size() != 1) throw std::runtime_error("reduce-scatter in several rounds");
-        std::vector<char> host(rs.hostBytes());
-        planStagedRounds(c.ctx, device, std::move(rs), host.data())->run();
+        if (runStagedReduceScatter(c, device, in, out, each) != 1)
+          throw std::runtime_error("reduce-scatter in several rounds");
         if (std::memcmp(out.data(), ref.data() + each * r, each * 4) != 0)
           throw std::runtime_error("reduce-scatter differs from the host's");
         // Allgather, in pieces of at most roundBytes a round (many rounds
