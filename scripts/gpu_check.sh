@@ -8,7 +8,8 @@
 #      rank a host to NCCL, --nccl-ranks-as-hosts) at 2 and 4 ranks and in
 #      smdccl's 2x2 layout; then side by side: DDP vs gloo, FSDP2 on CUDA,
 #      every collective at 2 and 4 ranks sharing the GPU, two-level / staged /
-#      fp16 wire, the packed staged path against CPU tensors' bits, NCCL as
+#      fp16 wire, the packed staged path against CPU tensors' bits, the int8
+#      wire and its error feedback across nodes, NCCL as
 #      the engine inside the node (forced, each rank its own NCCL_HOSTID); the IPC
 #      out-of-memory test (alone); the packed staged path against float32
 #      staging and gloo (scripts/cuda_staged_bench.py);
@@ -128,12 +129,12 @@ nccl_bench nccl-hosts-2x2 4 nccl,smdccl,smdccl+fp16 70 SMDCCL_TOPOLOGY=2x2
 # Correctness on CUDA tensors, the test steps side by side (16 cores; each
 # its own process groups on the shared GPU): DDP vs gloo, FSDP2, every
 # collective at 2 and 4 ranks, two-level / staged / fp16 wire, the packed
-# staged path against CPU tensors' bits.
+# staged path against CPU tensors' bits, the int8 wire and its error feedback.
 pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
 pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
 pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
 pytest_step two-level 400 "two_level" tests/test_cuda.py &
-pytest_step packed 200 "packed_staged_path or int8_wire_across" tests/test_cuda.py &
+pytest_step packed 240 "packed_staged_path or int8_wire_across or int8_error_feedback" tests/test_cuda.py &
 pytest_step nccl-intra 300 "nccl_intra" tests/test_cuda.py &
 wait
 # Alone: it takes every byte of the GPU's memory.

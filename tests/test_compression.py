@@ -279,15 +279,16 @@ def ddp_hooks() -> dict:
     return out
 
 
-def error_feedback_drift(wire: str = "fp16") -> tuple:
+def error_feedback_drift(wire: str = "fp16", device: str = "cpu", ranks_per_node: int = 1) -> tuple:
     """Accumulated error of 100 steps of hooked gradients, without and with feedback.
 
-    Two ranks on two nodes: every value crosses the wire. The gradients nearly
-    cancel (+-1000 plus a small signal), so fp16 (or int8, whose block scale
-    is then 1000/127) rounds the signal away from each rank's contribution at
-    every step, the same way each time: without feedback the error adds up
-    linearly; carrying the residuals keeps it bounded (int8: both
-    quantizations', kept by the backend).
+    Two nodes (of ranks_per_node ranks each): every node's sum crosses the
+    wire. The gradients nearly cancel between the nodes (+-1000 plus a small
+    signal), so fp16 (or int8, whose block scale is then set by the node's
+    sum) rounds the signal away from each node's contribution at every step,
+    the same way each time: without feedback the error adds up linearly;
+    carrying the residuals keeps it bounded (int8: both quantizations', kept
+    by the backend). device "cuda": the CUDA paths' step across nodes.
     """
     import torch
     import torch.distributed as dist
@@ -298,21 +299,26 @@ def error_feedback_drift(wire: str = "fp16") -> tuple:
 
     hook = getattr(sddp, f"{wire}_wire_hook")
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
 
     def x_of(r):
-        return ((-1.0) ** r * 1000.0 + 0.001 * (r + 1) * torch.arange(64.0)).unsqueeze(0)
+        sign = (-1.0) ** (r // ranks_per_node)
+        return (sign * 1000.0 / ranks_per_node + 0.001 * (r + 1) * torch.arange(64.0)).unsqueeze(0)
 
     exact = torch.stack([x_of(r).double() for r in range(world)]).mean(0)
 
     def drift(error_feedback, steps=100):
-        lin = torch.nn.Linear(64, 1, bias=False)
-        ddp = DDP(lin)
+        lin = torch.nn.Linear(64, 1, bias=False).to(dev)
+        ddp = DDP(lin, device_ids=[dev.index] if dev.type == "cuda" else None)
         ddp.register_comm_hook(CompressionState(error_feedback=error_feedback), hook)
         total = torch.zeros_like(exact)
+        x = x_of(rank).to(dev)
         for _ in range(steps):
             ddp.zero_grad()
-            ddp(x_of(rank)).sum().backward()  # d/dW sum(W x) = x
-            total += lin.weight.grad.double()
+            ddp(x).sum().backward()  # d/dW sum(W x) = x
+            total += lin.weight.grad.double().cpu()
         return (total - steps * exact).abs().max().item()
 
     # int8 rounds each step by far less than its worst case here (the block
@@ -371,10 +377,12 @@ def test_error_feedback_is_off_where_nothing_is_compressed(debug):
     assert run_ranks(2, error_feedback_on_one_node, env=env, timeout=120) == [True, True]
 
 
-@pytest.mark.parametrize("wire", ["fp16", "int8"])
-def test_error_feedback_bounds_accumulated_drift(wire):
-    results = run_ranks(2, error_feedback_drift, wire, env={"SMDCCL_TOPOLOGY": "1,1"}, timeout=180)
-    print(f"\n[{wire} drift without / with error feedback] {results[0]}")
+@pytest.mark.parametrize("wire,ranks_per_node", [("fp16", 1), ("int8", 1), ("int8", 2)])
+def test_error_feedback_bounds_accumulated_drift(wire, ranks_per_node):
+    topology = "1,1" if ranks_per_node == 1 else "2x2"
+    results = run_ranks(2 * ranks_per_node, error_feedback_drift, wire, "cpu", ranks_per_node,
+                        env={"SMDCCL_TOPOLOGY": topology}, timeout=180)
+    print(f"\n[{wire} drift without / with error feedback, {topology}] {results[0]}")
 
 
 def test_ddp_hooks_match_float32_ddp():

@@ -598,6 +598,41 @@ def test_cuda_int8_wire_across_nodes(layout):
 
 
 @needs_gpu
+@pytest.mark.parametrize("layout", ["2x2-nccl", "2x2-ipc", "2x1-staged"])
+def test_cuda_int8_error_feedback(layout):
+    """smdccl.ddp.int8_wire_hook with error feedback on CUDA tensors: the
+    step across nodes stages float32 and the host quantizes with the
+    bucket's residuals at this rank's elements (NCCL's block, an IPC chunk's
+    slice, the whole tensor), so the drift of 400 steps stays within one
+    step's bound and under a quarter of the drift without feedback
+    (tests/test_compression.py's error_feedback_drift)."""
+    env = {"SMDCCL_COMPRESSION": "int8"}
+    if layout == "2x1-staged":
+        _check_drift(run_ranks(2, _cuda_drift, 1, env={**env, "SMDCCL_TOPOLOGY": "2x1"},
+                               timeout=240, pg_timeout=PG_TIMEOUT))
+        return
+    env = {**env, "SMDCCL_TOPOLOGY": "2x2"}
+    if layout == "2x2-nccl":
+        results = run_ranks(4, with_nccl_host_per_rank, "test_cuda:_cuda_drift", 2,
+                            env={**env, **NCCL_INTRA}, timeout=240, pg_timeout=PG_TIMEOUT)
+    else:
+        results = run_ranks(4, _cuda_drift, 2, env={**env, "SMDCCL_INTRA": "ipc"},
+                            timeout=240, pg_timeout=PG_TIMEOUT)
+    _check_drift(results)
+
+
+def _cuda_drift(ranks_per_node: int) -> tuple:
+    from test_compression import error_feedback_drift
+
+    return error_feedback_drift("int8", "cuda", ranks_per_node)
+
+
+def _check_drift(results: list) -> None:
+    print(f"\n[int8 drift without / with error feedback, by rank] {results}")
+    assert all(with_ef <= 2.0 and with_ef < without / 4 for without, with_ef in results), results
+
+
+@needs_gpu
 def test_cuda_nccl_intra_ddp_and_fsdp2():
     """DDP (2 nodes of 2) against gloo, and FSDP2 (one node of 2) against a
     single process, with NCCL inside the node."""

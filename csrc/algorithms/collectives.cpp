@@ -25,7 +25,7 @@ Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
   }
   Situation s = situationFor(g, wireHopsOf(c, dt), t);
   s.int8 = c.int8 && dt == DType::F32 && c.size() > 1;
-  s.int8Feedback = s.int8 && c.int8Feedback;
+  s.int8Feedback = s.int8 && static_cast<bool>(c.int8Feedback);
   return s;
 }
 

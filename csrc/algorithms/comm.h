@@ -20,6 +20,30 @@ namespace smdccl {
 // was applied equals the true sum up to one step's quantization error.
 struct Int8Residuals {
   std::vector<float> sent, owned;
+  // Sized to a tensor of `count` elements; a new size (a new tensor, or
+  // the first step) starts from nothing carried.
+  void fit(size_t count) {
+    if (sent.size() == count && owned.size() == count) return;
+    sent.assign(count, 0.0f);
+    owned.assign(count, 0.0f);
+  }
+};
+
+// The residuals of the tensor a collective reduces part of: its element 0
+// is the tensor's element `first` (the CUDA paths' step across nodes
+// reduces this rank's share of the tensor, a chunk at a time).
+struct Int8Feedback {
+  Int8Residuals* residuals = nullptr;
+  size_t first = 0;
+  explicit operator bool() const { return residuals != nullptr; }
+  // The same tensor's, for a collective whose element 0 is this one's n.
+  Int8Feedback from(size_t n) const { return {residuals, first + n}; }
+  float* sent(size_t i) const { return residuals->sent.data() + first + i; }
+  float* owned(size_t i) const { return residuals->owned.data() + first + i; }
+  // Whether the residuals hold `count` elements from here.
+  bool covers(size_t count) const {
+    return residuals->sent.size() >= first + count && residuals->owned.size() >= first + count;
+  }
 };
 
 // A Comm is either the whole group or a sub-communicator of some of its
@@ -42,8 +66,8 @@ struct Comm {
   // (compression="int8"): the int8 algorithms run it (two_level_int8.cpp);
   // wire stays F32, so whatever else runs keeps full precision.
   bool int8 = false;
-  // The int8 wire's error feedback for this op's tensor (nullptr: none).
-  Int8Residuals* int8Feedback = nullptr;
+  // The int8 wire's error feedback for this op's tensor (none: empty).
+  Int8Feedback int8Feedback{};
 
   int rank() const { return members.empty() ? mesh.rank() : myIndex; }
   int size() const { return members.empty() ? mesh.size() : static_cast<int>(members.size()); }
@@ -153,7 +177,7 @@ int appendReduceScatterAllgather(Exchange& ex, Comm& c, const RsAgPhases& a);
 // What one int8 allreduce needs besides its arguments.
 struct Int8Run {
   std::vector<char>& scratch;  // the quantized pieces (kept by the caller between ops)
-  Int8Residuals* feedback = nullptr;
+  Int8Feedback feedback{};     // fitted to the tensor by whoever keeps it
   size_t chunkBytes = 4 << 20;  // pipeline chunks (SMDCCL_PIPELINE_CHUNK_KB)
 };
 // In place on a.buf (a.count float32, SUM) over uniform nodes.

@@ -52,8 +52,10 @@ void narrowInPlace(char* dst, const char* src, size_t n, Wire wire) {
 void allreduceSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   if (!c.int8Across(a.dt, a.op)) return allreduce(c, a, t);
   std::vector<char> own;
-  int8AcrossAllreduce(
-      c, a, {.scratch = c.book ? c.book->quantized : own, .chunkBytes = t.pipelineChunkBytes});
+  int8AcrossAllreduce(c, a,
+                      {.scratch = c.book ? c.book->quantized : own,
+                       .feedback = c.int8Feedback,
+                       .chunkBytes = t.pipelineChunkBytes});
 }
 
 void reduceScatterSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
@@ -125,23 +127,24 @@ StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t c
   job.slots = slotsFor(a.count, chunk);
   job.dt = a.dt;
   job.wire = wire;
-  const bool int8 = c.int8Across(a.dt, a.op);
+  // int8 across nodes: the device quantizes the pieces the other nodes
+  // own, once (the int8 pipeline's pieces of a chunk); the host runs the
+  // exchange on them; every piece comes back quantized. With error
+  // feedback the host quantizes instead, float32 staged: the residuals are
+  // the host's.
+  const bool packInt8 = c.int8Across(a.dt, a.op) && !c.int8Feedback;
   for (size_t at = 0; at < a.count; at += chunk) {
     const size_t n = std::min(chunk, a.count - at);
     char* dev = a.buf + at * es;
-    // int8 across nodes: the device quantizes the pieces the other nodes
-    // own, once (the int8 pipeline's pieces of a chunk); the host runs the
-    // exchange on them; every piece comes back quantized.
-    const Int8Slot s = int8 ? int8SlotOf(c, Blocks::even(n, c.size(), 1).length) : Int8Slot{};
+    const Int8Slot s = packInt8 ? int8SlotOf(c, Blocks::even(n, c.size(), 1).length) : Int8Slot{};
     if (!s.counts.empty()) {
       job.rounds.push_back(int8AllreduceRound(c, dev, s));
       job.slotBytes = std::max(job.slotBytes, int8SlotBytes(s));
       continue;
     }
-    // A round reduces a chunk, not the tensor whose elements the int8
-    // wire's error feedback is kept for: it runs without feedback.
+    // The feedback's residuals are the tensor's: this round's from `at` on.
     Comm chunkComm = c;
-    chunkComm.int8Feedback = nullptr;
+    if (c.int8Feedback) chunkComm.int8Feedback = c.int8Feedback.from(at);
     job.rounds.push_back(
         {{{dev, 0, n * es}},
          [comm = chunkComm, &t, n, wire, dt = a.dt, op = a.op](char* slot) mutable {

@@ -92,10 +92,8 @@ class Int8Pipeline {
     }
     slotBytes_ = most;
     run.scratch.resize(3 * 2 * static_cast<size_t>(n) * slotBytes_);
-    if (Int8Residuals* f = run.feedback; f && f->sent.size() != a.count) {
-      f->sent.assign(a.count, 0.0f);  // a new tensor (or the first step): nothing carried
-      f->owned.assign(a.count, 0.0f);
-    }
+    if (run.feedback && !run.feedback.covers(a.count))
+      throw std::logic_error("the int8 error feedback's residuals do not cover the tensor");
   }
 
   void run() {
@@ -149,7 +147,7 @@ class Int8Pipeline {
     for (int j = 0; j < across_.size(); ++j)
       if (j != me)
         quantize(out(ki, j), values(k, j), elems(k, j),
-                 run_.feedback ? run_.feedback->sent.data() + index(k, j) : nullptr);
+                 run_.feedback ? run_.feedback.sent(index(k, j)) : nullptr);
   }
 
   // Each other node's piece to it; theirs of this rank's piece from them.
@@ -169,8 +167,7 @@ class Int8Pipeline {
     const size_t m = elems(k, me);
     for (int j = 0; j < across_.size(); ++j)
       if (j != me) dequantizeAddInt8(mine, mine, in(ki, j), m);
-    quantize(out(ki, me), mine, m,
-             run_.feedback ? run_.feedback->owned.data() + index(k, me) : nullptr);
+    quantize(out(ki, me), mine, m, run_.feedback ? run_.feedback.owned(index(k, me)) : nullptr);
     dequantizeInt8(mine, out(ki, me), m);
   }
 

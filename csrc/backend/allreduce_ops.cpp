@@ -64,7 +64,11 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     };
   } else {
     body = [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
-      if (feedbackKey >= 0 && cfg_.int8) c.int8Feedback = &int8Residuals_[feedbackKey];
+      if (feedbackKey >= 0 && cfg_.int8) {
+        Int8Residuals& residuals = int8Residuals_[feedbackKey];
+        residuals.fit(static_cast<size_t>(t.numel()));
+        c.int8Feedback = {&residuals};
+      }
       reduce_.allreduceOne(c, t, spec, dev, tuning);
     };
   }

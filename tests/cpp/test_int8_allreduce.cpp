@@ -189,7 +189,8 @@ TEST(int8_error_feedback_keeps_the_running_sum) {
     std::string error = fabric.run([&](int r, Comm& c) {
       c.int8 = true;
       Int8Residuals residuals;
-      if (feedback) c.int8Feedback = &residuals;
+      residuals.fit(count);
+      if (feedback) c.int8Feedback = {&residuals};
       Tuning t;
       t.pipelineChunkBytes = kChunkBytes;
       for (int s = 0; s < steps; ++s) {

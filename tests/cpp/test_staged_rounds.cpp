@@ -8,6 +8,7 @@
 // finishes runs into the deadline with a message naming it; an aborted
 // group stops the wait; a device failing mid-pipeline fails every rank.
 // The jobs are the GPU paths' (staged_collectives.h).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <deque>
@@ -586,32 +587,65 @@ TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
   }
 }
 
-// The int8 wire's error feedback is kept per element of a tensor; a staged
-// round reduces one chunk of it, so the staged allreduce runs without it:
-// the residuals are left as they were and the results equal the staged
-// allreduce's without feedback, chunk for chunk (applied to another chunk's
-// elements, last round's residuals would blur them).
-TEST(staged_rounds_leave_the_int8_error_feedback_alone) {
-  MemoryFabric fabric({2, 2});
-  std::string error = fabric.run([&](int r, Comm& c) {
-    c.int8 = true;
-    const size_t n = 20000, chunk = 4096;
-    std::vector<float> plain = valuesOf(r, n), fed = plain;
-    Int8Residuals residuals;
-    residuals.sent.assign(n, 0.5f);
-    residuals.owned.assign(n, -0.25f);
-    for (bool feedback : {false, true}) {
-      Comm comm = c;
-      comm.int8Feedback = feedback ? &residuals : nullptr;
-      std::vector<float>& buf = feedback ? fed : plain;
-      HostStageDevice device;
-      runStagedAllreduce(comm, device, buf, chunk);
-    }
-    if (fed != plain) throw std::runtime_error("error feedback reached a staged round");
-    if (residuals.sent != std::vector<float>(n, 0.5f) ||
-        residuals.owned != std::vector<float>(n, -0.25f))
-      throw std::runtime_error("a staged round changed the residuals");
-  });
-  if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
-  CHECK(error.empty());
+// The int8 wire's error feedback on the staged path (the CUDA paths' step
+// across nodes, and the whole tensor staged where ranks share nodes): the
+// rounds stage float32 and the host quantizes with the tensor's residuals
+// from the round's first element on. Over three steps, on elements
+// [first, first + m) of a tensor: the results and every residual equal
+// the host int8 path's run chunk by chunk with the residuals at those
+// offsets; the feedback ran (residuals set, results unlike those without
+// feedback) and touched no element outside the range.
+TEST(staged_rounds_carry_the_int8_error_feedback) {
+  struct Case {
+    std::vector<int> nodes;
+    bool across;  // the step across nodes of a group whose ranks share nodes
+  };
+  for (const Case& k : {Case{{2, 2}, true}, Case{{1, 1, 1}, false}, Case{{2, 2}, false}}) {
+    MemoryFabric fabric(k.nodes);
+    std::string error = fabric.run([&](int r, Comm& c) {
+      c.int8 = true;
+      Comm comm = k.across ? c.sub(c.levels->acrossNodes(c.levels->myLocal)) : c;
+      const size_t first = 3000, m = 17000, total = first + m + 500, chunk = 4096;
+      Int8Residuals staged, host;
+      staged.fit(total);
+      host.fit(total);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<float> buf = valuesOf(r + 7 * step, m), ref = buf, unfed = buf;
+        std::vector<char> scratch;
+        for (size_t at = 0; at < m; at += chunk) {
+          Comm part = comm;
+          part.int8Feedback = {&host, first + at};
+          const CollectiveArgs a{.buf = reinterpret_cast<char*>(ref.data() + at),
+                                 .count = std::min(chunk, m - at),
+                                 .dt = DType::F32,
+                                 .op = RedOp::Sum};
+          if (part.int8Across(DType::F32, RedOp::Sum))
+            int8AcrossAllreduce(part, a, {.scratch = scratch, .feedback = part.int8Feedback});
+          else allreduce(part, a, kTuning);
+        }
+        Comm fed = comm;
+        fed.int8Feedback = {&staged, first};
+        HostStageDevice device;
+        runStagedAllreduce(fed, device, buf, chunk);
+        HostStageDevice plain;
+        runStagedAllreduce(comm, plain, unfed, chunk);
+        if (buf != ref)
+          throw std::runtime_error("step " + std::to_string(step) + ": results differ");
+        if (staged.sent != host.sent || staged.owned != host.owned)
+          throw std::runtime_error("step " + std::to_string(step) + ": residuals differ");
+        if (step > 0 && buf == unfed) throw std::runtime_error("the feedback changed nothing");
+        if (device.bytesToHost() != m * 4 || device.bytesFromHost() != m * 4)
+          throw std::runtime_error("a fed round did not stage float32");
+      }
+      auto touched = [&](const std::vector<float>& v, size_t b, size_t e) {
+        return std::any_of(v.begin() + b, v.begin() + e, [](float x) { return x != 0.0f; });
+      };
+      if (!touched(staged.sent, first, first + m) || !touched(staged.owned, first, first + m))
+        throw std::runtime_error("no residual was kept");
+      if (touched(staged.sent, 0, first) || touched(staged.owned, first + m, total))
+        throw std::runtime_error("residuals outside the staged elements changed");
+    });
+    if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
+    CHECK(error.empty());
+  }
 }

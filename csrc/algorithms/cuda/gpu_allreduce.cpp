@@ -113,11 +113,14 @@ struct StagedAllreduces {
     return {.layout = {.slotBytes = chunk * elementSize(dt), .slots = kStagedRoundSlots},
             .scratch = stagedPackWire(c, dt) != Wire::F32 || c.int8Across(dt, op)};
   }
-  // Runs the in-place allreduce of `a` (device memory) on `staged`.
-  void run(StagedOnGpu& staged, const CollectiveArgs& a) const {
+  // Runs the in-place allreduce of `a` (device memory) on `staged`; a.buf
+  // is the op's tensor's element `first` (for the int8 error feedback).
+  void run(StagedOnGpu& staged, const CollectiveArgs& a, size_t first = 0) const {
     if (a.count == 0 || c.size() == 1) return;
     StageDevice& d = staged.device();
-    StagedRoundsJob job = allreduceRounds(c, a, chunk * elementSize(dt), t);
+    Comm part = c;
+    part.int8Feedback = c.int8Feedback.from(first);
+    StagedRoundsJob job = allreduceRounds(part, a, chunk * elementSize(dt), t);
     staged.run(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
   }
 };
@@ -170,10 +173,12 @@ void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
     step.reduceMySlice(s);
     if (multiNode) {
       int me = space.localRank();
-      inter->run(*staged, {.buf = space.buffer(me) + s.begin[me] * es,
-                           .count = s.end[me] - s.begin[me],
-                           .dt = dt,
-                           .op = op});
+      inter->run(*staged,
+                 {.buf = space.buffer(me) + s.begin[me] * es,
+                  .count = s.end[me] - s.begin[me],
+                  .dt = dt,
+                  .op = op},
+                 at + s.begin[me]);
       g.nodeBarrier(c, local, "inter-node allreduce");  // every slice final before the gather
     }
     step.gather(d, s);

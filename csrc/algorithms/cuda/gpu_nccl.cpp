@@ -32,7 +32,9 @@ void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning
     // In place, as NCCL lays it out: this rank's block is block myLocal.
     char* mine = a.buf + static_cast<size_t>(h.myLocal) * each * es;
     nccl.reduceScatter({a.buf, mine, each, a.dt, a.op}, g.stream());
-    stagedAllreduce(across, g, {.buf = mine, .count = each, .dt = a.dt, .op = a.op}, t);
+    Comm share = across;  // the int8 error feedback's residuals of this block
+    share.int8Feedback = c.int8Feedback.from(static_cast<size_t>(h.myLocal) * each);
+    stagedAllreduce(share, g, {.buf = mine, .count = each, .dt = a.dt, .op = a.op}, t);
     nccl.allGather({mine, a.buf, each, a.dt}, g.stream());
   }
   if (whole < a.count) {
@@ -41,6 +43,7 @@ void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning
     char* tail = a.buf + whole * es;
     const size_t n = a.count - whole;
     nccl.allReduce({tail, tail, n, a.dt, a.op}, g.stream());
+    across.int8Feedback = c.int8Feedback.from(whole);
     stagedAllreduce(across, g, {.buf = tail, .count = n, .dt = a.dt, .op = a.op}, t);
   }
   g.watchNccl(c.ctx);
