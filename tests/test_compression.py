@@ -632,9 +632,10 @@ def int8_matrix() -> dict:
     format's bound (two quantizations per element, each at most half a step
     of a block scale <= max|x| / 127 of what it quantizes), the same bits on
     every rank, visibly quantized; reduce_scatter_tensor within one
-    quantization of the other node's contribution; bf16 and fp16 SUM within
-    the bound plus their own rounding; everything else (MAX) bit-identical
-    to an uncompressed group's."""
+    quantization of the other node's contribution; bf16 and fp16 SUM
+    (all_reduce, fused or not, and reduce_scatter) within the bound plus
+    their own rounding; everything else (MAX) bit-identical to an
+    uncompressed group's."""
     import torch
     import torch.distributed as dist
 
@@ -698,6 +699,30 @@ def int8_matrix() -> dict:
         full = ins[rank].clone()
         dist.all_reduce(full, group=plain)
         assert not torch.equal(t, full), f"int8 {dtype}: the uncompressed group's bits: nothing quantized"
+        # Small ones fused (async, back to back): the same rule.
+        parts = [x.clone() for x in ins[rank][:20_000].split(2_000)]
+        works = [dist.all_reduce(x, group=group, async_op=True) for x in parts]
+        for w in works:
+            w.wait()
+        fused = torch.cat(parts).double()
+        assert bool(((fused - exact[:20_000]).abs() <= bound[:20_000]).all()), f"int8 fused {dtype} over its bound"
+        assert not torch.equal(torch.cat(parts), full[:20_000]), f"int8 fused {dtype}: nothing quantized"
+        # reduce_scatter_tensor and the list form: the other node's sum
+        # quantized once, the float32 sum rounded to dtype once.
+        mine = slice(rank * 12_500, (rank + 1) * 12_500)
+        other = (stack[2] + stack[3]) if rank < 2 else (stack[0] + stack[1])
+        rs_bound = float(other[mine].abs().max()) / 254 + ulp * exact[mine].abs() + 1e-5
+        for form in ("tensor", "list"):
+            out = torch.empty(12_500, dtype=dtype)
+            if form == "tensor":
+                dist.reduce_scatter_tensor(out, ins[rank].clone(), group=group)
+            else:
+                dist.reduce_scatter(out, list(ins[rank].clone().split(12_500)), group=group)
+            err = (out.double() - exact[mine]).abs()
+            assert bool((err <= rs_bound).all()), f"int8 {dtype} reduce_scatter ({form}) over its bound"
+            ref = torch.empty(12_500, dtype=dtype)
+            dist.reduce_scatter_tensor(ref, ins[rank].clone(), group=plain)
+            assert not torch.equal(out, ref), f"int8 {dtype} reduce_scatter ({form}): nothing quantized"
     # Full precision where int8 does not apply: the uncompressed group's bits.
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(100_000, generator=gen) + rank  # world divides it (reduce_scatter_tensor)

@@ -557,7 +557,8 @@ def int8_wire_on_cuda() -> dict:
     quantized once, each at most half a step of a block of at most the
     largest magnitude), the reduce-scatter within one quantization of the
     other nodes' contributions; visibly quantized; the same allreduce bits
-    on every rank."""
+    on every rank. bfloat16 tensors are widened to float32 on the device
+    and rounded once: within the same bounds plus a bf16 rounding."""
     dev = _device()
     rank, ws = dist.get_rank(), dist.get_world_size()
     chk = Checker(f"on rank {rank} (cuda int8 wire)")
@@ -581,6 +582,20 @@ def int8_wire_on_cuda() -> dict:
             dist.reduce_scatter_tensor(mine, blocks)
             want = sum(rank_input(r, n, torch.float32, 7 + rank, "rand").double() for r in range(ws))
             assert float((mine.cpu().double() - want).abs().max()) <= bound
+        with chk.case(f"int8 bfloat16 all_reduce and reduce_scatter_tensor n={n}"):
+            # Widened to float32 on the device, the int8 wire, rounded to bf16 once.
+            halves = [x.to(torch.bfloat16).double() for x in ins]
+            exact = sum(halves)
+            t = halves[rank].to(torch.bfloat16).to(dev)
+            dist.all_reduce(t)
+            err = (t.cpu().double() - exact).abs()
+            assert bool((err <= bound + 2.0**-8 * exact.abs()).all()), f"bf16 max error {float(err.max())}"
+            assert float(err.max()) > 1e-3 * float(exact.abs().max()), "exact: the int8 wire did not run"
+            each = n // ws
+            mine = torch.zeros(each, dtype=torch.bfloat16, device=dev)
+            dist.reduce_scatter_tensor(mine, halves[rank][: each * ws].to(torch.bfloat16).to(dev))
+            part = exact[rank * each:(rank + 1) * each]
+            assert bool(((mine.cpu().double() - part).abs() <= bound + 2.0**-8 * part.abs()).all())
     chk.compare_digests(dist.new_group(backend="gloo"))
     return {"failures": chk.failures, "count": chk.count}
 

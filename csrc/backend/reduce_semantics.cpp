@@ -2,6 +2,7 @@
 
 #include "algorithms/collectives.h"
 #include "backend/arg_checks.h"
+#include "backend/call_checks.h"
 #include "backend/host_buffers.h"
 #include "backend/padded_blocks.h"
 #include "backend/wire_overflow_check.h"
@@ -33,19 +34,46 @@ bool ReduceSemantics::int8Runs(const Comm& c) const {
   return wire_.int8 && h && c.members.empty() && h->numNodes() > 1 && h->uniform();
 }
 
-bool ReduceSemantics::int8Widens(const Comm& c, DType dt, const ReduceSpec& spec,
-                                 const std::shared_ptr<DeviceOp>& dev) const {
-  return !dev && (dt == DType::F16 || dt == DType::BF16) && spec.op == RedOp::Sum && int8Runs(c);
+bool ReduceSemantics::int8Widens(const Comm& c, DType dt, const ReduceSpec& spec) const {
+  return (dt == DType::F16 || dt == DType::BF16) && spec.op == RedOp::Sum && int8Runs(c);
 }
+
+at::Tensor ReduceSemantics::wideBuffer(int64_t numel, const at::Tensor& like) const {
+  if (like.is_cpu()) return widened_.take(numel, at::kFloat);
+  return at::empty({numel}, like.options().dtype(at::kFloat));  // on the op's stream
+}
+
+namespace {
+
+// `ts` copied into `flat` one after another, widened to its dtype.
+std::vector<at::Tensor> widenInto(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> parts;
+  int64_t at = 0;
+  for (const auto& t : ts) {
+    parts.push_back(flat.narrow(0, at, t.numel()));
+    parts.back().copy_(t.reshape({-1}));
+    at += t.numel();
+  }
+  return parts;
+}
+
+// The same byte ranges of elements twice as wide.
+Blocks twiceAsWide(Blocks b) {
+  for (size_t& o : b.offset) o *= 2;
+  for (size_t& l : b.length) l *= 2;
+  return b;
+}
+
+}  // namespace
 
 void ReduceSemantics::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
                                    const std::shared_ptr<DeviceOp>& dev,
                                    const Tuning& tuning) const {
   DType dt = toDType(t.scalar_type(), "allreduce");
-  if (int8Widens(c, dt, spec, dev)) {
+  if (int8Widens(c, dt, spec)) {
     // A 16-bit tensor on the int8 wire: summed as float32 (in a scratch
     // copy), rounded to its dtype once at the end.
-    at::Tensor wide = scratch_.take(t.numel(), at::kFloat);
+    at::Tensor wide = wideBuffer(t.numel(), t);
     wide.copy_(t.reshape({-1}));
     allreduceOne(c, wide, spec, dev, tuning);
     t.copy_(wide.view(t.sizes()));
@@ -65,6 +93,13 @@ void ReduceSemantics::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
                                     std::vector<ReduceSpec>& specs,
                                     const std::shared_ptr<DeviceOp>& dev) const {
   DType dt = toDType(ts[0].scalar_type(), "allreduce");
+  if (int8Widens(c, dt, specs[0])) {  // as allreduceOne
+    std::vector<at::Tensor> parts =
+        widenInto(wideBuffer(static_cast<int64_t>(numelOf(ts)), ts[0]), ts);
+    allreduceFlat(c, parts, specs, dev);
+    for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
+    return;
+  }
   Wire wire = Wire::F32;
   int64_t total = 0;
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -107,6 +142,17 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
   at::Tensor& output = r.output;
   ReduceSpec spec = given;
   DType dt = toDType(output.scalar_type(), "reduce_scatter");
+  if (int8Widens(c, dt, spec)) {
+    // 16-bit blocks on the int8 wire: reduced as float32 (a scratch copy),
+    // this rank's block rounded to its dtype once at the end.
+    const at::Tensor& from = r.input ? *r.input : work;
+    at::Tensor wide = wideBuffer(from.numel() + output.numel(), from);
+    at::Tensor in = widenInto(wide, {from})[0];
+    at::Tensor out = wide.narrow(0, from.numel(), output.numel());
+    reduceScatter(c, {in, twiceAsWide(blocks), out}, spec);
+    output.copy_(out.view(output.sizes()));
+    return;
+  }
   WireOverflowCheck overflow(useWire(c, dt, spec));
   // Without an input apart, work holds the blocks (pre-scaled here) and is
   // read in place; either way this rank's block lands in output.
@@ -126,6 +172,14 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
 void ReduceSemantics::reduceScatter(Comm& c, DeviceOp& dev, const DeviceReduceScatter& r,
                                     ReduceSpec spec, const Tuning& tuning) const {
   DType dt = toDType(r.output.scalar_type(), "reduce_scatter");
+  if (int8Widens(c, dt, spec)) {  // as on the host, on the device
+    at::Tensor wide = wideBuffer(r.input.numel() + r.output.numel(), r.input);
+    at::Tensor in = widenInto(wide, {r.input})[0];
+    at::Tensor out = wide.narrow(0, r.input.numel(), r.output.numel());
+    reduceScatter(c, dev, {in, out, /*inputIsScratch=*/true}, spec, tuning);
+    r.output.copy_(out.view(r.output.sizes()));
+    return;
+  }
   WireOverflowCheck overflow(useWire(c, dt, spec));
   at::Tensor in = r.input;
   if (spec.needsPreScale()) {

@@ -79,18 +79,23 @@ class ReduceSemantics {
   // Whether the int8 wire runs on c (an int8 group over several nodes of
   // one size, the whole group): the rule TwoLevelInt8::canRun also keeps.
   bool int8Runs(const Comm& c) const;
-  // Whether an allreduce of dt on the host crosses the int8 wire as
-  // float32 (a bf16 / fp16 SUM on an int8 group spanning nodes).
-  bool int8Widens(const Comm& c, DType dt, const ReduceSpec& spec,
-                  const std::shared_ptr<DeviceOp>& dev) const;
+  // Whether a reduction of dt crosses the int8 wire as float32 (a bf16 /
+  // fp16 SUM on an int8 group spanning nodes): widened to a float32 copy,
+  // reduced, rounded to dt once at the end.
+  bool int8Widens(const Comm& c, DType dt, const ReduceSpec& spec) const;
   // Whether a float32 reduction over the whole of c would cross a 16-bit
   // hop (int8: whether its SUM allreduce would run the int8 wire).
   bool compressesSomeHop(Comm& c) const;
 
  private:
+  // A float32 buffer of numel on like's device (int8Widens' copies).
+  at::Tensor wideBuffer(int64_t numel, const at::Tensor& like) const;
+
   WireChoice wire_;
   const Tuning& tuning_;
   ScratchPool& scratch_;
+  // The widened copies' host memory: the group's scratch may hold the 16-bit work.
+  mutable ScratchPool widened_;
 };
 
 }  // namespace smdccl
