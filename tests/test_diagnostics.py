@@ -23,10 +23,15 @@ group's streams out of step and the group unusable (by design). smdccl only.
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from harness import run_ranks
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import trace_breakdown  # noqa: E402
 
 pytestmark = pytest.mark.smdccl_only
 
@@ -450,6 +455,25 @@ def test_trace_writes_a_chrome_timeline_per_rank(tmp_path):
         assert ops[0]["ts"] <= first_algo["ts"] and \
             first_algo["ts"] + first_algo["dur"] <= ops[0]["ts"] + ops[0]["dur"], (ops[0], first_algo)
         assert any(e["name"] == "fusion: agree on the count" for e in spans)
+        # scripts/trace_breakdown.py reads it: the first allreduce's call, its
+        # algorithm's time inside the op's, and a gap to the next op.
+        row = trace_breakdown.breakdown(events)["allreduce(Float, 1000 elements, sum)"]
+        assert row["calls"] >= 1 and 0 < row["algorithm_us"] <= row["op_us"], row
+        assert row["around_us"] == row["op_us"] - row["algorithm_us"] and row["gap_us"] >= 0, row
+
+
+def test_trace_breakdown_takes_the_medians_of_each_call():
+    events = [
+        {"ph": "X", "cat": "collective", "name": "allreduce #1", "ts": 0, "dur": 10, "args": {"call": "a"}},
+        {"ph": "X", "cat": "algorithm", "name": "ring, 4 B", "ts": 2, "dur": 6},
+        {"ph": "X", "cat": "collective", "name": "allreduce #2", "ts": 30, "dur": 20, "args": {"call": "a"}},
+        {"ph": "X", "cat": "algorithm", "name": "ring, 4 B", "ts": 31, "dur": 4},
+        {"ph": "X", "cat": "algorithm", "name": "tree, 4 B", "ts": 40, "dur": 8},
+        {"ph": "X", "cat": "collective", "name": "barrier #3", "ts": 60, "dur": 1, "args": {"call": "b"}},
+    ]
+    rows = trace_breakdown.breakdown(events)
+    assert rows["a"] == {"calls": 2, "op_us": 15, "algorithm_us": 9, "around_us": 6, "gap_us": 15}
+    assert rows["b"] == {"calls": 1, "op_us": 1, "algorithm_us": 0, "around_us": 1}
 
 
 def trace_logged() -> str:
