@@ -215,8 +215,10 @@ void int8AcrossPackedAllreduce(Comm& c, char* slot, const Int8Slot& s, std::vect
 void int8AcrossPackedReduceScatter(Comm& c, char* slot, const Int8Slot& s,
                                    std::vector<char>& scratch);
 // In place on a.buf (*a.blocks of float32, SUM) over uniform nodes: block
-// rank() ends reduced, the other nodes' contributions quantized once.
-void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
+// rank() ends reduced, the other nodes' contributions quantized once;
+// pipelined in chunks of about chunkBytes (a piece of every block each).
+void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch,
+                               size_t chunkBytes);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
 void halvingAllreduce(Comm& c, const CollectiveArgs& a, size_t chunkBytes);

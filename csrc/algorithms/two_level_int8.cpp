@@ -18,7 +18,8 @@
 // so each uplink carries 2(n-1)/n of the tensor at about 1/4 of its bytes.
 //
 // The reduce-scatter (FSDP's gradients) is steps 1 and 2 over the ranks'
-// blocks: each rank keeps its own block, so one quantization per element.
+// blocks: each rank keeps its own block, so one quantization per element;
+// pipelined like the allreduce, a piece of every block per chunk.
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -192,20 +193,32 @@ class Int8Pipeline {
   size_t slotBytes_ = 0;
 };
 
-// Every other node's quantized contribution to this rank's piece `mine`
-// (count values), added in node order (the sum does not depend on arrival
-// order): `sent(j)` gives the quantized piece for node j ({bytes, size});
-// `inbox` takes the contributions (a piece of int8Bytes(count) per node).
+// Every other node's quantized contribution to this rank's piece (count
+// values) posted on `ex`: `sent(j)` gives the quantized piece for node j
+// ({bytes, size}); `inbox` takes the contributions (a piece of
+// int8Bytes(count) per node).
 template <typename Sent>
-void addFromOthers(Comm& across, Sent sent, float* mine, size_t count, char* inbox) {
+void postToOwners(Exchange& ex, Comm& across, Sent sent, size_t count, char* inbox) {
   const size_t each = int8Bytes(count);
-  Exchange ex = across.exchange();
   withOtherNodes(ex, across, sent,
                  [&](int j) { return std::pair(inbox + static_cast<size_t>(j) * each, each); });
-  ex.run();
+}
+
+// ... once they arrived: added to `mine` in node order (the sum does not
+// depend on arrival order).
+void addContributions(Comm& across, float* mine, size_t count, const char* inbox) {
+  const size_t each = int8Bytes(count);
   for (int j = 0; j < across.size(); ++j)
     if (j != across.rank())
       dequantizeAddInt8(mine, mine, inbox + static_cast<size_t>(j) * each, count);
+}
+
+template <typename Sent>
+void addFromOthers(Comm& across, Sent sent, float* mine, size_t count, char* inbox) {
+  Exchange ex = across.exchange();
+  postToOwners(ex, across, sent, count, inbox);
+  ex.run();
+  addContributions(across, mine, count, inbox);
 }
 
 // Across nodes (the ranks of `across`, one per node): block j of buf
@@ -228,31 +241,111 @@ void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<cha
       block(me), count(me), scratch.data() + at[n]);
 }
 
-}  // namespace
+// The two-level reduce-scatter's pipeline: every rank's block is cut into
+// K pieces, chunk k being piece k of every block. Chunk k's node
+// reduce-scatter runs with chunk k-1's pieces on their way to their
+// owners, in one exchange per stage; between stages this rank quantizes
+// chunk k's pieces for the other nodes (once) and adds what the other
+// nodes sent it of chunk k-1.
+class Int8ReduceScatterPipeline {
+ public:
+  Int8ReduceScatterPipeline(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch,
+                            size_t chunkBytes)
+      : c_(c),
+        h_(levelsOf(c)),
+        buf_(a.buf),
+        scratch_(scratch),
+        local_(c.sub(h_.nodes[h_.myNode])),
+        across_(c.sub(h_.acrossNodes(h_.myLocal))),
+        owners_(h_.acrossNodes(h_.myLocal)) {
+    const Blocks& b = *a.blocks;
+    // No more pieces than the smallest block has values: only an empty
+    // block has empty pieces.
+    size_t k = pipelineChunks(b.total(), chunkBytes);
+    for (size_t len : b.length)
+      if (len) k = std::min(k, len / sizeof(float));
+    size_t most = 0;
+    for (size_t i = 0; i < k; ++i) {
+      Blocks chunk = b;
+      for (size_t r = 0; r < b.length.size(); ++r) {
+        const Blocks pieces = Blocks::even(b.length[r] / sizeof(float), static_cast<int>(k), 4);
+        chunk.offset[r] = b.offset[r] + pieces.offset[i];
+        chunk.length[r] = pieces.length[i];
+        most = std::max(most, int8Bytes(chunk.length[r] / sizeof(float)));
+      }
+      chunks_.push_back(std::move(chunk));
+    }
+    slotBytes_ = most;
+    scratch_.resize(2 * static_cast<size_t>(across_.size()) * slotBytes_);
+  }
 
-void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
-  const Hierarchy& h = levelsOf(c);
-  if (!h.uniform()) throw std::logic_error("the int8 reduce-scatter needs uniform nodes");
-  const Blocks& b = *a.blocks;
-  Comm local = c.sub(h.nodes[h.myNode]);
-  {
-    // Inside each node, for every node j: local rank l gets the node's sum
-    // of the block of node j's rank l.
-    Exchange ex = local.exchange();
-    for (const auto& node : h.nodes) {
-      Blocks theirs = pickBlocks(b, node);
-      appendReduceScatterAllgather(ex, local,
-                                   {.buf = a.buf,
+  void run() {
+    const int K = static_cast<int>(chunks_.size());
+    for (int s = 0; s <= K; ++s) {
+      Exchange ex = c_.exchange();
+      if (s < K) nodeReduceScatter(ex, chunks_[s]);
+      if (s > 0) toOwners(ex, chunks_[s - 1]);
+      ex.run();
+      if (s > 0) {
+        const Blocks& done = chunks_[s - 1];
+        addContributions(across_, piece(done, c_.rank()), count(done, c_.rank()), inbox());
+      }
+    }
+  }
+
+ private:
+  // Inside the node, for every node j: local rank l gets the node's sum of
+  // this chunk's piece of node j's rank l.
+  void nodeReduceScatter(Exchange& ex, const Blocks& chunk) {
+    for (const auto& node : h_.nodes) {
+      Blocks theirs = pickBlocks(chunk, node);
+      appendReduceScatterAllgather(ex, local_,
+                                   {.buf = buf_,
                                     .blocks = &theirs,
-                                    .dt = a.dt,
-                                    .op = a.op,
+                                    .dt = DType::F32,
+                                    .op = RedOp::Sum,
                                     .allgather = false,
                                     .finalReduce = false});
     }
-    ex.run();
   }
-  Comm across = c.sub(h.acrossNodes(h.myLocal));
-  int8ToOwners(across, a.buf, pickBlocks(b, h.acrossNodes(h.myLocal)), scratch);
+  // The node sums of the other nodes' owners' pieces, quantized once, to
+  // them; theirs of this rank's piece from them.
+  void toOwners(Exchange& ex, const Blocks& chunk) {
+    postToOwners(
+        ex, across_,
+        [&](int j) {
+          const int owner = owners_[static_cast<size_t>(j)];
+          quantizeInt8(out(j), piece(chunk, owner), count(chunk, owner));
+          return std::pair(out(j), int8Bytes(count(chunk, owner)));
+        },
+        count(chunk, c_.rank()), inbox());
+  }
+  float* piece(const Blocks& chunk, int rank) const {
+    return reinterpret_cast<float*>(buf_ + chunk.offset[static_cast<size_t>(rank)]);
+  }
+  static size_t count(const Blocks& chunk, int rank) {
+    return chunk.length[static_cast<size_t>(rank)] / sizeof(float);
+  }
+  // n outgoing pieces (by node), then room for n incoming (postToOwners' inbox).
+  char* out(int j) { return scratch_.data() + static_cast<size_t>(j) * slotBytes_; }
+  char* inbox() { return out(across_.size()); }
+
+  Comm& c_;
+  const Hierarchy& h_;
+  char* buf_;
+  std::vector<char>& scratch_;
+  Comm local_, across_;
+  std::vector<int> owners_;  // group rank of this rank's local index on each node
+  std::vector<Blocks> chunks_;
+  size_t slotBytes_ = 0;
+};
+
+}  // namespace
+
+void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch,
+                               size_t chunkBytes) {
+  if (!levelsOf(c).uniform()) throw std::logic_error("the int8 reduce-scatter needs uniform nodes");
+  Int8ReduceScatterPipeline(c, a, scratch, chunkBytes).run();
 }
 
 void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
@@ -330,9 +423,7 @@ class TwoLevelInt8 final : public Algorithm {
     const Int8Parts p = int8Parts(coll, bytes, s, m);
     const double phases = coll == Collective::ReduceScatter ? 1.0 : 2.0;
     const double chunks =
-        coll == Collective::ReduceScatter
-            ? 1.0
-            : static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), s.pipelineChunkBytes));
+        static_cast<double>(pipelineChunks(static_cast<size_t>(bytes), s.pipelineChunkBytes));
     const double round = p.interAlpha + (s.g.nodes - 2) * kPerMessageUs * 1e-6;
     return p.intraAlphas + phases * round + std::max(p.intra, p.inter) +
            std::min(p.intra, p.inter) / chunks;
@@ -340,7 +431,8 @@ class TwoLevelInt8 final : public Algorithm {
   void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     std::vector<char> own;  // a lone exchange's Comm (tests) has no book
     if (coll == Collective::ReduceScatter)
-      return int8TwoLevelReduceScatter(comm, a, comm.book ? comm.book->quantized : own);
+      return int8TwoLevelReduceScatter(comm, a, comm.book ? comm.book->quantized : own,
+                                       t.pipelineChunkBytes);
     int8TwoLevelAllreduce(comm, a,
                           {.scratch = comm.book ? comm.book->quantized : own,
                            .feedback = comm.int8Feedback,

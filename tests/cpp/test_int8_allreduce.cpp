@@ -237,62 +237,73 @@ TEST(int8_error_feedback_keeps_the_running_sum) {
 }
 
 // The int8 reduce-scatter: each rank's block within one quantization of
-// every other node's contribution (half a step of its block scale; blocks
-// of 128 from the start of the rank's block), even and uneven blocks.
+// every other node's contribution (half a step of its block scale, taken
+// as the largest magnitude within 127 values of the element: a block of
+// 128 from the start of a pipeline piece lies in that window), even and
+// uneven blocks, in one chunk and pipelined in chunks of 1 KiB (up to as
+// many pieces as the smallest block has values).
 TEST(int8_reduce_scatter_within_one_quantization) {
   Failures fail;
   int cases = 0;
   for (const auto& nodes : std::vector<std::vector<int>>{{2, 2}, {3, 3}, {2, 2, 2}, {1, 1, 1}}) {
     MemoryFabric fabric(nodes);
     const int p = fabric.size(), n = static_cast<int>(nodes.size()), L = nodes[0];
-    for (bool uneven : {false, true}) {
-      std::vector<size_t> len(p);
-      for (int r = 0; r < p; ++r) len[r] = (uneven ? 300 + 517 * r : 1000) * sizeof(float);
-      const Blocks b = Blocks::fromLengths(len);
-      const size_t count = b.total() / sizeof(float);
-      std::string error = fabric.run([&](int r, Comm& c) {
-        c.int8 = true;
-        Tuning t;
-        if (std::string(reduceScatterAlgorithm(c, b.total(), DType::F32, t)->name()) != "two_level_int8")
-          fail.add("reduce-scatter did not choose two_level_int8");
-        std::vector<float> buf(count);
-        for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
-        reduceScatter(c, {.buf = reinterpret_cast<char*>(buf.data()), .dt = DType::F32,
-                          .op = RedOp::Sum, .blocks = &b}, t);
-        const size_t first = b.offset[r] / 4, m = b.length[r] / 4;
-        size_t rounded = 0;
-        for (size_t i = first; i < first + m; ++i) {
-          const size_t qb = first + (i - first) / kInt8Block * kInt8Block;
-          const size_t qe = std::min(first + m, qb + kInt8Block);
-          double total = 0.0, bound = 1e-5;
-          for (int k = 0; k < n; ++k) {
-            double node = 0.0, most = 0.0;
-            for (int l = 0; l < L; ++l) node += valueOf(k * L + l, i);
-            for (size_t j = qb; j < qe; ++j) {
-              double v = 0.0;
-              for (int l = 0; l < L; ++l) v += valueOf(k * L + l, j);
-              most = std::max(most, std::fabs(v));
+    for (size_t chunkBytes : {size_t{4} << 20, size_t{1} << 10})
+      for (bool uneven : {false, true}) {
+        std::vector<size_t> len(p);
+        for (int r = 0; r < p; ++r) len[r] = (uneven ? 300 + 517 * r : 1000) * sizeof(float);
+        const Blocks b = Blocks::fromLengths(len);
+        const size_t count = b.total() / sizeof(float);
+        std::string error = fabric.run([&](int r, Comm& c) {
+          c.int8 = true;
+          Tuning t;
+          t.pipelineChunkBytes = chunkBytes;
+          if (std::string(reduceScatterAlgorithm(c, b.total(), DType::F32, t)->name()) !=
+              "two_level_int8")
+            fail.add("reduce-scatter did not choose two_level_int8");
+          std::vector<float> buf(count);
+          for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
+          reduceScatter(c,
+                        {.buf = reinterpret_cast<char*>(buf.data()),
+                         .dt = DType::F32,
+                         .op = RedOp::Sum,
+                         .blocks = &b},
+                        t);
+          const size_t first = b.offset[r] / 4, m = b.length[r] / 4;
+          size_t rounded = 0;
+          for (size_t i = first; i < first + m; ++i) {
+            const size_t qb = std::max(first, i + 1 - std::min(i + 1, kInt8Block));
+            const size_t qe = std::min(first + m, i + kInt8Block);
+            double total = 0.0, bound = 1e-5;
+            for (int k = 0; k < n; ++k) {
+              double node = 0.0, most = 0.0;
+              for (int l = 0; l < L; ++l) node += valueOf(k * L + l, i);
+              for (size_t j = qb; j < qe; ++j) {
+                double v = 0.0;
+                for (int l = 0; l < L; ++l) v += valueOf(k * L + l, j);
+                most = std::max(most, std::fabs(v));
+              }
+              total += node;
+              if (k != r / L) bound += most / 254.0;  // the owner's own node is not quantized
             }
-            total += node;
-            if (k != r / L) bound += most / 254.0;  // the owner's own node is not quantized
+            bound += 1e-6 * std::fabs(total);
+            if (std::fabs(buf[i] - total) > 1e-3 * std::fabs(total) + 1e-4) ++rounded;
+            if (!(std::fabs(buf[i] - total) <= bound)) {
+              fail.add("rank " + std::to_string(r) + " element " + std::to_string(i) + ": " +
+                       std::to_string(buf[i]) + " vs " + std::to_string(total));
+              break;
+            }
           }
-          bound += 1e-6 * std::fabs(total);
-          if (std::fabs(buf[i] - total) > 1e-3 * std::fabs(total) + 1e-4) ++rounded;
-          if (!(std::fabs(buf[i] - total) <= bound)) {
-            fail.add("rank " + std::to_string(r) + " element " + std::to_string(i) + ": " +
-                     std::to_string(buf[i]) + " vs " + std::to_string(total));
-            break;
-          }
-        }
-        if (rounded == 0) fail.add("rank " + std::to_string(r) + ": exact: nothing was quantized");
-      });
-      if (!error.empty()) fail.add(error);
-      ++cases;
-    }
+          if (rounded == 0)
+            fail.add("rank " + std::to_string(r) + ": exact: nothing was quantized");
+        });
+        if (!error.empty()) fail.add(error);
+        ++cases;
+      }
   }
   for (const auto& f : fail.all) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
   CHECK(fail.all.empty());
-  CHECK(cases == 8);
+  CHECK(cases == 16);
 }
 
 namespace {
