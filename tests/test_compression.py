@@ -334,6 +334,59 @@ def error_feedback_drift(wire: str = "fp16", device: str = "cpu", ranks_per_node
     return without, with_ef
 
 
+def reduce_scatter_feedback_drift(steps: int = 400, device: str = "cpu") -> tuple:
+    """Accumulated error of `steps` reduce-scatters through
+    smdccl.fsdp.Int8FeedbackReduceScatter (as FSDP2 calls it), without and
+    with feedback: nearly cancelling inputs between the two nodes (+-1000
+    plus a small signal), so each step's quantization of the other node's
+    contribution rounds the signal the same way. device "cuda": the CUDA
+    paths' reduce-scatter across nodes."""
+    import torch
+    import torch.distributed as dist
+
+    from smdccl.fsdp import Int8FeedbackReduceScatter
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    per_node = world // 2
+    dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+
+    def x_of(r):
+        sign = (-1.0) ** (r // per_node)
+        return sign * 1000.0 / per_node + 0.001 * (r + 1) * torch.arange(64.0 * world)
+
+    exact = torch.stack([x_of(r).double() for r in range(world)]).sum(0)[rank * 64:(rank + 1) * 64]
+
+    def drift(comm):
+        total = torch.zeros(64, dtype=torch.float64)
+        for _ in range(steps):
+            out, x = torch.empty(64, device=dev), x_of(rank).to(dev)
+            if comm is None:
+                dist.reduce_scatter_tensor(out, x)
+            else:
+                comm(output_tensor=out, input_tensor=x, group=dist.group.WORLD, op=dist.ReduceOp.SUM)
+            total += out.double().cpu()
+        return (total - steps * exact).abs().max().item()
+
+    without, with_ef = drift(None), drift(Int8FeedbackReduceScatter(7))
+    # One step's worst case: half a step of the other node's block (its
+    # largest magnitude / 254; 5 % for the residuals carried into it).
+    others = range(per_node, world) if rank < per_node else range(per_node)
+    bound = 1.05 * float(sum(x_of(q).double() for q in others).abs().max()) / 254
+    assert with_ef <= bound and with_ef < without / 4, (
+        f"drift {with_ef:.3g} with feedback (one step's bound {bound:.3g}), {without:.3g} without")
+    return without, with_ef
+
+
+@pytest.mark.parametrize("topology", ["1,1", "2x2"])
+def test_reduce_scatter_error_feedback_bounds_accumulated_drift(topology):
+    ranks = 2 if topology == "1,1" else 4
+    results = run_ranks(ranks, reduce_scatter_feedback_drift,
+                        env={"SMDCCL_TOPOLOGY": topology, "SMDCCL_COMPRESSION": "int8"}, timeout=180)
+    print(f"\n[int8 reduce_scatter drift without / with error feedback, {topology}] {results[0]}")
+
+
 def error_feedback_on_one_node() -> bool:
     """On one node nothing is compressed (compress_intra off): the hooks,
     error feedback included, must give plain float32 DDP's bits. Before,

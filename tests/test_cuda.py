@@ -620,7 +620,8 @@ def test_cuda_int8_error_feedback(layout):
     bucket's residuals at this rank's elements (NCCL's block, an IPC chunk's
     slice, the whole tensor), so the drift of 400 steps stays within one
     step's bound and under a quarter of the drift without feedback
-    (tests/test_compression.py's error_feedback_drift)."""
+    (tests/test_compression.py's error_feedback_drift); the same for
+    smdccl.fsdp's keyed reduce-scatter (reduce_scatter_feedback_drift)."""
     env = {"SMDCCL_COMPRESSION": "int8"}
     if layout == "2x1-staged":
         _check_drift(run_ranks(2, _cuda_drift, 1, env={**env, "SMDCCL_TOPOLOGY": "2x1"},
@@ -637,8 +638,9 @@ def test_cuda_int8_error_feedback(layout):
 
 
 def _cuda_drift(ranks_per_node: int) -> tuple:
-    from test_compression import error_feedback_drift
+    from test_compression import error_feedback_drift, reduce_scatter_feedback_drift
 
+    reduce_scatter_feedback_drift(400, "cuda")  # asserts its own bound (smdccl.fsdp's keyed calls)
     return error_feedback_drift("int8", "cuda", ranks_per_node)
 
 

@@ -39,12 +39,14 @@ def _opt(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def fsdp2_vs_reference(device: str = "cpu", atol: float = 1e-6, reduce_dtype: str = "") -> dict:
+def fsdp2_vs_reference(device: str = "cpu", atol: float = 1e-6, reduce_dtype: str = "",
+                       error_feedback: bool = False) -> dict:
     """On "cuda" (a GPU shared by the ranks) FSDP2 also drives the stream
     semantics: its all-gather and reduce-scatter streams, async works waited
     on other streams, and CUDA-IPC reduce_scatter_tensor /
     all_gather_into_tensor. reduce_dtype ("bfloat16"): FSDP2's
-    MixedPrecisionPolicy reduce-scatters the gradients in it."""
+    MixedPrecisionPolicy reduce-scatters the gradients in it.
+    error_feedback: smdccl.fsdp.int8_error_feedback on the model."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -69,6 +71,10 @@ def fsdp2_vs_reference(device: str = "cpu", atol: float = 1e-6, reduce_dtype: st
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    if error_feedback:
+        import smdccl.fsdp
+
+        assert smdccl.fsdp.int8_error_feedback(model) == 4  # three layers and the root
     opt = _opt(model.parameters())
     for step in range(STEPS):
         x, y = (t.to(dev) for t in _batch(step, ws))
@@ -91,7 +97,8 @@ def fsdp2_vs_reference(device: str = "cpu", atol: float = 1e-6, reduce_dtype: st
         problems.append("unsharded parameters differ bitwise between ranks")
     if problems:
         raise AssertionError(f"rank {rank}: " + "\n".join(problems))
-    return {"max_diff": max((a - b.detach()).abs().max().item() for a, b in zip(full, ref.parameters()))}
+    return {"max_diff": max((a - b.detach()).abs().max().item() for a, b in zip(full, ref.parameters())),
+            "bits": gathered[0]}
 
 
 def test_fsdp2_matches_single_process():
@@ -108,6 +115,18 @@ def test_fsdp2_on_the_int8_wire():
     # float32 alone stays within 1e-6 of the reference (the test above)
     assert res[0]["max_diff"] > 1e-5, "the int8 wire changed nothing: did it run?"
     print(f"\n[{BACKEND}] FSDP2 on the int8 wire vs single-process max |diff| = {res[0]['max_diff']:.3g}")
+
+
+def test_fsdp2_int8_error_feedback():
+    """smdccl.fsdp.int8_error_feedback keys every module's reduce-scatter:
+    training stays as close to the reference as without feedback, and the
+    feedback changes the parameters' bits (it ran)."""
+    env = {"SMDCCL_TOPOLOGY": "2x2", "SMDCCL_COMPRESSION": "int8"}
+    fed = run_ranks(4, fsdp2_vs_reference, "cpu", 2e-3, "", True, timeout=240, env=env)
+    plain = run_ranks(4, fsdp2_vs_reference, "cpu", 2e-3, timeout=240, env=env)
+    assert fed[0]["bits"] != plain[0]["bits"], "error feedback changed nothing: did it run?"
+    print(f"\n[{BACKEND}] FSDP2 on the int8 wire, max |diff| with feedback {fed[0]['max_diff']:.3g}, "
+          f"without {plain[0]['max_diff']:.3g}")
 
 
 def test_fsdp2_bf16_gradients_on_the_int8_wire():

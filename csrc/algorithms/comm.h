@@ -201,7 +201,7 @@ void int8HalvingAllreduce(Comm& c, const CollectiveArgs& a, std::vector<char>& s
 // The same over a Comm whose ranks are each on a node of its own (the step
 // across nodes of the CUDA paths, staged on the host): no node steps.
 void int8AcrossAllreduce(Comm& c, const CollectiveArgs& a, const Int8Run& run);
-void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch);
+void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& run);
 // A round of those staged with int8 packed on the device: piece j of the
 // slot (counts[j] values at offsets[j]) holds, for every other rank, its
 // values quantized (int8Bytes), for this rank its float32 values.
@@ -215,10 +215,10 @@ void int8AcrossPackedAllreduce(Comm& c, char* slot, const Int8Slot& s, std::vect
 void int8AcrossPackedReduceScatter(Comm& c, char* slot, const Int8Slot& s,
                                    std::vector<char>& scratch);
 // In place on a.buf (*a.blocks of float32, SUM) over uniform nodes: block
-// rank() ends reduced, the other nodes' contributions quantized once;
-// pipelined in chunks of about chunkBytes (a piece of every block each).
-void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch,
-                               size_t chunkBytes);
+// rank() ends reduced, the other nodes' contributions quantized once (with
+// run.feedback: the sender's residuals, by element of a.buf); pipelined in
+// chunks of about run.chunkBytes (a piece of every block each).
+void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& run);
 // Pipelined: the buffer is cut into chunks of about chunkBytes, each halved
 // and doubled, all streaming in one exchange.
 void halvingAllreduce(Comm& c, const CollectiveArgs& a, size_t chunkBytes);

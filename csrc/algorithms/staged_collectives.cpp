@@ -61,7 +61,8 @@ void allreduceSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
 void reduceScatterSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   if (!c.int8Across(a.dt, a.op)) return reduceScatter(c, a, t);
   std::vector<char> own;
-  int8AcrossReduceScatter(c, a, c.book ? c.book->quantized : own);
+  int8AcrossReduceScatter(
+      c, a, {.scratch = c.book ? c.book->quantized : own, .feedback = c.int8Feedback});
 }
 
 // Where each rank's piece (counts[j] float32 values) sits in a slot packed
@@ -169,7 +170,8 @@ StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, cons
   job.slotBytes = total;
   job.dt = r.dt;
   job.wire = wire;
-  const Int8Slot s = c.int8Across(r.dt, r.op)
+  // With error feedback the host quantizes (float32 staged), as for the allreduce.
+  const Int8Slot s = c.int8Across(r.dt, r.op) && !c.int8Feedback
                          ? int8SlotOf(c, std::vector<size_t>(static_cast<size_t>(c.size()), r.each))
                          : Int8Slot{};
   if (!s.counts.empty()) {

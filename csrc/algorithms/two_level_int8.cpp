@@ -59,6 +59,19 @@ void withOtherNodes(Exchange& ex, Comm& across, Send send, Recv recv) {
   }
 }
 
+// Quantizes `x` once into `q`; with error feedback (residual), what the
+// last step rounded away here is added first, and what this one rounds
+// away kept.
+void quantize(char* q, float* x, size_t count, float* residual) {
+  if (residual)
+    for (size_t i = 0; i < count; ++i) x[i] += residual[i];
+  quantizeInt8(q, x, count);
+  if (residual) {
+    dequantizeInt8(residual, q, count);
+    for (size_t i = 0; i < count; ++i) residual[i] = x[i] - residual[i];
+  }
+}
+
 Chunk chunkOf(size_t first, size_t count, int L, int l, int n) {
   Chunk k{first, count, Blocks::even(count, L, sizeof(float)), {}, {}};
   for (size_t& o : k.shards.offset) o += first * sizeof(float);
@@ -130,18 +143,6 @@ class Int8Pipeline {
   }
   size_t elems(const Chunk& k, int j) const { return k.pieces.length[j] / sizeof(float); }
   size_t index(const Chunk& k, int j) const { return k.pieces.offset[j] / sizeof(float); }
-
-  // Quantizes `x` once into `q`; with error feedback, what the last step
-  // rounded away here is added first, and what this one rounds away kept.
-  void quantize(char* q, float* x, size_t count, float* residual) {
-    if (residual)
-      for (size_t i = 0; i < count; ++i) x[i] += residual[i];
-    quantizeInt8(q, x, count);
-    if (residual) {
-      dequantizeInt8(residual, q, count);
-      for (size_t i = 0; i < count; ++i) residual[i] = x[i] - residual[i];
-    }
-  }
 
   void quantizePieces(const Chunk& k, int ki) {
     const int me = across_.rank();
@@ -225,7 +226,9 @@ void addFromOthers(Comm& across, Sent sent, float* mine, size_t count, char* inb
 // (byNode) goes to its owner j quantized once; the owner adds every
 // contribution to its own in float32. One quantization per element; each
 // rank keeps its own block, so no second.
-void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<char>& scratch) {
+// With feedback, the residuals of buf's elements.
+void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<char>& scratch,
+                  const Int8Feedback& feedback) {
   const int n = across.size(), me = across.rank();
   auto count = [&](int j) { return byNode.length[j] / sizeof(float); };
   auto block = [&](int j) { return reinterpret_cast<float*>(buf + byNode.offset[j]); };
@@ -235,7 +238,8 @@ void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<cha
   addFromOthers(
       across,
       [&](int j) {
-        quantizeInt8(scratch.data() + at[j], block(j), count(j));
+        quantize(scratch.data() + at[j], block(j), count(j),
+                 feedback ? feedback.sent(byNode.offset[j] / sizeof(float)) : nullptr);
         return std::pair(scratch.data() + at[j], at[j + 1] - at[j]);
       },
       block(me), count(me), scratch.data() + at[n]);
@@ -249,19 +253,21 @@ void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<cha
 // nodes sent it of chunk k-1.
 class Int8ReduceScatterPipeline {
  public:
-  Int8ReduceScatterPipeline(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch,
-                            size_t chunkBytes)
+  Int8ReduceScatterPipeline(Comm& c, const CollectiveArgs& a, const Int8Run& run)
       : c_(c),
         h_(levelsOf(c)),
         buf_(a.buf),
-        scratch_(scratch),
+        scratch_(run.scratch),
+        feedback_(run.feedback),
         local_(c.sub(h_.nodes[h_.myNode])),
         across_(c.sub(h_.acrossNodes(h_.myLocal))),
         owners_(h_.acrossNodes(h_.myLocal)) {
     const Blocks& b = *a.blocks;
     // No more pieces than the smallest block has values: only an empty
     // block has empty pieces.
-    size_t k = pipelineChunks(b.total(), chunkBytes);
+    if (feedback_ && !feedback_.covers(b.total() / sizeof(float)))
+      throw std::logic_error("the int8 error feedback's residuals do not cover the blocks");
+    size_t k = pipelineChunks(b.total(), run.chunkBytes);
     for (size_t len : b.length)
       if (len) k = std::min(k, len / sizeof(float));
     size_t most = 0;
@@ -315,7 +321,9 @@ class Int8ReduceScatterPipeline {
         ex, across_,
         [&](int j) {
           const int owner = owners_[static_cast<size_t>(j)];
-          quantizeInt8(out(j), piece(chunk, owner), count(chunk, owner));
+          const size_t at = chunk.offset[static_cast<size_t>(owner)] / sizeof(float);
+          quantize(out(j), piece(chunk, owner), count(chunk, owner),
+                   feedback_ ? feedback_.sent(at) : nullptr);
           return std::pair(out(j), int8Bytes(count(chunk, owner)));
         },
         count(chunk, c_.rank()), inbox());
@@ -334,6 +342,7 @@ class Int8ReduceScatterPipeline {
   const Hierarchy& h_;
   char* buf_;
   std::vector<char>& scratch_;
+  Int8Feedback feedback_;  // the residuals of buf's elements (none: empty)
   Comm local_, across_;
   std::vector<int> owners_;  // group rank of this rank's local index on each node
   std::vector<Blocks> chunks_;
@@ -342,14 +351,15 @@ class Int8ReduceScatterPipeline {
 
 }  // namespace
 
-void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch,
-                               size_t chunkBytes) {
+void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
   if (!levelsOf(c).uniform()) throw std::logic_error("the int8 reduce-scatter needs uniform nodes");
-  Int8ReduceScatterPipeline(c, a, scratch, chunkBytes).run();
+  Int8ReduceScatterPipeline(c, a, run).run();
 }
 
-void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, std::vector<char>& scratch) {
-  int8ToOwners(c, a.buf, *a.blocks, scratch);
+void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
+  if (run.feedback && !run.feedback.covers(a.blocks->total() / sizeof(float)))
+    throw std::logic_error("the int8 error feedback's residuals do not cover the blocks");
+  int8ToOwners(c, a.buf, *a.blocks, run.scratch, run.feedback);
 }
 
 void int8AcrossPackedReduceScatter(Comm& c, char* slot, const Int8Slot& s,
@@ -430,13 +440,11 @@ class TwoLevelInt8 final : public Algorithm {
   }
   void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     std::vector<char> own;  // a lone exchange's Comm (tests) has no book
-    if (coll == Collective::ReduceScatter)
-      return int8TwoLevelReduceScatter(comm, a, comm.book ? comm.book->quantized : own,
-                                       t.pipelineChunkBytes);
-    int8TwoLevelAllreduce(comm, a,
-                          {.scratch = comm.book ? comm.book->quantized : own,
-                           .feedback = comm.int8Feedback,
-                           .chunkBytes = t.pipelineChunkBytes});
+    const Int8Run run{.scratch = comm.book ? comm.book->quantized : own,
+                      .feedback = comm.int8Feedback,
+                      .chunkBytes = t.pipelineChunkBytes};
+    if (coll == Collective::ReduceScatter) return int8TwoLevelReduceScatter(comm, a, run);
+    int8TwoLevelAllreduce(comm, a, run);
   }
   const char* fallback() const override { return "two_level"; }
   bool int8Wire() const override { return true; }

@@ -30,6 +30,13 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 thread_local int64_t SmdcclBackend::feedbackNext_ = -1;
 
+Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key, size_t count) {
+  if (key < 0 || !cfg_.int8) return {};
+  Int8Residuals& residuals = int8Residuals_[key];
+  residuals.fit(count);
+  return {&residuals};
+}
+
 WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                                  const ::c10d::AllreduceOptions& opts) {
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
@@ -64,11 +71,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     };
   } else {
     body = [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
-      if (feedbackKey >= 0 && cfg_.int8) {
-        Int8Residuals& residuals = int8Residuals_[feedbackKey];
-        residuals.fit(static_cast<size_t>(t.numel()));
-        c.int8Feedback = {&residuals};
-      }
+      c.int8Feedback = int8FeedbackFor(feedbackKey, static_cast<size_t>(t.numel()));
       reduce_.allreduceOne(c, t, spec, dev, tuning);
     };
   }

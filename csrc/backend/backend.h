@@ -173,10 +173,11 @@ class SmdcclBackend : public ::c10d::Backend {
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
   std::string listenAddress() const { return mesh_->listenAddress(); }
   std::string compression() const { return cfg_.int8 ? "int8" : wireName(cfg_.wire); }
-  // The next allreduce this thread issues on the group keeps the int8
-  // wire's error feedback under `key` (a DDP bucket's index): what its
-  // quantizations round away is carried into the next allreduce with the
-  // same key. No effect on a group without the int8 wire.
+  // The next allreduce or reduce_scatter_tensor this thread issues on the
+  // group keeps the int8 wire's error feedback under `key` (a DDP bucket's
+  // index, an FSDP2 module's): what its quantizations round away is
+  // carried into the next op with the same key. No effect on a group
+  // without the int8 wire.
   void int8FeedbackNext(int64_t key) { feedbackNext_ = key; }
   // Whether this group's float32 reductions put 16 bits on some hop
   // (Comm::compressesSomeHop over the whole group).
@@ -270,6 +271,9 @@ class SmdcclBackend : public ::c10d::Backend {
   // residuals per key (touched only by the ops, which run one at a time).
   static thread_local int64_t feedbackNext_;
   std::unordered_map<int64_t, Int8Residuals> int8Residuals_;
+  // The residuals under `key` fitted to a tensor of `count` elements (none
+  // for key -1 or a group without the int8 wire). On the op's thread.
+  Int8Feedback int8FeedbackFor(int64_t key, size_t count);
   bool nanCheck_ = false;      // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL
   GroupFate fate_;             // a failed collective (or abort()) leaves the group unusable

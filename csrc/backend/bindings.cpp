@@ -103,16 +103,18 @@ void bindBackend(py::module_& m) {
                              "Async allreduces that ran fused with others (SMDCCL_FUSION_MB)")
       .def_property_readonly("fused_collectives", &smdccl::SmdcclBackend::fusedCollectives,
                              "Collectives that carried fused allreduces")
-      .def_property_readonly("compression", &smdccl::SmdcclBackend::compression,
-                             "What float32 reductions travel as between nodes: fp32, fp16, bf16 or int8")
+      .def_property_readonly(
+          "compression", &smdccl::SmdcclBackend::compression,
+          "What float32 reductions travel as between nodes: fp32, fp16, bf16 or int8")
       .def_property_readonly(
           "compressed_hops", &smdccl::SmdcclBackend::compressesSomeHop,
           "Whether float32 reductions put fewer bits on some hop of the group "
           "(it spans nodes, or compression_intra; int8: several nodes of one size); where not, "
           "nothing is rounded")
       .def("_int8_feedback_next", &smdccl::SmdcclBackend::int8FeedbackNext, py::arg("key"),
-           "The next all_reduce this thread issues on the group carries the int8 wire's error "
-           "feedback under `key` (smdccl.ddp.int8_wire_hook uses a bucket's index)")
+           "The next all_reduce or reduce_scatter_tensor this thread issues on the group "
+           "carries the int8 wire's error feedback under `key` (smdccl.ddp.int8_wire_hook uses "
+           "a bucket's index, smdccl.fsdp.int8_error_feedback an FSDP2 module's)")
       .def_property_readonly("progress_cpu_seconds", &smdccl::SmdcclBackend::progressCpuSeconds,
                              "CPU seconds used so far by the group's progress thread (the "
                              "thread that runs async collectives), read after each of its tasks")

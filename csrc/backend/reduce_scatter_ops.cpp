@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <utility>
 
 #include "algorithms/collectives.h"
 #include "backend/backend.h"
@@ -90,6 +91,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     ") x output elements = ", output.numel() * size_, ", got ", input.numel());
   ReduceSpec spec =
       toReduceSpec(opts.reduceOp, output.scalar_type(), size_, "reduce_scatter_tensor");
+  const int64_t feedbackKey = std::exchange(feedbackNext_, -1);
   auto dev = deviceOps_->begin({input, output}, "reduce_scatter_tensor");
   OpCall call = callOf({output}, output.scalar_type(), output.numel(), redOpCode(opts.reduceOp));
   call.inputs = {input};
@@ -100,7 +102,9 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     .call = std::move(call),
                     .outputs = {result},
                     .body =
-                        [this, input, output, spec, tuning, dev](Comm& c) mutable {
+                        [this, input, output, spec, tuning, dev, feedbackKey](Comm& c) mutable {
+                          c.int8Feedback =
+                              int8FeedbackFor(feedbackKey, static_cast<size_t>(input.numel()));
                           reduce_.reduceScatter(c, *dev, {input, output}, spec, tuning);
                         },
                     .timeout = opts.timeout,
@@ -112,7 +116,9 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                   .call = std::move(call),
                   .outputs = {result},
                   .body =
-                      [this, input, output, spec](Comm& c) mutable {
+                      [this, input, output, spec, feedbackKey](Comm& c) mutable {
+                        c.int8Feedback =
+                            int8FeedbackFor(feedbackKey, static_cast<size_t>(input.numel()));
                         Blocks blocks = Blocks::equal(c.size(), output.nbytes());
                         if (spec.needsPreScale() || !readsInPlace(input, output, c.rank())) {
                           at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
