@@ -129,6 +129,14 @@ def test_fsdp2_int8_error_feedback():
           f"without {plain[0]['max_diff']:.3g}")
 
 
+def test_fsdp2_int8_error_feedback_on_one_node_is_plain_fsdp():
+    """On one node nothing is quantized: the keyed reduce-scatters keep no
+    residuals and train exactly like float32 FSDP2 (within 1e-6 of the
+    single-process reference, as test_fsdp2_matches_single_process)."""
+    run_ranks(2, fsdp2_vs_reference, "cpu", 1e-6, "", True, timeout=240,
+              env={"SMDCCL_COMPRESSION": "int8"})
+
+
 def test_fsdp2_bf16_gradients_on_the_int8_wire():
     """The same with a MixedPrecisionPolicy reducing gradients in bfloat16:
     the bf16 reduce-scatters are widened to float32 for the int8 wire and

@@ -12,20 +12,24 @@
 
 namespace smdccl {
 
-// Error feedback of the int8 wire, per tensor (a DDP bucket): what this
-// rank's quantizations rounded away the last time, by element of the
-// tensor, added before they quantize the same elements again (1-bit Adam's
-// scheme on both sides): `sent`, the pieces this rank quantized for other
-// nodes; `owned`, the sums it quantized as their owner. Over k steps what
-// was applied equals the true sum up to one step's quantization error.
+// Error feedback of the int8 wire, per tensor (a DDP bucket, an FSDP2
+// module's gradients): what this rank's quantizations rounded away the
+// last time, by element of what the collective reduces, added before they
+// quantize the same elements again (1-bit Adam's scheme on both sides):
+// `sent`, the pieces this rank quantized for other nodes; `owned`, the sums
+// it quantized as their owner (allreduce only). The elements are the
+// tensor's, or on NCCL's reduce-scatter path the node's blocks as laid out
+// by node, the same layout every step. Over k steps what was applied
+// equals the true sum up to one step's quantization error.
 struct Int8Residuals {
   std::vector<float> sent, owned;
-  // Sized to a tensor of `count` elements; a new size (a new tensor, or
-  // the first step) starts from nothing carried.
-  void fit(size_t count) {
-    if (sent.size() == count && owned.size() == count) return;
+  // Sized to `count` elements (`owned`: none for a reduce-scatter); a new
+  // size (a new tensor, or the first step) starts from nothing carried.
+  void fit(size_t count, bool withOwned) {
+    const size_t owns = withOwned ? count : 0;
+    if (sent.size() == count && owned.size() == owns) return;
     sent.assign(count, 0.0f);
-    owned.assign(count, 0.0f);
+    owned.assign(owns, 0.0f);
   }
 };
 
@@ -40,9 +44,10 @@ struct Int8Feedback {
   Int8Feedback from(size_t n) const { return {residuals, first + n}; }
   float* sent(size_t i) const { return residuals->sent.data() + first + i; }
   float* owned(size_t i) const { return residuals->owned.data() + first + i; }
-  // Whether the residuals hold `count` elements from here.
-  bool covers(size_t count) const {
-    return residuals->sent.size() >= first + count && residuals->owned.size() >= first + count;
+  // Whether the residuals hold `count` elements from here (`owned` too).
+  bool covers(size_t count, bool withOwned) const {
+    return residuals->sent.size() >= first + count &&
+           (!withOwned || residuals->owned.size() >= first + count);
   }
 };
 

@@ -106,7 +106,7 @@ class Int8Pipeline {
     }
     slotBytes_ = most;
     run.scratch.resize(3 * 2 * static_cast<size_t>(n) * slotBytes_);
-    if (run.feedback && !run.feedback.covers(a.count))
+    if (run.feedback && !run.feedback.covers(a.count, /*withOwned=*/true))
       throw std::logic_error("the int8 error feedback's residuals do not cover the tensor");
   }
 
@@ -263,10 +263,10 @@ class Int8ReduceScatterPipeline {
         across_(c.sub(h_.acrossNodes(h_.myLocal))),
         owners_(h_.acrossNodes(h_.myLocal)) {
     const Blocks& b = *a.blocks;
+    if (feedback_ && !feedback_.covers(b.total() / sizeof(float), /*withOwned=*/false))
+      throw std::logic_error("the int8 error feedback's residuals do not cover the blocks");
     // No more pieces than the smallest block has values: only an empty
     // block has empty pieces.
-    if (feedback_ && !feedback_.covers(b.total() / sizeof(float)))
-      throw std::logic_error("the int8 error feedback's residuals do not cover the blocks");
     size_t k = pipelineChunks(b.total(), run.chunkBytes);
     for (size_t len : b.length)
       if (len) k = std::min(k, len / sizeof(float));
@@ -357,7 +357,7 @@ void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& 
 }
 
 void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
-  if (run.feedback && !run.feedback.covers(a.blocks->total() / sizeof(float)))
+  if (run.feedback && !run.feedback.covers(a.blocks->total() / sizeof(float), /*withOwned=*/false))
     throw std::logic_error("the int8 error feedback's residuals do not cover the blocks");
   int8ToOwners(c, a.buf, *a.blocks, run.scratch, run.feedback);
 }

@@ -30,22 +30,23 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 thread_local int64_t SmdcclBackend::feedbackNext_ = -1;
 
-Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key, size_t count) {
+Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key, size_t count, bool withOwned) {
   if (key < 0 || !cfg_.int8) return {};
   Int8Residuals& residuals = int8Residuals_[key];
-  residuals.fit(count);
+  residuals.fit(count, withOwned);
   return {&residuals};
 }
 
 WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
                                  const ::c10d::AllreduceOptions& opts) {
+  // Taken first: a call that fails its checks must not leave it to the next op.
+  const int64_t feedbackKey = std::exchange(feedbackNext_, -1);
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].layout() == at::kSparse)
     return allreduceSparse(tensors[0], opts);
   at::Tensor t = realView(checkSingle(tensors, "allreduce"), opts.reduceOp, "allreduce", "tensor");
   ReduceSpec spec = toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce");
   toDType(t.scalar_type(), "allreduce");  // an unsupported dtype raises here, at the call
   Tuning tuning = tuning_;
-  const int64_t feedbackKey = std::exchange(feedbackNext_, -1);
   auto dev = deviceOps_->begin({t}, "allreduce");
   // Small allreduces may be fused with those queued right behind them. The
   // choice must be the same on every rank (a fusable op opens with a round
@@ -71,7 +72,7 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     };
   } else {
     body = [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
-      c.int8Feedback = int8FeedbackFor(feedbackKey, static_cast<size_t>(t.numel()));
+      c.int8Feedback = int8FeedbackFor(feedbackKey, static_cast<size_t>(t.numel()), true);
       reduce_.allreduceOne(c, t, spec, dev, tuning);
     };
   }

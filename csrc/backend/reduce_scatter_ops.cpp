@@ -77,6 +77,8 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
 
 WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& given,
                                             const ::c10d::ReduceScatterOptions& opts) {
+  // Taken first: a call that fails its checks must not leave it to the next op.
+  const int64_t feedbackKey = std::exchange(feedbackNext_, -1);
   checkTensor(given, "reduce_scatter_tensor", "input");
   checkTensor(result, "reduce_scatter_tensor", "output");
   TORCH_CHECK_VALUE(result.scalar_type() == given.scalar_type(),
@@ -91,7 +93,6 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     ") x output elements = ", output.numel() * size_, ", got ", input.numel());
   ReduceSpec spec =
       toReduceSpec(opts.reduceOp, output.scalar_type(), size_, "reduce_scatter_tensor");
-  const int64_t feedbackKey = std::exchange(feedbackNext_, -1);
   auto dev = deviceOps_->begin({input, output}, "reduce_scatter_tensor");
   OpCall call = callOf({output}, output.scalar_type(), output.numel(), redOpCode(opts.reduceOp));
   call.inputs = {input};
@@ -103,8 +104,8 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     .outputs = {result},
                     .body =
                         [this, input, output, spec, tuning, dev, feedbackKey](Comm& c) mutable {
-                          c.int8Feedback =
-                              int8FeedbackFor(feedbackKey, static_cast<size_t>(input.numel()));
+                          c.int8Feedback = int8FeedbackFor(
+                              feedbackKey, static_cast<size_t>(input.numel()), false);
                           reduce_.reduceScatter(c, *dev, {input, output}, spec, tuning);
                         },
                     .timeout = opts.timeout,
@@ -118,7 +119,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                   .body =
                       [this, input, output, spec, feedbackKey](Comm& c) mutable {
                         c.int8Feedback =
-                            int8FeedbackFor(feedbackKey, static_cast<size_t>(input.numel()));
+                            int8FeedbackFor(feedbackKey, static_cast<size_t>(input.numel()), false);
                         Blocks blocks = Blocks::equal(c.size(), output.nbytes());
                         if (spec.needsPreScale() || !readsInPlace(input, output, c.rank())) {
                           at::Tensor work = scratch_.copyOf(input);  // the input is left as it was

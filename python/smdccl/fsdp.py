@@ -24,21 +24,27 @@ module.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.distributed as dist
 
 __all__ = ["Int8FeedbackReduceScatter", "int8_error_feedback"]
 
-# Keys above DDP's bucket indices (smdccl.ddp), so both can share a group.
-_KEY_BASE = 1 << 40
+# Keys above DDP's bucket indices (smdccl.ddp), so both can share a group;
+# one per module for the process's life, so two models never share one.
+_KEYS = itertools.count(1 << 40)
 
 
 class Int8FeedbackReduceScatter:
     """FSDP2's reduce-scatter (its ``ReduceScatter`` comm interface) whose
-    calls carry the int8 wire's error feedback under ``key``: one per module."""
+    calls carry the int8 wire's error feedback under ``key``: one per module.
+    The backend keeps 4 bytes of host memory per element of the module's
+    unsharded gradients, on groups where the int8 wire runs (none elsewhere)."""
 
     def __init__(self, key: int):
         self.key = key
+        self._compresses: dict[int, bool] = {}  # by group: whether the int8 wire runs there
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(size, dtype=dtype, device=device)
@@ -50,15 +56,24 @@ class Int8FeedbackReduceScatter:
         if not hasattr(backend, "_int8_feedback_next"):
             raise TypeError(f"smdccl.fsdp: the FSDP2 group's backend is {type(backend).__name__}, "
                             "not smdccl: int8 error feedback needs an smdccl group")
+        if id(group) not in self._compresses:
+            self._compresses[id(group)] = backend.compression == "int8" and backend.compressed_hops
+        if not self._compresses[id(group)]:  # nothing is quantized: no residuals to keep
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                              async_op=async_op)
         backend._int8_feedback_next(self.key)
-        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
-                                          async_op=async_op)
+        try:
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                              async_op=async_op)
+        finally:
+            backend._int8_feedback_next(-1)  # taken by the call, or never reached it
 
 
 def int8_error_feedback(model: torch.nn.Module) -> int:
     """Gives every FSDP2 module in ``model`` (``fully_shard`` applied) a
     keyed reduce-scatter; returns how many. Call it on every rank, after
-    ``fully_shard``: the keys follow ``model.modules()``'s order."""
+    ``fully_shard``, for the same models in the same order: the keys follow
+    the calls and ``model.modules()``'s order."""
     from torch.distributed.fsdp import FSDPModule
 
     modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -68,6 +83,6 @@ def int8_error_feedback(model: torch.nn.Module) -> int:
     if not hasattr(modules[0], "set_custom_reduce_scatter"):
         raise RuntimeError(f"smdccl.fsdp.int8_error_feedback: torch {torch.__version__}'s FSDP2 "
                            "has no set_custom_reduce_scatter, which it needs")
-    for index, module in enumerate(modules):
-        module.set_custom_reduce_scatter(Int8FeedbackReduceScatter(_KEY_BASE + index))
+    for module in modules:
+        module.set_custom_reduce_scatter(Int8FeedbackReduceScatter(next(_KEYS)))
     return len(modules)

@@ -189,7 +189,7 @@ TEST(int8_error_feedback_keeps_the_running_sum) {
     std::string error = fabric.run([&](int r, Comm& c) {
       c.int8 = true;
       Int8Residuals residuals;
-      residuals.fit(count);
+      residuals.fit(count, true);
       if (feedback) c.int8Feedback = {&residuals};
       Tuning t;
       t.pipelineChunkBytes = kChunkBytes;
@@ -251,7 +251,7 @@ TEST(int8_reduce_scatter_error_feedback_keeps_the_running_sum) {
     std::string error = fabric.run([&](int r, Comm& c) {
       c.int8 = true;
       Int8Residuals residuals;
-      residuals.fit(4 * each);
+      residuals.fit(4 * each, false);
       if (feedback) c.int8Feedback = {&residuals};
       Tuning t;
       t.pipelineChunkBytes = 1 << 10;

@@ -100,8 +100,8 @@ struct IpcStep {
 
 // The staged allreduces of one op over c (staged_collectives.h: chunk k
 // out, packed to c's 16-bit wire where c compresses, or quantized where it
-// runs the int8 wire across nodes, the host allreduce of it, back), in a
-// few chunk-sized pinned slots in turn.
+// runs the int8 wire across nodes without error feedback, the host
+// allreduce of it, back), in a few chunk-sized pinned slots in turn.
 struct StagedAllreduces {
   Comm& c;
   GpuContext& g;
