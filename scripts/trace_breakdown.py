@@ -19,21 +19,42 @@ import statistics
 from collections import defaultdict
 
 
+def _top_level(slices: list[dict]) -> list[dict]:
+    """The slices not nested in another (a CUDA path's span holds the host
+    algorithm's), by start."""
+    top, end = [], float("-inf")
+    for a in sorted(slices, key=lambda a: (a["ts"], -a["dur"])):
+        if a["ts"] >= end:
+            top.append(a)
+            end = a["ts"] + a["dur"]
+    return top
+
+
 def breakdown(events: list[dict]) -> dict[str, dict[str, float]]:
-    """{call: {"calls", "op_us", "algorithm_us", "around_us", "gap_us"}} from one rank's events."""
-    slices = sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"])
-    ops = [e for e in slices if e.get("cat") == "collective"]
-    algos = [e for e in slices if e.get("cat") == "algorithm"]
+    """{call: {"calls", "op_us", "algorithm_us", "around_us", "gap_us"}} from
+    one rank's events; each group's ops are on a track (tid) of their own."""
+    tracks: dict[tuple, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("collective", "algorithm"):
+            tracks[(e.get("pid"), e.get("tid"))][e["cat"] == "algorithm"].append(e)
     rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for k, op in enumerate(ops):
-        end = op["ts"] + op["dur"]
-        inside = sum(a["dur"] for a in algos if op["ts"] <= a["ts"] and a["ts"] + a["dur"] <= end)
-        row = rows[op["args"].get("call", op["name"])]
-        row["op_us"].append(op["dur"])
-        row["algorithm_us"].append(inside)
-        row["around_us"].append(op["dur"] - inside)
-        if k + 1 < len(ops):
-            row["gap_us"].append(ops[k + 1]["ts"] - end)
+    for ops, algos in tracks.values():
+        ops.sort(key=lambda e: e["ts"])
+        top, j = _top_level(algos), 0
+        for k, op in enumerate(ops):
+            end = op["ts"] + op["dur"]
+            while j < len(top) and top[j]["ts"] < op["ts"]:
+                j += 1
+            inside = 0
+            while j < len(top) and top[j]["ts"] + top[j]["dur"] <= end:
+                inside += top[j]["dur"]
+                j += 1
+            row = rows[op["args"].get("call", op["name"])]
+            row["op_us"].append(op["dur"])
+            row["algorithm_us"].append(inside)
+            row["around_us"].append(op["dur"] - inside)
+            if k + 1 < len(ops):
+                row["gap_us"].append(ops[k + 1]["ts"] - end)
     return {
         call: {"calls": len(r["op_us"]), **{k: statistics.median(v) for k, v in r.items() if v}}
         for call, r in rows.items()

@@ -463,17 +463,25 @@ def test_trace_writes_a_chrome_timeline_per_rank(tmp_path):
 
 
 def test_trace_breakdown_takes_the_medians_of_each_call():
+    def x(cat, name, ts, dur, tid=0, call=None):
+        return {"ph": "X", "cat": cat, "name": name, "tid": tid, "ts": ts, "dur": dur,
+                **({"args": {"call": call}} if call else {})}
+
     events = [
-        {"ph": "X", "cat": "collective", "name": "allreduce #1", "ts": 0, "dur": 10, "args": {"call": "a"}},
-        {"ph": "X", "cat": "algorithm", "name": "ring, 4 B", "ts": 2, "dur": 6},
-        {"ph": "X", "cat": "collective", "name": "allreduce #2", "ts": 30, "dur": 20, "args": {"call": "a"}},
-        {"ph": "X", "cat": "algorithm", "name": "ring, 4 B", "ts": 31, "dur": 4},
-        {"ph": "X", "cat": "algorithm", "name": "tree, 4 B", "ts": 40, "dur": 8},
-        {"ph": "X", "cat": "collective", "name": "barrier #3", "ts": 60, "dur": 1, "args": {"call": "b"}},
+        x("collective", "allreduce #1", 0, 10, call="a"),
+        x("algorithm", "ring, 4 B", 2, 6),
+        x("collective", "allreduce #2", 30, 20, call="a"),
+        x("algorithm", "ring, 4 B", 31, 4),
+        x("algorithm", "cuda allreduce: staged", 40, 8),
+        x("algorithm", "ring, 4 B", 41, 5),  # nested in the CUDA span: counted once
+        x("collective", "barrier #3", 60, 1, call="b"),
+        x("collective", "allreduce #1", 5, 40, tid=1, call="c"),  # another group's track
+        x("algorithm", "tree, 4 B", 6, 30, tid=1),
     ]
     rows = trace_breakdown.breakdown(events)
     assert rows["a"] == {"calls": 2, "op_us": 15, "algorithm_us": 9, "around_us": 6, "gap_us": 15}
     assert rows["b"] == {"calls": 1, "op_us": 1, "algorithm_us": 0, "around_us": 1}
+    assert rows["c"] == {"calls": 1, "op_us": 40, "algorithm_us": 30, "around_us": 10}
 
 
 def trace_logged() -> str:
