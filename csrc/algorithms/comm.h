@@ -17,9 +17,10 @@ namespace smdccl {
 // last time, by element of what the collective reduces, added before they
 // quantize the same elements again (1-bit Adam's scheme on both sides):
 // `sent`, the pieces this rank quantized for other nodes; `owned`, the sums
-// it quantized as their owner (allreduce only). The elements are the
-// tensor's, or on NCCL's reduce-scatter path the node's blocks as laid out
-// by node, the same layout every step. Over k steps what was applied
+// it quantized as their owner. An allreduce's follow the tensor's elements
+// (fitted by whoever keeps them); a reduce-scatter keeps `sent` only, for
+// the blocks it sends, laid out by the algorithm (two_level_int8.cpp's
+// SentResiduals), the same every step. Over k steps what was applied
 // equals the true sum up to one step's quantization error.
 struct Int8Residuals {
   std::vector<float> sent, owned;
@@ -44,10 +45,9 @@ struct Int8Feedback {
   Int8Feedback from(size_t n) const { return {residuals, first + n}; }
   float* sent(size_t i) const { return residuals->sent.data() + first + i; }
   float* owned(size_t i) const { return residuals->owned.data() + first + i; }
-  // Whether the residuals hold `count` elements from here (`owned` too).
-  bool covers(size_t count, bool withOwned) const {
-    return residuals->sent.size() >= first + count &&
-           (!withOwned || residuals->owned.size() >= first + count);
+  // Whether the residuals hold `count` elements from here, both kinds.
+  bool covers(size_t count) const {
+    return residuals->sent.size() >= first + count && residuals->owned.size() >= first + count;
   }
 };
 

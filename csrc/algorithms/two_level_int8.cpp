@@ -72,6 +72,34 @@ void quantize(char* q, float* x, size_t count, float* residual) {
   }
 }
 
+// A reduce-scatter's error feedback, compact: the residuals of the blocks
+// this rank quantizes for the other nodes' owners only, in node order
+// (lengths[j]: node j's block, in values; this rank's own is skipped), so
+// they take (n-1)/n of the blocks' memory. Fitted here, where the layout is
+// known; it is the same every step.
+class SentResiduals {
+ public:
+  SentResiduals(const Int8Feedback& f, const std::vector<size_t>& lengths, int me) {
+    if (!f) return;
+    if (f.first != 0) throw std::logic_error("a reduce-scatter's feedback starts at its element 0");
+    size_t total = 0;
+    for (size_t j = 0; j < lengths.size(); ++j) {
+      at_.push_back(total);
+      if (static_cast<int>(j) != me) total += lengths[j];
+    }
+    f.residuals->fit(total, /*withOwned=*/false);
+    base_ = f.residuals->sent.data();
+  }
+  // Value e of node j's block (nullptr: no feedback).
+  float* at(int j, size_t e) const {
+    return base_ ? base_ + at_[static_cast<size_t>(j)] + e : nullptr;
+  }
+
+ private:
+  std::vector<size_t> at_;
+  float* base_ = nullptr;
+};
+
 Chunk chunkOf(size_t first, size_t count, int L, int l, int n) {
   Chunk k{first, count, Blocks::even(count, L, sizeof(float)), {}, {}};
   for (size_t& o : k.shards.offset) o += first * sizeof(float);
@@ -106,7 +134,7 @@ class Int8Pipeline {
     }
     slotBytes_ = most;
     run.scratch.resize(3 * 2 * static_cast<size_t>(n) * slotBytes_);
-    if (run.feedback && !run.feedback.covers(a.count, /*withOwned=*/true))
+    if (run.feedback && !run.feedback.covers(a.count))
       throw std::logic_error("the int8 error feedback's residuals do not cover the tensor");
   }
 
@@ -226,11 +254,14 @@ void addFromOthers(Comm& across, Sent sent, float* mine, size_t count, char* inb
 // (byNode) goes to its owner j quantized once; the owner adds every
 // contribution to its own in float32. One quantization per element; each
 // rank keeps its own block, so no second.
-// With feedback, the residuals of buf's elements.
+// With feedback, SentResiduals of the blocks.
 void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<char>& scratch,
                   const Int8Feedback& feedback) {
   const int n = across.size(), me = across.rank();
   auto count = [&](int j) { return byNode.length[j] / sizeof(float); };
+  std::vector<size_t> lengths;
+  for (int j = 0; j < n; ++j) lengths.push_back(count(j));
+  const SentResiduals residuals(feedback, lengths, me);
   auto block = [&](int j) { return reinterpret_cast<float*>(buf + byNode.offset[j]); };
   std::vector<size_t> at(static_cast<size_t>(n) + 1, 0);  // the pieces for the others, by node
   for (int j = 0; j < n; ++j) at[j + 1] = at[j] + int8Bytes(count(j));
@@ -238,8 +269,7 @@ void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<cha
   addFromOthers(
       across,
       [&](int j) {
-        quantize(scratch.data() + at[j], block(j), count(j),
-                 feedback ? feedback.sent(byNode.offset[j] / sizeof(float)) : nullptr);
+        quantize(scratch.data() + at[j], block(j), count(j), residuals.at(j, 0));
         return std::pair(scratch.data() + at[j], at[j + 1] - at[j]);
       },
       block(me), count(me), scratch.data() + at[n]);
@@ -258,13 +288,12 @@ class Int8ReduceScatterPipeline {
         h_(levelsOf(c)),
         buf_(a.buf),
         scratch_(run.scratch),
-        feedback_(run.feedback),
+        blocks_(*a.blocks),
         local_(c.sub(h_.nodes[h_.myNode])),
         across_(c.sub(h_.acrossNodes(h_.myLocal))),
-        owners_(h_.acrossNodes(h_.myLocal)) {
-    const Blocks& b = *a.blocks;
-    if (feedback_ && !feedback_.covers(b.total() / sizeof(float), /*withOwned=*/false))
-      throw std::logic_error("the int8 error feedback's residuals do not cover the blocks");
+        owners_(h_.acrossNodes(h_.myLocal)),
+        residuals_(run.feedback, lengthsOf(blocks_, owners_), across_.rank()) {
+    const Blocks& b = blocks_;
     // No more pieces than the smallest block has values: only an empty
     // block has empty pieces.
     size_t k = pipelineChunks(b.total(), run.chunkBytes);
@@ -320,10 +349,10 @@ class Int8ReduceScatterPipeline {
     postToOwners(
         ex, across_,
         [&](int j) {
-          const int owner = owners_[static_cast<size_t>(j)];
-          const size_t at = chunk.offset[static_cast<size_t>(owner)] / sizeof(float);
-          quantize(out(j), piece(chunk, owner), count(chunk, owner),
-                   feedback_ ? feedback_.sent(at) : nullptr);
+          const size_t owner = static_cast<size_t>(owners_[static_cast<size_t>(j)]);
+          const size_t within = (chunk.offset[owner] - blocks_.offset[owner]) / sizeof(float);
+          quantize(out(j), piece(chunk, static_cast<int>(owner)),
+                   count(chunk, static_cast<int>(owner)), residuals_.at(j, within));
           return std::pair(out(j), int8Bytes(count(chunk, owner)));
         },
         count(chunk, c_.rank()), inbox());
@@ -340,11 +369,19 @@ class Int8ReduceScatterPipeline {
 
   Comm& c_;
   const Hierarchy& h_;
+  // The owners' blocks, in values, by node.
+  static std::vector<size_t> lengthsOf(const Blocks& b, const std::vector<int>& owners) {
+    std::vector<size_t> lengths;
+    for (int o : owners) lengths.push_back(b.length[static_cast<size_t>(o)] / sizeof(float));
+    return lengths;
+  }
+
   char* buf_;
   std::vector<char>& scratch_;
-  Int8Feedback feedback_;  // the residuals of buf's elements (none: empty)
+  const Blocks& blocks_;
   Comm local_, across_;
   std::vector<int> owners_;  // group rank of this rank's local index on each node
+  SentResiduals residuals_;
   std::vector<Blocks> chunks_;
   size_t slotBytes_ = 0;
 };
@@ -357,8 +394,6 @@ void int8TwoLevelReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& 
 }
 
 void int8AcrossReduceScatter(Comm& c, const CollectiveArgs& a, const Int8Run& run) {
-  if (run.feedback && !run.feedback.covers(a.blocks->total() / sizeof(float), /*withOwned=*/false))
-    throw std::logic_error("the int8 error feedback's residuals do not cover the blocks");
   int8ToOwners(c, a.buf, *a.blocks, run.scratch, run.feedback);
 }
 

@@ -30,11 +30,9 @@ using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 thread_local int64_t SmdcclBackend::feedbackNext_ = -1;
 
-Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key, size_t count, bool withOwned) {
+Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key) {
   if (key < 0 || !cfg_.int8) return {};
-  Int8Residuals& residuals = int8Residuals_[key];
-  residuals.fit(count, withOwned);
-  return {&residuals};
+  return {&int8Residuals_[key]};
 }
 
 WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -72,7 +70,8 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     };
   } else {
     body = [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
-      c.int8Feedback = int8FeedbackFor(feedbackKey, static_cast<size_t>(t.numel()), true);
+      c.int8Feedback = int8FeedbackFor(feedbackKey);
+      if (c.int8Feedback) c.int8Feedback.residuals->fit(static_cast<size_t>(t.numel()), true);
       reduce_.allreduceOne(c, t, spec, dev, tuning);
     };
   }

@@ -271,10 +271,9 @@ class SmdcclBackend : public ::c10d::Backend {
   // residuals per key (touched only by the ops, which run one at a time).
   static thread_local int64_t feedbackNext_;
   std::unordered_map<int64_t, Int8Residuals> int8Residuals_;
-  // The residuals under `key` fitted to a tensor of `count` elements (none
-  // for key -1 or a group without the int8 wire; `withOwned`: an
-  // allreduce's, which quantizes its sums too). On the op's thread.
-  Int8Feedback int8FeedbackFor(int64_t key, size_t count, bool withOwned);
+  // The residuals under `key` (none for key -1 or a group without the
+  // int8 wire). On the op's thread.
+  Int8Feedback int8FeedbackFor(int64_t key);
   bool nanCheck_ = false;      // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL
   GroupFate fate_;             // a failed collective (or abort()) leaves the group unusable

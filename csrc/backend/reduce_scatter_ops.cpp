@@ -104,8 +104,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     .outputs = {result},
                     .body =
                         [this, input, output, spec, tuning, dev, feedbackKey](Comm& c) mutable {
-                          c.int8Feedback = int8FeedbackFor(
-                              feedbackKey, static_cast<size_t>(input.numel()), false);
+                          c.int8Feedback = int8FeedbackFor(feedbackKey);
                           reduce_.reduceScatter(c, *dev, {input, output}, spec, tuning);
                         },
                     .timeout = opts.timeout,
@@ -118,8 +117,7 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                   .outputs = {result},
                   .body =
                       [this, input, output, spec, feedbackKey](Comm& c) mutable {
-                        c.int8Feedback =
-                            int8FeedbackFor(feedbackKey, static_cast<size_t>(input.numel()), false);
+                        c.int8Feedback = int8FeedbackFor(feedbackKey);
                         Blocks blocks = Blocks::equal(c.size(), output.nbytes());
                         if (spec.needsPreScale() || !readsInPlace(input, output, c.rank())) {
                           at::Tensor work = scratch_.copyOf(input);  // the input is left as it was

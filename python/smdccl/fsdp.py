@@ -39,8 +39,9 @@ _KEYS = itertools.count(1 << 40)
 class Int8FeedbackReduceScatter:
     """FSDP2's reduce-scatter (its ``ReduceScatter`` comm interface) whose
     calls carry the int8 wire's error feedback under ``key``: one per module.
-    The backend keeps 4 bytes of host memory per element of the module's
-    unsharded gradients, on groups where the int8 wire runs (none elsewhere)."""
+    The backend keeps 4 bytes of host memory per element this rank sends to
+    other nodes, (n-1)/n of the module's unsharded gradients over n nodes, on
+    groups where the int8 wire runs (none elsewhere)."""
 
     def __init__(self, key: int):
         self.key = key
