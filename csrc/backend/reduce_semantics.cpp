@@ -45,8 +45,9 @@ at::Tensor ReduceSemantics::wideBuffer(int64_t numel, const at::Tensor& like) co
 
 namespace {
 
-// `ts` copied into `flat` one after another, widened to its dtype.
-std::vector<at::Tensor> widenInto(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+// `ts` copied into `flat` one after another (converted to its dtype): the
+// parts of flat they fill.
+std::vector<at::Tensor> copyInto(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
   std::vector<at::Tensor> parts;
   int64_t at = 0;
   for (const auto& t : ts) {
@@ -65,6 +66,12 @@ Blocks twiceAsWide(Blocks b) {
 }
 
 }  // namespace
+
+std::pair<at::Tensor, at::Tensor> ReduceSemantics::widenedInOut(const at::Tensor& in,
+                                                                int64_t outNumel) const {
+  at::Tensor wide = wideBuffer(in.numel() + outNumel, in);
+  return {copyInto(wide, {in})[0], wide.narrow(0, in.numel(), outNumel)};
+}
 
 void ReduceSemantics::allreduceOne(Comm& c, at::Tensor& t, ReduceSpec spec,
                                    const std::shared_ptr<DeviceOp>& dev,
@@ -95,7 +102,7 @@ void ReduceSemantics::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
   DType dt = toDType(ts[0].scalar_type(), "allreduce");
   if (int8Widens(c, dt, specs[0])) {  // as allreduceOne
     std::vector<at::Tensor> parts =
-        widenInto(wideBuffer(static_cast<int64_t>(numelOf(ts)), ts[0]), ts);
+        copyInto(wideBuffer(static_cast<int64_t>(numelOf(ts)), ts[0]), ts);
     allreduceFlat(c, parts, specs, dev);
     for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
     return;
@@ -119,13 +126,7 @@ void ReduceSemantics::allreduceFlat(Comm& c, std::vector<at::Tensor>& ts,
     // On the device, on the op's stream (the body's current stream): one
     // flat buffer through the IPC / staged GPU allreduce, no host copy.
     at::Tensor flat = at::empty({total}, ts[0].options());
-    std::vector<at::Tensor> parts;
-    int64_t at = 0;
-    for (auto& t : ts) {
-      parts.push_back(flat.narrow(0, at, t.numel()));
-      at += t.numel();
-    }
-    for (size_t i = 0; i < ts.size(); ++i) parts[i].copy_(ts[i].reshape({-1}));
+    std::vector<at::Tensor> parts = copyInto(flat, ts);
     dev->allreduce(
         c, {.buf = bytesOf(flat), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op},
         tuning_);
@@ -145,10 +146,7 @@ void ReduceSemantics::reduceScatter(Comm& c, const HostReduceScatter& r,
   if (int8Widens(c, dt, spec)) {
     // 16-bit blocks on the int8 wire: reduced as float32 (a scratch copy),
     // this rank's block rounded to its dtype once at the end.
-    const at::Tensor& from = r.input ? *r.input : work;
-    at::Tensor wide = wideBuffer(from.numel() + output.numel(), from);
-    at::Tensor in = widenInto(wide, {from})[0];
-    at::Tensor out = wide.narrow(0, from.numel(), output.numel());
+    auto [in, out] = widenedInOut(r.input ? *r.input : work, output.numel());
     reduceScatter(c, {in, twiceAsWide(blocks), out}, spec);
     output.copy_(out.view(output.sizes()));
     return;
@@ -173,9 +171,7 @@ void ReduceSemantics::reduceScatter(Comm& c, DeviceOp& dev, const DeviceReduceSc
                                     ReduceSpec spec, const Tuning& tuning) const {
   DType dt = toDType(r.output.scalar_type(), "reduce_scatter");
   if (int8Widens(c, dt, spec)) {  // as on the host, on the device
-    at::Tensor wide = wideBuffer(r.input.numel() + r.output.numel(), r.input);
-    at::Tensor in = widenInto(wide, {r.input})[0];
-    at::Tensor out = wide.narrow(0, r.input.numel(), r.output.numel());
+    auto [in, out] = widenedInOut(r.input, r.output.numel());
     reduceScatter(c, dev, {in, out, /*inputIsScratch=*/true}, spec, tuning);
     r.output.copy_(out.view(r.output.sizes()));
     return;

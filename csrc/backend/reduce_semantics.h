@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "algorithms/comm.h"
@@ -90,6 +91,9 @@ class ReduceSemantics {
  private:
   // A float32 buffer of numel on like's device (int8Widens' copies).
   at::Tensor wideBuffer(int64_t numel, const at::Tensor& like) const;
+  // A reduce-scatter's widened input (`in` copied) and room for its
+  // output, in one such buffer.
+  std::pair<at::Tensor, at::Tensor> widenedInOut(const at::Tensor& in, int64_t outNumel) const;
 
   WireChoice wire_;
   const Tuning& tuning_;
