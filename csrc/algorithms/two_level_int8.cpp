@@ -74,18 +74,18 @@ void quantize(char* q, float* x, size_t count, float* residual) {
 
 // A reduce-scatter's error feedback, compact: the residuals of the blocks
 // this rank quantizes for the other nodes' owners only, in node order
-// (lengths[j]: node j's block, in values; this rank's own is skipped), so
-// they take (n-1)/n of the blocks' memory. Fitted here, where the layout is
-// known; it is the same every step.
+// (byNode: node j's block; this rank's own, `me`, is skipped), so they take
+// (n-1)/n of the blocks' memory. Fitted here, where the layout is known; it
+// is the same every step.
 class SentResiduals {
  public:
-  SentResiduals(const Int8Feedback& f, const std::vector<size_t>& lengths, int me) {
+  SentResiduals(const Int8Feedback& f, const Blocks& byNode, int me) {
     if (!f) return;
     if (f.first != 0) throw std::logic_error("a reduce-scatter's feedback starts at its element 0");
     size_t total = 0;
-    for (size_t j = 0; j < lengths.size(); ++j) {
+    for (size_t j = 0; j < byNode.length.size(); ++j) {
       at_.push_back(total);
-      if (static_cast<int>(j) != me) total += lengths[j];
+      if (static_cast<int>(j) != me) total += byNode.length[j] / sizeof(float);
     }
     f.residuals->fit(total, /*withOwned=*/false);
     base_ = f.residuals->sent.data();
@@ -253,15 +253,12 @@ void addFromOthers(Comm& across, Sent sent, float* mine, size_t count, char* inb
 // Across nodes (the ranks of `across`, one per node): block j of buf
 // (byNode) goes to its owner j quantized once; the owner adds every
 // contribution to its own in float32. One quantization per element; each
-// rank keeps its own block, so no second.
-// With feedback, SentResiduals of the blocks.
+// rank keeps its own block, so no second. With feedback, SentResiduals.
 void int8ToOwners(Comm& across, char* buf, const Blocks& byNode, std::vector<char>& scratch,
                   const Int8Feedback& feedback) {
   const int n = across.size(), me = across.rank();
   auto count = [&](int j) { return byNode.length[j] / sizeof(float); };
-  std::vector<size_t> lengths;
-  for (int j = 0; j < n; ++j) lengths.push_back(count(j));
-  const SentResiduals residuals(feedback, lengths, me);
+  const SentResiduals residuals(feedback, byNode, me);
   auto block = [&](int j) { return reinterpret_cast<float*>(buf + byNode.offset[j]); };
   std::vector<size_t> at(static_cast<size_t>(n) + 1, 0);  // the pieces for the others, by node
   for (int j = 0; j < n; ++j) at[j + 1] = at[j] + int8Bytes(count(j));
@@ -292,7 +289,7 @@ class Int8ReduceScatterPipeline {
         local_(c.sub(h_.nodes[h_.myNode])),
         across_(c.sub(h_.acrossNodes(h_.myLocal))),
         owners_(h_.acrossNodes(h_.myLocal)),
-        residuals_(run.feedback, lengthsOf(blocks_, owners_), across_.rank()) {
+        residuals_(run.feedback, pickBlocks(blocks_, owners_), across_.rank()) {
     const Blocks& b = blocks_;
     // No more pieces than the smallest block has values: only an empty
     // block has empty pieces.
@@ -369,13 +366,6 @@ class Int8ReduceScatterPipeline {
 
   Comm& c_;
   const Hierarchy& h_;
-  // The owners' blocks, in values, by node.
-  static std::vector<size_t> lengthsOf(const Blocks& b, const std::vector<int>& owners) {
-    std::vector<size_t> lengths;
-    for (int o : owners) lengths.push_back(b.length[static_cast<size_t>(o)] / sizeof(float));
-    return lengths;
-  }
-
   char* buf_;
   std::vector<char>& scratch_;
   const Blocks& blocks_;
