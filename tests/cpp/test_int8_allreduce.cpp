@@ -145,6 +145,16 @@ void runShape(const std::vector<int>& nodes, Failures& fail, int& cases) {
   cases += static_cast<int>(hashes.size());
 }
 
+// The float32 SUM reduce-scatter of buf (laid out as b) in place.
+void sumScatter(Comm& c, std::vector<float>& buf, const Blocks& b, const Tuning& t) {
+  reduceScatter(c,
+                {.buf = reinterpret_cast<char*>(buf.data()),
+                 .dt = DType::F32,
+                 .op = RedOp::Sum,
+                 .blocks = &b},
+                t);
+}
+
 }  // namespace
 
 TEST(int8_allreduce_within_the_format_bound_on_every_rank) {
@@ -259,12 +269,7 @@ TEST(int8_reduce_scatter_error_feedback_keeps_the_running_sum) {
       for (int s = 0; s < steps; ++s) {
         std::vector<float> buf(4 * each);
         for (size_t i = 0; i < buf.size(); ++i) buf[i] = valueOf(r + 4 * s, i) * 0.01f;
-        reduceScatter(c,
-                      {.buf = reinterpret_cast<char*>(buf.data()),
-                       .dt = DType::F32,
-                       .op = RedOp::Sum,
-                       .blocks = &b},
-                      t);
+        sumScatter(c, buf, b, t);
         for (size_t i = 0; i < each; ++i) applied[r][i] += buf[r * each + i];
       }
     });
@@ -322,12 +327,7 @@ TEST(int8_reduce_scatter_within_one_quantization) {
             fail.add("reduce-scatter did not choose two_level_int8");
           std::vector<float> buf(count);
           for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
-          reduceScatter(c,
-                        {.buf = reinterpret_cast<char*>(buf.data()),
-                         .dt = DType::F32,
-                         .op = RedOp::Sum,
-                         .blocks = &b},
-                        t);
+          sumScatter(c, buf, b, t);
           const size_t first = b.offset[r] / 4, m = b.length[r] / 4;
           size_t rounded = 0;
           for (size_t i = first; i < first + m; ++i) {

@@ -588,76 +588,13 @@ TEST(staged_rounds_int8_across_nodes_runs_the_int8_wire) {
   }
 }
 
-// The int8 wire's error feedback on the staged path (the CUDA paths' step
-// across nodes, and the whole tensor staged where ranks share nodes): the
-// rounds stage float32 and the host quantizes with the tensor's residuals
-// from the round's first element on. Over three steps, on elements
-// [first, first + m) of a tensor: the results and every residual equal
-// the host int8 path's run chunk by chunk with the residuals at those
-// offsets; the feedback ran (residuals set, results unlike those without
-// feedback) and touched no element outside the range.
-TEST(staged_rounds_carry_the_int8_error_feedback) {
-  struct Case {
-    std::vector<int> nodes;
-    bool across;  // the step across nodes of a group whose ranks share nodes
-  };
-  for (const Case& k : {Case{{2, 2}, true}, Case{{1, 1, 1}, false}, Case{{2, 2}, false}}) {
-    MemoryFabric fabric(k.nodes);
-    std::string error = fabric.run([&](int r, Comm& c) {
-      c.int8 = true;
-      Comm comm = k.across ? c.sub(c.levels->acrossNodes(c.levels->myLocal)) : c;
-      const size_t first = 3000, m = 17000, total = first + m + 500, chunk = 4096;
-      Int8Residuals staged, host;
-      staged.fit(total, true);
-      host.fit(total, true);
-      for (int step = 0; step < 3; ++step) {
-        std::vector<float> buf = valuesOf(r + 7 * step, m), ref = buf, unfed = buf;
-        std::vector<char> scratch;
-        for (size_t at = 0; at < m; at += chunk) {
-          Comm part = comm;
-          part.int8Feedback = {&host, first + at};
-          const CollectiveArgs a{.buf = reinterpret_cast<char*>(ref.data() + at),
-                                 .count = std::min(chunk, m - at),
-                                 .dt = DType::F32,
-                                 .op = RedOp::Sum};
-          if (part.int8Across(DType::F32, RedOp::Sum))
-            int8AcrossAllreduce(part, a, {.scratch = scratch, .feedback = part.int8Feedback});
-          else allreduce(part, a, kTuning);
-        }
-        Comm fed = comm;
-        fed.int8Feedback = {&staged, first};
-        HostStageDevice device;
-        runStagedAllreduce(fed, device, buf, chunk);
-        HostStageDevice plain;
-        runStagedAllreduce(comm, plain, unfed, chunk);
-        if (buf != ref)
-          throw std::runtime_error("step " + std::to_string(step) + ": results differ");
-        if (staged.sent != host.sent || staged.owned != host.owned)
-          throw std::runtime_error("step " + std::to_string(step) + ": residuals differ");
-        if (step > 0 && buf == unfed) throw std::runtime_error("the feedback changed nothing");
-        if (device.bytesToHost() != m * 4 || device.bytesFromHost() != m * 4)
-          throw std::runtime_error("a fed round did not stage float32");
-      }
-      auto touched = [&](const std::vector<float>& v, size_t b, size_t e) {
-        return std::any_of(v.begin() + b, v.begin() + e, [](float x) { return x != 0.0f; });
-      };
-      if (!touched(staged.sent, first, first + m) || !touched(staged.owned, first, first + m))
-        throw std::runtime_error("no residual was kept");
-      for (const std::vector<float>* v : {&staged.sent, &staged.owned})
-        if (touched(*v, 0, first) || touched(*v, first + m, total))
-          throw std::runtime_error("residuals outside the staged elements changed");
-    });
-    if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
-    CHECK(error.empty());
-  }
-}
+namespace {
 
-// The same for the staged reduce-scatter (FSDP2's gradients on CUDA
-// tensors, keyed by module): float32 staged, the host quantizes the other
-// ranks' blocks with the residuals of the staged input's elements; over
-// three steps the results and residuals equal the host int8 path's, and
-// the feedback changed the results.
-TEST(staged_reduce_scatter_carries_the_int8_error_feedback) {
+// The layouts the feedback tests stage over, on an int8 group: the step
+// across nodes of 2x2 (the ranks of one local index), and the whole group
+// of 1x1x1 and of 2x2. Runs body(rank, comm) on every rank of each.
+template <typename Body>
+void forEachFeedbackLayout(Body body) {
   struct Case {
     std::vector<int> nodes;
     bool across;
@@ -667,46 +604,111 @@ TEST(staged_reduce_scatter_carries_the_int8_error_feedback) {
     std::string error = fabric.run([&](int r, Comm& c) {
       c.int8 = true;
       Comm comm = k.across ? c.sub(c.levels->acrossNodes(c.levels->myLocal)) : c;
-      const size_t each = 3000, p = static_cast<size_t>(comm.size());
-      Int8Residuals staged, host;
-      staged.fit(p * each, false);
-      host.fit(p * each, false);
-      const Blocks blocks = Blocks::equal(comm.size(), each * 4);
-      for (int step = 0; step < 3; ++step) {
-        std::vector<float> in = valuesOf(r + 7 * step, p * each), ref = in, out(each), unfed(each);
-        Comm part = comm;
-        part.int8Feedback = {&host};
-        std::vector<char> scratch;
-        if (part.int8Across(DType::F32, RedOp::Sum))
-          int8AcrossReduceScatter(part,
-                                  {.buf = reinterpret_cast<char*>(ref.data()), .blocks = &blocks},
-                                  {.scratch = scratch, .feedback = part.int8Feedback});
-        else
-          reduceScatter(part,
-                        {.buf = reinterpret_cast<char*>(ref.data()),
-                         .dt = DType::F32,
-                         .op = RedOp::Sum,
-                         .blocks = &blocks},
-                        kTuning);
-        Comm fed = comm;
-        fed.int8Feedback = {&staged};
-        HostStageDevice device;
-        runStagedReduceScatter(fed, device, in, out, each);
-        HostStageDevice plain;
-        runStagedReduceScatter(comm, plain, in, unfed, each);
-        const float* mine = ref.data() + each * static_cast<size_t>(comm.rank());
-        if (!std::equal(out.begin(), out.end(), mine))
-          throw std::runtime_error("step " + std::to_string(step) + ": results differ");
-        if (staged.sent != host.sent || staged.owned != host.owned)
-          throw std::runtime_error("step " + std::to_string(step) + ": residuals differ");
-        if (step > 0 && out == unfed) throw std::runtime_error("the feedback changed nothing");
-        if (device.bytesToHost() != p * each * 4 || device.bytesFromHost() != each * 4)
-          throw std::runtime_error("a fed reduce-scatter did not stage float32");
-      }
-      if (std::all_of(staged.sent.begin(), staged.sent.end(), [](float x) { return x == 0.0f; }))
-        throw std::runtime_error("no residual was kept");
+      body(r, comm);
     });
     if (!error.empty()) std::fprintf(stderr, "  %s\n", error.c_str());
     CHECK(error.empty());
   }
+}
+
+}  // namespace
+
+// The int8 wire's error feedback on the staged path (the CUDA paths' step
+// across nodes, and the whole tensor staged where ranks share nodes): the
+// rounds stage float32 and the host quantizes with the tensor's residuals
+// from the round's first element on. Over three steps, on elements
+// [first, first + m) of a tensor: the results and every residual equal
+// the host int8 path's run chunk by chunk with the residuals at those
+// offsets; the feedback ran (residuals set, results unlike those without
+// feedback) and touched no element outside the range.
+TEST(staged_rounds_carry_the_int8_error_feedback) {
+  forEachFeedbackLayout([](int r, Comm& comm) {
+    const size_t first = 3000, m = 17000, total = first + m + 500, chunk = 4096;
+    Int8Residuals staged, host;
+    staged.fit(total, true);
+    host.fit(total, true);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> buf = valuesOf(r + 7 * step, m), ref = buf, unfed = buf;
+      std::vector<char> scratch;
+      for (size_t at = 0; at < m; at += chunk) {
+        Comm part = comm;
+        part.int8Feedback = {&host, first + at};
+        const CollectiveArgs a{.buf = reinterpret_cast<char*>(ref.data() + at),
+                               .count = std::min(chunk, m - at),
+                               .dt = DType::F32,
+                               .op = RedOp::Sum};
+        if (part.int8Across(DType::F32, RedOp::Sum))
+          int8AcrossAllreduce(part, a, {.scratch = scratch, .feedback = part.int8Feedback});
+        else allreduce(part, a, kTuning);
+      }
+      Comm fed = comm;
+      fed.int8Feedback = {&staged, first};
+      HostStageDevice device;
+      runStagedAllreduce(fed, device, buf, chunk);
+      HostStageDevice plain;
+      runStagedAllreduce(comm, plain, unfed, chunk);
+      if (buf != ref) throw std::runtime_error("step " + std::to_string(step) + ": results differ");
+      if (staged.sent != host.sent || staged.owned != host.owned)
+        throw std::runtime_error("step " + std::to_string(step) + ": residuals differ");
+      if (step > 0 && buf == unfed) throw std::runtime_error("the feedback changed nothing");
+      if (device.bytesToHost() != m * 4 || device.bytesFromHost() != m * 4)
+        throw std::runtime_error("a fed round did not stage float32");
+    }
+    auto touched = [&](const std::vector<float>& v, size_t b, size_t e) {
+      return std::any_of(v.begin() + b, v.begin() + e, [](float x) { return x != 0.0f; });
+    };
+    if (!touched(staged.sent, first, first + m) || !touched(staged.owned, first, first + m))
+      throw std::runtime_error("no residual was kept");
+    for (const std::vector<float>* v : {&staged.sent, &staged.owned})
+      if (touched(*v, 0, first) || touched(*v, first + m, total))
+        throw std::runtime_error("residuals outside the staged elements changed");
+  });
+}
+
+// The same for the staged reduce-scatter (FSDP2's gradients on CUDA
+// tensors, keyed by module): float32 staged, the host quantizes the other
+// ranks' blocks with the residuals of the staged input's elements; over
+// three steps the results and residuals equal the host int8 path's, and
+// the feedback changed the results.
+TEST(staged_reduce_scatter_carries_the_int8_error_feedback) {
+  forEachFeedbackLayout([](int r, Comm& comm) {
+    const size_t each = 3000, p = static_cast<size_t>(comm.size());
+    Int8Residuals staged, host;
+    staged.fit(p * each, false);
+    host.fit(p * each, false);
+    const Blocks blocks = Blocks::equal(comm.size(), each * 4);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> in = valuesOf(r + 7 * step, p * each), ref = in, out(each), unfed(each);
+      Comm part = comm;
+      part.int8Feedback = {&host};
+      std::vector<char> scratch;
+      if (part.int8Across(DType::F32, RedOp::Sum))
+        int8AcrossReduceScatter(part,
+                                {.buf = reinterpret_cast<char*>(ref.data()), .blocks = &blocks},
+                                {.scratch = scratch, .feedback = part.int8Feedback});
+      else
+        reduceScatter(part,
+                      {.buf = reinterpret_cast<char*>(ref.data()),
+                       .dt = DType::F32,
+                       .op = RedOp::Sum,
+                       .blocks = &blocks},
+                      kTuning);
+      Comm fed = comm;
+      fed.int8Feedback = {&staged};
+      HostStageDevice device;
+      runStagedReduceScatter(fed, device, in, out, each);
+      HostStageDevice plain;
+      runStagedReduceScatter(comm, plain, in, unfed, each);
+      const float* mine = ref.data() + each * static_cast<size_t>(comm.rank());
+      if (!std::equal(out.begin(), out.end(), mine))
+        throw std::runtime_error("step " + std::to_string(step) + ": results differ");
+      if (staged.sent != host.sent || staged.owned != host.owned)
+        throw std::runtime_error("step " + std::to_string(step) + ": residuals differ");
+      if (step > 0 && out == unfed) throw std::runtime_error("the feedback changed nothing");
+      if (device.bytesToHost() != p * each * 4 || device.bytesFromHost() != each * 4)
+        throw std::runtime_error("a fed reduce-scatter did not stage float32");
+    }
+    if (std::all_of(staged.sent.begin(), staged.sent.end(), [](float x) { return x == 0.0f; }))
+      throw std::runtime_error("no residual was kept");
+  });
 }
