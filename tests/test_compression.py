@@ -279,6 +279,17 @@ def ddp_hooks() -> dict:
     return out
 
 
+def _rank_device(device: str, rank: int):
+    """"cpu", or this rank's GPU ("cuda"), made current."""
+    import torch
+
+    if device != "cuda":
+        return torch.device(device)
+    dev = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return dev
+
+
 def error_feedback_drift(wire: str = "fp16", device: str = "cpu", ranks_per_node: int = 1) -> tuple:
     """Accumulated error of 100 steps of hooked gradients, without and with feedback.
 
@@ -299,9 +310,7 @@ def error_feedback_drift(wire: str = "fp16", device: str = "cpu", ranks_per_node
 
     hook = getattr(sddp, f"{wire}_wire_hook")
     rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+    dev = _rank_device(device, rank)
 
     def x_of(r):
         sign = (-1.0) ** (r // ranks_per_node)
@@ -348,9 +357,7 @@ def reduce_scatter_feedback_drift(steps: int = 400, device: str = "cpu") -> tupl
 
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = world // 2
-    dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+    dev = _rank_device(device, rank)
 
     def x_of(r):
         sign = (-1.0) ** (r // per_node)
