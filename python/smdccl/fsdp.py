@@ -59,15 +59,15 @@ class Int8FeedbackReduceScatter:
                             "not smdccl: int8 error feedback needs an smdccl group")
         if id(group) not in self._compresses:
             self._compresses[id(group)] = backend.compression == "int8" and backend.compressed_hops
-        if not self._compresses[id(group)]:  # nothing is quantized: no residuals to keep
-            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
-                                              async_op=async_op)
-        backend._int8_feedback_next(self.key)
+        keyed = self._compresses[id(group)]  # else nothing is quantized: no residuals to keep
+        if keyed:
+            backend._int8_feedback_next(self.key)
         try:
             return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
                                               async_op=async_op)
         finally:
-            backend._int8_feedback_next(-1)  # taken by the call, or never reached it
+            if keyed:
+                backend._int8_feedback_next(-1)  # taken by the call, or never reached it
 
 
 def int8_error_feedback(model: torch.nn.Module) -> int:
