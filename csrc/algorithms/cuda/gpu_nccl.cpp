@@ -32,9 +32,9 @@ void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning
     // In place, as NCCL lays it out: this rank's block is block myLocal.
     char* mine = a.buf + static_cast<size_t>(h.myLocal) * each * es;
     nccl.reduceScatter({a.buf, mine, each, a.dt, a.op}, g.stream());
-    Comm share = across;  // the int8 error feedback's residuals of this block
-    share.int8Feedback = c.int8Feedback.from(static_cast<size_t>(h.myLocal) * each);
-    stagedAllreduce(share, g, {.buf = mine, .count = each, .dt = a.dt, .op = a.op}, t);
+    // The int8 error feedback's residuals of this block (and below, of the tail).
+    across.int8Feedback = c.int8Feedback.from(static_cast<size_t>(h.myLocal) * each);
+    stagedAllreduce(across, g, {.buf = mine, .count = each, .dt = a.dt, .op = a.op}, t);
     nccl.allGather({mine, a.buf, each, a.dt}, g.stream());
   }
   if (whole < a.count) {
