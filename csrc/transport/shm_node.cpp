@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "kernels/cpu/stream_copy.h"
 
 namespace smdccl {
 
@@ -163,6 +166,7 @@ ShmLink::ShmLink(std::shared_ptr<ShmNode> node, int myRank, int peerRank)
   inData_ = node_->ringData(p, me);
   peerBell_ = &node_->ctl(p)->bell;
   cap_ = node_->ringBytes();
+  copyChoice_ = CopyChoice(CopyChoice::modeFromEnv(), cap_);
 }
 
 ShmLink::ShmLink(int peerRank, const Rings& rings)
@@ -172,7 +176,8 @@ ShmLink::ShmLink(int peerRank, const Rings& rings)
       outData_(rings.outData),
       inData_(rings.inData),
       peerBell_(rings.peerBell),
-      cap_(rings.ringBytes) {}
+      cap_(rings.ringBytes),
+      copyChoice_(CopyChoice::modeFromEnv(), cap_) {}
 
 size_t ShmLink::writable(char** at) {
   uint64_t tail = out_->tail.value.load(std::memory_order_acquire);
@@ -199,9 +204,56 @@ size_t ShmLink::send(const void* buf, size_t n) {
   char* at = nullptr;
   size_t k = std::min(n, ShmLink::writable(&at));
   if (k == 0) return 0;
-  std::memcpy(at, buf, k);
+  copyIn(at, buf, k);
   ShmLink::commit(k);
   return k;
+}
+
+namespace {
+int64_t steadyNs() {
+  return std::chrono::steady_clock::now().time_since_epoch() / std::chrono::nanoseconds(1);
+}
+double costAt(const ShmCounter& c) {
+  return std::bit_cast<double>(c.value.load(std::memory_order_relaxed));
+}
+}  // namespace
+
+void ShmLink::copyIn(char* at, const void* buf, size_t k) {
+  const bool timed = copyChoice_.timed(k);
+  const int64_t start = timed ? steadyNs() : 0;
+  if (timed) chooseWay(start);
+  const CopyWay way = copyChoice_.wayFor(k);
+  if (way == CopyWay::Streamed) streamCopy(at, buf, k);
+  else std::memcpy(at, buf, k);
+  if (timed && copyChoice_.settled(sendPos_)) copyChoice_.recordCopy(way, k, steadyNs() - start);
+}
+
+void ShmLink::chooseWay(int64_t nowNs) {
+  for (CopyWay w : {CopyWay::Plain, CopyWay::Streamed})
+    copyChoice_.setReadCost(w, costAt(out_->readCost[static_cast<int>(w)]));
+  const uint64_t word = copyChoice_.wayWord();
+  copyChoice_.advance(sendPos_, nowNs);
+  if (copyChoice_.wayWord() == word) return;
+  // Before the bytes: commit()'s release publishes it with them.
+  out_->copyWay.value.store(copyChoice_.wayWord(), std::memory_order_relaxed);
+  SMDCCL_LOG(LogLevel::Trace, "shm ring to rank ", peer_, ": copies ",
+             (copyChoice_.wayWord() & 1) ? "streamed" : "plain", " from byte ", sendPos_,
+             " (ns per byte, copy + read: plain ", copyChoice_.cost(CopyWay::Plain), ", streamed ",
+             copyChoice_.cost(CopyWay::Streamed), ")");
+}
+
+void ShmLink::recordRead(size_t k) {
+  if (readStartNs_ == 0) return;
+  const int64_t ns = steadyNs() - readStartNs_;
+  readStartNs_ = 0;
+  if (k < CopyChoice::kTimedFrom) return;
+  const std::optional<CopyWay> w =
+      CopyChoice::settledWayAt(in_->copyWay.value.load(std::memory_order_relaxed), recvPos_, cap_);
+  if (!w) return;
+  const int i = static_cast<int>(*w);
+  readCost_[i].add(static_cast<double>(std::max<int64_t>(ns, 1)) / static_cast<double>(k));
+  in_->readCost[i].value.store(std::bit_cast<uint64_t>(readCost_[i].value()),
+                               std::memory_order_relaxed);
 }
 
 size_t ShmLink::readable(const char** at) {
@@ -209,10 +261,13 @@ size_t ShmLink::readable(const char** at) {
   if (head <= recvPos_) return 0;  // also while the producer's padding is unpublished
   size_t off = recvPos_ % cap_;
   *at = inData_ + off;
-  return std::min({static_cast<size_t>(head - recvPos_), cap_ - off, kMaxPiece});
+  const size_t k = std::min({static_cast<size_t>(head - recvPos_), cap_ - off, kMaxPiece});
+  readStartNs_ = copyChoice_.timed(k) ? steadyNs() : 0;
+  return k;
 }
 
 void ShmLink::consume(size_t k) {
+  recordRead(k);
   recvPos_ += k;
   in_->tail.value.store(recvPos_, std::memory_order_release);
   if (peerBell_) peerBell_->ring();

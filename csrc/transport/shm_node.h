@@ -11,6 +11,7 @@
 
 #include "common/deadline.h"
 #include "common/store.h"
+#include "transport/copy_choice.h"
 #include "transport/futex.h"
 #include "transport/link.h"
 #include "transport/shm_segment.h"
@@ -33,6 +34,10 @@ struct alignas(128) ShmCounter {
 struct ShmRingHeader {
   ShmCounter head;  // bytes published by the producer (monotonic)
   ShmCounter tail;  // bytes released by the consumer (monotonic)
+  // How the producer copies (CopyChoice::wayWord), and what the consumer's
+  // reading costs for each way (a double's bits, ns per byte; 0: unknown).
+  ShmCounter copyWay;
+  ShmCounter readCost[2];
 };
 
 // A send/recv ring, and what each end asks of the other's next move: the
@@ -132,6 +137,17 @@ class ShmLink : public Link {
   size_t cap_;
   uint64_t sendPos_ = 0;
   uint64_t recvPos_ = 0;
+  // How this end copies into out_, and its reading of in_, timed for the
+  // other end's choice (0: the bytes at recvPos_ are not timed).
+  CopyChoice copyChoice_{CopyChoice::Mode::Plain, 0};
+  RunningCost readCost_[2];
+  int64_t readStartNs_ = 0;
+  // Copies `k` bytes into the ring at `at` the way copyChoice_ says.
+  void copyIn(char* at, const void* buf, size_t k);
+  // Before a timed copy: the reader's costs in, a change of way out.
+  void chooseWay(int64_t nowNs);
+  // After consume(k) of timed bytes: their cost, for the writer.
+  void recordRead(size_t k);
 };
 
 // True unless the process is gone or a zombie.
