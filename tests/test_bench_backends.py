@@ -2,11 +2,19 @@
 GPU, and with more ranks than GPUs on a machine (NCCL refuses two ranks on one
 GPU; smdccl and gloo do not); and ``--nccl-ranks-as-hosts`` (every rank its
 own NCCL_HOSTID): the env each rank gets, the refusal without CUDA tensors,
-the report's line. Runs without a GPU: the rules are pure."""
+the report's line. Runs without a GPU: the rules are pure. And the
+``smdccl[SMDCCL_NAME=value]`` backends of ``--env-variants``: the names,
+and a run where the variable reaches the group (a bad value fails it)."""
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from smdccl.bench.backends import default_backends, nccl_unavailable, ranks_as_hosts_env
+from smdccl.bench.backends import (default_backends, nccl_unavailable, ranks_as_hosts_env, split_env,
+                                   with_env_variants)
 
 
 def test_nccl_needs_cuda_tensors():
@@ -109,3 +117,47 @@ def test_close_groups_gives_up_on_a_teardown_that_hangs():
     assert left == ["b", "c"] and seen == ["ok", "hangs"], (left, seen)
     assert time.monotonic() - t0 < 5
     release.set()
+
+
+# --env-variants: one smdccl group per value of a variable, measured in one run
+
+
+def test_env_variants_multiply_smdccl_backends_only():
+    names = with_env_variants(["smdccl", "smdccl+fp16@ring", "gloo"], "SMDCCL_SHM_COPY=plain,auto")
+    assert names == ["smdccl[SMDCCL_SHM_COPY=plain]", "smdccl[SMDCCL_SHM_COPY=auto]",
+                     "smdccl+fp16@ring[SMDCCL_SHM_COPY=plain]", "smdccl+fp16@ring[SMDCCL_SHM_COPY=auto]",
+                     "gloo"]
+    assert with_env_variants(["smdccl"], None) == ["smdccl"]
+
+
+def test_split_env_reads_one_smdccl_variable():
+    assert split_env("smdccl+fp16@ring[SMDCCL_SHM_COPY=plain]") == (
+        "smdccl+fp16@ring", {"SMDCCL_SHM_COPY": "plain"}, None)
+    assert split_env("gloo") == ("gloo", {}, None)
+    for bad in ("smdccl[SHM_COPY=plain]", "smdccl[SMDCCL_SHM_COPY]", "smdccl[SMDCCL_SHM_COPY=]"):
+        assert "<backend>[SMDCCL_NAME=value]" in split_env(bad)[2], bad
+    assert "only smdccl" in split_env("gloo[SMDCCL_SHM_COPY=plain]")[2]
+
+
+@pytest.mark.multiprocess
+def test_bench_env_variants_run(tmp_path):
+    """2 ranks: a line per value, all correct; a value the variable does not
+    take fails the run naming the variable (so it was set for the group)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+            "smdccl.bench", "--backends", "smdccl", "--env-variants", "SMDCCL_SHM_COPY=plain,streamed",
+            "--collectives", "allreduce,reduce_scatter", "--sizes", "4K,300K", "--passes", "1",
+            "--target-time", "0.02", "--warmup", "1", "--json", "out.json", "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "SMDCCL_SHM_COPY"}
+    out = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "#wrong total: 0  OK" in out.stdout, out.stdout[-3000:]
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert {r["backend"] for r in rows} == {"smdccl[SMDCCL_SHM_COPY=plain]",
+                                            "smdccl[SMDCCL_SHM_COPY=streamed]"}
+    assert len(rows) == 8, rows
+
+    argv[argv.index("SMDCCL_SHM_COPY=plain,streamed")] = "SMDCCL_SHM_COPY=plain,sideways"
+    bad = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert "SMDCCL_SHM_COPY" in bad.stdout + bad.stderr and "sideways" in bad.stdout + bad.stderr, (
+        bad.stdout + bad.stderr)[-3000:]

@@ -129,19 +129,37 @@ def describe(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def forced_algo(algo: str):
-    """``SMDCCL_ALGO=algo`` for a while ("": as it is)."""
-    saved = os.environ.get("SMDCCL_ALGO")
-    if algo:
-        os.environ["SMDCCL_ALGO"] = algo
+def env_during(values: dict[str, str]):
+    """These environment variables set for a while, then as they were."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if algo:
-            if saved is None:
-                os.environ.pop("SMDCCL_ALGO", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
             else:
-                os.environ["SMDCCL_ALGO"] = saved
+                os.environ[k] = v
+
+
+def forced_algo(algo: str):
+    """``SMDCCL_ALGO=algo`` for a while ("": as it is)."""
+    return env_during({"SMDCCL_ALGO": algo} if algo else {})
+
+
+def split_env(name: str) -> tuple[str, dict[str, str], str | None]:
+    """``smdccl[SMDCCL_X=v]`` -> ("smdccl", {"SMDCCL_X": "v"}, None); a name
+    without brackets has no variables; the error says what is wrong."""
+    if not name.endswith("]"):
+        return name, {}, None
+    base, _, setting = name[:-1].partition("[")
+    var, eq, value = setting.partition("=")
+    if not base or not eq or not var.startswith("SMDCCL_") or not value:
+        return base, {}, f"{name}: write an smdccl variable as <backend>[SMDCCL_NAME=value]"
+    if base.partition("@")[0].partition("+")[0] != "smdccl":
+        return base, {}, f"{name}: only smdccl takes an SMDCCL_ variable"
+    return base, {var: value}, None
 
 
 def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool = False):
@@ -151,8 +169,10 @@ def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool =
     with that compression (16-bit values, or block int8 for allreduce, on
     the wire between nodes; float32 sums). ``@<algo>``
     after an smdccl name (``smdccl@tree``, ``smdccl+fp16@halving``): the
-    group runs with ``SMDCCL_ALGO=<algo>``."""
-    err = None
+    group runs with ``SMDCCL_ALGO=<algo>``. ``[SMDCCL_NAME=value]`` last
+    (``smdccl[SMDCCL_SHM_COPY=plain]``): that variable is set while the
+    group is made and first used (connected)."""
+    name, env, err = split_env(name)
     name, _, algo = name.partition("@")
     base, _, wire = name.partition("+")
     options = None
@@ -168,17 +188,24 @@ def open_group(name: str, world: World, timeout_s: float, ranks_as_hosts: bool =
         except Exception as exc:  # ImportError, or an OSError loading _C
             err = f"cannot import smdccl ({describe(exc)})"
     elif base == "nccl":
-        err = nccl_unavailable(world.device.type, _local_ranks(),
+        err = err or nccl_unavailable(world.device.type, _local_ranks(),
                                torch.cuda.device_count() if world.device.type == "cuda" else 0,
                                ranks_as_hosts)
     if (err := first_error(world, err)) is not None:
         return None, err
 
-    group = None
+    # smdccl reads SMDCCL_ALGO when the group is made, the transport's
+    # settings when it connects.
+    with env_during(env), forced_algo(algo):
+        return _made_and_probed(base, options, world, timeout_s)
+
+
+def _made_and_probed(base: str, options, world: World, timeout_s: float):
+    """(group, None) once a tiny all_reduce worked on every rank, else (None, reason)."""
+    group, err = None, None
     try:
-        with forced_algo(algo):  # smdccl reads it when the group is created
-            group = dist.new_group(backend=base, timeout=timedelta(seconds=timeout_s),
-                                   pg_options=options)
+        group = dist.new_group(backend=base, timeout=timedelta(seconds=timeout_s),
+                               pg_options=options)
     except Exception as exc:
         err = f"cannot create the group ({describe(exc)})"
     if (err := first_error(world, err)) is not None:
@@ -237,12 +264,27 @@ def with_algos(names: list[str], algos: list[str] | None) -> list[str]:
     return out
 
 
+def with_env_variants(names: list[str], spec: str | None) -> list[str]:
+    """``--env-variants SMDCCL_X=a,b``: every smdccl backend once per value
+    (``smdccl[SMDCCL_X=a]``, ``smdccl[SMDCCL_X=b]``), other backends as they are."""
+    if not spec:
+        return names
+    var, _, values = spec.partition("=")
+    out = []
+    for name in names:
+        if name.partition("@")[0].partition("+")[0] == "smdccl" and not name.endswith("]"):
+            out.extend(f"{name}[{var}={v}]" for v in values.split(",") if v)
+        else:
+            out.append(name)
+    return out
+
+
 def model_estimate(backend: str, collective: str, nbytes: int, nodes: list[int]) -> tuple[str, float] | None:
     """(algorithm, seconds) the cost model gives an ``smdccl[+wire]@algo``
     backend's ``collective`` of ``nbytes`` on nodes of these sizes: the
     forced algorithm (or what runs where it cannot), or the model's own
     pick for ``@auto``. None for other backends and collectives."""
-    name, _, algo = backend.partition("@")
+    name, _, algo = split_env(backend)[0].partition("@")
     if not algo or collective not in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
         return None
     from smdccl import _C

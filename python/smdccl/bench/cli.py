@@ -83,6 +83,12 @@ def _add_what_options(p: argparse.ArgumentParser) -> None:
                       help="measure every smdccl backend once per algorithm, forced with "
                            "SMDCCL_ALGO (e.g. ring,rd,halving,tree,auto), with the cost model's "
                            "estimate beside each time")
+    what.add_argument("--env-variants", default=None, metavar="SMDCCL_NAME=V1,V2,...",
+                      help="measure every smdccl backend once per value of that variable, set "
+                           "while its group is made and connects (e.g. "
+                           "SMDCCL_SHM_COPY=plain,auto): a setting's A/B in one run, measured "
+                           "in turn at each size; a backend may also be named so, "
+                           "smdccl[SMDCCL_SHM_COPY=plain]")
     what.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                       help="tensor device; cuda uses cuda:(LOCAL_RANK %% device count) "
                            "(default: cpu)")
@@ -191,7 +197,7 @@ def _open_groups(args: argparse.Namespace, world: World, local_ranks: int, group
     """Opens one group per backend to measure into ``groups`` (the caller
     closes them, also those opened before a failure). Returns the skipped
     backends with their reasons, or None when the run must exit with code 2."""
-    from smdccl.bench.backends import default_backends, open_group, with_algos
+    from smdccl.bench.backends import default_backends, open_group, with_algos, with_env_variants
 
     explicit = args.backends is not None
     names = args.backends if explicit else default_backends(
@@ -206,6 +212,13 @@ def _open_groups(args: argparse.Namespace, world: World, local_ranks: int, group
             return None
         names = with_algos(names, args.algos)
         explicit = True  # a forced algorithm that cannot open is an error, not a skip
+    if args.env_variants:
+        var, eq, values = args.env_variants.partition("=")
+        if not var.startswith("SMDCCL_") or not eq or not values:
+            say(f"--env-variants {args.env_variants!r}: write SMDCCL_NAME=value1,value2")
+            return None
+        names = with_env_variants(names, args.env_variants)
+        explicit = True
     unavailable = {}
     for name in names:
         group, err = open_group(name, world, args.timeout, args.nccl_ranks_as_hosts)
