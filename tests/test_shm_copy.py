@@ -6,8 +6,8 @@ its choices and the bytes through each way are tested in
 ``tests/cpp/test_copy_choice.cpp`` and ``test_shm_transport.cpp``) and runs in
 every other test.
 
-What (3 ranks on one node, 64 KiB rings so that the medium messages of
-1.2 MB wrap them many times, pieces of 4 KiB and more streamed): the compact
+What (3 ranks on one node, 256 KiB rings so that the medium messages of
+1.2 MB wrap them several times, pieces of 64 KiB and more streamed): the compact
 collective matrix's reductions, data movement and send/recv, every dtype it
 has, against its float64 / integer references, then the cross-rank bitwise
 check.
@@ -24,5 +24,5 @@ from test_collectives import collective_matrix
 @pytest.mark.parametrize("mode", ["plain", "streamed"])
 def test_collectives_with_each_way_of_copying_into_the_rings(mode):
     summary = run_ranks(3, collective_matrix, True, ["reductions", "data_movement", "p2p"],
-                        env={"SMDCCL_SHM_COPY": mode, "SMDCCL_SHM_RING_KB": "64"}, timeout=420)[0]
+                        env={"SMDCCL_SHM_COPY": mode, "SMDCCL_SHM_RING_KB": "256"}, timeout=420)[0]
     assert summary["cases"] > 100, summary

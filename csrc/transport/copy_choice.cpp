@@ -10,10 +10,10 @@ namespace smdccl {
 
 SMDCCL_ENV_CHOICE(kShmCopy, "SMDCCL_SHM_COPY", "auto", "auto, plain, streamed",
                   "How a rank copies a message into the shared-memory ring that another local "
-                  "rank reads: auto (measured as it goes: streamed past the caches where that "
-                  "costs less, copy and reading together, e.g. ranks on cores that share no "
-                  "cache), plain, or streamed (non-temporal stores on x86-64, pieces of 4 KiB or "
-                  "more).");
+                  "rank reads: auto (measured as it goes, copy and reading together: streamed "
+                  "past the caches where plain costs over 2.5x as much, e.g. ranks on cores "
+                  "that share no cache), plain, or streamed (non-temporal stores on x86-64). "
+                  "Pieces under 64 KiB are copied plainly.");
 
 void RunningCost::add(double nsPerByte) {
   v_ = v_ == 0 ? nsPerByte : v_ + (std::min(nsPerByte, 4 * v_) - v_) / 4;
@@ -57,7 +57,7 @@ void CopyChoice::advance(uint64_t pos, int64_t nowNs) {
 }
 
 CopyWay CopyChoice::wayFor(size_t bytes) const {
-  if (mode_ == Mode::Plain || bytes < kStreamFrom) return CopyWay::Plain;
+  if (mode_ == Mode::Plain || bytes < kTimedFrom) return CopyWay::Plain;
   return mode_ == Mode::Streamed ? CopyWay::Streamed : way_;
 }
 

@@ -39,15 +39,16 @@ class CopyChoice {
  public:
   // Auto as above; Plain / Streamed: always that way (SMDCCL_SHM_COPY).
   enum class Mode { Auto, Plain, Streamed };
-  static constexpr size_t kStreamFrom = 4 << 10;  // smaller pieces: plain
-  static constexpr size_t kTimedFrom = 64 << 10;  // timed on both sides
+  // Pieces this large are timed on both sides and may be streamed; smaller
+  // ones are copied plainly (a way is only kept where it is measured).
+  static constexpr size_t kTimedFrom = 64 << 10;
   static constexpr double kStreamAbove = 2.5;     // plain's cost over streamed's
   static constexpr int64_t kRetryNs = 100'000'000;
 
   CopyChoice(Mode mode, size_t ringBytes) : mode_(mode), ringBytes_(ringBytes) {}
   static Mode modeFromEnv();
 
-  // Whether a copy of `bytes` is timed, and its reading too; the writer
+  // Whether a copy of `bytes` is timed, and its reading too (auto); the writer
   // then records it at ring position `pos` (recordCopy), past the first
   // ring's worth of its epoch.
   bool timed(size_t bytes) const { return mode_ == Mode::Auto && bytes >= kTimedFrom; }

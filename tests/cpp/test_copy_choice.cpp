@@ -98,7 +98,7 @@ TEST(copy_choice_streams_where_plain_costs_over_its_threshold_and_turns_back) {
 
 TEST(copy_choice_plain_for_small_pieces_and_the_forced_modes) {
   CopyChoice autoMode(CopyChoice::Mode::Auto, kRing);
-  CHECK(autoMode.wayFor(CopyChoice::kStreamFrom - 1) == CopyWay::Plain);
+  CHECK(autoMode.wayFor(CopyChoice::kTimedFrom - 1) == CopyWay::Plain);
   CHECK(!autoMode.timed(CopyChoice::kTimedFrom - 1) && autoMode.timed(CopyChoice::kTimedFrom));
   CopyChoice plain(CopyChoice::Mode::Plain, kRing), streamed(CopyChoice::Mode::Streamed, kRing);
   for (uint64_t pos = 0; pos < 8 * kRing; pos += kPiece) {
@@ -107,7 +107,7 @@ TEST(copy_choice_plain_for_small_pieces_and_the_forced_modes) {
     CHECK(plain.wayFor(kPiece) == CopyWay::Plain);
     CHECK(streamed.wayFor(kPiece) == CopyWay::Streamed);
   }
-  CHECK(streamed.wayFor(CopyChoice::kStreamFrom - 1) == CopyWay::Plain);
+  CHECK(streamed.wayFor(CopyChoice::kTimedFrom - 1) == CopyWay::Plain);
   CHECK(!plain.timed(kPiece) && !streamed.timed(kPiece));
 }
 
