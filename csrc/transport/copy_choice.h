@@ -1,8 +1,8 @@
 #pragma once
 // How a shared-memory link copies a message into the ring that another
 // process reads: plainly, or streamed past the caches
-// (kernels/cpu/stream_copy.h). Where the two processes share a core's
-// caches, plain is faster: the reader takes the lines from there, and a
+// (kernels/cpu/stream_copy.h). Where the two processes share a cache,
+// plain is faster: the reader takes the lines from there, and a
 // streamed piece must come back from memory (1.5x slower end to end on the
 // development VM). Where they do not (other cores or dies), a plain store
 // first takes each line back from the reader's cache, where the last
