@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +13,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/steady_clock.h"
 #include "kernels/cpu/stream_copy.h"
 
 namespace smdccl {
@@ -210,9 +210,6 @@ size_t ShmLink::send(const void* buf, size_t n) {
 }
 
 namespace {
-int64_t steadyNs() {
-  return std::chrono::steady_clock::now().time_since_epoch() / std::chrono::nanoseconds(1);
-}
 double costAt(const ShmCounter& c) {
   return std::bit_cast<double>(c.value.load(std::memory_order_relaxed));
 }
@@ -220,12 +217,12 @@ double costAt(const ShmCounter& c) {
 
 void ShmLink::copyIn(char* at, const void* buf, size_t k) {
   const bool timed = copyChoice_.timed(k);
-  const int64_t start = timed ? steadyNs() : 0;
+  const int64_t start = timed ? steadyNowNs() : 0;
   if (timed) chooseWay(start);
   const CopyWay way = copyChoice_.wayFor(k);
   if (way == CopyWay::Streamed) streamCopy(at, buf, k);
   else std::memcpy(at, buf, k);
-  if (timed && copyChoice_.settled(sendPos_)) copyChoice_.recordCopy(way, k, steadyNs() - start);
+  if (timed && copyChoice_.settled(sendPos_)) copyChoice_.recordCopy(way, k, steadyNowNs() - start);
 }
 
 void ShmLink::chooseWay(int64_t nowNs) {
@@ -244,7 +241,7 @@ void ShmLink::chooseWay(int64_t nowNs) {
 
 void ShmLink::recordRead(size_t k) {
   if (readStartNs_ == 0) return;
-  const int64_t ns = steadyNs() - readStartNs_;
+  const int64_t ns = steadyNowNs() - readStartNs_;
   readStartNs_ = 0;
   if (k < CopyChoice::kTimedFrom) return;
   const std::optional<CopyWay> w =
@@ -262,7 +259,7 @@ size_t ShmLink::readable(const char** at) {
   size_t off = recvPos_ % cap_;
   *at = inData_ + off;
   const size_t k = std::min({static_cast<size_t>(head - recvPos_), cap_ - off, kMaxPiece});
-  readStartNs_ = copyChoice_.timed(k) ? steadyNs() : 0;
+  readStartNs_ = copyChoice_.timed(k) ? steadyNowNs() : 0;
   return k;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend/work.h"
+#include "common/steady_clock.h"
 #include "transport/cuda/stream_watch.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
@@ -50,12 +51,6 @@ struct OpEnd : GpuEvent {
   std::atomic<int64_t> startedNs{0};
   explicit OpEnd(int dev) : GpuEvent(dev) {}
 };
-
-inline int64_t steadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Work.wait() on CUDA tensors. The caller's stream must not wait for GPU
 // work that is not queued yet: a stream blocked on a future submission can
