@@ -15,8 +15,9 @@ SMDCCL_ENV_CHOICE(kShmCopy, "SMDCCL_SHM_COPY", "auto", "auto, plain, streamed",
                   "that share no cache), plain, or streamed (non-temporal stores on x86-64). "
                   "Pieces under 64 KiB are copied plainly.");
 
-void RunningCost::add(double nsPerByte) {
-  v_ = v_ == 0 ? nsPerByte : v_ + (std::min(nsPerByte, 4 * v_) - v_) / 4;
+void RunningCost::add(int64_t ns, size_t bytes) {
+  const double sample = static_cast<double>(std::max<int64_t>(ns, 1)) / static_cast<double>(bytes);
+  v_ = v_ == 0 ? sample : v_ + (std::min(sample, 4 * v_) - v_) / 4;
 }
 
 CopyChoice::Mode CopyChoice::modeFromEnv() {
@@ -62,7 +63,7 @@ CopyWay CopyChoice::wayFor(size_t bytes) const {
 }
 
 void CopyChoice::recordCopy(CopyWay way, size_t bytes, int64_t ns) {
-  copy_[index(way)].add(static_cast<double>(std::max<int64_t>(ns, 1)) / static_cast<double>(bytes));
+  copy_[index(way)].add(ns, bytes);
 }
 
 std::optional<CopyWay> CopyChoice::settledWayAt(uint64_t wayWord, uint64_t pos, size_t ringBytes) {

@@ -27,7 +27,8 @@ enum class CopyWay : uint8_t { Plain = 0, Streamed = 1 };
 // 4x: one preemption in the middle of a copy does not turn a choice.
 class RunningCost {
  public:
-  void add(double nsPerByte);
+  // `bytes` (> 0) took `ns`.
+  void add(int64_t ns, size_t bytes);
   double value() const { return v_; }  // 0 until the first sample
 
  private:

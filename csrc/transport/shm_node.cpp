@@ -248,7 +248,7 @@ void ShmLink::recordRead(size_t k) {
       CopyChoice::settledWayAt(in_->copyWay.value.load(std::memory_order_relaxed), recvPos_, cap_);
   if (!w) return;
   const int i = static_cast<int>(*w);
-  readCost_[i].add(static_cast<double>(std::max<int64_t>(ns, 1)) / static_cast<double>(k));
+  readCost_[i].add(ns, k);
   in_->readCost[i].value.store(std::bit_cast<uint64_t>(readCost_[i].value()),
                                std::memory_order_relaxed);
 }

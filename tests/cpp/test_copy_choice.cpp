@@ -130,10 +130,12 @@ TEST(copy_choice_tells_the_reader_the_way_of_each_byte) {
 TEST(running_cost_damps_one_slow_sample) {
   smdccl::RunningCost c;
   CHECK(c.value() == 0);
-  c.add(1.0);
+  c.add(4096, 4096);
   CHECK(c.value() == 1.0);
-  c.add(100.0);  // a preempted copy: counts as 4x
+  c.add(409600, 4096);  // a preempted copy: counts as 4x
   CHECK(c.value() == 1.75);
-  c.add(1.75);
+  c.add(7168, 4096);
   CHECK(c.value() == 1.75);
+  c.add(0, 4096);  // a clock that did not move: 1 ns
+  CHECK(c.value() == 1.75 + (1.0 / 4096 - 1.75) / 4);
 }
