@@ -1,7 +1,5 @@
 #include "algorithms/gpu_tuning.h"
 
-#include <cctype>
-
 #include "common/env.h"
 #include "common/error.h"
 
@@ -44,8 +42,7 @@ SMDCCL_ENV_INT(kCudaPinnedShrinkOps, "SMDCCL_CUDA_PINNED_SHRINK_OPS", 64, 0, 1 <
 GpuTuning GpuTuning::fromEnv() {
   GpuTuning t;
   t.ipc = envInt(env::kCudaIpc) != 0;
-  t.intra = envString(env::kIntra);
-  for (char& ch : t.intra) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  t.intra = envChoice(env::kIntra);
   // envInt range-checks these: no clamping here.
   t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
   t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;

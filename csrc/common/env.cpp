@@ -1,6 +1,7 @@
 #include "common/env.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cmath>
@@ -36,6 +37,12 @@ const std::vector<EnvVar>& envVars() { return table(); }
 std::string envString(const EnvVar& v) {
   const char* s = std::getenv(v.name);
   return (s && *s) ? std::string(s) : std::string(v.defaultValue);
+}
+
+std::string envChoice(const EnvVar& v) {
+  std::string s = envString(v);
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
 }
 
 namespace {

@@ -38,6 +38,8 @@ const std::vector<EnvVar>& envVars();
 // naming the variable and its range, for a value that is not a number of
 // the right kind or lies outside the range.
 std::string envString(const EnvVar& v);
+// A SMDCCL_ENV_CHOICE variable's value in lower case (choices take any case).
+std::string envChoice(const EnvVar& v);
 int64_t envInt(const EnvVar& v);
 double envDouble(const EnvVar& v);
 

@@ -22,11 +22,10 @@ static std::atomic<int> gRank{-1};
 
 LogLevel logLevel() {
   static const LogLevel level = [] {
-    std::string s = envString(env::kDebug);
-    for (auto& c : s) c = static_cast<char>(toupper(c));
-    if (s == "INFO") return LogLevel::Info;
-    if (s == "DETAIL") return LogLevel::Detail;
-    if (s == "TRACE") return LogLevel::Trace;
+    const std::string s = envChoice(env::kDebug);
+    if (s == "info") return LogLevel::Info;
+    if (s == "detail") return LogLevel::Detail;
+    if (s == "trace") return LogLevel::Trace;
     return LogLevel::Warn;
   }();
   return level;

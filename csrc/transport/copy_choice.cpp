@@ -1,7 +1,6 @@
 #include "transport/copy_choice.h"
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 
 #include "common/env.h"
@@ -21,8 +20,7 @@ void RunningCost::add(int64_t ns, size_t bytes) {
 }
 
 CopyChoice::Mode CopyChoice::modeFromEnv() {
-  std::string v = envString(kShmCopy);
-  for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string v = envChoice(kShmCopy);
   if (v == "plain") return Mode::Plain;
   if (v == "streamed") return Mode::Streamed;
   return Mode::Auto;
