@@ -2,12 +2,13 @@
 // How a shared-memory link copies a message into the ring that another
 // process reads: plainly, or streamed past the caches
 // (kernels/cpu/stream_copy.h). Where the two processes share a cache,
-// plain is faster: the reader takes the lines from there, and a
-// streamed piece must come back from memory (1.5x slower end to end on the
-// development VM). Where they do not (other cores or dies), a plain store
+// plain is faster: the reader takes the lines from there, and a streamed
+// piece must come back from memory (1.1-2.2x slower end to end, 2-rank
+// collectives on the development VM: bench/results/cpu2-shm-copy-*).
+// Where they do not (other cores or dies), a plain store
 // first takes each line back from the reader's cache, where the last
 // message left it, or the reader fetches each line from the writer's: then
-// streamed is 4-6x faster. Which holds changes while the processes run (a
+// streamed is 3-7x faster. Which holds changes while the processes run (a
 // scheduler or a VM's host moves them), so it is measured as it goes: the
 // writer times its copies, the reader its reading, and the writer writes
 // each way for a while to compare them, again every kRetryNs. An epoch of
