@@ -1,11 +1,14 @@
 // SmdcclBackend's reducing collectives: allreduce (dense, sparse,
-// coalesced, fused) and reduce. Checks on the caller's thread, data
-// movement on the progress thread (see enqueue()).
+// coalesced, fused) and reduce. Checks on the caller's thread; on the
+// progress thread (see enqueue()) the body scales around the reduction
+// (ReduceSemantics says where) and hands the data to the algorithms
+// (collectives.h) or the GPU paths (DeviceOp).
 #include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <map>
+#include <numeric>
 #include <utility>
 
 #include "algorithms/collectives.h"
@@ -15,6 +18,8 @@
 #include "backend/sparse_allreduce.h"
 #include "backend/arg_checks.h"
 #include "backend/reduce_scaling.h"
+#include "backend/reduce_semantics.h"
+#include "backend/scratch_pool.h"
 #include "backend/wire_overflow_check.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
@@ -27,6 +32,83 @@ using ::c10d::OpType;
 using WorkPtr = c10::intrusive_ptr<::c10d::Work>;
 
 // ---------------------------------------------------------------- allreduce
+
+namespace {
+
+// An allreduce's body on the progress thread, for c: the group's reduction
+// rules, tuning and host scratch.
+struct AllreduceBody {
+  const ReduceSemantics& sem;
+  Comm& c;
+  const Tuning& tuning;
+  ScratchPool& scratch;
+
+  // One allreduce of t in place (on the op's device, or the host):
+  // pre-scale, reduce, post-divide, fp16 overflow check.
+  void one(at::Tensor& t, ReduceSpec spec, const std::shared_ptr<DeviceOp>& dev) const {
+    DType dt = toDType(t.scalar_type(), "allreduce");
+    if (sem.int8Widens(c, dt, spec)) {
+      // A 16-bit tensor on the int8 wire: summed as float32 (in a scratch
+      // copy), rounded to its dtype once at the end.
+      at::Tensor wide = sem.widened({t})[0];
+      one(wide, spec, dev);
+      t.copy_(wide.view(t.sizes()));
+      return;
+    }
+    WireOverflowCheck overflow(sem.useWire(c, dt, spec));
+    applyPreScale(t, spec);
+    const CollectiveArgs args{
+        .buf = bytesOf(t), .count = static_cast<size_t>(t.numel()), .dt = dt, .op = spec.op};
+    if (dev) dev->allreduce(c, args, tuning);  // the GPU paths
+    else smdccl::allreduce(c, args, tuning);
+    applyPostDivide(t, spec);
+    overflow.finish(c);
+  }
+
+  // One allreduce over `ts` packed flat (same dtype and op): on the host, or
+  // on `dev`'s device for CUDA tensors.
+  void flat(std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
+            const std::shared_ptr<DeviceOp>& dev) const {
+    DType dt = toDType(ts[0].scalar_type(), "allreduce");
+    if (sem.int8Widens(c, dt, specs[0])) {  // as one()
+      std::vector<at::Tensor> parts = sem.widened(ts);
+      flat(parts, specs, dev);
+      for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
+      return;
+    }
+    Wire wire = Wire::F32;
+    std::vector<int64_t> numels;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      wire = sem.useWire(c, dt, specs[i]);
+      applyPreScale(ts[i], specs[i]);
+      numels.push_back(ts[i].numel());
+    }
+    WireOverflowCheck overflow(wire);
+    const int64_t total = std::accumulate(numels.begin(), numels.end(), int64_t{0});
+    auto argsOf = [&](const at::Tensor& buf) {
+      return CollectiveArgs{
+          .buf = bytesOf(buf), .count = static_cast<size_t>(total), .dt = dt, .op = specs[0].op};
+    };
+    if (!dev) {
+      at::Tensor buf = scratch.take(total, ts[0].scalar_type());
+      packInto(bytesOf(buf), ts);
+      smdccl::allreduce(c, argsOf(buf), tuning);
+      unpackFrom(bytesOf(buf), ts);
+    } else {
+      // On the device, on the op's stream (the body's current stream): one
+      // flat buffer through the GPU allreduce, no host copy.
+      at::Tensor buf = at::empty({total}, ts[0].options());
+      std::vector<at::Tensor> parts = buf.split_with_sizes(numels);
+      for (size_t i = 0; i < ts.size(); ++i) parts[i].copy_(ts[i].reshape({-1}));
+      dev->allreduce(c, argsOf(buf), tuning);
+      for (size_t i = 0; i < ts.size(); ++i) ts[i].view({-1}).copy_(parts[i]);
+    }
+    for (size_t i = 0; i < ts.size(); ++i) applyPostDivide(ts[i], specs[i]);
+    overflow.finish(c);
+  }
+};
+
+}  // namespace
 
 thread_local int64_t SmdcclBackend::feedbackNext_ = -1;
 
@@ -60,19 +142,22 @@ WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,
     fusable->device = dev;
     body = [this, self = fusable, tuning](Comm& c) {
       fusion_->run(c, *self, runSeq_,
-                   {.one = [&](QueuedAllreduce& q) {
-                      reduce_.allreduceOne(c, q.tensor, q.spec, q.device, tuning);
-                    },
-                    .flat = [&](std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
-                                const std::shared_ptr<DeviceOp>& d) {
-                      reduce_.allreduceFlat(c, ts, specs, d);
-                    }});
+                   {.one =
+                        [&](QueuedAllreduce& q) {
+                          AllreduceBody{reduce_, c, tuning, scratch_}.one(q.tensor, q.spec,
+                                                                          q.device);
+                        },
+                    .flat =
+                        [&](std::vector<at::Tensor>& ts, std::vector<ReduceSpec>& specs,
+                            const std::shared_ptr<DeviceOp>& d) {
+                          AllreduceBody{reduce_, c, tuning, scratch_}.flat(ts, specs, d);
+                        }});
     };
   } else {
     body = [this, t, spec, tuning, dev, feedbackKey](Comm& c) mutable {
       c.int8Feedback = int8FeedbackFor(feedbackKey);
       if (c.int8Feedback) c.int8Feedback.residuals->fit(static_cast<size_t>(t.numel()), true);
-      reduce_.allreduceOne(c, t, spec, dev, tuning);
+      AllreduceBody{reduce_, c, tuning, scratch_}.one(t, spec, dev);
     };
   }
   return enqueue({.type = OpType::ALLREDUCE,
@@ -134,7 +219,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                   .call = callOf(ts, ts[0].scalar_type(), numelOf(ts), redOpCode(opts.reduceOp)),
                   .outputs = tensors,
                   .body =
-                      [this, ts, specs, dev](Comm& c) mutable {
+                      [this, ts, specs, dev, tuning = tuning_](Comm& c) mutable {
                         // One flat buffer per dtype: one collective each instead of one per tensor.
                         std::map<at::ScalarType, std::vector<size_t>> byType;
                         for (size_t i = 0; i < ts.size(); ++i)
@@ -146,7 +231,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                             group.push_back(ts[i]);
                             groupSpecs.push_back(specs[i]);
                           }
-                          reduce_.allreduceFlat(c, group, groupSpecs, dev);
+                          AllreduceBody{reduce_, c, tuning, scratch_}.flat(group, groupSpecs, dev);
                         }
                       },
                   .timeout = opts.timeout,

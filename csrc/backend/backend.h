@@ -251,8 +251,8 @@ class SmdcclBackend : public ::c10d::Backend {
   ExchangeBook exchangeBook_;
   Tuning tuning_;
   ScratchPool scratch_;  // host copies for ops that leave their input as it was
-  // Wire choice, AVG / PREMUL_SUM scaling, fp16 overflow: the reductions' bodies call it.
-  ReduceSemantics reduce_{WireChoice{cfg_.wire, cfg_.wireIntra, cfg_.int8}, tuning_, scratch_};
+  // The wire a reduction crosses and where AVG divides: the reductions' bodies ask it.
+  ReduceSemantics reduce_{WireChoice{cfg_.wire, cfg_.wireIntra, cfg_.int8}};
   WaitPolicy waitPolicy_;
   std::atomic<int64_t> timeoutMs_;
   // split()'s and shrink()'s groups, with this group's settings.

@@ -1,6 +1,7 @@
 // SmdcclBackend's reduce-scatter (all forms). Checks on the caller's
-// thread, data movement on the progress thread (see enqueue()); the
-// reduction's wire and scaling are ReduceSemantics'.
+// thread; on the progress thread (see enqueue()) the body scales around
+// the reduction (ReduceSemantics says where) and hands the data to the
+// algorithms (collectives.h) or the GPU paths (DeviceOp).
 #include <cstdint>
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -13,7 +14,9 @@
 #include "backend/call_checks.h"
 #include "backend/host_buffers.h"
 #include "backend/arg_checks.h"
+#include "backend/padded_blocks.h"
 #include "backend/reduce_scaling.h"
+#include "backend/reduce_semantics.h"
 #include "backend/wire_overflow_check.h"
 #include "common/error.h"
 #include "common/exit_fence.h"
@@ -38,6 +41,117 @@ bool readsInPlace(const at::Tensor& input, const at::Tensor& output, int rank) {
   return out + outBytes <= in || in + inBytes <= out ||
          out == in + static_cast<size_t>(rank) * outBytes;
 }
+
+// The same byte ranges of elements twice as wide.
+Blocks twiceAsWide(Blocks b) {
+  for (size_t& o : b.offset) o *= 2;
+  for (size_t& l : b.length) l *= 2;
+  return b;
+}
+
+// A reduce-scatter on the host: `work` (laid out as blocks) holds every
+// block and is used up; block c.rank() reduced over the group lands in
+// `output`. With `input` (contiguous, laid out as blocks, left as it was;
+// a reduction with no pre-scale), every block is read there and `work` is
+// only scratch.
+struct HostReduceScatter {
+  at::Tensor& work;
+  const Blocks& blocks;
+  at::Tensor& output;
+  const at::Tensor* input = nullptr;
+};
+// A reduce-scatter on the op's device: `input` (c.size() blocks of
+// output's length) into `output`. `input` is left as it was unless it is
+// the op's own scratch (`inputIsScratch`: a pre-scale then works in place).
+struct DeviceReduceScatter {
+  const at::Tensor& input;
+  at::Tensor& output;
+  bool inputIsScratch = false;
+};
+// The list form on the op's device: `inputs` (one per rank, of the
+// blocks' lengths) padded into one device buffer, this rank's block into
+// `output`.
+struct DeviceListReduceScatter {
+  const std::vector<at::Tensor>& inputs;
+  const Blocks& blocks;
+  at::Tensor& output;
+};
+
+// A reduce-scatter's body on the progress thread, for c: the group's
+// reduction rules and tuning. Each form pre-scales, reduces, post-divides
+// and checks for fp16 overflow.
+struct ReduceScatterBody {
+  const ReduceSemantics& sem;
+  Comm& c;
+  const Tuning& tuning;
+
+  void onHost(const HostReduceScatter& r, ReduceSpec spec) const {
+    DType dt = toDType(r.output.scalar_type(), "reduce_scatter");
+    if (sem.int8Widens(c, dt, spec)) {
+      // 16-bit blocks on the int8 wire: reduced as float32 (a scratch copy),
+      // this rank's block rounded to its dtype once at the end.
+      std::vector<at::Tensor> wide = sem.widened({r.input ? *r.input : r.work}, r.output.numel());
+      onHost({wide[0], twiceAsWide(r.blocks), wide[1]}, spec);
+      r.output.copy_(wide[1].view(r.output.sizes()));
+      return;
+    }
+    WireOverflowCheck overflow(sem.useWire(c, dt, spec));
+    // Without an input apart, work holds the blocks (pre-scaled here) and is
+    // read in place; either way this rank's block lands in output.
+    if (!r.input) applyPreScale(r.work, spec);
+    smdccl::reduceScatter(c,
+                          {.buf = bytesOf(r.work),
+                           .dt = dt,
+                           .op = spec.op,
+                           .blocks = &r.blocks,
+                           .in = r.input ? bytesOf(*r.input) : bytesOf(r.work),
+                           .out = bytesOf(r.output)},
+                          tuning);
+    applyPostDivide(r.output, spec);
+    overflow.finish(c);
+  }
+
+  void onDevice(DeviceOp& dev, const DeviceReduceScatter& r, ReduceSpec spec) const {
+    DType dt = toDType(r.output.scalar_type(), "reduce_scatter");
+    if (sem.int8Widens(c, dt, spec)) {  // as on the host, on the device
+      std::vector<at::Tensor> wide = sem.widened({r.input}, r.output.numel());
+      onDevice(dev, {wide[0], wide[1], /*inputIsScratch=*/true}, spec);
+      r.output.copy_(wide[1].view(r.output.sizes()));
+      return;
+    }
+    WireOverflowCheck overflow(sem.useWire(c, dt, spec));
+    at::Tensor in = r.input;
+    if (spec.needsPreScale()) {
+      if (!r.inputIsScratch) in = r.input.clone();
+      applyPreScale(in, spec);
+    }
+    dev.reduceScatter(c,
+                      {.in = bytesOf(in),
+                       .out = bytesOf(r.output),
+                       .each = static_cast<size_t>(r.output.numel()),
+                       .dt = dt,
+                       .op = spec.op},
+                      tuning);
+    applyPostDivide(r.output, spec);
+    overflow.finish(c);
+  }
+
+  void onDevice(DeviceOp& dev, const DeviceListReduceScatter& r, const ReduceSpec& spec) const {
+    PaddedBlocks in(r.blocks, r.output);
+    for (int q = 0; q < c.size(); ++q)
+      in.block(q, r.blocks.length[static_cast<size_t>(q)])
+          .copy_(byteView(r.inputs[static_cast<size_t>(q)]));
+    const at::ScalarType dt = r.output.scalar_type();
+    if (in.each() == r.output.nbytes())
+      return onDevice(dev, {in.all(dt), r.output, /*inputIsScratch=*/true}, spec);
+    // Uneven blocks: this rank's padded block lands apart first.
+    at::Tensor mine =
+        at::empty({static_cast<int64_t>(in.each())}, r.output.options().dtype(at::kByte));
+    at::Tensor result = mine.view(dt);
+    onDevice(dev, {in.all(dt), result, /*inputIsScratch=*/true}, spec);
+    byteView(r.output).copy_(mine.narrow(0, 0, static_cast<int64_t>(r.output.nbytes())));
+  }
+};
 
 }  // namespace
 
@@ -64,11 +178,12 @@ WorkPtr SmdcclBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                       [this, real, out, blocks, spec, tuning, dev](Comm& c) mutable {
                         // CUDA tensors: the blocks padded into one device buffer.
                         if (dev)
-                          return reduce_.reduceScatter(c, *dev, {real, blocks, out}, spec, tuning);
+                          return ReduceScatterBody{reduce_, c, tuning}.onDevice(
+                              *dev, DeviceListReduceScatter{real, blocks, out}, spec);
                         at::Tensor work =
                             scratch_.take(static_cast<int64_t>(numelOf(real)), out.scalar_type());
                         packInto(bytesOf(work), real);
-                        reduce_.reduceScatter(c, {work, blocks, out}, spec);
+                        ReduceScatterBody{reduce_, c, tuning}.onHost({work, blocks, out}, spec);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,
@@ -105,7 +220,8 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                     .body =
                         [this, input, output, spec, tuning, dev, feedbackKey](Comm& c) mutable {
                           c.int8Feedback = int8FeedbackFor(feedbackKey);
-                          reduce_.reduceScatter(c, *dev, {input, output}, spec, tuning);
+                          ReduceScatterBody{reduce_, c, tuning}.onDevice(
+                              *dev, DeviceReduceScatter{input, output}, spec);
                         },
                     .timeout = opts.timeout,
                     .asyncOp = opts.asyncOp,
@@ -121,11 +237,13 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                         Blocks blocks = Blocks::equal(c.size(), output.nbytes());
                         if (spec.needsPreScale() || !readsInPlace(input, output, c.rank())) {
                           at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
-                          return reduce_.reduceScatter(c, {work, blocks, output}, spec);
+                          return ReduceScatterBody{reduce_, c, tuning_}.onHost(
+                              {work, blocks, output}, spec);
                         }
                         // Read where it is: the scratch takes partial sums only.
                         at::Tensor work = scratch_.take(input.numel(), input.scalar_type());
-                        reduce_.reduceScatter(c, {work, blocks, output, &input}, spec);
+                        ReduceScatterBody{reduce_, c, tuning_}.onHost(
+                            {work, blocks, output, &input}, spec);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp});
@@ -169,7 +287,8 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
                         for (size_t i = 0; i < ins.size(); ++i) {
                           at::Tensor work = ins[i].clone();
                           Blocks blocks = Blocks::equal(c.size(), outs[i].nbytes());
-                          reduce_.reduceScatter(c, {work, blocks, outs[i]}, specs[i]);
+                          ReduceScatterBody{reduce_, c, tuning_}.onHost({work, blocks, outs[i]},
+                                                                        specs[i]);
                         }
                       },
                   .timeout = opts.timeout,
