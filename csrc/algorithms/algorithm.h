@@ -1,7 +1,7 @@
 #pragma once
 // An algorithm is one object in the registry (registry.cpp) and one file:
 // its name, the collectives it serves, where it can run, its α-β estimate
-// and its schedule on the exchange. Selection (select.cpp) takes the
+// and its schedule on the exchange. Selection (collectives.cpp) takes the
 // cheapest estimate among those that can run, unless SMDCCL_ALGO names one.
 #include <cstddef>
 #include <string>

@@ -1,9 +1,9 @@
 #include "algorithms/collectives.h"
 
-#include <cstring>
-
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -13,7 +13,72 @@
 
 namespace smdccl {
 
-Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
+std::vector<std::pair<const Algorithm*, double>> estimates(Collective coll, double bytes,
+                                                           const Situation& s, const CostModel& m) {
+  std::vector<std::pair<const Algorithm*, double>> out;
+  for (const Algorithm* a : registeredAlgorithms())
+    if (a->serves(coll) && a->canRun(coll, s) && a->autoCandidate(coll, s)) {
+      double sec = s.g.ranks <= 1 ? 0.0 : a->estimate(coll, bytes, s, m);
+      // The copy of the input into the working buffer (a memory copy costs
+      // about what a shared-memory transfer of the bytes does).
+      if (s.outOfPlace && !a->outOfPlace(coll)) sec += m.intra.bytesSeconds(bytes);
+      out.emplace_back(a, sec);
+    }
+  return out;
+}
+
+Choice choose(Collective coll, size_t bytes, const Situation& s, const Tuning& t) {
+  for (const Algorithm* a = t.forcedFor(coll); a;
+       a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
+    if (a->serves(coll) && a->canRun(coll, s)) return {a, true};
+  if (s.int8) {  // the cheapest int8 algorithm that runs (ties: the first registered)
+    Choice int8;
+    double cheapest = std::numeric_limits<double>::infinity();
+    for (const Algorithm* a : registeredAlgorithms())
+      if (a->int8Wire() && a->serves(coll) && a->canRun(coll, s)) {
+        const double sec = a->estimate(coll, static_cast<double>(bytes), s, t.model);
+        if (!int8.algo || sec < cheapest) {
+          int8.algo = a;
+          cheapest = sec;
+        }
+      }
+    if (int8.algo) return int8;
+  }
+  Choice best;
+  double bestT = std::numeric_limits<double>::infinity();
+  for (const auto& [a, sec] : estimates(coll, static_cast<double>(bytes), s, t.model))
+    if (!best.algo || sec < bestT) {
+      best.algo = a;
+      bestT = sec;
+    }
+  if (!best.algo) throw std::logic_error(strCat("no algorithm can run ", collectiveName(coll)));
+  return best;
+}
+
+Situation situationFor(const GroupShape& g, const WireHops& w, const Tuning& t) {
+  Situation s;
+  s.g = g;
+  s.someHop16 = w.some;
+  s.everyHop16 = w.every;
+  s.pipelineChunkBytes = t.pipelineChunkBytes;
+  return s;
+}
+
+Tuning forWire(const WireHops& w, const Tuning& t) {
+  Tuning wired = t;
+  if (!w.some) return wired;
+  wired.model.inter.gbps *= 2;
+  if (w.intra) wired.model.intra.gbps *= 2;
+  return wired;
+}
+
+WireHops wireHopsOf(const Comm& c, DType dt) {
+  return {.some = c.compressesSomeHop(dt), .every = c.compressesEveryHop(dt), .intra = c.wireIntra};
+}
+
+namespace {
+
+Situation situationOf(const Comm& c, DType dt, const WireHops& hops, const Tuning& t) {
   GroupShape g;
   g.ranks = c.size();
   if (c.levels && c.members.empty()) {
@@ -23,14 +88,29 @@ Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
   } else {
     g.maxLocal = g.ranks;
   }
-  Situation s = situationFor(g, wireHopsOf(c, dt), t);
+  Situation s = situationFor(g, hops, t);
   s.int8 = c.int8 && dt == DType::F32 && c.size() > 1;
   s.int8Feedback = s.int8 && static_cast<bool>(c.int8Feedback);
   return s;
 }
 
-WireHops wireHopsOf(const Comm& c, DType dt) {
-  return {.some = c.compressesSomeHop(dt), .every = c.compressesEveryHop(dt), .intra = c.wireIntra};
+// What a choice on c for dt reads: the model as c's wire changes it, and
+// the situation; c's hops are asked once for both.
+struct Setting {
+  Tuning t;
+  Situation s;
+};
+Setting settingOf(const Comm& c, DType dt, const Tuning& given) {
+  const WireHops hops = wireHopsOf(c, dt);
+  Setting out{forWire(hops, given), {}};
+  out.s = situationOf(c, dt, hops, out.t);
+  return out;
+}
+
+}  // namespace
+
+Situation situationOf(const Comm& c, DType dt, const Tuning& t) {
+  return situationOf(c, dt, wireHopsOf(c, dt), t);
 }
 
 namespace {
@@ -77,12 +157,6 @@ const std::string& trackOf(const Comm& c) {
   return c.ctx.group ? *c.ctx.group : none;
 }
 
-// The model reads only whether some hop is compressed: not every-hop, whose
-// check looks at every pair of ranks.
-Tuning forWire(const Comm& c, DType dt, const Tuning& t) {
-  return forWire({.some = c.compressesSomeHop(dt), .intra = c.wireIntra}, t);
-}
-
 // The message's bytes as the model counts them (Algorithm::estimate).
 size_t messageBytes(Collective coll, const CollectiveArgs& a) {
   switch (coll) {
@@ -106,10 +180,8 @@ void runInPlace(const Algorithm& algo, Comm& c, const CollectiveArgs& a, const T
 }
 
 void dispatch(Collective coll, Comm& c, const CollectiveArgs& a, const Tuning& given) {
-  const DType dt = a.dt;
   const size_t bytes = messageBytes(coll, a);
-  Tuning t = forWire(c, dt, given);
-  Situation s = situationOf(c, dt, t);
+  auto [t, s] = settingOf(c, a.dt, given);
   s.outOfPlace = coll == Collective::ReduceScatter && a.in && a.in != a.buf;
   Choice choice = choose(coll, bytes, s, t);
   logDecision(coll, bytes, s, choice, t);
@@ -131,14 +203,14 @@ void allreduce(Comm& c, const CollectiveArgs& a, const Tuning& t) {
 }
 
 const Algorithm* allreduceAlgorithm(const Comm& c, size_t count, DType dt, const Tuning& given) {
-  Tuning t = forWire(c, dt, given);
-  return choose(Collective::Allreduce, count * elementSize(dt), situationOf(c, dt, t), t).algo;
+  const auto [t, s] = settingOf(c, dt, given);
+  return choose(Collective::Allreduce, count * elementSize(dt), s, t).algo;
 }
 
 const Algorithm* reduceScatterAlgorithm(const Comm& c, size_t bytes, DType dt,
                                         const Tuning& given) {
-  Tuning t = forWire(c, dt, given);
-  return choose(Collective::ReduceScatter, bytes, situationOf(c, dt, t), t).algo;
+  const auto [t, s] = settingOf(c, dt, given);
+  return choose(Collective::ReduceScatter, bytes, s, t).algo;
 }
 
 void reduceScatter(Comm& c, const CollectiveArgs& a, const Tuning& t) {

@@ -1,7 +1,15 @@
 #pragma once
-// Entry points the backend calls: one per collective, algorithm chosen here.
+// Entry points the backend calls, one per collective: each chooses an
+// algorithm (the cheapest estimate, measured profile from SMDCCL_TUNE_FILE
+// or built-in defaults, among the registered algorithms that can run,
+// unless SMDCCL_ALGO forces one) and runs it.
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 
 namespace smdccl {
 
@@ -25,6 +33,33 @@ void broadcast(Comm& c, char* buf, size_t bytes, int root, const Tuning& t);
 // a.op); elsewhere a.buf is scratch (its contents are undefined).
 void reduce(Comm& c, const CollectiveArgs& a, const Tuning& t);
 void barrier(Comm& c);
+
+// ---- the choice
+
+struct Choice {
+  const Algorithm* algo = nullptr;
+  bool forced = false;  // SMDCCL_ALGO decided it
+};
+
+// The algorithms the model weighs for `coll` (serve it, can run, may be
+// picked), with their estimates, in registration order.
+std::vector<std::pair<const Algorithm*, double>> estimates(Collective coll, double bytes,
+                                                           const Situation& s, const CostModel& m);
+// A forced algorithm applies where it can run; elsewhere its fallback does
+// (two-level forms fall back to flat on one node), else the model picks.
+Choice choose(Collective coll, size_t bytes, const Situation& s, const Tuning& t);
+
+// Which hops of a group carry float32 data on the 16-bit wire.
+struct WireHops {
+  bool some = false;   // some hop (between nodes, or every hop with intra)
+  bool every = false;  // every hop
+  bool intra = false;  // inside nodes too (SMDCCL_COMPRESSION_INTRA)
+};
+// What selection sees of a collective on a group of shape g (the backend's
+// groups: situationOf, collectives.h; any shape: plan.h).
+Situation situationFor(const GroupShape& g, const WireHops& w, const Tuning& t);
+// The model as the wire changes it: the compressed levels move half the bytes.
+Tuning forWire(const WireHops& w, const Tuning& t);
 
 // What selection sees of `c` for a collective on dt.
 Situation situationOf(const Comm& c, DType dt, const Tuning& t);

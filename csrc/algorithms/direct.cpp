@@ -5,7 +5,7 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 
 namespace smdccl {
 

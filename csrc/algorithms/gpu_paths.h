@@ -1,6 +1,6 @@
 #pragma once
 // The paths for CUDA tensors as registered algorithms, chosen as the host
-// algorithms are (select.h): among the paths that serve the collective and
+// algorithms are (collectives.h): among the paths that serve the collective and
 // can run on this group and tensor, the cheapest by its estimate. The
 // choice is a pure function of plain facts (GpuFacts), so it is tested
 // without a GPU; the CUDA layer runs what it names

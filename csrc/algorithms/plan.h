@@ -1,11 +1,11 @@
 #pragma once
 // What selection would choose for a collective on a group of any shape,
 // without the group (smdccl._C.plan, python -m smdccl.tune): the situation
-// and wire the backend's dispatch sees for such a group (select.h).
+// and wire the backend's dispatch sees for such a group (collectives.h).
 #include <map>
 #include <string>
 
-#include "algorithms/select.h"
+#include "algorithms/collectives.h"
 
 namespace smdccl {
 

@@ -7,7 +7,7 @@
 
 #include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 #include "kernels/cpu/reduce.h"
 
 namespace smdccl {

@@ -9,7 +9,7 @@
 // previous one, stay in step order (the exchange keeps each link's order).
 #include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 #include "kernels/cpu/reduce.h"
 
 namespace smdccl {

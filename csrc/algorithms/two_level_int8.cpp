@@ -29,7 +29,7 @@
 #include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
 #include "algorithms/cost_model.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 #include "kernels/cpu/quantize.h"
 
 namespace smdccl {
@@ -473,7 +473,7 @@ class TwoLevelInt8 final : public Algorithm {
   }
   const char* fallback() const override { return "two_level"; }
   bool int8Wire() const override { return true; }
-  // Chosen by the int8 rule (select.cpp), never weighed against the rest.
+  // Chosen by the int8 rule (choose(), collectives.cpp), never weighed against the rest.
   bool autoCandidate(Collective coll, const Situation& s) const override { return false; }
 };
 

@@ -9,7 +9,7 @@
 #include "algorithms/algorithm.h"
 #include "algorithms/comm.h"
 #include "algorithms/cost_model.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 
 namespace smdccl {
 

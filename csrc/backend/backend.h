@@ -14,7 +14,7 @@
 #include <unordered_map>
 
 #include "algorithms/comm.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 #include "backend/allreduce_fusion.h"
 #include "backend/backend_config.h"
 #include "backend/device_op.h"

@@ -9,7 +9,7 @@
 
 #include "algorithms/gpu_tuning.h"
 #include "algorithms/plan.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 #include "backend/backend.h"
 #include "common/env.h"
 #include "common/error.h"

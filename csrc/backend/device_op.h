@@ -37,7 +37,7 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/comm.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 #include "common/op_context.h"
 #include "backend/work.h"
 #include "common/deadline.h"

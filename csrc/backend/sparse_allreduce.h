@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "algorithms/comm.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 
 namespace smdccl {
 

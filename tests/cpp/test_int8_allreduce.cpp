@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "algorithms/collectives.h"
-#include "algorithms/select.h"
 #include "check.h"
 #include "common/hash.h"
 #include "kernels/cpu/quantize.h"

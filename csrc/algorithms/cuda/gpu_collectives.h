@@ -6,7 +6,7 @@
 // among the registered CUDA paths (algorithms/gpu_paths.h).
 #include "algorithms/comm.h"
 #include "algorithms/cuda/gpu_context.h"
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 
 namespace smdccl {
 

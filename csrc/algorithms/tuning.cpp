@@ -1,6 +1,5 @@
-#include "algorithms/select.h"
+#include "algorithms/tuning.h"
 
-#include <limits>
 #include <sstream>
 
 #include "common/env.h"
@@ -88,65 +87,6 @@ void Tuning::force(const std::string& spec) {
               strCat("'", name, "' does not run ", collName, " (it runs ", servedBy(*a), ")"));
     forced[static_cast<int>(coll)] = a;
   }
-}
-
-std::vector<std::pair<const Algorithm*, double>> estimates(Collective coll, double bytes,
-                                                           const Situation& s, const CostModel& m) {
-  std::vector<std::pair<const Algorithm*, double>> out;
-  for (const Algorithm* a : registeredAlgorithms())
-    if (a->serves(coll) && a->canRun(coll, s) && a->autoCandidate(coll, s)) {
-      double sec = s.g.ranks <= 1 ? 0.0 : a->estimate(coll, bytes, s, m);
-      // The copy of the input into the working buffer (a memory copy costs
-      // about what a shared-memory transfer of the bytes does).
-      if (s.outOfPlace && !a->outOfPlace(coll)) sec += m.intra.bytesSeconds(bytes);
-      out.emplace_back(a, sec);
-    }
-  return out;
-}
-
-Choice choose(Collective coll, size_t bytes, const Situation& s, const Tuning& t) {
-  for (const Algorithm* a = t.forcedFor(coll); a;
-       a = a->fallback() ? findAlgorithm(a->fallback()) : nullptr)
-    if (a->serves(coll) && a->canRun(coll, s)) return {a, true};
-  if (s.int8) {  // the cheapest int8 algorithm that runs (ties: the first registered)
-    Choice int8;
-    double cheapest = std::numeric_limits<double>::infinity();
-    for (const Algorithm* a : registeredAlgorithms())
-      if (a->int8Wire() && a->serves(coll) && a->canRun(coll, s)) {
-        const double sec = a->estimate(coll, static_cast<double>(bytes), s, t.model);
-        if (!int8.algo || sec < cheapest) {
-          int8.algo = a;
-          cheapest = sec;
-        }
-      }
-    if (int8.algo) return int8;
-  }
-  Choice best;
-  double bestT = std::numeric_limits<double>::infinity();
-  for (const auto& [a, sec] : estimates(coll, static_cast<double>(bytes), s, t.model))
-    if (!best.algo || sec < bestT) {
-      best.algo = a;
-      bestT = sec;
-    }
-  if (!best.algo) throw std::logic_error(strCat("no algorithm can run ", collectiveName(coll)));
-  return best;
-}
-
-Situation situationFor(const GroupShape& g, const WireHops& w, const Tuning& t) {
-  Situation s;
-  s.g = g;
-  s.someHop16 = w.some;
-  s.everyHop16 = w.every;
-  s.pipelineChunkBytes = t.pipelineChunkBytes;
-  return s;
-}
-
-Tuning forWire(const WireHops& w, const Tuning& t) {
-  Tuning wired = t;
-  if (!w.some) return wired;
-  wired.model.inter.gbps *= 2;
-  if (w.intra) wired.model.intra.gbps *= 2;
-  return wired;
 }
 
 }  // namespace smdccl
