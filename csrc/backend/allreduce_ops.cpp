@@ -213,7 +213,7 @@ WorkPtr SmdcclBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     specs.push_back(toReduceSpec(opts.reduceOp, t.scalar_type(), size_, "allreduce_coalesced"));
   }
   auto dev = deviceOps_->begin(real, "allreduce_coalesced");
-  std::vector<at::Tensor> ts = real;  // CUDA tensors stay on the device (allreduceFlat)
+  std::vector<at::Tensor> ts = real;  // CUDA tensors stay on the device (AllreduceBody::flat)
   return enqueue({.type = OpType::ALLREDUCE_COALESCED,
                   .name = "allreduce_coalesced",
                   .call = callOf(ts, ts[0].scalar_type(), numelOf(ts), redOpCode(opts.reduceOp)),
