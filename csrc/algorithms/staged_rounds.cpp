@@ -56,8 +56,11 @@ class StagedRounds final : public StagedProxy {
         waitForDevice(
             ctx_,
             [&] {
+              // Round k's copies out are queued only once its slot is free
+              // (the round before it there is back); until then the slot
+              // holds that round's data, whatever out_[k] (empty) says.
               startCopiesOut();
-              return allDone(out_[k]);
+              return nextOut_ > k && allDone(out_[k]);
             },
             "copy to host memory");
         if (job_.rounds[k].host) job_.rounds[k].host(slotOf(k));

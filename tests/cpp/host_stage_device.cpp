@@ -28,7 +28,7 @@ void HostStageDevice::run(const Copy& c) {
 
 void HostStageDevice::queue(int lane, uint64_t, const Copy& c) {
   Lane& l = lanes_[lane];
-  if (mode_ == Mode::Deferred) {
+  if (mode_ != Mode::Immediate) {
     l.pending.push_back(c);
     return;
   }
@@ -40,6 +40,8 @@ bool HostStageDevice::ran(int lane, uint64_t number) {
   Lane& l = lanes_[lane];
   // Deferred: one copy per poll, so the proxy sees work in flight.
   if (l.ran < number && !l.pending.empty()) {
+    if (mode_ == Mode::Lagging && lane == 1 && ++l.polls < kLagPolls) return false;
+    l.polls = 0;
     run(l.pending.front());
     l.pending.pop_front();
     ++l.ran;
