@@ -83,6 +83,33 @@ TEST(int8_zero_and_non_finite_blocks) {
   CHECK(nans);   // inf or NaN in a block: the whole block is NaN, loudly
 }
 
+// A block too small for 127 / m (m below 127 / FLT_MAX) goes as zeros, on
+// the vector path and the scalar tail alike; one just above it keeps its
+// values within half a step.
+TEST(int8_blocks_too_small_for_a_step_are_zeros) {
+  const float tiny = 1e-38f, small = 1e-36f;  // 127 / tiny overflows; 127 / small does not
+  CHECK(std::isinf(127.0f / tiny) && !std::isinf(127.0f / small));
+  std::vector<float> x(2 * kInt8Block + 5, 0.0f);
+  for (size_t i = 0; i < kInt8Block; i += 3) x[i] = (i % 2 ? -tiny : tiny) * (i % 7 + 1) / 8;
+  for (size_t i = kInt8Block; i < x.size(); i += 2)
+    x[i] = (i % 4 ? -small : small) * (i % 5 + 1) / 5;
+  x[3] = -tiny;  // the block's max, and a zero (x[1]) that 0 * inf would turn into NaN
+  std::vector<char> q(int8Bytes(x.size()));
+  std::vector<float> back(x.size(), 7.0f);
+  quantizeInt8(q.data(), x.data(), x.size());
+  dequantizeInt8(back.data(), q.data(), x.size());
+  const Int8Scale s = int8ScaleOf(tiny);
+  CHECK(s.scale == 0.0f && s.inverse == 0.0f);
+  bool zeros = true, near = true;
+  const size_t scaleBytes = 3 * sizeof(float);  // three blocks
+  for (size_t i = 0; i < kInt8Block; ++i)
+    zeros = zeros && back[i] == 0.0f && q[scaleBytes + i] == 0;
+  for (size_t i = kInt8Block; i < x.size(); ++i)
+    near = near && std::fabs(static_cast<double>(back[i]) - x[i]) <= small / 127.0 / 2 * 1.001;
+  CHECK(zeros);
+  CHECK(near);
+}
+
 // The same bits as the plain formula the GPU kernels follow.
 TEST(int8_bits_follow_the_documented_formula) {
   std::vector<float> x = sample(5 * kInt8Block + 17, 99);

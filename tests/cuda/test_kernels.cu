@@ -629,7 +629,8 @@ TEST(cuda_preload_kernels_loads_every_kernel) {
 
 // quantizeInt8 / dequantizeAddInt8 / dequantizeInt8 give the CPU's bytes
 // and floats: sizes around the block, a piece at an odd address, blocks of
-// zeros, of inf and of NaN among normal and heavy-tailed values.
+// zeros, of inf, of NaN and too small for a step, among normal and
+// heavy-tailed values.
 TEST(cuda_int8_wire_matches_the_cpu) {
   std::mt19937_64 rng(42);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -644,6 +645,8 @@ TEST(cuda_int8_wire_matches_the_cpu) {
       for (size_t i = 128; i < 256; ++i) x[i] = 0.0f;
       x[300] = INFINITY;
       x[520] = NAN;
+      // A block too small for 127 / m (sent as zeros), with zeros in it.
+      for (size_t i = 384; i < 512; ++i) x[i] = i % 3 ? 0.0f : (i % 2 ? -1e-38f : 3e-39f);
     }
     const size_t bytes = smdccl::int8Bytes(n);
     std::vector<unsigned char> want(bytes), got(bytes);

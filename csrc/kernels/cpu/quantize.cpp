@@ -65,9 +65,12 @@ size_t blocksOf(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
 }  // namespace
 
 Int8Scale int8ScaleOf(float maxAbs) {
-  if (maxAbs == 0.0f) return {0.0f, 0.0f};
   if (!std::isfinite(maxAbs)) return {NAN, 0.0f};
-  return {maxAbs / 127.0f, 127.0f / maxAbs};
+  const float inverse = 127.0f / maxAbs;
+  // Zero, or below 127 / FLT_MAX: the step 127 / m overflows (x * inf would
+  // make a zero NaN), and the block is sent as zeros.
+  if (std::isinf(inverse)) return {0.0f, 0.0f};
+  return {maxAbs / 127.0f, inverse};
 }
 
 void quantizeInt8(void* dst, const float* src, size_t n) {

@@ -4,8 +4,10 @@
 // block with m = max|x| stores its scale s = m / 127 (float32) and
 // q = round-half-even(x * (127 / m)), clamped to [-127, 127]; decoding
 // gives q * s. So |x - decoded| <= s / 2 (plus float32 rounding of the
-// products, below 2^-22 |x|). An all-zero block decodes to zeros; a block
-// holding inf or NaN decodes to NaN (loud, as AMP's overflow check wants).
+// products, below 2^-22 |x|). An all-zero block decodes to zeros, and so
+// does one whose m is below 127 / FLT_MAX (3.7e-37: 127 / m would overflow;
+// its error is at most m); a block holding inf or NaN decodes to NaN (loud,
+// as AMP's overflow check wants).
 // Layout of a piece: its ceil(n / kInt8Block) scales, then its n bytes.
 // The arithmetic is plain float32 multiplication in this order, so the GPU
 // kernels (kernels/cuda) give the same bits.
@@ -34,7 +36,7 @@ void dequantizeInt8(float* dst, const void* src, size_t n);
 // (for the GPU kernels' tests and the error bounds of the algorithm tests).
 struct Int8Scale {
   float scale;    // m / 127: what decoding multiplies by
-  float inverse;  // 127 / m (0 for an all-zero block)
+  float inverse;  // 127 / m (0 for a block sent as zeros)
 };
 Int8Scale int8ScaleOf(float maxAbs);
 

@@ -61,12 +61,14 @@ __global__ void __launch_bounds__(kQuantThreads)
     for (int off = kWarp / 2; off > 0; off /= 2)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     nan = __any_sync(0xffffffffu, nan);
-    // int8ScaleOf: zero -> (0, 0); inf or NaN -> (NaN, 0); else m / 127, 127 / m.
+    // int8ScaleOf: inf or NaN -> (NaN, 0); 127 / m overflowing (zero, or
+    // below 127 / FLT_MAX) -> (0, 0); else m / 127, 127 / m.
     float scale = 0.0f, inverse = 0.0f;
-    if (nan || isinf(mx)) scale = __int_as_float(0x7fc00000);
-    else if (mx != 0.0f) {
+    if (nan || isinf(mx)) {
+      scale = __int_as_float(0x7fc00000);
+    } else if (const float inv = __fdiv_rn(127.0f, mx); !isinf(inv)) {
       scale = __fdiv_rn(mx, 127.0f);
-      inverse = __fdiv_rn(127.0f, mx);
+      inverse = inv;
     }
     if (w.lane == 0) storeScale(dst + b * sizeof(float), scale);
 #pragma unroll
