@@ -73,19 +73,28 @@ NcclNodeComm::NcclNodeComm(const NcclLibrary& lib, KVStore& store, const Spec& s
 }
 
 NcclNodeComm::~NcclNodeComm() {
-  if (comm_ && !aborted_) lib_.commDestroy(comm_);
+  if (comm_ && !aborted_.load()) lib_.commDestroy(comm_);
 }
 
 void NcclNodeComm::abort() noexcept {
-  if (!comm_ || aborted_) return;
-  aborted_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!comm_ || aborted_.exchange(true)) return;
   lib_.commAbort(comm_);
 }
 
 std::string NcclNodeComm::asyncError() const {
+  std::lock_guard<std::mutex> lock(mu_);
   int err = 0;
-  if (!comm_ || aborted_ || lib_.commGetAsyncError(comm_, &err) != 0 || err == 0) return "";
+  if (!comm_ || aborted_.load() || lib_.commGetAsyncError(comm_, &err) != 0 || err == 0) return "";
   return strCat("NCCL reports error ", err, " on ", what_);
+}
+
+void NcclNodeComm::checkNotAborted(const char* call) const {
+  if (aborted_.load())
+    throw CommError(
+        CommError::Kind::System,
+        strCat("smdccl: ", what_, ": ", call,
+               " after the communicator was aborted (the group failed or was aborted)"));
 }
 
 namespace {
@@ -99,6 +108,7 @@ void types(const NcclNodeComm::Args& a, int* ndt, int* nop, const std::string& w
 void NcclNodeComm::allReduce(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  checkNotAborted("ncclAllReduce");
   countCudaCall();
   lib_.check(lib_.allReduce(a.in, a.out, a.count, ndt, nop, comm_, stream), what_ + ": ncclAllReduce");
 }
@@ -106,6 +116,7 @@ void NcclNodeComm::allReduce(const Args& a, void* stream) {
 void NcclNodeComm::reduceScatter(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  checkNotAborted("ncclReduceScatter");
   countCudaCall();
   lib_.check(lib_.reduceScatter(a.in, a.out, a.count, ndt, nop, comm_, stream),
              what_ + ": ncclReduceScatter");
@@ -114,6 +125,7 @@ void NcclNodeComm::reduceScatter(const Args& a, void* stream) {
 void NcclNodeComm::allGather(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  checkNotAborted("ncclAllGather");
   countCudaCall();
   lib_.check(lib_.allGather(a.in, a.out, a.count, ndt, comm_, stream), what_ + ": ncclAllGather");
 }
@@ -121,6 +133,7 @@ void NcclNodeComm::allGather(const Args& a, void* stream) {
 void NcclNodeComm::broadcast(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  checkNotAborted("ncclBroadcast");
   countCudaCall();
   lib_.check(lib_.broadcast(a.in, a.out, a.count, ndt, a.root, comm_, stream),
              what_ + ": ncclBroadcast");
@@ -129,6 +142,7 @@ void NcclNodeComm::broadcast(const Args& a, void* stream) {
 void NcclNodeComm::reduce(const Args& a, void* stream) {
   int ndt = 0, nop = 0;
   types(a, &ndt, &nop, what_);
+  checkNotAborted("ncclReduce");
   countCudaCall();
   lib_.check(lib_.reduce(a.in, a.out, a.count, ndt, nop, a.root, comm_, stream),
              what_ + ": ncclReduce");

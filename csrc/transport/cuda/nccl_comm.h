@@ -6,7 +6,9 @@
 // store. ncclCommInitRank blocks until every local rank has joined; it
 // runs on a thread of its own, so that a node-mate that never comes fails
 // this rank at the deadline, naming the wait, instead of hanging it.
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/deadline.h"
@@ -44,7 +46,9 @@ class NcclNodeComm {
         0;  // broadcast: the local rank whose `in` everyone gets; reduce: the one that gets the sum
   };
   // Each queues NCCL's collective on `stream` (a cudaStream_t) and throws a
-  // CommError if NCCL refuses it.
+  // CommError if NCCL refuses it, or if the communicator was aborted (the
+  // check is at the call's start: an abort() racing a call already inside
+  // NCCL is NCCL's to handle, as with torch's ProcessGroupNCCL).
   void allReduce(const Args& a, void* stream);
   void reduceScatter(const Args& a, void* stream);
   void allGather(const Args& a, void* stream);
@@ -52,16 +56,24 @@ class NcclNodeComm {
   // Into local rank a.root's `out`.
   void reduce(const Args& a, void* stream);
   // After a failure (the group timed out or was aborted): NCCL's kernels
-  // stop, and the communicator is unusable. Safe from any thread, once.
+  // stop, and the communicator is unusable. Safe from any thread; the
+  // first call aborts.
   void abort() noexcept;
-  // NCCL's asynchronous error ("" if none): a peer's failure NCCL noticed.
+  // NCCL's asynchronous error ("" if none, or aborted): a peer's failure
+  // NCCL noticed. Safe from any thread (the stream watch's probe).
   std::string asyncError() const;
 
  private:
+  // Throws a CommError naming `call` if the communicator was aborted.
+  void checkNotAborted(const char* call) const;
+
   const NcclLibrary& lib_;
   NcclLibrary::Comm comm_ = nullptr;
   std::string what_;  // "NCCL communicator of <prefix> (local rank r of n)"
-  bool aborted_ = false;
+  // abort() frees comm_: the query and the abort never overlap (mu_), and
+  // no call starts after an abort (aborted_).
+  mutable std::mutex mu_;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace smdccl
