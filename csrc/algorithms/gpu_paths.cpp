@@ -117,6 +117,8 @@ GpuFacts groupFacts(const Hierarchy& h, const GpuTuning& t) {
   return f;
 }
 
+bool nodeEngineAsked(const GpuFacts& f) { return nodeEngineMayRun(f); }
+
 bool ncclMayRun(const GpuFacts& f) { return nodeEngineMayRun(f) && f.ncclTypes; }
 
 bool ncclQueuesWhole(const GpuFacts& f) { return ncclMayRun(f) && f.ncclChosen && f.nodes == 1; }

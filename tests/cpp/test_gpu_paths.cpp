@@ -80,6 +80,16 @@ TEST(gpu_paths_ask_the_node_only_where_nccl_could_run) {
   CHECK(ncclMayRun(facts(2, 2, false)));
   CHECK(ncclMayRun(facts(2, 2, false, Collective::Allgather)));
   CHECK(!ncclMayRun(facts(2, 1, false)));
+  // Every rank of a node joins the engine's store round alike: a dtype that
+  // this rank's NCCL lacks (bf16 before 2.10, or no NCCL) changes which
+  // path runs, not whether the node is asked.
+  for (int local : {1, 2, 4}) {
+    GpuFacts has = facts(2, local, false), lacks = has;
+    lacks.ncclTypes = false;
+    CHECK(nodeEngineAsked(has) == nodeEngineAsked(lacks));
+    CHECK(nodeEngineAsked(has) == ncclMayRun(has));
+    CHECK(!ncclMayRun(lacks));
+  }
   std::set<std::string> names;
   for (const GpuPath* p : gpuPaths()) names.insert(p->name());
   CHECK(names.size() == gpuPaths().size());

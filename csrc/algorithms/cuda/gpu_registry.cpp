@@ -16,7 +16,8 @@ static_assert(GpuFacts::kMaxIpcRanks == cuda::kMaxReduceInputs,
 namespace {
 
 // The facts of a collective over c; the node's engine is asked (a store
-// round among its ranks, at the first call) only where NCCL could run.
+// round among its ranks, at the first call) where the group's shape lets
+// an engine run inside the node (nodeEngineAsked).
 GpuFacts factsOf(const Comm& c, GpuContext& g, const GpuFacts& call, const Tuning& t) {
   const Hierarchy& h = *c.levels;
   GpuFacts f = groupFacts(h, g.tuning());
@@ -27,7 +28,7 @@ GpuFacts factsOf(const Comm& c, GpuContext& g, const GpuFacts& call, const Tunin
   f.wholeGroup = c.members.empty();
   int unused = 0;
   f.ncclTypes = NcclLibrary::dataType(f.dt, &unused) && NcclLibrary::redOp(f.op, &unused);
-  f.ncclChosen = ncclMayRun(f) && g.intra(h, c.ctx.deadline).engine == IntraEngine::Nccl;
+  f.ncclChosen = nodeEngineAsked(f) && g.intra(h, c.ctx.deadline).engine == IntraEngine::Nccl;
   f.packWire = f.nodes > 1 ? stagedPackWire(c.sub(h.acrossNodes(h.myLocal)), f.dt) : Wire::F32;
   f.model = t.model;
   return f;
