@@ -54,6 +54,10 @@ struct CudaState {
       : device(dev),
         raw(InternalStreams::take(dev)),
         stream(c10::cuda::getStreamFromExternal(raw, static_cast<c10::DeviceIndex>(dev))) {
+    // On the tensors' device, whatever the caller's current one: the
+    // kernels are preloaded into its context (not another GPU's, which
+    // this would also create).
+    c10::cuda::CUDAGuard guard(dev);
     // Out of device memory, smdccl's own buffers first take back what
     // torch's caching allocator holds idle, then retry once.
     gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv(),
