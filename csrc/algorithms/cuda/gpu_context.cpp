@@ -125,7 +125,7 @@ void GpuContext::abort() {
 
 void GpuContext::watchNccl(const OpContext& ctx) {
   if (ncclWatch_)
-    ncclWatch_->watch(stream_, ctx.deadline, [ctx] { return ctx.describe(); }, opFailure_);
+    ncclWatch_->watch(stream_, ctx.deadline, [ctx] { return ctx.describe(); }, opFailures_.all());
 }
 
 const IntraChoice& GpuContext::intra(const Hierarchy& h, Deadline deadline) {

@@ -68,9 +68,12 @@ class GpuContext {
   // the NCCL communicator is aborted (its kernels stop, the stream drains)
   // and the failure handler is told, naming the op. Never blocks.
   void watchNccl(const OpContext& ctx);
-  // Where the running op learns of such a failure (its Work reports it);
-  // set by the op before its body, on the progress thread.
-  void setOpFailure(std::shared_ptr<WatchedFailure> f) { opFailure_ = std::move(f); }
+  // Where an op starting on the progress thread (prepare) learns of such a
+  // failure (its Work reports it): with the collective it starts in (seq),
+  // so that every op fused into a collective is told (OpFailures).
+  void joinOpFailure(uint64_t seq, std::shared_ptr<WatchedFailure> f) {
+    opFailures_.join(seq, std::move(f));
+  }
   // Called (on the watch's thread) when NCCL's work failed after its op had
   // returned; nullptr: nobody (the backend clears it before it goes).
   void onDeviceFailure(std::function<void(const std::string&)> handler);
@@ -102,7 +105,7 @@ class GpuContext {
   std::atomic<bool> ncclChosen_{false};
   std::unique_ptr<NcclNodeComm> nccl_;  // under handlerMu_: abort() may read it from any thread
   std::unique_ptr<StreamWatch> ncclWatch_;  // made with nccl_
-  std::shared_ptr<WatchedFailure> opFailure_;
+  OpFailures opFailures_;                   // the progress thread's
   std::mutex handlerMu_;
   std::function<void(const std::string&)> deviceFailed_;
   std::unique_ptr<CudaStageDevice> stage_;

@@ -105,7 +105,7 @@ class CudaOp : public DeviceOp {
 
   void prepare(const OpContext& ctx) override {
     end_->startedNs.store(steadyNowNs(), std::memory_order_release);
-    s_->gpu->setOpFailure(end_->failure);
+    s_->gpu->joinOpFailure(ctx.seq, end_->failure);
     CaptureSafeScope captureSafe;
     SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(s_->stream.stream(), ready_.event, 0));
     if (copyIn_.empty()) return;

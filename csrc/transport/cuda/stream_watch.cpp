@@ -23,7 +23,7 @@ StreamWatch::~StreamWatch() {
 }
 
 void StreamWatch::watch(cudaStream_t stream, Deadline deadline, std::function<std::string()> what,
-                        std::shared_ptr<WatchedFailure> failure) {
+                        std::vector<std::shared_ptr<WatchedFailure>> failures) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_) return;  // the group has failed: nothing more to tell
   cudaEvent_t e = EventPool::take(device_);
@@ -32,7 +32,7 @@ void StreamWatch::watch(cudaStream_t stream, Deadline deadline, std::function<st
     EventPool::give(device_, e);
     throwCudaError(r, "cudaEventRecord (watching NCCL's work)");
   }
-  watched_.push_back({e, deadline, std::move(what), std::move(failure)});
+  watched_.push_back({e, deadline, std::move(what), std::move(failures)});
   cv_.notify_all();
 }
 
@@ -74,11 +74,7 @@ void StreamWatch::loop() {
     if (why.empty() && hooks_.probe) why = hooks_.probe();
     if (!why.empty()) {
       failed_ = true;
-      for (const Watched& w : watched_)
-        if (w.failure && !w.failure->failed.load(std::memory_order_relaxed)) {  // once per op
-          w.failure->message = why;
-          w.failure->failed.store(true, std::memory_order_release);
-        }
+      for (const Watched& w : watched_) tellFailed(w.failures, why);
       auto failed = hooks_.failed;
       lock.unlock();  // the handler may abort NCCL or fail the group: not under the lock
       if (failed) failed(why);

@@ -18,15 +18,9 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "transport/watched_failure.h"
 
 namespace smdccl {
-
-// What a failed watched op learns, set once by the watch's thread: read
-// `message` only once `failed` reads true.
-struct WatchedFailure {
-  std::atomic<bool> failed{false};
-  std::string message;
-};
 
 class StreamWatch {
  public:
@@ -43,17 +37,17 @@ class StreamWatch {
   StreamWatch& operator=(const StreamWatch&) = delete;
 
   // Marks what `stream` has queued so far; `what` names the op (built only
-  // on a failure). On a failure, every op still watched has its `failure`
-  // set (may be null).
+  // on a failure). On a failure, every op still watched has its `failures`
+  // told (the op's and those of the ops fused into it).
   void watch(cudaStream_t stream, Deadline deadline, std::function<std::string()> what,
-             std::shared_ptr<WatchedFailure> failure);
+             std::vector<std::shared_ptr<WatchedFailure>> failures);
 
  private:
   struct Watched {
     cudaEvent_t event;
     Deadline deadline;
     std::function<std::string()> what;
-    std::shared_ptr<WatchedFailure> failure;
+    std::vector<std::shared_ptr<WatchedFailure>> failures;
   };
   void loop();
   // The oldest op's verdict: done (true), or still running; throws nothing.
