@@ -114,8 +114,22 @@ void GpuContext::nodeBarrier(Comm& c, Comm& local, const char* what) {
 }
 
 void GpuContext::onDeviceFailure(std::function<void(const std::string&)> handler) {
+  std::lock_guard<std::mutex> telling(tellMu_);  // a call in progress ends first
   std::lock_guard<std::mutex> lock(handlerMu_);
   deviceFailed_ = std::move(handler);
+}
+
+void GpuContext::ncclFailed(const std::string& why) {
+  // The handler may be cleared (the backend going) only once this call of
+  // it has ended.
+  std::lock_guard<std::mutex> telling(tellMu_);
+  std::function<void(const std::string&)> tell;
+  {
+    std::lock_guard<std::mutex> lock(handlerMu_);
+    if (nccl_) nccl_->abort();
+    tell = deviceFailed_;
+  }
+  if (tell) tell(why);
 }
 
 void GpuContext::abort() {
@@ -164,15 +178,7 @@ NcclNodeComm& GpuContext::nccl(const Hierarchy& h, Deadline deadline) {
   NcclNodeComm* comm = made.get();
   auto watch = std::make_unique<StreamWatch>(
       device_, StreamWatch::Hooks{.probe = [comm] { return comm->asyncError(); },
-                                  .failed = [this](const std::string& why) {
-                                    std::function<void(const std::string&)> tell;
-                                    {
-                                      std::lock_guard<std::mutex> lock(handlerMu_);
-                                      if (nccl_) nccl_->abort();
-                                      tell = deviceFailed_;
-                                    }
-                                    if (tell) tell(why);
-                                  }});
+                                  .failed = [this](const std::string& why) { ncclFailed(why); }});
   std::lock_guard<std::mutex> lock(handlerMu_);
   nccl_ = std::move(made);
   ncclWatch_ = std::move(watch);

@@ -75,7 +75,8 @@ class GpuContext {
     opFailures_.join(seq, std::move(f));
   }
   // Called (on the watch's thread) when NCCL's work failed after its op had
-  // returned; nullptr: nobody (the backend clears it before it goes).
+  // returned; nullptr: nobody (the backend clears it before it goes, and
+  // this waits for a call in progress).
   void onDeviceFailure(std::function<void(const std::string&)> handler);
   // The group was aborted: NCCL's kernels stop waiting for peers.
   void abort();
@@ -95,6 +96,9 @@ class GpuContext {
   void agreeOnTuning(Comm& c, const Tuning& t);
 
  private:
+  // The NCCL watch found NCCL's work failed: aborts NCCL, tells the handler.
+  void ncclFailed(const std::string& why);
+
   int device_;
   cudaStream_t stream_;
   KVStore& store_;
@@ -107,6 +111,7 @@ class GpuContext {
   std::unique_ptr<StreamWatch> ncclWatch_;  // made with nccl_
   OpFailures opFailures_;                   // the progress thread's
   std::mutex handlerMu_;
+  std::mutex tellMu_;  // held while deviceFailed_ runs (onDeviceFailure waits for it)
   std::function<void(const std::string&)> deviceFailed_;
   std::unique_ptr<CudaStageDevice> stage_;
   std::unique_ptr<DeviceScratch> scratch_;
