@@ -56,9 +56,23 @@ void CudaCompletion::blockCurrentStream(std::chrono::milliseconds timeout) {
 }
 
 std::exception_ptr CudaCompletion::error() const {
-  if (!end_->failure->failed.load(std::memory_order_acquire)) return nullptr;
-  return toTorchError(
-      std::make_exception_ptr(CommError(CommError::Kind::Timeout, end_->failure->message)));
+  if (end_->failure->failed.load(std::memory_order_acquire))
+    return toTorchError(
+        std::make_exception_ptr(CommError(CommError::Kind::Timeout, end_->failure->message)));
+  if (!end_->recorded.load(std::memory_order_acquire)) return nullptr;
+  // What done() takes for done and wait() raises: the end mark could not be
+  // recorded, or the GPU work behind it failed (a sticky CUDA error).
+  cudaError_t e = end_->recordError;
+  if (e == cudaSuccess) {
+    c10::cuda::CUDAGuard guard(device_);
+    CaptureSafeScope captureSafe;
+    e = queried(cudaEventQuery(end_->event));
+    if (e == cudaErrorNotReady) return nullptr;
+  }
+  if (e == cudaSuccess) return nullptr;
+  return toTorchError(std::make_exception_ptr(CommError(
+      CommError::Kind::System,
+      strCat("smdccl: ", what_(), ": its GPU work failed (", cudaGetErrorString(e), ")"))));
 }
 
 }  // namespace smdccl
