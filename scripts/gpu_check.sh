@@ -4,14 +4,14 @@
 #      the torch found here (architecture: this GPU's);
 #   2. runs, most telling first, each step under its own time limit:
 #      what the machine allows (NCCL version, network namespaces); kernel unit
-#      tests; stream semantics; allreduce beside NCCL on this one GPU (every
-#      rank a host to NCCL, --nccl-ranks-as-hosts) at 2 and 4 ranks and in
-#      smdccl's 2x2 layout; then side by side: DDP vs gloo, FSDP2 on CUDA,
+#      tests; stream semantics; then side by side: DDP vs gloo, FSDP2 on CUDA,
 #      every collective at 2 and 4 ranks sharing the GPU, two-level / staged /
 #      fp16 wire, the packed staged path against CPU tensors' bits, the int8
 #      wire and its error feedback across nodes, NCCL as
 #      the engine inside the node (forced, each rank its own NCCL_HOSTID); the IPC
-#      out-of-memory test (alone); the packed staged path against float32
+#      out-of-memory test (alone); allreduce beside NCCL on this one GPU (every
+#      rank a host to NCCL, --nccl-ranks-as-hosts) at 2 and 4 ranks and in
+#      smdccl's 2x2 layout; the packed staged path against float32
 #      staging and gloo (scripts/cuda_staged_bench.py);
 #      NCCL and smdccl between emulated nodes on a shaped 10 Gbit/s link (where
 #      namespaces work); the kernel benchmark; every collective vs gloo;
@@ -109,10 +109,27 @@ if (( ${#EAGER_IDS[@]} )); then
   echo "failed stream tests again with CUDA_MODULE_LOADING=EAGER: $(tail -1 "$LOGS/test_cuda_stream_eager.txt")"
 fi
 
+# Correctness on CUDA tensors, the test steps side by side (16 cores; each
+# its own process groups on the shared GPU): DDP vs gloo, FSDP2, every
+# collective at 2 and 4 ranks, two-level / staged / fp16 wire, the packed
+# staged path against CPU tensors' bits, the int8 wire and its error feedback.
+pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
+pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
+pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
+pytest_step two-level 400 "two_level" tests/test_cuda.py &
+pytest_step packed 240 "packed_staged_path or int8_wire_across or int8_error_feedback" tests/test_cuda.py &
+# (Each test in one step only: the two-level fp16 one runs under two-level,
+# the node-mate one, with its 3 s group timeout, under stream.)
+pytest_step nccl-intra 300 "nccl_intra and not two_level and not never_arrives" tests/test_cuda.py &
+wait
+# Alone: it takes every byte of the GPU's memory.
+pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
+
 # smdccl beside NCCL on this one GPU: every rank a host of its own to NCCL
 # (--nccl-ranks-as-hosts: its socket transport over loopback, as between
 # nodes), smdccl with every rank its own node, then smdccl's two-level layout
-# (2x2) beside NCCL's 4 hosts. Alone on the machine: these are timings.
+# (2x2) beside NCCL's 4 hosts. Alone on the machine: these are timings, run
+# after the correctness steps, which a short run must not miss.
 NCCL_SIZES=${SMDCCL_GPU_CHECK_NCCL_SIZES:-4K,64K,1M,16M,64M,256M}
 nccl_bench() {  # nccl_bench NAME RANKS BACKENDS CAP [VAR=VALUE...]
   local name=$1 n=$2 backends=$3 cap=$4; shift 4
@@ -125,20 +142,6 @@ nccl_bench() {  # nccl_bench NAME RANKS BACKENDS CAP [VAR=VALUE...]
 nccl_bench nccl-hosts-2ranks 2 nccl,smdccl,smdccl+fp16,gloo 90
 nccl_bench nccl-hosts-4ranks 4 nccl,smdccl,smdccl+fp16,gloo 110
 nccl_bench nccl-hosts-2x2 4 nccl,smdccl,smdccl+fp16 70 SMDCCL_TOPOLOGY=2x2
-
-# Correctness on CUDA tensors, the test steps side by side (16 cores; each
-# its own process groups on the shared GPU): DDP vs gloo, FSDP2, every
-# collective at 2 and 4 ranks, two-level / staged / fp16 wire, the packed
-# staged path against CPU tensors' bits, the int8 wire and its error feedback.
-pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
-pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
-pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
-pytest_step two-level 400 "two_level" tests/test_cuda.py &
-pytest_step packed 240 "packed_staged_path or int8_wire_across or int8_error_feedback" tests/test_cuda.py &
-pytest_step nccl-intra 300 "nccl_intra" tests/test_cuda.py &
-wait
-# Alone: it takes every byte of the GPU's memory.
-pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
 
 # The staged path across nodes: 64 MB with the fp16 wire packed on the GPU
 # beside float32 staging and gloo, with PCIe bytes (halved) and the progress
