@@ -12,7 +12,9 @@ SMDCCL_ENV_CHOICE(kShmCopy, "SMDCCL_SHM_COPY", "auto", "auto, plain, streamed",
                   "rank reads: auto (measured as it goes, copy and reading together: streamed "
                   "past the caches where plain costs over 2.5x as much, e.g. ranks on cores "
                   "that share no cache), plain, or streamed (non-temporal stores on x86-64). "
-                  "Pieces under 64 KiB are copied plainly.");
+                  "Pieces under 64 KiB are copied plainly. Set it alike on a node's ranks: "
+                  "auto needs the reading rank's timings, which a rank on plain or streamed "
+                  "does not take, so its writers stay plain.");
 
 void RunningCost::add(int64_t ns, size_t bytes) {
   const double sample = static_cast<double>(std::max<int64_t>(ns, 1)) / static_cast<double>(bytes);
