@@ -146,16 +146,23 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline)
       ptrs_[static_cast<size_t>(l)] = static_cast<char*>(p);
     }
   } catch (...) {
-    release();
+    // This rank's handle is out: a node-mate may have mapped its buffer
+    // already, and freeing memory another process maps is undefined. It
+    // stays allocated until exit (the destructor's unmapped round, which
+    // would free it safely, needs node-mates that are failing with this).
+    unmapPeers();
+    SMDCCL_INFO("CUDA IPC: this rank's buffer of ", bytes >> 20,
+                " MiB stays allocated until exit: the node's IPC setup failed after its handle "
+                "was shared");
+    ptrs_[static_cast<size_t>(localRank)] = nullptr;
     throw;
   }
   SMDCCL_INFO("CUDA IPC: ", localSize, " buffers of ", bytes >> 10, " KiB mapped on device ",
               device);
 }
 
-// Frees this rank's buffer and unmaps the peers' (errors ignored: this runs
-// on failure paths, when no peer has mapped this rank's buffer yet or the
-// node's ranks all fail together).
+// Frees this rank's buffer and unmaps the peers' (errors ignored): once no
+// peer can map it (before its handle is shared, or after the unmapped round).
 void CudaIpcSpace::release() noexcept {
   unmapPeers();
   int prev = -1;

@@ -43,7 +43,8 @@ class CudaIpcSpace {
   // s.keyPrefix/<local> in the store and maps every node-mate's buffer. A
   // rank that cannot allocate (after the retry) tells its node-mates, which
   // fail at once; its own error names SMDCCL_CUDA_IPC_MB, which sized the
-  // buffer.
+  // buffer. A failure after this rank's handle was shared leaves its buffer
+  // allocated until the process exits (a node-mate may map it).
   CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline);
   // Unmaps the peers' buffers, then frees this rank's own only once every
   // node-mate has unmapped it (a store round under `keyPrefix`/unmapped, up
