@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from smdccl.bench.backends import (default_backends, nccl_unavailable, ranks_as_hosts_env, split_env,
-                                   with_env_variants)
+from smdccl.bench.backends import (default_backends, family, nccl_unavailable, ranks_as_hosts_env,
+                                   split_env, with_env_variants)
 
 
 def test_nccl_needs_cuda_tensors():
@@ -128,6 +128,14 @@ def test_env_variants_multiply_smdccl_backends_only():
                      "smdccl+fp16@ring[SMDCCL_SHM_COPY=plain]", "smdccl+fp16@ring[SMDCCL_SHM_COPY=auto]",
                      "gloo"]
     assert with_env_variants(["smdccl"], None) == ["smdccl"]
+
+
+def test_family_is_the_backend_a_name_opens():
+    # node_sizes() finds the smdccl groups by it, variants of a variable too.
+    for name in ("smdccl", "smdccl+fp16", "smdccl@ring", "smdccl+int8@tree[SMDCCL_SHM_COPY=plain]",
+                 "smdccl[SMDCCL_SHM_COPY=auto]"):
+        assert family(name) == "smdccl", name
+    assert family("gloo") == "gloo" and family("nccl") == "nccl"
 
 
 def test_split_env_reads_one_smdccl_variable():

@@ -148,6 +148,11 @@ def forced_algo(algo: str):
     return env_during({"SMDCCL_ALGO": algo} if algo else {})
 
 
+def family(name: str) -> str:
+    """The backend a bench name opens: ``smdccl+fp16@ring[SMDCCL_X=v]`` -> ``smdccl``."""
+    return name.partition("[")[0].partition("@")[0].partition("+")[0]
+
+
 def split_env(name: str) -> tuple[str, dict[str, str], str | None]:
     """``smdccl[SMDCCL_X=v]`` -> ("smdccl", {"SMDCCL_X": "v"}, None); a name
     without brackets has no variables; the error says what is wrong."""
@@ -157,7 +162,7 @@ def split_env(name: str) -> tuple[str, dict[str, str], str | None]:
     var, eq, value = setting.partition("=")
     if not base or not eq or not var.startswith("SMDCCL_") or not value:
         return base, {}, f"{name}: write an smdccl variable as <backend>[SMDCCL_NAME=value]"
-    if base.partition("@")[0].partition("+")[0] != "smdccl":
+    if family(base) != "smdccl":
         return base, {}, f"{name}: only smdccl takes an SMDCCL_ variable"
     return base, {var: value}, None
 
@@ -272,7 +277,7 @@ def with_env_variants(names: list[str], spec: str | None) -> list[str]:
     var, _, values = spec.partition("=")
     out = []
     for name in names:
-        if name.partition("@")[0].partition("+")[0] == "smdccl" and not name.endswith("]"):
+        if family(name) == "smdccl" and not name.endswith("]"):
             out.extend(f"{name}[{var}={v}]" for v in values.split(",") if v)
         else:
             out.append(name)
@@ -302,7 +307,7 @@ def node_sizes(groups: dict, world: World) -> list[int]:
     [world size] when none is open."""
     mine = None
     for name, group in groups.items():
-        if name.partition("+")[0].partition("@")[0] == "smdccl":
+        if family(name) == "smdccl":
             mine = sorted(int(r) for r in group._get_backend(torch.device("cpu")).local_ranks)
             break
     gathered = all_gather_object(mine, group=world.ctrl)
