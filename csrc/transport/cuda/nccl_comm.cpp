@@ -97,55 +97,40 @@ void NcclNodeComm::checkNotAborted(const char* call) const {
                " after the communicator was aborted (the group failed or was aborted)"));
 }
 
-namespace {
-// NCCL's forms of a.dt and a.op (InvalidArgument where it has none).
-void types(const NcclNodeComm::Args& a, int* ndt, int* nop, const std::string& what) {
-  SMDCCL_CHECK_ARG(NcclLibrary::dataType(a.dt, ndt), "smdccl: ", what, ": NCCL has no such dtype");
-  SMDCCL_CHECK_ARG(NcclLibrary::redOp(a.op, nop), "smdccl: ", what, ": NCCL has no such reduction");
+NcclNodeComm::Call NcclNodeComm::startCall(const Args& a, const char* name) const {
+  Call c{.what = strCat(what_, ": ", name)};
+  SMDCCL_CHECK_ARG(NcclLibrary::dataType(a.dt, &c.dt), "smdccl: ", what_,
+                   ": NCCL has no such dtype");
+  SMDCCL_CHECK_ARG(NcclLibrary::redOp(a.op, &c.op), "smdccl: ", what_,
+                   ": NCCL has no such reduction");
+  checkNotAborted(name);
+  countCudaCall();
+  return c;
 }
-}  // namespace
 
 void NcclNodeComm::allReduce(const Args& a, void* stream) {
-  int ndt = 0, nop = 0;
-  types(a, &ndt, &nop, what_);
-  checkNotAborted("ncclAllReduce");
-  countCudaCall();
-  lib_.check(lib_.allReduce(a.in, a.out, a.count, ndt, nop, comm_, stream), what_ + ": ncclAllReduce");
+  const Call c = startCall(a, "ncclAllReduce");
+  lib_.check(lib_.allReduce(a.in, a.out, a.count, c.dt, c.op, comm_, stream), c.what);
 }
 
 void NcclNodeComm::reduceScatter(const Args& a, void* stream) {
-  int ndt = 0, nop = 0;
-  types(a, &ndt, &nop, what_);
-  checkNotAborted("ncclReduceScatter");
-  countCudaCall();
-  lib_.check(lib_.reduceScatter(a.in, a.out, a.count, ndt, nop, comm_, stream),
-             what_ + ": ncclReduceScatter");
+  const Call c = startCall(a, "ncclReduceScatter");
+  lib_.check(lib_.reduceScatter(a.in, a.out, a.count, c.dt, c.op, comm_, stream), c.what);
 }
 
 void NcclNodeComm::allGather(const Args& a, void* stream) {
-  int ndt = 0, nop = 0;
-  types(a, &ndt, &nop, what_);
-  checkNotAborted("ncclAllGather");
-  countCudaCall();
-  lib_.check(lib_.allGather(a.in, a.out, a.count, ndt, comm_, stream), what_ + ": ncclAllGather");
+  const Call c = startCall(a, "ncclAllGather");
+  lib_.check(lib_.allGather(a.in, a.out, a.count, c.dt, comm_, stream), c.what);
 }
 
 void NcclNodeComm::broadcast(const Args& a, void* stream) {
-  int ndt = 0, nop = 0;
-  types(a, &ndt, &nop, what_);
-  checkNotAborted("ncclBroadcast");
-  countCudaCall();
-  lib_.check(lib_.broadcast(a.in, a.out, a.count, ndt, a.root, comm_, stream),
-             what_ + ": ncclBroadcast");
+  const Call c = startCall(a, "ncclBroadcast");
+  lib_.check(lib_.broadcast(a.in, a.out, a.count, c.dt, a.root, comm_, stream), c.what);
 }
 
 void NcclNodeComm::reduce(const Args& a, void* stream) {
-  int ndt = 0, nop = 0;
-  types(a, &ndt, &nop, what_);
-  checkNotAborted("ncclReduce");
-  countCudaCall();
-  lib_.check(lib_.reduce(a.in, a.out, a.count, ndt, nop, a.root, comm_, stream),
-             what_ + ": ncclReduce");
+  const Call c = startCall(a, "ncclReduce");
+  lib_.check(lib_.reduce(a.in, a.out, a.count, c.dt, c.op, a.root, comm_, stream), c.what);
 }
 
 }  // namespace smdccl

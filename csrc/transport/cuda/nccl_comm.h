@@ -66,6 +66,13 @@ class NcclNodeComm {
  private:
   // Throws a CommError naming `call` if the communicator was aborted.
   void checkNotAborted(const char* call) const;
+  // Before NCCL's collective `name` on a's buffers: a's dtype and op in
+  // NCCL's terms (InvalidArgument where it has none), not aborted, counted.
+  struct Call {
+    std::string what;  // "<the communicator>: <name>", for its error
+    int dt = 0, op = 0;
+  };
+  Call startCall(const Args& a, const char* name) const;
 
   const NcclLibrary& lib_;
   NcclLibrary::Comm comm_ = nullptr;
