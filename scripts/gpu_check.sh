@@ -4,15 +4,16 @@
 #      the torch found here (architecture: this GPU's);
 #   2. runs, most telling first, each step under its own time limit:
 #      what the machine allows (NCCL version, network namespaces); kernel unit
-#      tests; stream semantics; then side by side: DDP vs gloo, FSDP2 on CUDA,
-#      every collective at 2 and 4 ranks sharing the GPU, two-level / staged /
-#      fp16 wire, the packed staged path against CPU tensors' bits, the int8
-#      wire and its error feedback across nodes, NCCL as
-#      the engine inside the node (forced, each rank its own NCCL_HOSTID); the IPC
-#      out-of-memory test (alone); allreduce beside NCCL on this one GPU (every
-#      rank a host to NCCL, --nccl-ranks-as-hosts) at 2 and 4 ranks and in
-#      smdccl's 2x2 layout; the packed staged path against float32
-#      staging and gloo (scripts/cuda_staged_bench.py);
+#      tests; stream semantics; the IPC out-of-memory test (alone); then side
+#      by side: DDP vs gloo, FSDP2 on CUDA, every collective at 2 and 4 ranks
+#      sharing the GPU, two-level / staged / fp16 wire, the packed staged path
+#      against CPU tensors' bits, the int8 wire and its error feedback across
+#      nodes; allreduce beside NCCL on this one GPU (every rank a host to
+#      NCCL, --nccl-ranks-as-hosts) at 2 ranks on loopback shaped to 10 Gbit/s
+#      (scripts/shaped_loopback.sh) and unshaped; NCCL as the engine inside
+#      the node (forced, each rank its own NCCL_HOSTID, alone); the NCCL
+#      comparison at 4 ranks and in smdccl's 2x2 layout; the packed staged
+#      path against float32 staging and gloo (scripts/cuda_staged_bench.py);
 #      NCCL and smdccl between emulated nodes on a shaped 10 Gbit/s link (where
 #      namespaces work); the kernel benchmark; every collective vs gloo;
 #   3. writes bench/results/<gpu>-<date>.{json,md} (scripts/gpu_report.py).
@@ -109,21 +110,25 @@ if (( ${#EAGER_IDS[@]} )); then
   echo "failed stream tests again with CUDA_MODULE_LOADING=EAGER: $(tail -1 "$LOGS/test_cuda_stream_eager.txt")"
 fi
 
+# Alone: it takes every byte of the GPU's memory.
+pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
+
 # Correctness on CUDA tensors, the test steps side by side (16 cores; each
 # its own process groups on the shared GPU): DDP vs gloo, FSDP2, every
 # collective at 2 and 4 ranks, two-level / staged / fp16 wire, the packed
 # staged path against CPU tensors' bits, the int8 wire and its error feedback.
-pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
-pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
-pytest_step matrix 200 "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
-pytest_step two-level 400 "two_level" tests/test_cuda.py &
-pytest_step packed 240 "packed_staged_path or int8_wire_across or int8_error_feedback" tests/test_cuda.py &
-# (Each test in one step only: the two-level fp16 one runs under two-level,
-# the node-mate one, with its 3 s group timeout, under stream.)
-pytest_step nccl-intra 300 "nccl_intra and not two_level and not never_arrives" tests/test_cuda.py &
+# A step that hangs leaves GROUP_RESERVE seconds for the NCCL comparison.
+GROUP_RESERVE=${SMDCCL_GPU_CHECK_GROUP_RESERVE:-100}
+STEP_RESERVE=$GROUP_RESERVE pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
+STEP_RESERVE=$GROUP_RESERVE pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
+STEP_RESERVE=$GROUP_RESERVE pytest_step matrix 200 \
+  "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
+# (Each test in one step only: NCCL's, under nccl-intra below; the node-mate
+# one under stream.)
+STEP_RESERVE=$GROUP_RESERVE pytest_step two-level 400 "two_level and not nccl_intra" tests/test_cuda.py &
+STEP_RESERVE=$GROUP_RESERVE pytest_step packed 240 \
+  "packed_staged_path or int8_wire_across or int8_error_feedback" tests/test_cuda.py &
 wait
-# Alone: it takes every byte of the GPU's memory.
-pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
 
 # smdccl beside NCCL on this one GPU: every rank a host of its own to NCCL
 # (--nccl-ranks-as-hosts: its socket transport over loopback, as between
@@ -131,15 +136,30 @@ pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
 # (2x2) beside NCCL's 4 hosts. Alone on the machine: these are timings, run
 # after the correctness steps, which a short run must not miss.
 NCCL_SIZES=${SMDCCL_GPU_CHECK_NCCL_SIZES:-4K,64K,1M,16M,64M,256M}
-nccl_bench() {  # nccl_bench NAME RANKS BACKENDS CAP [VAR=VALUE...]
+# nccl_bench NAME RANKS BACKENDS CAP [PREFIX...]: PREFIX (VAR=VALUE words, then
+# a wrapper command) goes before the benchmark's command; NCCL_BENCH_SIZES
+# overrides NCCL_SIZES.
+nccl_bench() {
   local name=$1 n=$2 backends=$3 cap=$4; shift 4
   run_step "$name" "$cap" env "$@" "$PY" -m torch.distributed.run --nproc-per-node "$n" -m smdccl.bench \
     --device cuda --nccl-ranks-as-hosts --backends "$backends" --collectives allreduce \
-    --sizes "$NCCL_SIZES" --target-time 0.2 --json "$LOGS/$name.json" --no-progress \
+    --sizes "${NCCL_BENCH_SIZES:-$NCCL_SIZES}" --target-time 0.2 --json "$LOGS/$name.json" --no-progress \
     > "$LOGS/$name.txt" 2>&1 || tail -20 "$LOGS/$name.txt"
-  sed -n '/^# allreduce/,/^# avg/p' "$LOGS/$name.txt"
+  sed -n '/^shaped_loopback\|^loopback_rate/p; /^# allreduce/,/^# avg/p' "$LOGS/$name.txt"
 }
+# Link-bound: loopback shaped to 10 Gbit/s (both directions share it), 2 ranks
+# as hosts, with every wire. Exit 3 (recorded n/a): tc cannot shape lo on
+# this machine. The qdisc is taken off the machine's lo again in
+# case the step was killed before its own trap ran.
+STEP_NA=3 NCCL_BENCH_SIZES=4K,1M,64M nccl_bench nccl-hosts-2ranks-lo10gbit 2 \
+  nccl,smdccl,smdccl+fp16,smdccl+int8 100 PY="$PY" scripts/shaped_loopback.sh 10 --
+tc qdisc show dev lo 2> /dev/null | grep -q tbf && tc qdisc del dev lo root
+# Unshaped: the host's copies and CPU decide.
 nccl_bench nccl-hosts-2ranks 2 nccl,smdccl,smdccl+fp16,gloo 90
+# NCCL as the engine inside the node (forced, each rank its own NCCL_HOSTID),
+# alone: NCCL's kernels spin for their whole time slice on a shared GPU and
+# would slow every step beside them.
+pytest_step nccl-intra 300 "nccl_intra and not never_arrives" tests/test_cuda.py
 nccl_bench nccl-hosts-4ranks 4 nccl,smdccl,smdccl+fp16,gloo 110
 nccl_bench nccl-hosts-2x2 4 nccl,smdccl,smdccl+fp16 70 SMDCCL_TOPOLOGY=2x2
 

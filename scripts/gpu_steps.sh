@@ -4,7 +4,8 @@
 # (seconds), PY, fd 3 open for the console, and status (set to 1 on a failure).
 # Each step appends "name rc seconds" to $LOGS/steps.txt; rc is the exit code
 # (124: stopped by its limit), "skipped" (SMDCCL_GPU_CHECK_SKIP) or "not-run"
-# (less than MIN_STEP seconds of the budget left).
+# (less than MIN_STEP seconds of the budget left) or "n/a" (an exit code in
+# STEP_NA: the machine cannot run it, e.g. no tc to shape lo).
 # SMDCCL_GPU_CHECK_RESUME=1 continues an earlier command's check in the same
 # LOGS: a step that has a result there (not not-run or skipped) is not run again,
 # so a check that needs more than one 10-minute command is run again as is.
@@ -24,6 +25,8 @@ kill_step_leftovers() {
 
 # run_step NAME CAP CMD...: runs CMD under min(CAP, budget left) and records
 # it; an exit code other than 0 (or those in STEP_ALSO_OK) fails the check.
+# STEP_RESERVE (seconds) is kept from this step for the steps after it (steps
+# started side by side all see the same budget left).
 run_step() {
   local name=$1 cap=$2; shift 2
   if [[ " ${SMDCCL_GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
@@ -34,7 +37,7 @@ run_step() {
     echo "gpu_check: $name has a result from an earlier command: not run again" >&3
     return 0
   fi
-  local left=$(( BUDGET - REPORT_RESERVE - (SECONDS - START) ))
+  local left=$(( BUDGET - REPORT_RESERVE - ${STEP_RESERVE:-0} - (SECONDS - START) ))
   local limit=$(( cap < left ? cap : left ))
   if (( limit < MIN_STEP )); then
     echo "gpu_check: $name not run: ${left} s of the budget left" >&3
@@ -51,9 +54,11 @@ run_step() {
     kill_step_leftovers "$tag"
     rc=124
   fi
-  echo "$name $rc $(( SECONDS - t0 ))" >> "$LOGS/steps.txt"
+  local recorded=$rc
+  [[ " ${STEP_NA:-} " == *" $rc "* ]] && recorded=n/a
+  echo "$name $recorded $(( SECONDS - t0 ))" >> "$LOGS/steps.txt"
   echo "gpu_check: $name rc=$rc in $(( SECONDS - t0 )) s (limit $limit s)" >&3
-  [[ " 0 ${STEP_ALSO_OK:-} " == *" $rc "* ]] || status=1
+  [[ " 0 ${STEP_ALSO_OK:-} ${STEP_NA:-} " == *" $rc "* ]] || status=1
   return $rc
 }
 
@@ -73,9 +78,9 @@ pytest_step() {
 
 # steps_failed: whether a step recorded in $LOGS/steps.txt failed (steps run in
 # the background cannot set status themselves). Passing: 0, pytest's 5 (no
-# test selected), skipped; where a step ran more than once (a resumed check),
+# test selected), skipped, n/a; where a step ran more than once (a resumed check),
 # its last line counts.
 steps_failed() {
-  awk '{rc[$1] = $2} END {for (n in rc) if (rc[n] != "0" && rc[n] != "5" && rc[n] != "skipped") bad = 1; exit !bad}' \
+  awk '{rc[$1] = $2} END {for (n in rc) if (rc[n] != "0" && rc[n] != "5" && rc[n] != "skipped" && rc[n] != "n/a") bad = 1; exit !bad}' \
     "$LOGS/steps.txt"
 }

@@ -150,3 +150,74 @@ def test_steps_failed_reads_each_steps_last_result(tmp_path):
         (tmp_path / "steps.txt").write_text(lines)
         out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
         assert out.stdout.strip() == want, (lines, out.stdout, out.stderr)
+
+
+def test_step_reserve_and_steps_the_machine_cannot_run(tmp_path):
+    # STEP_RESERVE keeps seconds from a step for those after it (a hung step
+    # beside others must leave the NCCL comparison its time); an exit code in
+    # STEP_NA is recorded n/a and fails nothing (no tc to shape lo)
+    script = f"""
+        LOGS={tmp_path}; START=$SECONDS; BUDGET=14; REPORT_RESERVE=1; MIN_STEP=2; PY={sys.executable}
+        status=0; exec 3>&1; : > "$LOGS/steps.txt"
+        source {REPO}/scripts/gpu_steps.sh
+        STEP_NA=3 run_step no-tc 10 bash -c 'exit 3'; echo "after n/a: $status"
+        steps_failed && echo "n/a failed" || echo "n/a passed"
+        STEP_RESERVE=8 run_step held 30 sleep 30
+        run_step after 10 true; echo "final: $status"
+    """
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "after n/a: 0" in out.stdout and "n/a passed" in out.stdout, out.stdout
+    steps = _steps(tmp_path)
+    assert [s[:2] for s in steps] == [["no-tc", "n/a"], ["held", "124"], ["after", "0"]], steps
+    assert 3 <= int(steps[1][2]) <= 6, steps  # 14 - 1 - 8 = 5 s, not its cap of 30 nor all that was left
+    assert "final: 1" in out.stdout, out.stdout
+
+
+def test_report_targets_of_skipped_steps_are_not_measured(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "steps.txt").write_text("build 0 60\nkernel-tests 0 20\nnccl-hosts-2ranks-lo10gbit 0 50\n"
+                                    "kernel-bench skipped 0\ncollectives-2ranks skipped 0\n")
+    (logs / "kernel-tests.txt").write_text("25 passed, 0 failed\n")
+    big = 64 << 20
+    hosts = [{"backend": b, "collective": "allreduce", "size": sz, "time_us": t, "algbw": sz / t / 1e3}
+             for b, sz, t in (("nccl", 4096, 300.0), ("smdccl", 4096, 250.0), ("nccl", big, 108000.0),
+                              ("smdccl", big, 110000.0), ("smdccl+fp16", big, 57000.0),
+                              ("smdccl+int8", big, 40000.0))]
+    (logs / "nccl-hosts-2ranks-lo10gbit.json").write_text(json.dumps({"header": {}, "rows": hosts}))
+    (logs / "nccl-hosts-2ranks-lo10gbit.txt").write_text(
+        "shaped_loopback: lo shaped to 10 Gbit/s\nloopback_rate_mbps 1259\n# allreduce\n")
+    stem = tmp_path / "GPU-date"
+    out = subprocess.run([sys.executable, str(REPO / "scripts/gpu_report.py"), "--logs", str(logs),
+                          "--stem", str(stem), "--status", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr  # nothing failed, and the skipped steps' targets do not count
+    md = (tmp_path / "GPU-date.md").read_text()
+    assert "not measured (kernel-bench skipped)" in md and "not measured (collectives-2ranks skipped)" in md
+    assert "one TCP stream measured 1259 MB/s" in md
+    assert "smdccl time <= nccl's at 4 KiB: 0.83 x nccl's time -> MET" in md
+    assert "smdccl algbw >= 0.95x nccl's at 64 MiB: 0.98 x nccl's algbw -> MET" in md
+    assert "smdccl+fp16 algbw >= 1.8x nccl's at 64 MiB: 1.89 x nccl's algbw -> MET" in md
+    assert "smdccl+int8 algbw >= 3.0x nccl's at 64 MiB: 2.70 x nccl's algbw -> MISSED" in md
+    assert "nccl's at 65536 KiB" not in md  # the shaped run's time target is at 4 KiB only
+    # the same run without the skips: the targets' steps ran and left no data
+    (logs / "steps.txt").write_text("build 0 60\nkernel-bench 0 30\ncollectives-2ranks 0 50\n")
+    out = subprocess.run([sys.executable, str(REPO / "scripts/gpu_report.py"), "--logs", str(logs),
+                          "--stem", str(stem), "--status", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert "no kernel records -> MISSED" in (tmp_path / "GPU-date.md").read_text()
+
+
+def test_shaped_loopback_reports_what_it_cannot_do(tmp_path):
+    # without tc on PATH the wrapper exits 3 before running its command
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for tool in ("bash", "env", "dirname", "python3"):
+        src = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        (fake / tool).symlink_to(src)
+    out = subprocess.run([str(fake / "bash"), str(REPO / "scripts/shaped_loopback.sh"), "10", "--", "touch",
+                          str(tmp_path / "ran")], env={"PATH": str(fake), "SMDCCL_SHAPED_NETNS": "1"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, (out.stdout, out.stderr)
+    assert "tc cannot put a tbf qdisc on lo here" in out.stderr
+    assert not (tmp_path / "ran").exists()
