@@ -23,6 +23,7 @@ import gc
 import os
 import shutil
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -752,13 +753,18 @@ def node_mate_never_arrives() -> dict:
     dev = _device()
     rank = dist.get_rank()
     t = torch.ones(1024, device=dev)
-    dist.all_reduce(t)  # sets up NCCL's communicator
+    # The default group (a timeout of minutes) brings up CUDA, the kernels
+    # and NCCL first; the group under test, with the short timeout, then
+    # only makes its own communicator, warm, well within it.
+    dist.all_reduce(t)
+    group = dist.new_group(backend="smdccl", timeout=timedelta(seconds=NODE_MATE_TIMEOUT))
+    dist.all_reduce(t, group=group)  # sets up the group's NCCL communicator
     torch.cuda.synchronize()
     if rank == 1:
         time.sleep(3 * NODE_MATE_TIMEOUT)
         return {"rank": 1}
     t0 = time.perf_counter()
-    w = dist.all_reduce(t, async_op=True)
+    w = dist.all_reduce(t, group=group, async_op=True)
     w.wait()
     queued = time.perf_counter() - t0
     torch.cuda.synchronize()
@@ -768,7 +774,7 @@ def node_mate_never_arrives() -> dict:
         time.sleep(0.01)
     later = None
     try:
-        dist.all_reduce(torch.ones(4, device=dev))
+        dist.all_reduce(torch.ones(4, device=dev), group=group)
     except Exception as e:  # noqa: BLE001 - the test reports what it got
         later = f"{type(e).__name__}: {e}"
     return {"rank": 0, "queued": queued, "drained": drained, "completed": w.is_completed(),
@@ -797,7 +803,7 @@ def test_cuda_nccl_intra_watch_fails_the_group_when_a_node_mate_never_arrives():
     # No fusion: a fused async allreduce first agrees with its peers on the
     # host, which would wait for rank 1 there instead of on the stream.
     res = run_ranks(2, with_nccl_host_per_rank, "test_cuda:node_mate_never_arrives", timeout=120,
-                    pg_timeout=NODE_MATE_TIMEOUT, env={**NCCL_INTRA, "SMDCCL_FUSION_MB": "0"})
+                    pg_timeout=PG_TIMEOUT, env={**NCCL_INTRA, "SMDCCL_FUSION_MB": "0"})
     got = res[0]
     assert got["queued"] < 0.5, got
     assert NODE_MATE_TIMEOUT * 0.9 < got["drained"] < NODE_MATE_TIMEOUT + 5, got
