@@ -13,6 +13,12 @@ Why each:
   (exact) and by 4/3 once at the end gives identical inputs of short
   significand back exactly, in every collective.
 * ``irecv(src=p)._source_rank()``: gloo answers p; code written for it reads it.
+* outputs that are ``nn.Parameter``s (leaves that require grad): NCCL writes
+  them below autograd, so ``all_reduce(param, op=AVG)`` works there (model
+  averaging, local SGD). smdccl's bodies scale and copy with torch ops on
+  the progress thread, whose grad mode is on: each ran into "a leaf
+  Variable that requires grad is being used in an in-place operation" and
+  failed the whole group. gloo raises it for AVG and reduce_scatter_tensor.
 Three ranks, one spawn. smdccl only where gloo lacks the feature (AVG).
 """
 
@@ -156,13 +162,87 @@ def source_rank_cases(rank: int, ws: int):
     yield "irecv(src=p)._source_rank() is p", named_source
 
 
+def parameter_cases(rank: int, ws: int):
+    """Every collective that writes a tensor, into nn.Parameters, each case
+    on its own: its values, the parameter still a leaf that requires grad,
+    and the group still working after it."""
+    n = 4 * ws
+    total = sum(range(1, ws + 1))  # rank r contributes r + 1
+
+    def param(value: float, size: int = n) -> torch.nn.Parameter:
+        return torch.nn.Parameter(torch.full((size,), float(value)))
+
+    def leaf(p: torch.nn.Parameter, want: float) -> None:
+        torch.testing.assert_close(p.detach(), torch.full_like(p.detach(), want))
+        assert p.requires_grad and p.is_leaf and p.grad_fn is None, p
+        ok = torch.ones(1)
+        dist.all_reduce(ok)  # the group goes on
+        assert ok.item() == ws
+
+    def all_reduce(op: str, want: float):
+        def case():
+            p = param(rank + 1)
+            dist.all_reduce(p, op=getattr(dist.ReduceOp, op))
+            leaf(p, want)
+        return case
+
+    def premul():
+        p = param(rank + 1)
+        dist.all_reduce(p, op=dist._make_nccl_premul_sum(2.0))
+        leaf(p, 2.0 * total)
+
+    def fused_avg():
+        ps = [param(rank + 1, size) for size in (3, 5, 7)]
+        for w in [dist.all_reduce(p, op=dist.ReduceOp.AVG, async_op=True) for p in ps]:
+            w.wait()
+        for p in ps:
+            leaf(p, total / ws)
+
+    def broadcast():
+        p = param(rank + 1)
+        dist.broadcast(p, src=ws - 1)
+        leaf(p, ws)
+
+    def reduce_scatter_avg():
+        out = param(0, 4)
+        dist.reduce_scatter_tensor(out, param(rank + 1), op=dist.ReduceOp.AVG)
+        leaf(out, total / ws)
+
+    def all_gather():
+        out = param(0)
+        dist.all_gather_into_tensor(out, param(rank + 1, 4))
+        torch.testing.assert_close(out.detach(), torch.arange(1, ws + 1.0).repeat_interleave(4))
+        outs = [param(0, 4) for _ in range(ws)]
+        dist.all_gather(outs, param(rank + 1, 4))
+        for r, o in enumerate(outs):
+            leaf(o, r + 1)
+
+    def recv():
+        got = param(0)
+        nxt, prev = (rank + 1) % ws, (rank - 1) % ws
+        req = dist.irecv(got, src=prev)
+        dist.send(torch.full((n,), float(rank + 1)), dst=nxt)
+        req.wait()
+        leaf(got, prev + 1)
+
+    yield "all_reduce SUM into a Parameter", all_reduce("SUM", total)
+    yield "all_reduce AVG into a Parameter", all_reduce("AVG", total / ws)
+    yield "all_reduce PREMUL_SUM into a Parameter", premul
+    yield "fused async all_reduce AVG into Parameters", fused_avg
+    yield "broadcast into a Parameter", broadcast
+    yield "reduce_scatter_tensor AVG into a Parameter", reduce_scatter_avg
+    yield "all_gather(_into_tensor) into Parameters", all_gather
+    yield "recv into a Parameter", recv
+
+
 def semantics() -> dict:
     rank, ws = dist.get_rank(), dist.get_world_size()
-    cases = list(complex_cases(rank, ws)) + list(avg_cases(rank, ws)) + list(source_rank_cases(rank, ws))
+    cases = (list(complex_cases(rank, ws)) + list(avg_cases(rank, ws)) + list(source_rank_cases(rank, ws)) +
+             list(parameter_cases(rank, ws)))
     return check_all(cases, label=f"rank {rank} of {ws} (backend {BACKEND})")
 
 
-def test_complex_avg_and_source_rank():
+def test_complex_avg_source_rank_and_parameters():
     # check_all raises, listing every failed sub-case, on the rank that saw it
     for r in run_ranks(3, semantics, timeout=180):
-        assert r["failures"] == 0 and r["cases"] == 2 * 3 * 4 + 3 + 2 * 4 + 1, r
+        assert r["failures"] == 0 and r["cases"] == 2 * 3 * 4 + 3 + 2 * 4 + 1 + 8, r

@@ -2,6 +2,7 @@
 // from a completion callback, or queued for the progress thread) and
 // runWork() runs one op there: its checks, its body, its failure handling
 // and the completion of its Work and of the ops fused into it.
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/StreamGuard.h>
 
 #include <optional>
@@ -158,6 +159,11 @@ std::exception_ptr SmdcclBackend::runChecksAndBody(QueuedOp& op, Comm& c) {
   DeviceOp* device = op.request.device.get();
   const OpContext& ctx = c.ctx;
   const std::string& track = cfg_.groupName;
+  // A collective writes its results into the caller's tensors as NCCL's
+  // kernels do, below autograd: an nn.Parameter (a leaf that requires grad)
+  // may be its output whatever the thread's grad mode (the progress
+  // thread's is on), and in-place scaling or copies there are legal.
+  at::AutoDispatchBelowADInplaceOrView belowAutograd;
   try {
     if (device) device->prepare(ctx);
     // The NaN check reads the inputs: host copies must have landed first.

@@ -1,7 +1,6 @@
 #include "backend/sparse_allreduce.h"
 
 #include <cstdint>
-#include <ATen/core/LegacyTypeDispatch.h>
 
 #include <cstring>
 #include <limits>
@@ -156,10 +155,8 @@ void sparseAllreduce(Comm& c, at::Tensor& t, bool average, const Tuning& tuning)
   at::Tensor sum =
       at::sparse_coo_tensor(at::cat(allIndices, 1), summands, in.sizes(), in.options()).coalesce();
   if (average && c.size() / preDivide != 1.0) sum._values().div_(c.size() / preDivide);
-  // The result replaces the tensor's contents, as gloo does: below autograd
-  // and the inference-mode checks, like the dense path's byte copies (a
-  // leaf that requires grad is legal here).
-  at::AutoDispatchBelowADInplaceOrView belowAutograd;
+  // The result replaces the tensor's contents, as gloo does (below autograd:
+  // runChecksAndBody).
   t.copy_(sum);
 }
 

@@ -5,6 +5,7 @@
 // toolkit without those libraries (CI's nvcc-only install) lacks.
 #include <cstdint>
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -310,6 +311,7 @@ class CudaDeviceOps : public DeviceOps {
       if (!arrived) return;
       c10::cuda::CUDAStreamGuard streamGuard(copyStream);
       CaptureSafeScope captureSafe;
+      at::AutoDispatchBelowADInplaceOrView belowAutograd;  // as runChecksAndBody's
       cudaError_t e = cudaStreamWaitEvent(copyStream.stream(), callerQueued->event, 0);
       if (e == cudaSuccess) {
         at::Tensor target = dev;  // the lambda's captures are const
