@@ -132,8 +132,11 @@ void GpuContext::ncclFailed(const std::string& why) {
   if (tell) tell(why);
 }
 
-void GpuContext::abort() {
+void GpuContext::abort(const std::string& why) {
   std::lock_guard<std::mutex> lock(handlerMu_);
+  // First: once aborted, NCCL's kernels end early and the watch would take
+  // their work for done.
+  if (ncclWatch_) ncclWatch_->failAll(why);
   if (nccl_) nccl_->abort();  // NCCL's kernels stop waiting for peers
 }
 

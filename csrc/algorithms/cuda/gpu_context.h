@@ -78,8 +78,10 @@ class GpuContext {
   // returned; nullptr: nobody (the backend clears it before it goes, and
   // this waits for a call in progress).
   void onDeviceFailure(std::function<void(const std::string&)> handler);
-  // The group was aborted: NCCL's kernels stop waiting for peers.
-  void abort();
+  // The group failed or was aborted (`why`): every op whose NCCL work has
+  // not finished is told `why` (its Work fails), then NCCL's kernels stop
+  // waiting for peers.
+  void abort(const std::string& why);
   // The node's IPC buffers, set up on first use: a collective over the node
   // (every node-mate asks at the same collective, in issue order). h: the
   // group's nodes.

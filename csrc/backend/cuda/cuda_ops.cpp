@@ -366,7 +366,7 @@ class CudaDeviceOps : public DeviceOps {
       std::lock_guard<std::mutex> lock(mu_);
       s = state_;
     }
-    if (s) s->gpu->abort();
+    if (s) s->gpu->abort(cause);
   }
   CopiedBytes copiedBytes() const override {
     std::lock_guard<std::mutex> lock(mu_);

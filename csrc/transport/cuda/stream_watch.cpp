@@ -25,7 +25,10 @@ StreamWatch::~StreamWatch() {
 void StreamWatch::watch(cudaStream_t stream, Deadline deadline, std::function<std::string()> what,
                         std::vector<std::shared_ptr<WatchedFailure>> failures) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (failed_) return;  // the group has failed: nothing more to tell
+  if (failed_) {
+    tellFailed(failures, why_);
+    return;
+  }
   cudaEvent_t e = EventPool::take(device_);
   cudaError_t r = cudaEventRecord(e, stream);
   if (r != cudaSuccess) {
@@ -34,6 +37,23 @@ void StreamWatch::watch(cudaStream_t stream, Deadline deadline, std::function<st
   }
   watched_.push_back({e, deadline, std::move(what), std::move(failures)});
   cv_.notify_all();
+}
+
+void StreamWatch::failAll(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_) {
+    failed_ = true;
+    why_ = why;
+  }
+  // On the caller's thread: the events' device current for the queries
+  // only (a work that finished before the abort keeps its success).
+  int current = -1;
+  const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
+                        cudaSetDevice(device_) == cudaSuccess;
+  for (const Watched& w : watched_)
+    if (cudaEventQuery(w.event) != cudaSuccess) tellFailed(w.failures, why_);
+  (void)cudaGetLastError();  // a query's "not ready" is no error of the caller's
+  if (switched) cudaSetDevice(current);
 }
 
 std::string StreamWatch::checkOldest(bool* done) {
@@ -74,6 +94,7 @@ void StreamWatch::loop() {
     if (why.empty() && hooks_.probe) why = hooks_.probe();
     if (!why.empty()) {
       failed_ = true;
+      why_ = why;
       for (const Watched& w : watched_) tellFailed(w.failures, why);
       auto failed = hooks_.failed;
       lock.unlock();  // the handler may abort NCCL or fail the group: not under the lock

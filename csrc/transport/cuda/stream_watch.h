@@ -39,8 +39,16 @@ class StreamWatch {
   // Marks what `stream` has queued so far; `what` names the op (built only
   // on a failure). On a failure, every op still watched has its `failures`
   // told (the op's and those of the ops fused into it).
+  // After the watch (or anything else) failed the group, an op watched
+  // from now on is told that failure at once: its NCCL call may have been
+  // queued on an aborted communicator, whose kernels end without the data.
   void watch(cudaStream_t stream, Deadline deadline, std::function<std::string()> what,
              std::vector<std::shared_ptr<WatchedFailure>> failures);
+  // The group failed or was aborted (`why`), and NCCL is about to be
+  // aborted: its kernels then end early and their events complete, so
+  // every op watched whose work has not finished yet is told now, and the
+  // watch stops as after a failure of its own.
+  void failAll(const std::string& why);
 
  private:
   struct Watched {
@@ -59,6 +67,7 @@ class StreamWatch {
   std::condition_variable cv_;
   std::deque<Watched> watched_;
   bool stop_ = false, failed_ = false;
+  std::string why_;  // the failure, once failed_
   std::thread thread_;
 };
 
