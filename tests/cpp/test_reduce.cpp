@@ -45,6 +45,47 @@ TEST(reduce_float_ops_and_nan) {
   CHECK(std::isnan(o[0]) && std::isnan(o[1]));
 }
 
+// MIN/MAX of +0 and -0 as torch.minimum/maximum (-0 below +0), in either
+// operand order, in the vector lanes and the scalar tail alike, for every
+// floating dtype and the streaming form: ranks that reduce the same values
+// in another order must agree bit for bit (vminps alone gave +0 for
+// min(-0, +0) in its lanes, the tail -0).
+TEST(reduce_min_max_of_signed_zeros_in_either_order) {
+  const uint16_t bfPlus = 0, bfMinus = 0x8000;  // bf16 and f16 zeros alike
+  for (size_t n : {1, 7, 8, 9, 17, 40}) {
+    for (int flip = 0; flip < 2; ++flip) {
+      std::vector<float> a(n), b(n), out(n + 8);
+      std::vector<double> da(n), db(n), dout(n);
+      std::vector<uint16_t> ha(n), hb(n), hout(n);
+      for (size_t i = 0; i < n; ++i) {
+        const bool neg = (i + static_cast<size_t>(flip)) % 2 == 0;  // -0 in a, then in b
+        a[i] = neg ? -0.0f : 0.0f;
+        b[i] = neg ? 0.0f : -0.0f;
+        da[i] = a[i];
+        db[i] = b[i];
+        ha[i] = neg ? bfMinus : bfPlus;
+        hb[i] = neg ? bfPlus : bfMinus;
+      }
+      for (RedOp op : {RedOp::Min, RedOp::Max}) {
+        const bool wantNeg = op == RedOp::Min;
+        for (size_t shift : {0, 1, 3}) {
+          reduceTo(out.data() + shift, a.data(), b.data(), n, {DType::F32, op});
+          for (size_t i = 0; i < n; ++i)
+            CHECK(out[shift + i] == 0.0f && std::signbit(out[shift + i]) == wantNeg);
+          reduceToStreaming(out.data() + shift, a.data(), b.data(), n, {DType::F32, op});
+          for (size_t i = 0; i < n; ++i) CHECK(std::signbit(out[shift + i]) == wantNeg);
+        }
+        reduceTo(dout.data(), da.data(), db.data(), n, {DType::F64, op});
+        for (size_t i = 0; i < n; ++i) CHECK(dout[i] == 0.0 && std::signbit(dout[i]) == wantNeg);
+        for (DType dt : {DType::BF16, DType::F16}) {
+          reduceTo(hout.data(), ha.data(), hb.data(), n, {dt, op});
+          for (size_t i = 0; i < n; ++i) CHECK(hout[i] == (wantNeg ? bfMinus : bfPlus));
+        }
+      }
+    }
+  }
+}
+
 TEST(reduce_integers_wrap) {
   int8_t a[3] = {127, -128, 5}, b[3] = {1, -1, -7};
   reduceInto(a, b, 3, DType::I8, RedOp::Sum);

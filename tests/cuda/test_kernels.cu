@@ -1,8 +1,7 @@
 // The CUDA kernels (kernels/cuda/kernels.h) against the CPU kernels
-// (kernels/cpu/reduce.h): bit for bit, except that a NaN only has to be a NaN
-// (the GPU's arithmetic returns a canonical NaN, x86 the operand's payload)
-// and, for MIN/MAX, a zero only has to be a zero (the CPU's AVX2 loop returns
-// the second operand of min(+0, -0), its scalar loop the first).
+// (kernels/cpu/reduce.h): bit for bit, signed zeros of MIN/MAX included,
+// except that a NaN only has to be a NaN (the GPU's arithmetic returns a
+// canonical NaN, x86 the operand's payload).
 //
 // Without a CUDA device the binary prints "no CUDA device" and exits 77 before
 // any test runs, so "nothing ran" cannot pass for a pass.
@@ -73,7 +72,7 @@ uint64_t bitsOf(const unsigned char* p, size_t size) {
   return v;
 }
 
-// NaN / zero tests on the raw bits of one element.
+// The NaN test on the raw bits of one element.
 bool isNanBits(DType t, uint64_t v) {
   switch (t) {
     case DType::F32: return (v & 0x7fffffffu) > 0x7f800000u;
@@ -83,19 +82,9 @@ bool isNanBits(DType t, uint64_t v) {
     default: return false;
   }
 }
-bool isZeroBits(DType t, uint64_t v) {
-  switch (t) {
-    case DType::F32: return (v & 0x7fffffffu) == 0;
-    case DType::F64: return (v & 0x7fffffffffffffffull) == 0;
-    case DType::F16:
-    case DType::BF16: return (v & 0x7fffu) == 0;
-    default: return false;
-  }
-}
 
 // Element-wise comparison; prints the first few mismatches.
-bool sameElements(const void* got, const void* want, size_t n, DType t, bool minMax,
-                  const char* what) {
+bool sameElements(const void* got, const void* want, size_t n, DType t, const char* what) {
   size_t es = smdccl::elementSize(t);
   const auto* g = static_cast<const unsigned char*>(got);
   const auto* w = static_cast<const unsigned char*>(want);
@@ -104,7 +93,6 @@ bool sameElements(const void* got, const void* want, size_t n, DType t, bool min
     uint64_t a = bitsOf(g + i * es, es), b = bitsOf(w + i * es, es);
     if (a == b) continue;
     if (isNanBits(t, a) && isNanBits(t, b)) continue;
-    if (minMax && isZeroBits(t, a) && isZeroBits(t, b)) continue;
     if (bad++ < 5)
       std::fprintf(stderr, "  %s: %s element %zu of %zu: got 0x%llx want 0x%llx\n", what,
                    smdccl::dtypeName(t), i, n, static_cast<unsigned long long>(a),
@@ -189,8 +177,6 @@ std::vector<unsigned char> randomData(DType t, size_t n, std::mt19937_64& rng) {
   return v;
 }
 
-bool isMinMax(RedOp op) { return op == RedOp::Min || op == RedOp::Max; }
-
 // ---------------------------------------------------------------- two inputs
 
 // out = a op b: reduceMulti with two inputs (the reduce of a two-rank node).
@@ -225,7 +211,7 @@ void checkReduce2(DType t, RedOp op, size_t n, int layout, std::mt19937_64& rng)
   CK(cudaMemcpy(got.data(), po, bytes, cudaMemcpyDeviceToHost));
   char what[96];
   std::snprintf(what, sizeof what, "reduce2 %s n=%zu layout=%d", smdccl::redOpName(op), n, layout);
-  CHECK(sameElements(got.data(), want.data(), n, t, isMinMax(op), what));
+  CHECK(sameElements(got.data(), want.data(), n, t, what));
   if (layout != 3 && n > 0) {  // nothing written past the end
     unsigned char after[16];
     CK(cudaMemcpy(after, po + bytes, 16, cudaMemcpyDeviceToHost));
@@ -395,7 +381,7 @@ void checkMulti(DType t, RedOp op, int k, size_t n, int alias, bool misalign,
   char what[128];
   std::snprintf(what, sizeof what, "reduceMulti %s k=%d n=%zu alias=%d misalign=%d",
                 smdccl::redOpName(op), k, n, alias, misalign ? 1 : 0);
-  CHECK(sameElements(got.data(), want.data(), n, t, isMinMax(op), what));
+  CHECK(sameElements(got.data(), want.data(), n, t, what));
   for (DevBuf* b : bufs) delete b;
 }
 
@@ -561,7 +547,7 @@ void checkWire(Wire w, size_t n, size_t off, std::mt19937_64& rng) {
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(got16.data(), p16, n * 2, cudaMemcpyDeviceToHost));
   std::snprintf(what, sizeof what, "packToWire %s n=%zu off=%zu", smdccl::wireName(w), n, off);
-  CHECK(sameElements(got16.data(), want16.data(), n, t16, false, what));
+  CHECK(sameElements(got16.data(), want16.data(), n, t16, what));
   unsigned long long gpuCount = 0;
   CK(cudaMemcpy(&gpuCount, pcount, 8, cudaMemcpyDeviceToHost));
   if (w == Wire::F16) {
@@ -583,7 +569,7 @@ void checkWire(Wire w, size_t n, size_t off, std::mt19937_64& rng) {
   CK(cudaDeviceSynchronize());
   CK(cudaMemcpy(gotF.data(), pdst, n * 4, cudaMemcpyDeviceToHost));
   std::snprintf(what, sizeof what, "unpackFromWire %s n=%zu off=%zu", smdccl::wireName(w), n, off);
-  CHECK(sameElements(gotF.data(), wantF.data(), n, DType::F32, false, what));
+  CHECK(sameElements(gotF.data(), wantF.data(), n, DType::F32, what));
 }
 
 TEST(cuda_wire) {

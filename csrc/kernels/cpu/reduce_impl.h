@@ -2,6 +2,7 @@
 // Reduction loops written so the compiler vectorizes them. Included by one
 // translation unit per instruction set (see reduce_*.cpp); each defines
 // SMDCCL_REDUCE_NS and gets its own copy of the table.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -50,38 +51,34 @@ static inline uint16_t floatToF16(float f) {
   return h;
 }
 
-template <typename T>
-static inline T applyOp(T a, T b, RedOp op) {
-  switch (op) {
-    case RedOp::Sum: return a + b;
-    case RedOp::Prod: return a * b;
-    case RedOp::Min: return b < a ? b : a;
-    default: return b > a ? b : a;
-  }
-}
-
-// Floating MIN/MAX: NaN wins, as in torch.minimum/maximum.
+// Floating MIN/MAX as torch.minimum/maximum: NaN wins, and -0 is below +0.
+// Either operand order gives the same bits: ranks that reduce the same
+// values in another order (recursive doubling) agree, and so do the vector
+// lanes and the scalar tail.
 template <RedOp OP, typename T>
 static inline T floatOp(T a, T b) {
   if constexpr (OP == RedOp::Sum) return a + b;
   else if constexpr (OP == RedOp::Prod) return a * b;
-  else if constexpr (OP == RedOp::Min) {
-    T r = b < a ? b : a;
-    return (a != a || b != b) ? a + b : r;
-  } else {
-    T r = b > a ? b : a;
-    return (a != a || b != b) ? a + b : r;
+  else {
+    if (a != a || b != b) return a + b;
+    if (a == b) return (std::signbit(a) == (OP == RedOp::Min)) ? a : b;  // +-0: the sign wanted
+    if constexpr (OP == RedOp::Min) return b < a ? b : a;
+    else return b > a ? b : a;
   }
 }
 
 #if defined(SMDCCL_REDUCE_AVX2)
 // Eight float32 lanes of floatOp (NaN-propagating MIN/MAX included).
+// Equal lanes (+-0 among them) take a | b for MIN (-0 if either is) and
+// a & b for MAX; vminps alone returns its second operand for +-0.
 template <RedOp OP>
 static inline __m256 vecOp(__m256 a, __m256 b) {
   if constexpr (OP == RedOp::Sum) return _mm256_add_ps(a, b);
   else if constexpr (OP == RedOp::Prod) return _mm256_mul_ps(a, b);
   else {
     __m256 r = OP == RedOp::Min ? _mm256_min_ps(a, b) : _mm256_max_ps(a, b);
+    __m256 same = OP == RedOp::Min ? _mm256_or_ps(a, b) : _mm256_and_ps(a, b);
+    r = _mm256_blendv_ps(r, same, _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
     __m256 nan = _mm256_cmp_ps(a, b, _CMP_UNORD_Q);
     return _mm256_blendv_ps(r, _mm256_add_ps(a, b), nan);
   }
@@ -92,6 +89,8 @@ static inline __m256d vecOp(__m256d a, __m256d b) {
   else if constexpr (OP == RedOp::Prod) return _mm256_mul_pd(a, b);
   else {
     __m256d r = OP == RedOp::Min ? _mm256_min_pd(a, b) : _mm256_max_pd(a, b);
+    __m256d same = OP == RedOp::Min ? _mm256_or_pd(a, b) : _mm256_and_pd(a, b);
+    r = _mm256_blendv_pd(r, same, _mm256_cmp_pd(a, b, _CMP_EQ_OQ));
     __m256d nan = _mm256_cmp_pd(a, b, _CMP_UNORD_Q);
     return _mm256_blendv_pd(r, _mm256_add_pd(a, b), nan);
   }

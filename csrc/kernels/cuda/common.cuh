@@ -75,12 +75,11 @@ __device__ __forceinline__ T floatOp(T a, T b) {
     return a + b;
   } else if constexpr (OP == RedOp::Prod) {
     return a * b;
-  } else if constexpr (OP == RedOp::Min) {
-    T r = b < a ? b : a;
-    return (a != a || b != b) ? a + b : r;  // NaN wins
-  } else {
-    T r = b > a ? b : a;
-    return (a != a || b != b) ? a + b : r;
+  } else {  // NaN wins, -0 below +0, either operand order
+    if (a != a || b != b) return a + b;
+    if (a == b) return (signbit(a) == (OP == RedOp::Min)) ? a : b;
+    if constexpr (OP == RedOp::Min) return b < a ? b : a;
+    else return b > a ? b : a;
   }
 }
 
