@@ -8,6 +8,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/own_thread.h"
+#include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
@@ -38,6 +40,10 @@ NcclNodeComm::NcclNodeComm(const NcclLibrary& lib, KVStore& store, const Spec& s
   auto st = std::make_shared<InitState>();
   const NcclLibrary* l = &lib;
   std::thread([st, l, id, s] {
+    // Its CUDA calls (NCCL's allocations) must not break a graph another
+    // thread captures, as an async first collective's init may overlap one.
+    markOwnThread("smdccl-nccl-init");
+    CaptureSafeScope captureSafe;
     NcclLibrary::Comm comm = nullptr;
     int result = 0;
     std::string cudaError;
