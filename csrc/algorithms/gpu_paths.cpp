@@ -15,8 +15,11 @@ bool nodeEngineMayRun(const GpuFacts& f) {
   return f.wholeGroup && f.ipcOn && f.localSize > 1 && f.uniform;
 }
 
+// Not where the node chose NCCL: its ranks then have GPUs of their own, and
+// smdccl's IPC kernels would read peers' memory across GPUs that may have
+// no peer access (PCIe without P2P), which NCCL handles and they do not.
 bool ipcMayRun(const GpuFacts& f) {
-  return nodeEngineMayRun(f) && f.localSize <= GpuFacts::kMaxIpcRanks;
+  return nodeEngineMayRun(f) && !f.ncclChosen && f.localSize <= GpuFacts::kMaxIpcRanks;
 }
 
 // The staged step: `bytes` out and back over PCIe and a host ring over the

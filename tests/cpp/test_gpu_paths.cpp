@@ -68,11 +68,20 @@ TEST(gpu_paths_staged_where_nothing_else_runs) {
   GpuFacts sub = facts(1, 4, true);
   sub.wholeGroup = false;  // a sub-group of the group
   CHECK(pick(sub) == "staged");
-  // NCCL has no bitwise reductions: the IPC kernels do them.
-  GpuFacts bitwise = facts(1, 4, true, Collective::Allreduce, 4096);
-  bitwise.ncclTypes = false;
-  CHECK(!ncclMayRun(bitwise));
-  CHECK(pick(bitwise) == "ipc_one_shot");
+  // NCCL has no bitwise reductions nor bool: on a node that chose NCCL
+  // (GPUs of their own, peer access unknown) they are staged; where ranks
+  // share a GPU the IPC kernels do them.
+  for (int nodes : {1, 2}) {
+    GpuFacts bitwise = facts(nodes, 4, true, Collective::Allreduce, 4096);
+    bitwise.ncclTypes = false;
+    CHECK(!ncclMayRun(bitwise));
+    CHECK(pick(bitwise) == "staged");
+    bitwise.coll = Collective::ReduceScatter;
+    CHECK(pick(bitwise) == "staged");
+  }
+  GpuFacts shared = facts(1, 4, false, Collective::Allreduce, 4096);
+  shared.ncclTypes = false;
+  CHECK(pick(shared) == "ipc_one_shot");
 }
 
 TEST(gpu_paths_ask_the_node_only_where_nccl_could_run) {
