@@ -9,7 +9,10 @@
 // broadcast across nodes: algorithms/node_then_across.h, NCCL inside the
 // node, the staged steps across nodes. The host does not wait for
 // NCCL's work: the group's watch (GpuContext::watchNccl) fails the group
-// and aborts NCCL if it has not finished by the op's deadline.
+// and aborts NCCL if it has not finished by the op's deadline, or NCCL
+// reports an error. A staged step waits for the NCCL step before it, so
+// that step is watched as soon as it is queued: a node-mate's failure then
+// fails the group early, naming NCCL, not the staged step's wait.
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/node_then_across.h"
@@ -32,6 +35,7 @@ void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning
     // In place, as NCCL lays it out: this rank's block is block myLocal.
     char* mine = a.buf + static_cast<size_t>(h.myLocal) * each * es;
     nccl.reduceScatter({a.buf, mine, each, a.dt, a.op}, g.stream());
+    g.watchNccl(c.ctx);
     // The int8 error feedback's residuals of this block (and below, of the tail).
     across.int8Feedback = c.int8Feedback.from(static_cast<size_t>(h.myLocal) * each);
     stagedAllreduce(across, g, {.buf = mine, .count = each, .dt = a.dt, .op = a.op}, t);
@@ -43,6 +47,7 @@ void ncclAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning
     char* tail = a.buf + whole * es;
     const size_t n = a.count - whole;
     nccl.allReduce({tail, tail, n, a.dt, a.op}, g.stream());
+    g.watchNccl(c.ctx);
     across.int8Feedback = c.int8Feedback.from(whole);
     stagedAllreduce(across, g, {.buf = tail, .count = n, .dt = a.dt, .op = a.op}, t);
   }
@@ -56,19 +61,23 @@ namespace {
 class NcclSteps final : public NodeThenAcrossSteps {
  public:
   NcclSteps(Comm& c, GpuContext& g, const Tuning& t)
-      : g_(g), t_(t), nccl_(g.nccl(*c.levels, c.ctx.deadline)) {}
+      : ctx_(c.ctx), g_(g), t_(t), nccl_(g.nccl(*c.levels, c.ctx.deadline)) {}
   char* scratch(size_t bytes) override { return g_.scratch(bytes); }
   void copy(char* dst, const char* src, size_t bytes) override {
     SMDCCL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_.stream()));
   }
+  // Each NCCL step watched as it is queued (see the top of the file).
   void nodeReduceScatter(const BlockReduction& r) override {
     nccl_.reduceScatter({r.in, r.out, r.each, r.dt, r.op}, g_.stream());
+    g_.watchNccl(ctx_);
   }
   void nodeAllgather(const BlockGather& b) override {
     nccl_.allGather({b.in, b.out, b.eachBytes, DType::U8}, g_.stream());
+    g_.watchNccl(ctx_);
   }
   void nodeBroadcast(const CollectiveArgs& a) override {
     nccl_.broadcast({a.buf, a.buf, a.bytes, DType::U8, RedOp::Sum, a.root}, g_.stream());
+    g_.watchNccl(ctx_);
   }
   void acrossReduceScatter(Comm& across, const BlockReduction& r) override {
     stagedReduceScatter(across, g_, r, t_);
@@ -81,6 +90,7 @@ class NcclSteps final : public NodeThenAcrossSteps {
   }
 
  private:
+  const OpContext& ctx_;
   GpuContext& g_;
   const Tuning& t_;
   NcclNodeComm& nccl_;
@@ -92,14 +102,12 @@ void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tu
   NcclSteps steps(c, g, t);
   if (c.levels->numNodes() == 1) steps.nodeReduceScatter(r);
   else nodeThenAcrossReduceScatter(c, steps, r);
-  g.watchNccl(c.ctx);
 }
 
 void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
   NcclSteps steps(c, g, t);
   if (c.levels->numNodes() == 1) steps.nodeAllgather(b);
   else acrossThenNodeAllgather(c, steps, b);
-  g.watchNccl(c.ctx);
 }
 
 void ncclReduce(Comm& c, GpuContext& g, const CollectiveArgs& a) {
@@ -112,7 +120,6 @@ void ncclReduce(Comm& c, GpuContext& g, const CollectiveArgs& a) {
 void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   NcclSteps steps(c, g, t);
   acrossThenNodeBroadcast(c, steps, a);
-  g.watchNccl(c.ctx);
 }
 
 }  // namespace smdccl
