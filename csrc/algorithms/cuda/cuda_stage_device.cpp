@@ -59,7 +59,7 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const SlotLayout
     abandoned_ = false;
   }
   // Per slot: a packed piece out and one in, half a slot each.
-  const size_t need = scratch ? static_cast<size_t>(layout.slots) * (layout.slotBytes / 2) * 2 : 0;
+  const size_t need = scratch ? static_cast<size_t>(layout.slots) * scratchHalf(layout) * 2 : 0;
   scratch_ = need ? packing_.reserve(need) : nullptr;
   // Both lanes count fp16 overflows (packs out, roundings in): zero the
   // count before either starts.
@@ -152,10 +152,17 @@ size_t CudaStageDevice::slotIndex(const void* slot) const {
   return (at / layout_.slotBytes) % static_cast<size_t>(layout_.slots);
 }
 
+size_t CudaStageDevice::scratchHalf(const SlotLayout& layout) {
+  // Half a slot, rounded up to 16 bytes: every piece starts aligned for the
+  // pack and unpack kernels' 16-byte vectors (a slot of each * 4 * P bytes,
+  // each * P odd, would put the in lane's half off by 8 and send its unpack
+  // element by element).
+  return (layout.slotBytes / 2 + 15) / 16 * 16;
+}
+
 char* CudaStageDevice::scratch(int lane, size_t slot) const {
   // Each holds a packed piece: half a slot.
-  const size_t half = layout_.slotBytes / 2;
-  return scratch_ + (slot * 2 + static_cast<size_t>(lane)) * half;
+  return scratch_ + (slot * 2 + static_cast<size_t>(lane)) * scratchHalf(layout_);
 }
 
 void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {

@@ -80,6 +80,7 @@ class CudaStageDevice final : public StageDevice {
   bool eventDone(Lane& l, uint64_t seq);
   size_t slotIndex(const void* slot) const;
   char* scratch(int lane, size_t slot) const;
+  static size_t scratchHalf(const SlotLayout& layout);
   void queueOut(cudaStream_t s, const Copy& c);
   void queueIn(cudaStream_t s, const Copy& c);
 
@@ -89,7 +90,7 @@ class CudaStageDevice final : public StageDevice {
   // the whole device, which on the op's thread would hold the op behind the
   // user's queued work.
   DeviceScratch packing_;
-  char* scratch_ = nullptr;  // the op's: per slot, slotBytes / 2 out, slotBytes / 2 in
+  char* scratch_ = nullptr;  // the op's: per slot, scratchHalf() out, scratchHalf() in
   unsigned long long* overflowsDev_ = nullptr;
   unsigned long long* overflowsHost_ = nullptr;  // pinned
   cudaEvent_t opMark_ = nullptr, laneMark_ = nullptr, counted_ = nullptr;

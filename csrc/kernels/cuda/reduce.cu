@@ -189,10 +189,12 @@ struct Slices {
 
 constexpr int kGatherUnroll = 4;
 
-// blockIdx.y: the slice. Source and destination equally misaligned: bytes up
-// to a 16-byte boundary, then 16-byte vectors, then the last bytes;
-// otherwise byte by byte.
-__global__ void __launch_bounds__(kThreads) gatherKernel(Slices s, unsigned char* out) {
+// blockIdx.y: the slice (`s` indexed by it stays in the parameter space,
+// __grid_constant__; a by-value copy would go to each thread's local
+// memory). Source and destination equally misaligned: bytes up to a 16-byte
+// boundary, then 16-byte vectors, then the last bytes; otherwise byte by byte.
+__global__ void __launch_bounds__(kThreads)
+    gatherKernel(const __grid_constant__ Slices s, unsigned char* out) {
   const int q = blockIdx.y;
   const size_t b = s.begin[q], e = s.end[q];
   if (e <= b) return;
