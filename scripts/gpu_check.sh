@@ -39,17 +39,21 @@ QUICK=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
 OUT=${SMDCCL_GPU_CHECK_OUT:-bench/results}
 mkdir -p "$OUT"
-"$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
-  echo "gpu_check: torch sees no CUDA device here" >&2; exit 2; }
-GPU=$("$PY" -c "import torch;print(torch.cuda.get_device_name(0).replace('NVIDIA ','').replace(' ','-'))")
-NGPU=$("$PY" -c "import torch;print(torch.cuda.device_count())")
-ARCH=$("$PY" -c "import torch;a,b=torch.cuda.get_device_capability(0);print(f'{a}{b}')")
+# One interpreter start (torch's import takes seconds of the budget): the
+# GPU's name, count and architecture, and torch's version.
+read -r GPU NGPU ARCH TORCH_VERSION < <("$PY" -c "
+import torch
+if torch.cuda.is_available():
+    a, b = torch.cuda.get_device_capability(0)
+    name = torch.cuda.get_device_name(0).replace('NVIDIA ', '').replace(' ', '-')
+    print(name, torch.cuda.device_count(), f'{a}{b}', torch.__version__)")
+[[ -n "${ARCH:-}" ]] || { echo "gpu_check: torch sees no CUDA device here" >&2; exit 2; }
 DATE=$(date -u +%F)
 STEM="$OUT/${GPU}-${DATE}"
 LOGS="$OUT/gpu-check-logs"
 mkdir -p "$LOGS"
 [[ "${SMDCCL_GPU_CHECK_RESUME:-0}" == 1 ]] || : > "$LOGS/steps.txt"  # one line per step: name, rc (124: stopped by its limit; skipped), seconds
-echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $("$PY" -c 'import torch;print(torch.__version__)'), results $STEM.{json,md}, budget ${BUDGET} s"
+echo "gpu_check: $GPU x$NGPU (sm_$ARCH), torch $TORCH_VERSION, results $STEM.{json,md}, budget ${BUDGET} s"
 
 MIN_STEP=20  # a step with less time than this left is not started
 exec 3>&1  # the console, for step summaries while a step's output goes to its log
