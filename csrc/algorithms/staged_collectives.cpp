@@ -113,15 +113,11 @@ StagedRound int8AllreduceRound(const Comm& c, char* dev, const Int8Slot& s) {
 
 Wire stagedPackWire(const Comm& c, DType dt) { return c.resultWire(dt); }
 
-size_t allreduceRoundsHostBytes(size_t count, DType dt, size_t chunkBytes) {
-  const size_t chunk = chunkElems(dt, chunkBytes);
-  return static_cast<size_t>(slotsFor(count, chunk)) * chunk * elementSize(dt);
-}
-
 StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t chunkBytes,
                                 const Tuning& t) {
   const size_t es = elementSize(a.dt);
-  const size_t chunk = chunkElems(a.dt, chunkBytes);
+  // A tensor under a chunk takes a slot of its own size, not a chunk's.
+  const size_t chunk = std::min(chunkElems(a.dt, chunkBytes), std::max<size_t>(a.count, 1));
   const Wire wire = stagedPackWire(c, a.dt);
   StagedRoundsJob job;
   job.slotBytes = chunk * es;

@@ -27,11 +27,10 @@ constexpr int kStagedRoundSlots = 4;
 Wire stagedPackWire(const Comm& c, DType dt);
 // In-place allreduce of a (device memory), chunk by chunk: chunk k out
 // (packed as stagedPackWire says), the host allreduce of it (the host
-// path's bits for its size), back.
+// path's bits for its size), back. Slots of a chunk, or of the tensor
+// where it is smaller.
 StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t chunkBytes,
                                 const Tuning& t);
-// Its hostBytes() for `count` dt elements.
-size_t allreduceRoundsHostBytes(size_t count, DType dt, size_t chunkBytes);
 // Every block of r.in out (packed as stagedPackWire says), the host
 // reduce-scatter, this rank's block back to r.out: one round, so that the
 // host algorithm (and its bits) is the one the whole message gets.

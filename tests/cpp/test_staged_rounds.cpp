@@ -146,6 +146,36 @@ TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
   CHECK(checked == 3 * 3 * 3 * 3);
 }
 
+// The slots a staged allreduce asks of the group's pinned buffer follow the
+// tensor: under a chunk, one slot of its own size (a 4 KiB allreduce across
+// nodes does not pin four 4 MiB slots, so the buffer can shrink after a
+// burst), else chunks, at most kStagedRoundSlots of them; and the rounds in
+// those slots still give the host path's bits.
+TEST(staged_allreduce_slots_follow_the_tensor) {
+  MemoryFabric fabric({1, 1});
+  std::string error = fabric.run([&](int r, Comm& c) {
+    const size_t chunk = 1024;
+    for (size_t n : {size_t{1}, size_t{100}, chunk - 1, chunk, chunk + 1, 3 * chunk, 10 * chunk}) {
+      std::vector<float> buf = valuesOf(r, n), ref = buf;
+      hostAllreduceByChunk(c, ref, chunk);
+      StagedRoundsJob job = allreduceRounds(c,
+                                            {.buf = reinterpret_cast<char*>(buf.data()),
+                                             .count = n,
+                                             .dt = DType::F32,
+                                             .op = RedOp::Sum},
+                                            chunk * 4, kTuning);
+      CHECK(job.slotBytes == std::min(n, chunk) * 4);
+      CHECK(job.slots ==
+            static_cast<int>(std::min<size_t>((n + chunk - 1) / chunk, kStagedRoundSlots)));
+      HostStageDevice device(Mode::Lagging);
+      std::vector<char> host(job.hostBytes());
+      planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+      CHECK(std::memcmp(buf.data(), ref.data(), n * 4) == 0);
+    }
+  });
+  CHECK(error.empty());
+}
+
 TEST(staged_rounds_reduce_scatter_and_allgather_match_the_host) {
   MemoryFabric fabric({2, 1});
   std::string error = fabric.run([&](int r, Comm& c) {

@@ -10,7 +10,6 @@
 // the peer they wait for cannot run.
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "algorithms/algorithm.h"
@@ -98,45 +97,15 @@ struct IpcStep {
   }
 };
 
-// The staged allreduces of one op over c (staged_collectives.h: chunk k
-// out, packed to c's 16-bit wire where c compresses, or quantized where it
-// runs the int8 wire across nodes without error feedback, the host
-// allreduce of it, back), in a few chunk-sized pinned slots in turn.
-struct StagedAllreduces {
-  Comm& c;
-  GpuContext& g;
-  DType dt;
-  RedOp op;
-  const Tuning& t;
-  size_t chunk;  // elements
-  StagedOnGpu::Spec spec() const {
-    return {.layout = {.slotBytes = chunk * elementSize(dt), .slots = kStagedRoundSlots},
-            .scratch = stagedPackWire(c, dt) != Wire::F32 || c.int8Across(dt, op)};
-  }
-  // Runs the in-place allreduce of `a` (device memory) on `staged`; a.buf
-  // is the op's tensor's element `first` (for the int8 error feedback).
-  void run(StagedOnGpu& staged, const CollectiveArgs& a, size_t first = 0) const {
-    if (a.count == 0 || c.size() == 1) return;
-    StageDevice& d = staged.device();
-    Comm part = c;
-    part.int8Feedback = c.int8Feedback.from(first);
-    StagedRoundsJob job = allreduceRounds(part, a, chunk * elementSize(dt), t);
-    staged.run(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
-  }
-};
-
-size_t stageChunkElems(const GpuContext& g, DType dt) {
-  return std::max<size_t>(1, g.tuning().stageChunkBytes / elementSize(dt));
-}
-
 }  // namespace
 
+// Chunk k out (packed to c's 16-bit wire where c compresses, or quantized
+// where it runs the int8 wire across nodes without error feedback), the
+// host allreduce of it, back, in a few pinned slots in turn
+// (staged_collectives.h).
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   if (a.count == 0 || c.size() == 1) return;
-  const StagedAllreduces staged{c, g, a.dt, a.op, t, stageChunkElems(g, a.dt)};
-  StagedOnGpu op(g, c.ctx, staged.spec());
-  staged.run(op, a);
-  op.finish();
+  runStagedRounds(c, g, allreduceRounds(c, a, g.tuning().stageChunkBytes, t));
 }
 
 // The IPC allreduce: inside the node over the IPC buffers, in pieces of a
@@ -154,13 +123,6 @@ void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
   const bool multiNode = h.numNodes() > 1;
   Comm across = multiNode ? c.sub(h.acrossNodes(h.myLocal)) : local;
   size_t chunk = space.bytes() / es;
-  // Across nodes, each IPC chunk's slice goes through a staged allreduce.
-  std::optional<StagedAllreduces> inter;
-  std::optional<StagedOnGpu> staged;
-  if (multiNode) {
-    inter.emplace(StagedAllreduces{across, g, dt, op, t, stageChunkElems(g, dt)});
-    staged.emplace(g, c.ctx, inter->spec());
-  }
   for (size_t at = 0; at < a.count; at += chunk) {
     size_t n = std::min(chunk, a.count - at);
     char* d = a.buf + at * es;
@@ -171,19 +133,19 @@ void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
     Slices s(n, space.localSize(), es);
     step.stageIn(d, n);
     step.reduceMySlice(s);
-    if (multiNode) {
-      int me = space.localRank();
-      inter->run(*staged,
-                 {.buf = space.buffer(me) + s.begin[me] * es,
-                  .count = s.end[me] - s.begin[me],
-                  .dt = dt,
-                  .op = op},
-                 at + s.begin[me]);
+    if (multiNode) {  // this rank's slice across nodes
+      const int me = space.localRank();
+      across.int8Feedback = c.int8Feedback.from(at + s.begin[me]);
+      stagedAllreduce(across, g,
+                      {.buf = space.buffer(me) + s.begin[me] * es,
+                       .count = s.end[me] - s.begin[me],
+                       .dt = dt,
+                       .op = op},
+                      t);
       g.nodeBarrier(c, local, "inter-node allreduce");  // every slice final before the gather
     }
     step.gather(d, s);
   }
-  if (staged) staged->finish();
 }
 
 }  // namespace smdccl

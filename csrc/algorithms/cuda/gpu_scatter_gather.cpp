@@ -13,20 +13,6 @@
 
 namespace smdccl {
 
-namespace {
-
-// Staged rounds of a host collective (staged_collectives.h) on the GPU.
-void stagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
-  const bool packs = StageDevice::packed(job.dt, job.wire) || job.hasInt8();
-  StagedOnGpu staged(g, c.ctx,
-                     {.layout = {.slotBytes = job.slotBytes, .slots = job.slots}, .scratch = packs});
-  StageDevice& d = staged.device();
-  staged.run(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
-  staged.finish();
-}
-
-}  // namespace
-
 // One node, rank r = local rank r. Per piece of `m` elements of every block:
 // each rank copies piece p of all P blocks into its IPC buffer (row q at
 // q*m), the node meets, each rank reduces row `me` of every buffer into its
@@ -96,23 +82,23 @@ void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
 
 
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
-  stagedRounds(c, g, reduceScatterRounds(c, r, t));
+  runStagedRounds(c, g, reduceScatterRounds(c, r, t));
 }
 
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
   // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
   // and copies back of successive rounds overlap.
-  stagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
+  runStagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
 }
 
 void stagedBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  stagedRounds(c, g,
-               broadcastRounds(c,
-                               {.buf = a.buf,
-                                .bytes = a.bytes,
-                                .root = a.root,
-                                .roundBytes = g.tuning().stageChunkBytes},
-                               t));
+  runStagedRounds(c, g,
+                  broadcastRounds(c,
+                                  {.buf = a.buf,
+                                   .bytes = a.bytes,
+                                   .root = a.root,
+                                   .roundBytes = g.tuning().stageChunkBytes},
+                                  t));
 }
 
 }  // namespace smdccl

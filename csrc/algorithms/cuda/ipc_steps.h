@@ -1,6 +1,7 @@
 #pragma once
-// What the CUDA-IPC collectives of a node share: when they can run, and
-// the check of CUDA calls (their steps meet at GpuContext::nodeBarrier).
+// What the CUDA-IPC collectives of a node share: the check of CUDA calls
+// (their steps meet at GpuContext::nodeBarrier; when they run:
+// algorithms/gpu_paths.h).
 #include <cuda_runtime_api.h>
 
 #include "algorithms/collectives.h"
@@ -15,15 +16,6 @@ namespace smdccl {
 inline void checkCuda(cudaError_t e, const char* what) {
   countCudaCall();
   if (e != cudaSuccess) throwCudaError(e, what);
-}
-
-// The node's ranks can reach each other's buffers over CUDA IPC: the whole
-// group (not a sub-comm), IPC on, nodes of equal size with node-mates.
-inline bool ipcUsable(const Hierarchy& h, const GpuTuning& t) {
-  return t.ipc && h.localSize() > 1 && h.uniform() && h.localSize() <= cuda::kMaxReduceInputs;
-}
-inline bool ipcUsable(const Comm& c, const GpuContext& g) {
-  return c.levels && c.members.empty() && ipcUsable(*c.levels, g.tuning());
 }
 
 }  // namespace smdccl

@@ -1,5 +1,7 @@
 #include "algorithms/cuda/staged_schedule.h"
 
+#include "algorithms/comm.h"
+
 namespace smdccl {
 
 namespace {
@@ -41,6 +43,15 @@ void StagedOnGpu::finish() {
   finished_ = true;
   d_.finish();
   countSince(g_, d_, out0_, in0_);
+}
+
+void runStagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
+  const bool packs = StageDevice::packed(job.dt, job.wire) || job.hasInt8();
+  StagedOnGpu staged(
+      g, c.ctx, {.layout = {.slotBytes = job.slotBytes, .slots = job.slots}, .scratch = packs});
+  StageDevice& d = staged.device();
+  staged.run(planStagedRounds(c.ctx, d, std::move(job), staged.slots()));
+  staged.finish();
 }
 
 }  // namespace smdccl

@@ -9,6 +9,7 @@
 
 #include "algorithms/cuda/cuda_stage_device.h"
 #include "algorithms/cuda/gpu_context.h"
+#include "algorithms/staged_rounds.h"
 
 namespace smdccl {
 
@@ -43,5 +44,9 @@ class StagedOnGpu {
   uint64_t out0_, in0_;
   bool finished_ = false;
 };
+
+// An op's one schedule (staged_collectives.h) on c's GPU, its slots laid out
+// as the job asks: a small op reserves only what its rounds use.
+void runStagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job);
 
 }  // namespace smdccl

@@ -125,7 +125,7 @@ class CudaOp : public DeviceOp {
     // Only NCCL inside one node is queued without the host waiting for it
     // (the IPC steps meet at host barriers, the staged steps are the
     // host's). The call's dtype and op are not looked at: a bitwise op then
-    // takes the IPC path on the caller's thread, which a blocking call may.
+    // takes the staged path on the caller's thread, which a blocking call may.
     GpuFacts f = groupFacts(h, s_->gpu->tuning());
     f.ncclTypes = true;
     f.ncclChosen = s_->gpu->ncclChosen();
