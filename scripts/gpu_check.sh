@@ -27,6 +27,8 @@
 #        SMDCCL_GPU_CHECK_OUT=dir for the results; logs go there too;
 #        SMDCCL_GPU_CHECK_TESTS=<pytest -k expression> narrows every test step;
 #        SMDCCL_GPU_CHECK_SKIP="step ..." leaves steps out, names as in steps.txt;
+#        SMDCCL_GPU_CHECK_GROUP_RESERVE=s kept from the parallel test steps for
+#        the steps after them, default 100;
 #        SMDCCL_GPU_CHECK_RESUME=1 goes on with an earlier command's check in the
 #        same results folder: steps with a result and the build are not redone)
 set -uo pipefail
@@ -121,18 +123,23 @@ pytest_step out-of-memory 60 "out_of_memory" tests/test_cuda.py
 # its own process groups on the shared GPU): DDP vs gloo, FSDP2, every
 # collective at 2 and 4 ranks, two-level / staged / fp16 wire, the packed
 # staged path against CPU tensors' bits, the int8 wire and its error feedback.
-# A step that hangs leaves GROUP_RESERVE seconds for the NCCL comparison.
+# A step that hangs leaves GROUP_RESERVE seconds for the steps after it.
 GROUP_RESERVE=${SMDCCL_GPU_CHECK_GROUP_RESERVE:-100}
 STEP_RESERVE=$GROUP_RESERVE pytest_step ddp 140 ddp_matches_gloo tests/test_cuda.py &
 STEP_RESERVE=$GROUP_RESERVE pytest_step fsdp2 140 "" tests/test_fsdp.py::test_fsdp2_cuda_matches_single_process &
 STEP_RESERVE=$GROUP_RESERVE pytest_step matrix 200 \
   "one_node or settings_must_agree or code_compiled or fusion or pinned_staging" tests/test_cuda.py &
-# (Each test in one step only: NCCL's, under nccl-intra below; the node-mate
-# one under stream.)
-STEP_RESERVE=$GROUP_RESERVE pytest_step two-level 400 "two_level and not nccl_intra" tests/test_cuda.py &
+# (Each test in one step only: those forcing NCCL, under nccl-intra below;
+# the node-mate and blocking-call ones under stream.)
+STEP_RESERVE=$GROUP_RESERVE pytest_step two-level 400 "two_level and not nccl" tests/test_cuda.py &
 STEP_RESERVE=$GROUP_RESERVE pytest_step packed 240 \
-  "packed_staged_path or int8_wire_across or int8_error_feedback" tests/test_cuda.py &
+  "(packed_staged_path or int8_wire_across or int8_error_feedback) and not nccl" tests/test_cuda.py &
 wait
+
+# NCCL as the engine inside the node (forced, each rank its own NCCL_HOSTID),
+# alone: NCCL's kernels spin for their whole time slice on a shared GPU and
+# would slow every step beside them.
+pytest_step nccl-intra 300 "nccl and not never_arrives and not behind_queued_work" tests/test_cuda.py
 
 # smdccl beside NCCL on this one GPU: every rank a host of its own to NCCL
 # (--nccl-ranks-as-hosts: its socket transport over loopback, as between
@@ -160,10 +167,6 @@ STEP_NA=3 NCCL_BENCH_SIZES=4K,1M,64M nccl_bench nccl-hosts-2ranks-lo10gbit 2 \
 tc qdisc show dev lo 2> /dev/null | grep -q tbf && tc qdisc del dev lo root
 # Unshaped: the host's copies and CPU decide.
 nccl_bench nccl-hosts-2ranks 2 nccl,smdccl,smdccl+fp16,gloo 90
-# NCCL as the engine inside the node (forced, each rank its own NCCL_HOSTID),
-# alone: NCCL's kernels spin for their whole time slice on a shared GPU and
-# would slow every step beside them.
-pytest_step nccl-intra 300 "nccl_intra and not never_arrives" tests/test_cuda.py
 nccl_bench nccl-hosts-4ranks 4 nccl,smdccl,smdccl+fp16,gloo 110
 nccl_bench nccl-hosts-2x2 4 nccl,smdccl,smdccl+fp16 70 SMDCCL_TOPOLOGY=2x2
 

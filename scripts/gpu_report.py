@@ -191,8 +191,10 @@ def gpu_info() -> dict:
 
 def skipped(rep: dict, step: str) -> bool:
     """Whether the check left `step` out (SMDCCL_GPU_CHECK_SKIP): its target is
-    then not measured, neither met nor missed."""
-    return any(st["step"] == step and st["rc"] == "skipped" for st in rep["steps"])
+    then not measured, neither met nor missed. A step run more than once (a
+    resumed check) counts by its last record."""
+    last = [st["rc"] for st in rep["steps"] if st["step"] == step][-1:]
+    return last == ["skipped"]
 
 
 def target_ok(rep: dict) -> bool:

@@ -200,8 +200,10 @@ def test_report_targets_of_skipped_steps_are_not_measured(tmp_path):
     assert "smdccl+fp16 algbw >= 1.8x nccl's at 64 MiB: 1.89 x nccl's algbw -> MET" in md
     assert "smdccl+int8 algbw >= 3.0x nccl's at 64 MiB: 2.70 x nccl's algbw -> MISSED" in md
     assert "nccl's at 65536 KiB" not in md  # the shaped run's time target is at 4 KiB only
-    # the same run without the skips: the targets' steps ran and left no data
-    (logs / "steps.txt").write_text("build 0 60\nkernel-bench 0 30\ncollectives-2ranks 0 50\n")
+    # skipped by the first command, run by a resumed one that left no data:
+    # the last record counts, the targets are missed
+    (logs / "steps.txt").write_text("build 0 60\nkernel-bench skipped 0\ncollectives-2ranks skipped 0\n"
+                                    "kernel-bench 0 30\ncollectives-2ranks 0 50\n")
     out = subprocess.run([sys.executable, str(REPO / "scripts/gpu_report.py"), "--logs", str(logs),
                           "--stem", str(stem), "--status", "0"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
