@@ -60,14 +60,17 @@ def test_ranks_as_hosts_env_gives_every_rank_its_own_host():
     envs = [ranks_as_hosts_env(r, 4, 4, {}) for r in range(4)]
     assert len({e["NCCL_HOSTID"] for e in envs}) == 4
     assert all(e["NCCL_SOCKET_IFNAME"] == "lo" for e in envs)  # all ranks local: loopback
+    assert all(e["NCCL_IB_DISABLE"] == "1" for e in envs)  # and nothing around it
     assert all(e["SMDCCL_TOPOLOGY"] == "1,1,1,1" for e in envs)  # smdccl: every rank a node too
 
 
 def test_ranks_as_hosts_env_keeps_what_the_user_set():
-    env = ranks_as_hosts_env(1, 4, 4, {"NCCL_SOCKET_IFNAME": "veth0", "SMDCCL_TOPOLOGY": "2x2"})
+    env = ranks_as_hosts_env(1, 4, 4, {"NCCL_SOCKET_IFNAME": "veth0", "SMDCCL_TOPOLOGY": "2x2",
+                                       "NCCL_IB_DISABLE": "0"})
     assert env == {"NCCL_HOSTID": "smdccl-bench-rank1"}
     # ranks on several machines: the interface is the user's (or NCCL's) choice
-    assert "NCCL_SOCKET_IFNAME" not in ranks_as_hosts_env(0, 8, 4, {})
+    several = ranks_as_hosts_env(0, 8, 4, {})
+    assert "NCCL_SOCKET_IFNAME" not in several and "NCCL_IB_DISABLE" not in several
 
 
 def test_ranks_as_hosts_needs_cuda_tensors(capsys):
