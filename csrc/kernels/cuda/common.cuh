@@ -77,7 +77,7 @@ __device__ __forceinline__ T floatOp(T a, T b) {
     return a * b;
   } else {  // NaN wins, -0 below +0, either operand order
     if (a != a || b != b) return a + b;
-    if (a == b) return (signbit(a) == (OP == RedOp::Min)) ? a : b;
+    if (a == b) return ((signbit(a) != 0) == (OP == RedOp::Min)) ? a : b;  // int "nonzero" in CUDA
     if constexpr (OP == RedOp::Min) return b < a ? b : a;
     else return b > a ? b : a;
   }

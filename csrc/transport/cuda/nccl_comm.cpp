@@ -42,7 +42,7 @@ NcclNodeComm::NcclNodeComm(const NcclLibrary& lib, KVStore& store, const Spec& s
   std::thread([st, l, id, s] {
     // Its CUDA calls (NCCL's allocations) must not break a graph another
     // thread captures, as an async first collective's init may overlap one.
-    markOwnThread("smdccl-nccl-init");
+    markOwnThread("smdccl-ncclinit");  // 15 characters at most
     CaptureSafeScope captureSafe;
     NcclLibrary::Comm comm = nullptr;
     int result = 0;

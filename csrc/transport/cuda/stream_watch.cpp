@@ -45,15 +45,13 @@ void StreamWatch::failAll(const std::string& why) {
     failed_ = true;
     why_ = why;
   }
-  // On the caller's thread: the events' device current for the queries
-  // only (a work that finished before the abort keeps its success).
-  int current = -1;
-  const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
-                        cudaSetDevice(device_) == cudaSuccess;
-  for (const Watched& w : watched_)
-    if (cudaEventQuery(w.event) != cudaSuccess) tellFailed(w.failures, why_);
-  (void)cudaGetLastError();  // a query's "not ready" is no error of the caller's
-  if (switched) cudaSetDevice(current);
+  // On the caller's thread, whatever its device (an event is queried from
+  // any): a work that finished before the abort keeps its success.
+  for (const Watched& w : watched_) {
+    const cudaError_t e = cudaEventQuery(w.event);
+    if (e == cudaErrorNotReady) (void)cudaGetLastError();  // not the caller's error
+    if (e != cudaSuccess) tellFailed(w.failures, why_);
+  }
 }
 
 std::string StreamWatch::checkOldest(bool* done) {
