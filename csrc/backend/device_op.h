@@ -62,11 +62,11 @@ class DeviceOp {
   virtual void awaitInputs(const OpContext& ctx) = 0;
   // Whether the op runs on host() copies.
   virtual bool hostStaged() const { return false; }
-  // Whether the host drives some step of the op's device collectives in a
+  // Whether the host drives some step of the device collective `sig` in a
   // group of nodes `h` (IPC steps at host barriers, staged steps across
   // nodes or without CUDA IPC), or it runs on host() copies: such an op
   // runs on the progress thread, never on the caller's.
-  virtual bool hostDriven(const Hierarchy& h) const { return hostStaged(); }
+  virtual bool hostDriven(const Hierarchy& h, const OpSignature& sig) const { return hostStaged(); }
   virtual void finishBody(const OpContext& ctx) = 0;
   // Records the event behind the op's GPU work (also after a failure, so
   // that nothing waits for it forever).

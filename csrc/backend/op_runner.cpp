@@ -44,7 +44,7 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(OpRequest r) {
   // An op on host copies of CUDA tensors, or with steps the host drives, is
   // queued even when blocking: the progress thread drives it, with the
   // group's internal stream current, never the caller's thread.
-  const bool asyncOp = r.asyncOp || (r.device && r.device->hostDriven(levels_));
+  const bool asyncOp = r.asyncOp || (r.device && r.device->hostDriven(levels_, r.call.sig));
   op->request = std::move(r);
   c10::intrusive_ptr<SmdcclWork> work = op->work;
   // Issued by a completion callback, on the progress thread itself: DDP's

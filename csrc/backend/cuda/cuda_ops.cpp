@@ -19,12 +19,14 @@
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/gpu_paths.h"
+#include "backend/arg_checks.h"
 #include "backend/cuda/cuda_completion.h"
 #include "backend/cuda/internal_streams.h"
 #include "backend/device_op.h"
 #include "transport/cuda/capture_mode.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/gpu_wait.h"
+#include "transport/nccl_library.h"
 #include "common/calls_in_flight.h"
 
 namespace smdccl {
@@ -42,6 +44,22 @@ void checkNotCapturing(int dev, const char* opName) {
                     ": the current CUDA stream is capturing a CUDA graph; smdccl's CUDA "
                     "collectives are driven from the host and cannot be captured: call them "
                     "outside the graph");
+}
+
+// Whether NCCL has the call's dtype and reduction (torch's codes; a call
+// without one has none to lack).
+bool ncclHasTypes(const OpSignature& sig) {
+  using ::c10d::ReduceOp;
+  if (sig.redop == ReduceOp::BAND || sig.redop == ReduceOp::BOR || sig.redop == ReduceOp::BXOR)
+    return false;
+  if (sig.dtype < 0) return true;
+  int unused = 0;
+  try {
+    return NcclLibrary::dataType(toDType(static_cast<at::ScalarType>(sig.dtype), "collective"),
+                                 &unused);
+  } catch (const std::exception&) {  // a dtype smdccl carries as bytes only
+    return false;
+  }
 }
 
 // One group's GPU state: created at its first CUDA collective, on the
@@ -121,13 +139,12 @@ class CudaOp : public DeviceOp {
 
   bool hostStaged() const override { return !copyIn_.empty() || !copyOut_.empty(); }
 
-  bool hostDriven(const Hierarchy& h) const override {
+  bool hostDriven(const Hierarchy& h, const OpSignature& sig) const override {
     // Only NCCL inside one node is queued without the host waiting for it
     // (the IPC steps meet at host barriers, the staged steps are the
-    // host's). The call's dtype and op are not looked at: a bitwise op then
-    // takes the staged path on the caller's thread, which a blocking call may.
+    // host's): a dtype or reduction NCCL lacks takes another path.
     GpuFacts f = groupFacts(h, s_->gpu->tuning());
-    f.ncclTypes = true;
+    f.ncclTypes = ncclHasTypes(sig);
     f.ncclChosen = s_->gpu->ncclChosen();
     return hostStaged() || !ncclQueuesWhole(f);
   }
