@@ -212,6 +212,7 @@ def parameter_cases(rank: int, ws: int):
         out = param(0)
         dist.all_gather_into_tensor(out, param(rank + 1, 4))
         torch.testing.assert_close(out.detach(), torch.arange(1, ws + 1.0).repeat_interleave(4))
+        assert out.requires_grad and out.is_leaf and out.grad_fn is None, out
         outs = [param(0, 4) for _ in range(ws)]
         dist.all_gather(outs, param(rank + 1, 4))
         for r, o in enumerate(outs):
