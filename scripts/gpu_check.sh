@@ -160,10 +160,11 @@ nccl_bench() {
 }
 # Link-bound: loopback shaped to 10 Gbit/s (both directions share it), 2 ranks
 # as hosts, with every wire. Exit 3 (recorded n/a): tc cannot shape lo on
-# this machine. The qdisc is taken off the machine's lo again in
+# this machine. NCCL on lo whatever the image exports (its namespace may
+# have nothing else). The qdisc is taken off the machine's lo again in
 # case the step was killed before its own trap ran.
 STEP_NA=3 NCCL_BENCH_SIZES=4K,1M,64M nccl_bench nccl-hosts-2ranks-lo10gbit 2 \
-  nccl,smdccl,smdccl+fp16,smdccl+int8 100 PY="$PY" scripts/shaped_loopback.sh 10 --
+  nccl,smdccl,smdccl+fp16,smdccl+int8 100 PY="$PY" NCCL_SOCKET_IFNAME=lo scripts/shaped_loopback.sh 10 --
 tc qdisc show dev lo 2> /dev/null | grep -q tbf && tc qdisc del dev lo root
 # Unshaped: the host's copies and CPU decide.
 nccl_bench nccl-hosts-2ranks 2 nccl,smdccl,smdccl+fp16,gloo 90

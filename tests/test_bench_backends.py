@@ -60,17 +60,19 @@ def test_ranks_as_hosts_env_gives_every_rank_its_own_host():
     envs = [ranks_as_hosts_env(r, 4, 4, {}) for r in range(4)]
     assert len({e["NCCL_HOSTID"] for e in envs}) == 4
     assert all(e["NCCL_SOCKET_IFNAME"] == "lo" for e in envs)  # all ranks local: loopback
-    assert all(e["NCCL_IB_DISABLE"] == "1" for e in envs)  # and nothing around it
+    assert all(e["NCCL_IB_DISABLE"] == "1" and e["NCCL_NET"] == "Socket" for e in envs)  # nothing around it
     assert all(e["SMDCCL_TOPOLOGY"] == "1,1,1,1" for e in envs)  # smdccl: every rank a node too
 
 
 def test_ranks_as_hosts_env_keeps_what_the_user_set():
     env = ranks_as_hosts_env(1, 4, 4, {"NCCL_SOCKET_IFNAME": "veth0", "SMDCCL_TOPOLOGY": "2x2",
-                                       "NCCL_IB_DISABLE": "0"})
+                                       "NCCL_IB_DISABLE": "0", "NCCL_NET": "IB"})
     assert env == {"NCCL_HOSTID": "smdccl-bench-rank1"}
-    # ranks on several machines: the interface is the user's (or NCCL's) choice
+    # ranks on several machines (the emulated cluster's namespaces): the
+    # interface is the user's (or NCCL's) choice, the transport still sockets
     several = ranks_as_hosts_env(0, 8, 4, {})
-    assert "NCCL_SOCKET_IFNAME" not in several and "NCCL_IB_DISABLE" not in several
+    assert "NCCL_SOCKET_IFNAME" not in several
+    assert several["NCCL_IB_DISABLE"] == "1" and several["NCCL_NET"] == "Socket"
 
 
 def test_ranks_as_hosts_needs_cuda_tensors(capsys):
@@ -172,3 +174,15 @@ def test_bench_env_variants_run(tmp_path):
     assert bad.returncode != 0
     assert "SMDCCL_SHM_COPY" in bad.stdout + bad.stderr and "sideways" in bad.stdout + bad.stderr, (
         bad.stdout + bad.stderr)[-3000:]
+
+
+def test_gloo_is_not_asked_for_send_recv_of_cuda_tensors():
+    import torch
+
+    from smdccl.bench.sweep import unsupported
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert "gloo has no send/recv of CUDA tensors" in unsupported("gloo", "sendrecv", cuda)
+    assert unsupported("gloo", "sendrecv", cpu) is None
+    assert unsupported("gloo", "allreduce", cuda) is None
+    assert unsupported("smdccl", "sendrecv", cuda) is None

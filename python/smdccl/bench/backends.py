@@ -93,19 +93,21 @@ def ranks_as_hosts_env(rank: int, world_size: int, local_ranks: int, environ) ->
       so it treats every rank as a host and joins them through its socket
       transport, as between nodes on Ethernet (the case smdccl is for), and
       ranks sharing a GPU are no longer "duplicate GPUs";
-    * ``NCCL_SOCKET_IFNAME=lo`` and ``NCCL_IB_DISABLE=1`` where every rank is
-      on this machine and the variable is unset (the interface the "hosts"
-      share; an InfiniBand or RoCE card would let NCCL go around loopback,
-      and around a shaping of it, while smdccl's links stay on it);
+    * ``NCCL_IB_DISABLE=1`` and ``NCCL_NET=Socket`` unless set: NCCL's
+      socket transport, as smdccl's TCP links; an InfiniBand or RoCE card,
+      visible in every network namespace, or a network plugin would let
+      NCCL go around the link the ranks share (and around a shaping of it);
+    * ``NCCL_SOCKET_IFNAME=lo`` where every rank is on this machine and the
+      variable is unset (the interface the "hosts" share);
     * ``SMDCCL_TOPOLOGY`` = one rank per node (``1,1,...``) unless set, so that
       smdccl too crosses a "network" between every pair of ranks; set it
       (e.g. ``2x2``) to put smdccl's two-level layout beside NCCL's hosts.
     """
     env = {"NCCL_HOSTID": f"smdccl-bench-rank{rank}"}
+    wanted = [("NCCL_IB_DISABLE", "1"), ("NCCL_NET", "Socket")]
     if local_ranks == world_size:
-        for name, value in (("NCCL_SOCKET_IFNAME", "lo"), ("NCCL_IB_DISABLE", "1")):
-            if not environ.get(name):
-                env[name] = value
+        wanted.append(("NCCL_SOCKET_IFNAME", "lo"))
+    env.update({name: value for name, value in wanted if not environ.get(name)})
     if not environ.get("SMDCCL_TOPOLOGY"):
         env["SMDCCL_TOPOLOGY"] = ",".join(["1"] * world_size)
     return env

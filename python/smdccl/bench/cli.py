@@ -96,7 +96,7 @@ def _add_what_options(p: argparse.ArgumentParser) -> None:
                       help="with --device cuda: give every rank its own NCCL_HOSTID, so NCCL "
                            "takes each rank for a host and joins them with its socket "
                            "transport, as between nodes (and lets ranks share a GPU); sets "
-                           "NCCL_SOCKET_IFNAME=lo and NCCL_IB_DISABLE=1 when all ranks are local and "
+                           "NCCL_IB_DISABLE=1 and NCCL_NET=Socket, NCCL_SOCKET_IFNAME=lo when all ranks are local, and "
                            "SMDCCL_TOPOLOGY=1,1,... unless they are set; nccl is then "
                            "measured by default")
 

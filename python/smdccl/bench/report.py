@@ -114,7 +114,7 @@ def header(world, args, backends: list[str]) -> dict:
         "passes": args.passes,
         "nccl_ranks_as_hosts": bool(getattr(args, "nccl_ranks_as_hosts", False)),
         # what it set (NCCL_HOSTID differs on every rank: not shown)
-        "ranks_as_hosts_env": {k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "SMDCCL_TOPOLOGY")
+        "ranks_as_hosts_env": {k: os.environ[k] for k in ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_NET", "SMDCCL_TOPOLOGY")
                                if k in os.environ},
         "warmup": args.warmup,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -54,7 +54,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from smdccl.bench.backends import World, describe, first_error
+from smdccl.bench.backends import World, describe, family, first_error
 from smdccl.bench.collectives import DTYPES, REDUCING, busbw_factor, make_case
 from smdccl.bench.sizes import human
 
@@ -188,8 +188,19 @@ def _lossy(backend: str, world: int) -> float:
     return world / 127.0 if "+int8" in backend else 0.0
 
 
+def unsupported(backend: str, name: str, device: torch.device) -> str | None:
+    """What a backend cannot do and must not be asked: gloo's send/recv hands
+    a CUDA tensor's device pointer to TCP, which faults or waits out the
+    timeout and leaves the group's connections broken for what follows."""
+    if family(backend) == "gloo" and name == "sendrecv" and device.type == "cuda":
+        return "gloo has no send/recv of CUDA tensors"
+    return None
+
+
 def _one_pass(backend, group, name, nbytes, series, world, args, first_pass: bool):
     """Measure one (backend, collective, size) once; returns an error or None."""
+    if (reason := unsupported(backend, name, world.device)) is not None:
+        return reason  # the same on every rank: no round needed
     err, case = None, None
     try:
         case = make_case(name, nbytes, DTYPES[args.dtype], args.op, group, world.rank,
