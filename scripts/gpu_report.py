@@ -6,9 +6,9 @@ collectives-<n>ranks.json (python -m smdccl.bench --json), and checks the
 targets of the CUDA work: reduce kernels at >= 85 % of the device-to-device
 copy bandwidth of the same run, and a 64 MiB allreduce of 2 ranks on one GPU
 at >= 3x gloo's in the same run. Also reads probe.txt (what the machine
-allows), nccl-hosts-*.json (allreduce beside NCCL, every rank a host to it:
-smdccl's time <= NCCL's at 4 KiB and 64 MiB, smdccl+fp16 >= 1.6x NCCL's algbw
-at 64 MiB) and staged-bench*.txt (the staged path's summary lines).
+allows), nccl-hosts-*.json and cluster-*.json (allreduce beside NCCL, every
+rank a host to it; their targets: nccl_hosts()), staged-bench*.txt (the
+staged path's summary lines) and burst-bench.json (burst <= 3x one call).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ ALLREDUCE_TARGET = 3.0
 BIG = 64 << 20
 SMALL = 4 << 10
 FP16_VS_NCCL_TARGET = 1.6
+BURST_TARGET = 3.0
 SHAPED_VS_NCCL_TARGETS = (("smdccl", 0.95), ("smdccl+fp16", 1.8), ("smdccl+int8", 3.0))
 
 
@@ -128,13 +129,15 @@ def _vs_nccl(at, backend: str, size: int, factor: float) -> dict:
 
 
 def nccl_hosts(logs: Path) -> dict:
-    """Each --nccl-ranks-as-hosts run (nccl-hosts-<layout>.json) and its targets.
-    A run on shaped loopback (name ending in -lo10gbit) holds the link-bound
-    targets: smdccl >= 0.95x, smdccl+fp16 >= 1.8x and smdccl+int8 >= 3x NCCL's
-    algbw at 64 MiB, and smdccl's time <= NCCL's at 4 KiB; its log's
-    loopback_rate_mbps line is the rate the shaping gave one TCP stream."""
+    """Each --nccl-ranks-as-hosts run (nccl-hosts-<layout>.json, and
+    cluster-<link>.json between emulated nodes) and its targets. A run on a
+    shaped link (loopback: a name ending in -lo10gbit; the cluster's veths)
+    holds the link-bound targets: smdccl >= 0.95x, smdccl+fp16 >= 1.8x and
+    smdccl+int8 >= 3x NCCL's algbw at 64 MiB, and smdccl's time <= NCCL's at
+    4 KiB; a loopback run's log gives the rate one TCP stream got
+    (loopback_rate_mbps)."""
     runs = {}
-    for p in sorted(logs.glob("nccl-hosts-*.json")):
+    for p in sorted(logs.glob("nccl-hosts-*.json")) + sorted(logs.glob("cluster-*.json")):
         d = _read_json(p)
         if not d:
             continue
@@ -144,7 +147,7 @@ def nccl_hosts(logs: Path) -> dict:
             got = [r for r in rows if r["backend"] == backend and r["size"] == size]
             return got[0] if got else None
 
-        shaped = p.stem.endswith("-lo10gbit")
+        shaped = p.stem.endswith("-lo10gbit") or p.stem.startswith("cluster-")
         targets = []
         for size in (SMALL,) if shaped else (SMALL, BIG):
             s, n = at("smdccl", size), at("nccl", size)
@@ -170,6 +173,18 @@ def staged_bench(logs: Path) -> list[str]:
     for p in sorted(logs.glob("staged-bench*.txt")):
         out += [f"[{p.stem}] {ln[2:]}" for ln in p.read_text().splitlines()
                 if ln.startswith("# ") and "float32 staging" in ln]
+    return out
+
+
+def burst(logs: Path) -> list[dict]:
+    """The burst step's rows (burst-bench.json: one call against 100 issued
+    back to back, per path and size), each with its ratio and the target
+    (burst <= BURST_TARGET x one)."""
+    d = _read_json(logs / "burst-bench.json") or {}
+    out = []
+    for r in d.get("rows", []):
+        ratio = r["burst_us"] / r["one_us"] if r.get("one_us") else None
+        out.append(dict(r, ratio=ratio, met=ratio is not None and ratio <= BURST_TARGET))
     return out
 
 
@@ -266,6 +281,7 @@ def markdown(rep: dict) -> str:
                     if any(r["backend"] == b for r in rows)]
         shaping = (f"loopback shaped to 10 Gbit/s by tbf on lo, both directions sharing it; one TCP stream "
                    f"measured {run['loopback_rate_mbps']} MB/s" if "loopback_rate_mbps" in run
+                   else "emulated nodes (network namespaces) on shaped veths" if name.startswith("cluster-")
                    else "loopback, unshaped")
         lines += ["", f"## {name}: float32 allreduce beside NCCL, every rank a host to NCCL "
                       f"(socket transport; {shaping}); time us (algbw GB/s), median of passes", "",
@@ -284,6 +300,14 @@ def markdown(rep: dict) -> str:
     if rep.get("staged_bench"):
         lines += ["", "## The staged path across nodes (packed on the GPU) beside float32 staging and gloo", ""]
         lines += [f"    {ln}" for ln in rep["staged_bench"]]
+    if rep.get("burst"):
+        lines += ["", "## 100 async 4 KiB allreduces across nodes against one (burst-bench)", "",
+                  "| path | bytes | one (us) | burst (us) | ratio |", "|---|---|---|---|---|"]
+        lines += [f"| {r['path']} | {r['bytes']} | {r['one_us']:.1f} | {r['burst_us']:.1f} | "
+                  f"{r['ratio']:.2f}x |" if r["ratio"] is not None else f"| {r['path']} | {r['bytes']} | - | - | - |"
+                  for r in rep["burst"]]
+        lines += [""] + [f"- Target: {r['path']} burst <= {BURST_TARGET:.0f}x one -> "
+                         f"{'MET' if r['met'] else 'MISSED'}" for r in rep["burst"]]
     return "\n".join(lines) + "\n"
 
 
@@ -309,7 +333,7 @@ def main() -> int:
            "kernel_tests": kernel_tests(args.logs), "tests": pytest_results(args.logs),
            "steps": steps(args.logs),
            "kernels": kernels(args.logs), "collectives": collectives(args.logs),
-           "probe": probe(args.logs), "nccl_hosts": nccl_hosts(args.logs), "staged_bench": staged_bench(args.logs),
+           "probe": probe(args.logs), "nccl_hosts": nccl_hosts(args.logs), "staged_bench": staged_bench(args.logs), "burst": burst(args.logs),
            "script_status": args.status}
     Path(args.stem + ".json").write_text(json.dumps(rep, indent=1))
     Path(args.stem + ".md").write_text(markdown(rep))

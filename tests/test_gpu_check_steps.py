@@ -188,6 +188,10 @@ def test_report_targets_of_skipped_steps_are_not_measured(tmp_path):
     (logs / "nccl-hosts-2ranks-lo10gbit.json").write_text(json.dumps({"header": {}, "rows": hosts}))
     (logs / "nccl-hosts-2ranks-lo10gbit.txt").write_text(
         "shaped_loopback: lo shaped to 10 Gbit/s\nloopback_rate_mbps 1259\n# allreduce\n")
+    (logs / "cluster-10gbit.json").write_text(json.dumps({"header": {}, "rows": hosts}))
+    (logs / "burst-bench.json").write_text(json.dumps({"rows": [
+        {"path": "nccl", "bytes": 4096, "one_us": 100.0, "burst_us": 250.0},
+        {"path": "staged", "bytes": 4096, "one_us": 100.0, "burst_us": 400.0}]}))
     stem = tmp_path / "GPU-date"
     out = subprocess.run([sys.executable, str(REPO / "scripts/gpu_report.py"), "--logs", str(logs),
                           "--stem", str(stem), "--status", "0"], capture_output=True, text=True, timeout=120)
@@ -200,6 +204,10 @@ def test_report_targets_of_skipped_steps_are_not_measured(tmp_path):
     assert "smdccl+fp16 algbw >= 1.8x nccl's at 64 MiB: 1.89 x nccl's algbw -> MET" in md
     assert "smdccl+int8 algbw >= 3.0x nccl's at 64 MiB: 2.70 x nccl's algbw -> MISSED" in md
     assert "nccl's at 65536 KiB" not in md  # the shaped run's time target is at 4 KiB only
+    assert "## cluster-10gbit:" in md and md.count("smdccl+int8 algbw >= 3.0x") == 2  # the cluster too
+    assert "emulated nodes (network namespaces) on shaped veths" in md
+    assert "| nccl | 4096 | 100.0 | 250.0 | 2.50x |" in md
+    assert "Target: nccl burst <= 3x one -> MET" in md and "Target: staged burst <= 3x one -> MISSED" in md
     # skipped by the first command, run by a resumed one that left no data:
     # the last record counts, the targets are missed
     (logs / "steps.txt").write_text("build 0 60\nkernel-bench skipped 0\ncollectives-2ranks skipped 0\n"
