@@ -69,12 +69,18 @@ def test_pytest_deadline_fails_tests_not_started(tmp_path):
     assert "<error" in xml.read_text()  # failed in its setup: an error, no verdict
 
 
-def test_report_reads_every_step(tmp_path):
+def _logs(tmp_path: Path, steps: str, kernel_tests: str) -> Path:
+    """A logs folder as gpu_check.sh leaves it: steps.txt and the kernel tests' line."""
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "steps.txt").write_text("build 0 80\nkernel-tests 0 3\nstream 0 41\nddp 124 140\n"
-                                    "kernel-bench 0 30\ncollectives-2ranks 0 50\nmatrix not-run 0\n")
-    (logs / "kernel-tests.txt").write_text("23 passed, 0 failed\n")
+    (logs / "steps.txt").write_text(steps)
+    (logs / "kernel-tests.txt").write_text(kernel_tests)
+    return logs
+
+
+def test_report_reads_every_step(tmp_path):
+    logs = _logs(tmp_path, "build 0 80\nkernel-tests 0 3\nstream 0 41\nddp 124 140\n"
+                 "kernel-bench 0 30\ncollectives-2ranks 0 50\nmatrix not-run 0\n", "23 passed, 0 failed\n")
     (logs / "test_cuda-stream.xml").write_text(
         '<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="2">'
         '<testcase classname="tests.test_cuda" name="test_cuda_stream_semantics[2]" time="12.5"/>'
@@ -175,11 +181,8 @@ def test_step_reserve_and_steps_the_machine_cannot_run(tmp_path):
 
 
 def test_report_targets_of_skipped_steps_are_not_measured(tmp_path):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    (logs / "steps.txt").write_text("build 0 60\nkernel-tests 0 20\nnccl-hosts-2ranks-lo10gbit 0 50\n"
-                                    "kernel-bench skipped 0\ncollectives-2ranks skipped 0\n")
-    (logs / "kernel-tests.txt").write_text("25 passed, 0 failed\n")
+    logs = _logs(tmp_path, "build 0 60\nkernel-tests 0 20\nnccl-hosts-2ranks-lo10gbit 0 50\n"
+                 "kernel-bench skipped 0\ncollectives-2ranks skipped 0\n", "25 passed, 0 failed\n")
     big = 64 << 20
     hosts = [{"backend": b, "collective": "allreduce", "size": sz, "time_us": t, "algbw": sz / t / 1e3}
              for b, sz, t in (("nccl", 4096, 300.0), ("smdccl", 4096, 250.0), ("nccl", big, 108000.0),
