@@ -504,11 +504,14 @@ def packed_equals_host_tensors() -> dict:
     return {"failures": chk.failures, "count": chk.count}
 
 
+# 4x1: four one-rank nodes, the layout of the NCCL comparison at 4 ranks
+# (every rank a host), whose staged path no other CUDA test runs.
 @needs_gpu
-@pytest.mark.parametrize("wire", ["fp16", "bf16"])
-def test_cuda_packed_staged_path_has_the_cpu_paths_bits(wire):
-    _check(run_ranks(2, packed_equals_host_tensors, timeout=180, pg_timeout=PG_TIMEOUT,
-                     env={"SMDCCL_TOPOLOGY": "2x1", "SMDCCL_COMPRESSION": wire,
+@pytest.mark.parametrize("wire,nodes", [("fp16", 2), ("bf16", 2), ("fp16", 4)],
+                         ids=["fp16", "bf16", "fp16-4x1"])
+def test_cuda_packed_staged_path_has_the_cpu_paths_bits(wire, nodes):
+    _check(run_ranks(nodes, packed_equals_host_tensors, timeout=180, pg_timeout=PG_TIMEOUT,
+                     env={"SMDCCL_TOPOLOGY": f"{nodes}x1", "SMDCCL_COMPRESSION": wire,
                           "SMDCCL_CUDA_STAGE_CHUNK_KB": "65536"}))
 
 
