@@ -804,3 +804,25 @@ def test_int8_all_reduce_within_bound_and_full_precision_elsewhere():
     results = run_ranks(4, int8_matrix, env={"SMDCCL_TOPOLOGY": "2x2"}, timeout=240)
     assert all(r["worst_fraction_of_bound"] <= 1.0 for r in results), results
     print(f"\n[int8 2x2] worst error {max(r['worst_fraction_of_bound'] for r in results):.3f} of the bound")
+
+
+def test_fp16_error_feedback_survives_an_overflowed_step():
+    """A loss scaler's overflowed step (inf or NaN gradients, which it skips)
+    leaves no residual: the next clean step is finite, not poisoned for good.
+    A finite value past fp16's range is left unrounded, for the backend's
+    overflow check to raise on, as without feedback."""
+    import torch
+
+    from smdccl.ddp import CompressionState
+
+    state = CompressionState(error_feedback=True)
+    overflowed = torch.tensor([1.0, float("inf"), float("nan"), 7e4, 0.1])
+    state.apply_error_feedback(0, overflowed, torch.float16)
+    assert torch.isinf(overflowed[1]) and torch.isnan(overflowed[2]) and overflowed[3] == 7e4
+    clean = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.1])
+    state.apply_error_feedback(0, clean, torch.float16)
+    assert torch.isfinite(clean).all(), clean
+    assert torch.equal(clean[:4], torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    # the one residual left, 0.1's rounding, was carried into the clean step
+    torch.testing.assert_close(clean[4], torch.tensor(0.1 + (0.1 - torch.tensor(0.1).half().float().item()))
+                               .half().float())

@@ -20,6 +20,7 @@
 // The reduce-scatter (FSDP's gradients) is steps 1 and 2 over the ranks'
 // blocks: each rank keeps its own block, so one quantization per element;
 // pipelined like the allreduce, a piece of every block per chunk.
+#include <cmath>
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -61,14 +62,19 @@ void withOtherNodes(Exchange& ex, Comm& across, Send send, Recv recv) {
 
 // Quantizes `x` once into `q`; with error feedback (residual), what the
 // last step rounded away here is added first, and what this one rounds
-// away kept.
+// away kept. A value the step could not carry (inf or NaN, whose block
+// decodes to NaN: a loss scaler's overflowed step, which it skips) leaves
+// no residual, or it would make every later step non-finite.
 void quantize(char* q, float* x, size_t count, float* residual) {
   if (residual)
     for (size_t i = 0; i < count; ++i) x[i] += residual[i];
   quantizeInt8(q, x, count);
   if (residual) {
     dequantizeInt8(residual, q, count);
-    for (size_t i = 0; i < count; ++i) residual[i] = x[i] - residual[i];
+    for (size_t i = 0; i < count; ++i) {
+      const float r = x[i] - residual[i];
+      residual[i] = std::isfinite(r) ? r : 0.0f;
+    }
   }
 }
 

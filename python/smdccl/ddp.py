@@ -83,13 +83,20 @@ class CompressionState:
         return self._compressing[compression]
 
     def apply_error_feedback(self, index: int, buffer: torch.Tensor, wire: torch.dtype) -> None:
-        """buffer += residual; residual = buffer - round(buffer); buffer = round(buffer)."""
+        """buffer += residual; residual = buffer - round(buffer); buffer = round(buffer).
+
+        A value the wire cannot carry leaves no residual and is not rounded:
+        inf and NaN (a loss scaler's overflowed step, which it skips) would
+        otherwise make every later step non-finite, and a finite value past
+        fp16's range reaches the backend as it is, whose overflow check
+        raises as it does without feedback."""
         residual = self._residuals.get(index)
         if residual is not None and residual.shape == buffer.shape:
             buffer.add_(residual)
         rounded = buffer.to(wire).to(buffer.dtype)
-        self._residuals[index] = buffer - rounded
-        buffer.copy_(rounded)
+        carried = torch.isfinite(rounded)
+        self._residuals[index] = torch.where(carried, buffer - rounded, 0.0)
+        buffer.copy_(torch.where(carried, rounded, buffer))
 
 
 def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.futures.Future[torch.Tensor]:

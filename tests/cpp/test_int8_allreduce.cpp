@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -487,4 +488,39 @@ TEST(int8_halving_chosen_for_small_tensors_over_many_nodes) {
     CHECK(d || !direct);
     direct = d;
   }
+}
+
+// A step with inf or NaN (a loss scaler's overflow, which it skips) leaves
+// no residual: its blocks decode to NaN that step, and every later step is
+// finite again. Before, the residual x - NaN made every later step NaN.
+TEST(int8_error_feedback_survives_a_non_finite_step) {
+  const size_t count = 4096;
+  MemoryFabric fabric({2, 2});
+  std::string error = fabric.run([&](int r, Comm& c) {
+    c.int8 = true;
+    Int8Residuals residuals;
+    residuals.fit(count, true);
+    c.int8Feedback = {&residuals};
+    Tuning t;
+    t.pipelineChunkBytes = kChunkBytes;
+    for (int s = 0; s < 4; ++s) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r + 4 * s, i) * 0.01f;
+      if (s == 0 && r == 1) {
+        buf[10] = std::numeric_limits<float>::infinity();
+        buf[3000] = std::numeric_limits<float>::quiet_NaN();
+      }
+      allreduce(c,
+                {.buf = reinterpret_cast<char*>(buf.data()),
+                 .count = count,
+                 .dt = DType::F32,
+                 .op = RedOp::Sum},
+                t);
+      size_t nonFinite = 0;
+      for (float v : buf) nonFinite += std::isfinite(v) ? 0 : 1;
+      if (s == 0) CHECK(nonFinite > 0);  // the overflow reaches every rank, as AMP needs
+      else CHECK(nonFinite == 0);
+    }
+  });
+  CHECK(error.empty());
 }
