@@ -173,11 +173,12 @@ class SmdcclBackend : public ::c10d::Backend {
   std::vector<int> localRanks() const { return mesh_->localRanks(); }
   std::string listenAddress() const { return mesh_->listenAddress(); }
   std::string compression() const { return cfg_.int8 ? "int8" : wireName(cfg_.wire); }
-  // The next allreduce or reduce_scatter_tensor this thread issues on the
-  // group keeps the int8 wire's error feedback under `key` (a DDP bucket's
-  // index, an FSDP2 module's): what its quantizations round away is
-  // carried into the next op with the same key. No effect on a group
-  // without the int8 wire.
+  // The next allreduce or reduce_scatter_tensor this thread issues keeps
+  // the int8 wire's error feedback under `key` (a DDP bucket's index, an
+  // FSDP2 module's): what its quantizations round away is carried into the
+  // next op with the same key. The mark is the thread's (whatever group
+  // takes it): callers set it right before their call and -1 after. No
+  // effect on a group without the int8 wire.
   void int8FeedbackNext(int64_t key) { feedbackNext_ = key; }
   // Whether this group's float32 reductions put 16 bits on some hop
   // (Comm::compressesSomeHop over the whole group).

@@ -112,9 +112,10 @@ void bindBackend(py::module_& m) {
           "(it spans nodes, or compression_intra; int8: several nodes of one size); where not, "
           "nothing is rounded")
       .def("_int8_feedback_next", &smdccl::SmdcclBackend::int8FeedbackNext, py::arg("key"),
-           "The next all_reduce or reduce_scatter_tensor this thread issues on the group "
-           "carries the int8 wire's error feedback under `key` (smdccl.ddp.int8_wire_hook uses "
-           "a bucket's index, smdccl.fsdp.int8_error_feedback an FSDP2 module's)")
+           "The next all_reduce or reduce_scatter_tensor this thread issues carries the int8 "
+           "wire's error feedback under `key` (smdccl.ddp.int8_wire_hook uses a bucket's index, "
+           "smdccl.fsdp.int8_error_feedback an FSDP2 module's). The mark is the thread's, not "
+           "the group's: set it right before the call on this group, and -1 after it")
       .def_property_readonly("progress_cpu_seconds", &smdccl::SmdcclBackend::progressCpuSeconds,
                              "CPU seconds used so far by the group's progress thread (the "
                              "thread that runs async collectives), read after each of its tasks")

@@ -122,12 +122,18 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     buffer.div_(world)
     # Feedback models the wire's rounding: with no compressed hop there is
     # none, and rounding here would add error plain DDP does not have.
+    keyed = None
     if state.error_feedback and state.compresses(compression):
         if compression == "int8":  # the backend keeps both quantizations' residuals
-            state.backend_for(compression)._int8_feedback_next(bucket.index())
+            keyed = state.backend_for(compression)
+            keyed._int8_feedback_next(bucket.index())
         else:
             state.apply_error_feedback(bucket.index(), buffer, _WIRE_DTYPES[compression])
-    work = dist.all_reduce(buffer, group=group, async_op=True)
+    try:
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+    finally:
+        if keyed is not None:  # taken by the call, or never reached it (as smdccl.fsdp)
+            keyed._int8_feedback_next(-1)
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
