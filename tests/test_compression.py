@@ -301,6 +301,8 @@ def error_feedback_drift(wire: str = "fp16", device: str = "cpu", ranks_per_node
     carrying the residuals keeps it bounded (int8: both quantizations', kept
     by the backend). device "cuda": the CUDA paths' step across nodes.
     """
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -321,7 +323,9 @@ def error_feedback_drift(wire: str = "fp16", device: str = "cpu", ranks_per_node
     def drift(error_feedback, steps=100):
         lin = torch.nn.Linear(64, 1, bias=False).to(dev)
         ddp = DDP(lin, device_ids=[dev.index] if dev.type == "cuda" else None)
-        ddp.register_comm_hook(CompressionState(error_feedback=error_feedback), hook)
+        # the hook's groups fail within the harness's time, naming the op
+        state = CompressionState(error_feedback=error_feedback, timeout=timedelta(seconds=60))
+        ddp.register_comm_hook(state, hook)
         total = torch.zeros_like(exact)
         x = x_of(rank).to(dev)
         for _ in range(steps):
@@ -826,3 +830,36 @@ def test_fp16_error_feedback_survives_an_overflowed_step():
     # the one residual left, 0.1's rounding, was carried into the clean step
     torch.testing.assert_close(clean[4], torch.tensor(0.1 + (0.1 - torch.tensor(0.1).half().float().item()))
                                .half().float())
+
+
+
+def hook_group_times_out() -> dict:
+    """The hook's group waits CompressionState's timeout for a rank that
+    never comes (rank 1 skips the allreduce), not torch's 30 minutes."""
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from smdccl.ddp import CompressionState
+
+    group = CompressionState(timeout=timedelta(seconds=2)).group_for("fp16")
+    t = torch.ones(4)
+    dist.all_reduce(t, group=group)  # connected: the next wait is the timeout's alone
+    if dist.get_rank() == 1:
+        time.sleep(8)
+        return {"rank": 1}
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t, group=group)
+        error = None
+    except Exception as exc:  # noqa: BLE001 - the test reads it
+        error = f"{type(exc).__name__}: {exc}"
+    return {"rank": 0, "seconds": time.monotonic() - t0, "error": error}
+
+
+def test_compression_state_timeout_reaches_the_hooks_group():
+    got = run_ranks(2, hook_group_times_out, timeout=120)[0]
+    assert got["error"] and "allreduce" in got["error"], got
+    assert got["seconds"] < 7, got  # its 2 s, not the default group's or torch's 30 min

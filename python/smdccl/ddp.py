@@ -26,7 +26,8 @@ float32 DDP.
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import timedelta
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -48,11 +49,16 @@ class CompressionState:
     ``compress_intra``: compress inside nodes too (default: between nodes).
     ``error_feedback``: add last step's rounding residual of the same bucket
     before sending, and keep the new one.
+    ``timeout``: the hook's groups' timeout (a ``timedelta``; None: torch's
+    default for a new group, 30 minutes, whatever DDP's group has): how long
+    a bucket's allreduce waits for a rank that never comes before it fails,
+    naming the op and the peer.
     """
 
     process_group: Any = None
     error_feedback: bool = False
     compress_intra: bool = False
+    timeout: Optional[timedelta] = None
     _groups: dict = field(default_factory=dict, repr=False)
     _residuals: dict = field(default_factory=dict, repr=False)
     _compressing: dict = field(default_factory=dict, repr=False)
@@ -64,6 +70,7 @@ class CompressionState:
                 ranks,
                 backend="smdccl",
                 pg_options={"compression": compression, "compression_intra": self.compress_intra},
+                timeout=self.timeout,
             )
         return self._groups[compression]
 
