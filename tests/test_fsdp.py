@@ -55,6 +55,10 @@ def fsdp2_vs_reference(device: str = "cpu", atol: float = 1e-6, reduce_dtype: st
     if device == "cuda":
         dev = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
+        # float32 matmuls, as the CPU reference's (an image may turn TF32 on:
+        # ~1e-3 apart, past atol)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
     ref = _model()
     ref_opt = _opt(ref.parameters())
