@@ -122,7 +122,9 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     if buffer.dtype != torch.float32:
         raise ValueError(
             f"smdccl.ddp.{compression}_wire_hook: the bucket is {buffer.dtype}; the hooks "
-            "compress float32 gradients (16-bit gradients are already 16 bits on the wire)"
+            "take float32 gradients (a 16-bit bucket already crosses the wire in 16 bits; for "
+            "int8, make DDP's group with pg_options={'compression': 'int8'}, which widens "
+            "16-bit tensors to float32 for its sums)"
         )
     # Average like DDP does; dividing first keeps fp16's range (and smdccl
     # scales AVG before the wire anyway).
