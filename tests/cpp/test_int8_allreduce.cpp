@@ -75,6 +75,16 @@ void record(std::vector<std::vector<uint64_t>>& hashes, size_t index, int p, int
   hashes[index][r] = h.value;
 }
 
+// The float32 SUM allreduce of buf in place.
+void sumAllreduce(Comm& c, std::vector<float>& buf, const Tuning& t) {
+  allreduce(c,
+            {.buf = reinterpret_cast<char*>(buf.data()),
+             .count = buf.size(),
+             .dt = DType::F32,
+             .op = RedOp::Sum},
+            t);
+}
+
 void runShape(const std::vector<int>& nodes, Failures& fail, int& cases) {
   MemoryFabric fabric(nodes);
   const int p = fabric.size(), n = static_cast<int>(nodes.size()), L = nodes[0];
@@ -97,9 +107,7 @@ void runShape(const std::vector<int>& nodes, Failures& fail, int& cases) {
     for (size_t count : sizes) {
       std::vector<float> buf(count);
       for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
-      allreduce(c, {.buf = reinterpret_cast<char*>(buf.data()), .count = count, .dt = DType::F32,
-                    .op = RedOp::Sum},
-                t);
+      sumAllreduce(c, buf, t);
       // Node sums and the total, in float64.
       std::vector<std::vector<double>> node(n, std::vector<double>(count, 0.0));
       std::vector<double> total(count, 0.0);
@@ -206,8 +214,7 @@ TEST(int8_error_feedback_keeps_the_running_sum) {
       for (int s = 0; s < steps; ++s) {
         std::vector<float> buf(count);
         for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r + 4 * s, i) * 0.01f;
-        allreduce(c, {.buf = reinterpret_cast<char*>(buf.data()), .count = count,
-                      .dt = DType::F32, .op = RedOp::Sum}, t);
+        sumAllreduce(c, buf, t);
         for (size_t i = 0; i < count; ++i) applied[r][i] += buf[i];
       }
     });
@@ -407,12 +414,7 @@ TEST(int8_halving_allreduce_within_its_bound_on_every_rank) {
       for (size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{65537}}) {
         std::vector<float> buf(count);
         for (size_t i = 0; i < count; ++i) buf[i] = valueOf(r, i);
-        allreduce(c,
-                  {.buf = reinterpret_cast<char*>(buf.data()),
-                   .count = count,
-                   .dt = DType::F32,
-                   .op = RedOp::Sum},
-                  t);
+        sumAllreduce(c, buf, t);
         size_t rounded = 0;
         for (size_t i = 0; i < count; ++i) {
           auto [b, e] = halvingBlockOf(i, count, L, n);
@@ -510,12 +512,7 @@ TEST(int8_error_feedback_survives_a_non_finite_step) {
         buf[10] = std::numeric_limits<float>::infinity();
         buf[3000] = std::numeric_limits<float>::quiet_NaN();
       }
-      allreduce(c,
-                {.buf = reinterpret_cast<char*>(buf.data()),
-                 .count = count,
-                 .dt = DType::F32,
-                 .op = RedOp::Sum},
-                t);
+      sumAllreduce(c, buf, t);
       size_t nonFinite = 0;
       for (float v : buf) nonFinite += std::isfinite(v) ? 0 : 1;
       if (s == 0) CHECK(nonFinite > 0);  // the overflow reaches every rank, as AMP needs
