@@ -89,17 +89,9 @@ std::string compareOnGpu(Comm& c, int r, const GpuRun& run, uint64_t* overflowsS
   {
     CudaStageDevice d;
     StagedRoundsJob job = jobFor(c, run, static_cast<char*>(dev), static_cast<char*>(devOut));
-    const SlotLayout layout{.slotBytes = job.slotBytes, .slots = job.slots};
-    cudaOk(cudaHostAlloc(&slots, layout.hostBytes(), cudaHostAllocPortable), "cudaHostAlloc");
+    cudaOk(cudaHostAlloc(&slots, job.hostBytes(), cudaHostAllocPortable), "cudaHostAlloc");
     uint64_t before = tlsFp16Overflows;
-    d.begin(stream, static_cast<char*>(slots), layout, c.ctx,
-            StageDevice::packed(job.dt, job.wire));
-    d.followStream();
-    auto proxy = planStagedRounds(c.ctx, d, std::move(job), static_cast<char*>(slots));
-    if (proxy) proxy->run();
-    d.joinStream();
-    d.queueEnd();
-    d.finish();
+    d.run(stream, static_cast<char*>(slots), c.ctx, std::move(job));
     cudaOk(cudaStreamSynchronize(stream), "sync");
     *overflowsSeen = tlsFp16Overflows - before;
     cudaOk(cudaMemcpy(back.data(), run.reduceScatter ? devOut : dev, outN * 4,

@@ -46,11 +46,27 @@ CudaStageDevice::~CudaStageDevice() {
   if (overflowsHost_) cudaFreeHost(overflowsHost_);
 }
 
-void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const SlotLayout& layout,
-                            const OpContext& ctx, bool scratch) {
+void CudaStageDevice::run(cudaStream_t opStream, char* slots, const OpContext& ctx,
+                          StagedRoundsJob job) {
+  begin(opStream, slots, job, ctx);
+  try {
+    if (auto proxy = planStagedRounds(ctx, *this, std::move(job), slots)) proxy->run();
+    queueEnd();
+    waitForEvent(counted_, ctx, "the fp16 overflow count of the staged copies");
+  } catch (...) {
+    abandon();
+    joinStream();
+    throw;
+  }
+  tlsFp16Overflows += *overflowsHost_;
+}
+
+void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const StagedRoundsJob& job,
+                            const OpContext& ctx) {
   opStream_ = opStream;
   slots_ = slots;
-  layout_ = layout;
+  slotBytes_ = job.slotBytes;
+  slotCount_ = job.slots;
   ctx_ = &ctx;
   if (abandoned_) {
     // A failed op's copies already queued still run: none may touch the
@@ -59,17 +75,13 @@ void CudaStageDevice::begin(cudaStream_t opStream, char* slots, const SlotLayout
     abandoned_ = false;
   }
   // Per slot: a packed piece out and one in, half a slot each.
-  const size_t need = scratch ? static_cast<size_t>(layout.slots) * scratchHalf(layout) * 2 : 0;
+  const bool packs = packed(job.dt, job.wire) || job.hasInt8();
+  const size_t need = packs ? static_cast<size_t>(slotCount_) * scratchHalf() * 2 : 0;
   scratch_ = need ? packing_.reserve(need) : nullptr;
+  CallInFlight call("ordering the staged copies after the op's stream (cudaStreamWaitEvent)");
   // Both lanes count fp16 overflows (packs out, roundings in): zero the
   // count before either starts.
   SMDCCL_CUDA_CHECK(cudaMemsetAsync(overflowsDev_, 0, sizeof(unsigned long long), opStream));
-  followStream();
-}
-
-void CudaStageDevice::followStream() {
-  CallInFlight call("ordering the staged copies after the op's stream (cudaStreamWaitEvent)");
-  // A wait takes the event as recorded at the call: one event serves every mark.
   SMDCCL_CUDA_CHECK(cudaEventRecord(opMark_, opStream_));
   for (Lane& l : lanes_) SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(l.stream, opMark_, 0));
 }
@@ -79,32 +91,23 @@ void CudaStageDevice::inJoinsOut() {
   SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(lanes_[0].stream, laneMark_, 0));
 }
 
-void CudaStageDevice::joinStream() {
-  CallInFlight call("ordering the op's stream after the staged copies (cudaStreamWaitEvent)");
-  // The in lane joins the out lane, which the op's stream then waits for.
-  inJoinsOut();
-  SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[0].stream));
-  SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, laneMark_, 0));
+void CudaStageDevice::joinStream() noexcept {
+  try {
+    // The in lane joins the out lane, which the op's stream then waits for.
+    inJoinsOut();
+    SMDCCL_CUDA_CHECK(cudaEventRecord(laneMark_, lanes_[0].stream));
+    SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, laneMark_, 0));
+  } catch (...) {  // the op has failed already; its error is the one that counts
+  }
 }
 
 void CudaStageDevice::queueEnd() {
+  CallInFlight call("ordering the op's stream after the staged copies (cudaStreamWaitEvent)");
   inJoinsOut();
   SMDCCL_CUDA_CHECK(cudaMemcpyAsync(overflowsHost_, overflowsDev_, sizeof(unsigned long long),
                                     cudaMemcpyDeviceToHost, lanes_[0].stream));
   SMDCCL_CUDA_CHECK(cudaEventRecord(counted_, lanes_[0].stream));
   SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, counted_, 0));
-}
-
-void CudaStageDevice::finish() {
-  waitForEvent(counted_, *ctx_, "the fp16 overflow count of the staged copies");
-  tlsFp16Overflows += *overflowsHost_;
-}
-
-void CudaStageDevice::fail() noexcept {
-  try {
-    joinStream();
-  } catch (...) {  // the op has failed already; its error is the one that counts
-  }
 }
 
 uint64_t CudaStageDevice::record(Lane& l) {
@@ -149,20 +152,20 @@ void CudaStageDevice::abandon() { abandoned_ = true; }
 
 size_t CudaStageDevice::slotIndex(const void* slot) const {
   size_t at = static_cast<size_t>(static_cast<const char*>(slot) - slots_);
-  return (at / layout_.slotBytes) % static_cast<size_t>(layout_.slots);
+  return (at / slotBytes_) % static_cast<size_t>(slotCount_);
 }
 
-size_t CudaStageDevice::scratchHalf(const SlotLayout& layout) {
+size_t CudaStageDevice::scratchHalf() const {
   // Half a slot, rounded up to 16 bytes: every piece starts aligned for the
   // pack and unpack kernels' 16-byte vectors (a slot of each * 4 * P bytes,
   // each * P odd, would put the in lane's half off by 8 and send its unpack
   // element by element).
-  return (layout.slotBytes / 2 + 15) / 16 * 16;
+  return (slotBytes_ / 2 + 15) / 16 * 16;
 }
 
 char* CudaStageDevice::scratch(int lane, size_t slot) const {
   // Each holds a packed piece: half a slot.
-  return scratch_ + (slot * 2 + static_cast<size_t>(lane)) * scratchHalf(layout_);
+  return scratch_ + (slot * 2 + static_cast<size_t>(lane)) * scratchHalf();
 }
 
 void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {

@@ -1,15 +1,11 @@
 #pragma once
 // The GPU's StageDevice (algorithms/stage_device.h): copies out to pinned
 // slots on a stream of its own and back in on another, both ordered after
-// the op's stream; a 16-bit wire is packed and unpacked by the wire
+// the op's stream; a 16-bit or int8 wire is packed and unpacked by the wire
 // kernels in device scratch, so only the packed bytes cross PCIe. A copy
-// is queued when go() lets it, and done() queries an event behind it
-// (events pooled: none is created or destroyed per op).
-//
-// A group keeps one (GpuContext::stage()) across ops. Per op: begin(), the
-// schedules (with joinStream() / followStream() between them where
-// the op's stream has work of its own in between), queueEnd(), the proxies'
-// run(), finish(); after a failure abandon() and fail() in place of the last two.
+// is queued when the proxy reaches it, and done() queries an event behind
+// it (events pooled: none is created or destroyed per op). A group keeps
+// one (GpuContext::stage()) across ops; run() runs one op's rounds.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -20,16 +16,10 @@
 
 #include "common/op_context.h"
 #include "algorithms/stage_device.h"
+#include "algorithms/staged_rounds.h"
 #include "transport/cuda/device_scratch.h"
 
 namespace smdccl {
-
-// Where an op's pinned slots lie: `slots` of `slotBytes` each, in turn.
-struct SlotLayout {
-  size_t slotBytes = 0;
-  int slots = 1;
-  size_t hostBytes() const { return static_cast<size_t>(slots) * slotBytes; }
-};
 
 class CudaStageDevice final : public StageDevice {
  public:
@@ -39,25 +29,13 @@ class CudaStageDevice final : public StageDevice {
   CudaStageDevice(const CudaStageDevice&) = delete;
   CudaStageDevice& operator=(const CudaStageDevice&) = delete;
 
-  // The op's copies wait for what `opStream` has queued; `slots` are the
-  // op's pinned host slots (each slot's device scratch, for packing, is
-  // found by its place among them; `scratch` false: the op only copies
-  // bytes, and needs none).
-  void begin(cudaStream_t opStream, char* slots, const SlotLayout& layout, const OpContext& ctx,
-             bool scratch);
-  // `opStream` waits for every copy queued so far.
-  void joinStream();
-  // The copies queued from now on wait for what `opStream` has queued so far.
-  void followStream();
-  // After the op's last schedule: `opStream` waits for all its copies, and the
-  // count of fp16 values the packing turned into inf is copied out behind them.
-  void queueEnd();
-  // After the proxies ran: adds that count to this thread's (which the
-  // backend's overflow check reads); waits for it with the op's deadline.
-  void finish();
-  // After a failure: `opStream` still waits for what was queued, nothing
-  // else (call abandon() first).
-  void fail() noexcept;
+  // Runs `job` (its schedule planned here) on `slots`, job.hostBytes() of
+  // pinned memory: its copies wait for what `opStream` has queued, and
+  // `opStream` waits for them; fp16 values the packing turned into inf are
+  // added to this thread's count (which the backend's overflow check
+  // reads). On a failure `opStream` still waits for what was queued, and
+  // the next run() waits for it too.
+  void run(cudaStream_t opStream, char* slots, const OpContext& ctx, StagedRoundsJob job);
   void abandon() override;
 
  protected:
@@ -74,13 +52,19 @@ class CudaStageDevice final : public StageDevice {
     uint64_t issued = 0, completed = 0;
     std::map<uint64_t, uint64_t> eventOf;  // queued copy number -> event sequence
   };
+  void begin(cudaStream_t opStream, char* slots, const StagedRoundsJob& job, const OpContext& ctx);
+  // `opStream` waits for every copy queued so far (after a failure: errors ignored).
+  void joinStream() noexcept;
+  // After the op's last copy: `opStream` waits for all of them, and the
+  // count of fp16 overflows is copied out behind them.
+  void queueEnd();
   uint64_t record(Lane& l);
   // The out lane's later work waits for what the in lane has queued.
   void inJoinsOut();
   bool eventDone(Lane& l, uint64_t seq);
   size_t slotIndex(const void* slot) const;
   char* scratch(int lane, size_t slot) const;
-  static size_t scratchHalf(const SlotLayout& layout);
+  size_t scratchHalf() const;
   void queueOut(cudaStream_t s, const Copy& c);
   void queueIn(cudaStream_t s, const Copy& c);
 
@@ -97,7 +81,8 @@ class CudaStageDevice final : public StageDevice {
   // The running op.
   cudaStream_t opStream_ = nullptr;
   char* slots_ = nullptr;
-  SlotLayout layout_{};
+  size_t slotBytes_ = 0;
+  int slotCount_ = 1;
   const OpContext* ctx_ = nullptr;
 };
 

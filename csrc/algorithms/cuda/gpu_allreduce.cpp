@@ -1,6 +1,5 @@
 // The IPC allreduce (the paths ipc_one_shot, ipc_two_shot, two_level_ipc:
-// algorithms/gpu_paths.h) and the staged allreduce it and the other paths
-// use between nodes.
+// algorithms/gpu_paths.h).
 //
 // The IPC steps are ordered across processes by node barriers, before
 // anyone reads what the others wrote and again before anyone overwrites its
@@ -18,7 +17,6 @@
 #include "algorithms/staged_collectives.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
-#include "algorithms/cuda/staged_schedule.h"
 #include "common/log.h"
 
 namespace smdccl {
@@ -98,15 +96,6 @@ struct IpcStep {
 };
 
 }  // namespace
-
-// Chunk k out (packed to c's 16-bit wire where c compresses, or quantized
-// where it runs the int8 wire across nodes without error feedback), the
-// host allreduce of it, back, in a few pinned slots in turn
-// (staged_collectives.h).
-void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  if (a.count == 0 || c.size() == 1) return;
-  runStagedRounds(c, g, allreduceRounds(c, a, g.tuning().stageChunkBytes, t));
-}
 
 // The IPC allreduce: inside the node over the IPC buffers, in pieces of a
 // buffer: one-shot where a piece is at most SMDCCL_CUDA_ONESHOT_KB on one

@@ -1,15 +1,12 @@
 // Reduce-scatter and allgather of device memory (reduce_scatter_tensor and
-// all_gather_into_tensor, what FSDP calls): the IPC path inside one node
-// (algorithms/gpu_paths.h), and the staged steps of those two and of
-// broadcast. The IPC steps are ordered across processes by node barriers,
+// all_gather_into_tensor, what FSDP calls) on the IPC path inside one node
+// (algorithms/gpu_paths.h). The IPC steps are ordered across processes by node barriers,
 // as in gpu_allreduce.cpp (ipc_steps.h).
 #include <algorithm>
 #include <vector>
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/cuda/ipc_steps.h"
-#include "algorithms/cuda/staged_schedule.h"
-#include "algorithms/staged_collectives.h"
 
 namespace smdccl {
 
@@ -78,27 +75,6 @@ void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
                   "IPC allgather");
     g.nodeBarrier(c, local, "IPC allgather");
   }
-}
-
-
-void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
-  runStagedRounds(c, g, reduceScatterRounds(c, r, t));
-}
-
-void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
-  // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
-  // and copies back of successive rounds overlap.
-  runStagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
-}
-
-void stagedBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  runStagedRounds(c, g,
-                  broadcastRounds(c,
-                                  {.buf = a.buf,
-                                   .bytes = a.bytes,
-                                   .root = a.root,
-                                   .roundBytes = g.tuning().stageChunkBytes},
-                                  t));
 }
 
 }  // namespace smdccl
