@@ -34,7 +34,6 @@ CudaStageDevice::CudaStageDevice(std::function<void()> freeCached)
 
 CudaStageDevice::~CudaStageDevice() {
   // Nothing of ours may still run when the scratch goes.
-  abandon();
   for (Lane& l : lanes_) {
     if (l.stream) cudaStreamSynchronize(l.stream);
     for (cudaEvent_t e : l.events) cudaEventDestroy(e);
@@ -110,8 +109,7 @@ void CudaStageDevice::queueEnd() {
   SMDCCL_CUDA_CHECK(cudaStreamWaitEvent(opStream_, counted_, 0));
 }
 
-uint64_t CudaStageDevice::record(Lane& l) {
-  uint64_t seq = ++l.issued;
+void CudaStageDevice::record(Lane& l, uint64_t seq) {
   if (seq > kEvents && l.completed < seq - kEvents) {
     // The event is about to be reused for a newer copy: the older one must
     // have run first (in stream order, so all before it too).
@@ -119,32 +117,16 @@ uint64_t CudaStageDevice::record(Lane& l) {
     l.completed = seq - kEvents;
   }
   SMDCCL_CUDA_CHECK(cudaEventRecord(l.events[seq % kEvents], l.stream));
-  return seq;
 }
 
-bool CudaStageDevice::eventDone(Lane& l, uint64_t seq) {
+bool CudaStageDevice::ran(int lane, uint64_t seq) {
+  Lane& l = lanes_[lane];
   if (seq <= l.completed) return true;
   // Not yet reused: record() waits for a copy before reusing its event.
   cudaError_t e = queried(cudaEventQuery(l.events[seq % kEvents]));
   if (e == cudaErrorNotReady) return false;
   if (e != cudaSuccess) throwCudaError(e, "cudaEventQuery (a staged copy)");
   l.completed = seq;
-  return true;
-}
-
-void CudaStageDevice::queue(int lane, uint64_t number, const Copy& c) {
-  Lane& l = lanes_[lane];
-  if (lane == 0) queueOut(l.stream, c);
-  else queueIn(l.stream, c);
-  l.eventOf[number] = record(l);
-}
-
-bool CudaStageDevice::ran(int lane, uint64_t number) {
-  Lane& l = lanes_[lane];
-  auto it = l.eventOf.find(number);
-  if (it == l.eventOf.end()) return true;  // seen done (the lane runs in order)
-  if (!eventDone(l, it->second)) return false;
-  l.eventOf.erase(l.eventOf.begin(), std::next(it));
   return true;
 }
 
@@ -168,44 +150,26 @@ char* CudaStageDevice::scratch(int lane, size_t slot) const {
   return scratch_ + (slot * 2 + static_cast<size_t>(lane)) * scratchHalf();
 }
 
-void CudaStageDevice::queueOut(cudaStream_t s, const Copy& c) {
-  CallInFlight call("queueing a staged copy out (packToWire, cudaMemcpyAsync)");
-  const DType dt = c.how.dt;
-  const Wire wire = c.how.wire;
-  if (c.how.int8) {
-    char* out = scratch(0, slotIndex(c.slot));
-    SMDCCL_CUDA_CHECK(cuda::quantizeInt8(out, reinterpret_cast<const float*>(c.dev), c.count, s));
-    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(c.slot, out, int8Bytes(c.count), cudaMemcpyDeviceToHost, s));
-  } else if (packed(dt, wire)) {
-    char* out = scratch(0, slotIndex(c.slot));
-    SMDCCL_CUDA_CHECK(cuda::packToWire(out, reinterpret_cast<const float*>(c.dev), c.count,
-                                       {wire, wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
-    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(c.slot, out, c.count * 2, cudaMemcpyDeviceToHost, s));
-  } else if (c.count) {
-    SMDCCL_CUDA_CHECK(
-        cudaMemcpyAsync(c.slot, c.dev, c.count * elementSize(dt), cudaMemcpyDeviceToHost, s));
-  }
-}
-
-void CudaStageDevice::queueIn(cudaStream_t s, const Copy& c) {
-  CallInFlight call("queueing a staged copy in (cudaMemcpyAsync, unpack kernel)");
-  const DType dt = c.how.dt;
-  const Wire wire = c.how.wire;
-  if (c.how.int8) {
-    char* in = scratch(1, slotIndex(c.slot));
-    SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, c.slot, int8Bytes(c.count), cudaMemcpyHostToDevice, s));
-    SMDCCL_CUDA_CHECK(cuda::dequantizeInt8(reinterpret_cast<float*>(c.dev), in, c.count, s));
-    return;
-  }
-  if (!packed(dt, wire)) {
-    if (c.count)
-      SMDCCL_CUDA_CHECK(
-          cudaMemcpyAsync(c.dev, c.slot, c.count * elementSize(dt), cudaMemcpyHostToDevice, s));
-    return;
-  }
-  char* in = scratch(1, slotIndex(c.slot));
-  SMDCCL_CUDA_CHECK(cudaMemcpyAsync(in, c.slot, c.count * 2, cudaMemcpyHostToDevice, s));
-  SMDCCL_CUDA_CHECK(cuda::unpackFromWire(reinterpret_cast<float*>(c.dev), in, c.count, wire, s));
+void CudaStageDevice::queue(int lane, uint64_t number, const Copy& c) {
+  CallInFlight call(c.out ? "queueing a staged copy out (pack kernel, cudaMemcpyAsync)"
+                          : "queueing a staged copy in (cudaMemcpyAsync, unpack kernel)");
+  Lane& l = lanes_[lane];
+  const cudaStream_t s = l.stream;
+  // Cast or quantized: the packed piece passes through this slot's scratch.
+  const bool viaScratch = transforms(c.how);
+  char* piece = viaScratch ? scratch(lane, slotIndex(c.slot)) : c.dev;
+  auto* f = reinterpret_cast<float*>(c.dev);
+  if (c.out && c.how.int8) SMDCCL_CUDA_CHECK(cuda::quantizeInt8(piece, f, c.count, s));
+  else if (c.out && viaScratch)
+    SMDCCL_CUDA_CHECK(cuda::packToWire(
+        piece, f, c.count, {c.how.wire, c.how.wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
+  if (const size_t bytes = slotBytes(c.count, c.how))
+    SMDCCL_CUDA_CHECK(c.out ? cudaMemcpyAsync(c.slot, piece, bytes, cudaMemcpyDeviceToHost, s)
+                            : cudaMemcpyAsync(piece, c.slot, bytes, cudaMemcpyHostToDevice, s));
+  if (!c.out && c.how.int8) SMDCCL_CUDA_CHECK(cuda::dequantizeInt8(f, piece, c.count, s));
+  else if (!c.out && viaScratch)
+    SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, piece, c.count, c.how.wire, s));
+  record(l, number);
 }
 
 }  // namespace smdccl

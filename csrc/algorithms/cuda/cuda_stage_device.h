@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -49,8 +48,7 @@ class CudaStageDevice final : public StageDevice {
   struct Lane {
     cudaStream_t stream = nullptr;
     std::vector<cudaEvent_t> events;
-    uint64_t issued = 0, completed = 0;
-    std::map<uint64_t, uint64_t> eventOf;  // queued copy number -> event sequence
+    uint64_t completed = 0;  // copies up to this number have run
   };
   void begin(cudaStream_t opStream, char* slots, const StagedRoundsJob& job, const OpContext& ctx);
   // `opStream` waits for every copy queued so far (after a failure: errors ignored).
@@ -58,15 +56,13 @@ class CudaStageDevice final : public StageDevice {
   // After the op's last copy: `opStream` waits for all of them, and the
   // count of fp16 overflows is copied out behind them.
   void queueEnd();
-  uint64_t record(Lane& l);
+  // An event behind copy `seq` of lane l (copies are numbered from 1 per lane).
+  void record(Lane& l, uint64_t seq);
   // The out lane's later work waits for what the in lane has queued.
   void inJoinsOut();
-  bool eventDone(Lane& l, uint64_t seq);
   size_t slotIndex(const void* slot) const;
   char* scratch(int lane, size_t slot) const;
   size_t scratchHalf() const;
-  void queueOut(cudaStream_t s, const Copy& c);
-  void queueIn(cudaStream_t s, const Copy& c);
 
   Lane lanes_[2];  // 0: out to host, 1: in from host
   bool abandoned_ = false;   // an op failed: begin() waits for its copies
