@@ -16,7 +16,8 @@
 #include "algorithms/slices.h"
 #include "algorithms/staged_collectives.h"
 #include "algorithms/cuda/gpu_collectives.h"
-#include "algorithms/cuda/ipc_steps.h"
+#include "kernels/cuda/kernels.h"
+#include "transport/cuda/cuda_check.h"
 #include "common/log.h"
 
 namespace smdccl {

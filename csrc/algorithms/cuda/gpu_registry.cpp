@@ -3,7 +3,8 @@
 #include <cstring>
 
 #include "algorithms/cuda/gpu_collectives.h"
-#include "algorithms/cuda/ipc_steps.h"
+#include "kernels/cuda/kernels.h"
+#include "transport/cuda/cuda_check.h"
 #include "algorithms/gpu_paths.h"
 #include "algorithms/staged_collectives.h"
 #include "common/trace.h"

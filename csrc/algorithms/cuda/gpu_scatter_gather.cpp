@@ -1,12 +1,13 @@
 // Reduce-scatter and allgather of device memory (reduce_scatter_tensor and
 // all_gather_into_tensor, what FSDP calls) on the IPC path inside one node
 // (algorithms/gpu_paths.h). The IPC steps are ordered across processes by node barriers,
-// as in gpu_allreduce.cpp (ipc_steps.h).
+// as in gpu_allreduce.cpp.
 #include <algorithm>
 #include <vector>
 
 #include "algorithms/cuda/gpu_collectives.h"
-#include "algorithms/cuda/ipc_steps.h"
+#include "kernels/cuda/kernels.h"
+#include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
 

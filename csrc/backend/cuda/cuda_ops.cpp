@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "algorithms/cuda/gpu_collectives.h"
-#include "algorithms/cuda/ipc_steps.h"
 #include "algorithms/gpu_paths.h"
 #include "backend/arg_checks.h"
 #include "backend/cuda/cuda_completion.h"

@@ -24,6 +24,12 @@ inline void countCudaCall() { cudaCallCount().fetch_add(1, std::memory_order_rel
                                                   " (", cudaGetErrorString(e), ")"));
 }
 
+// A CUDA call's result checked (and counted); `what` names the call.
+inline void checkCuda(cudaError_t e, const char* what) {
+  countCudaCall();
+  if (e != cudaSuccess) throwCudaError(e, what);
+}
+
 // The result of a status query (cudaEventQuery, cudaStreamQuery), passed
 // through. "Not ready" may linger as the thread's last error (torch clears
 // it too): a later launch check (cudaGetLastError) would take it for its own.
@@ -35,9 +41,4 @@ inline cudaError_t queried(cudaError_t e) {
 
 }  // namespace smdccl
 
-#define SMDCCL_CUDA_CHECK(expr)                                                   \
-  do {                                                                            \
-    ::smdccl::countCudaCall();                                                    \
-    cudaError_t smdccl_err_ = (expr);                                             \
-    if (smdccl_err_ != cudaSuccess) ::smdccl::throwCudaError(smdccl_err_, #expr); \
-  } while (0)
+#define SMDCCL_CUDA_CHECK(expr) ::smdccl::checkCuda((expr), #expr)
