@@ -51,12 +51,12 @@ void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tu
 void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
 void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 void ncclReduce(Comm& c, GpuContext& g, const CollectiveArgs& a);  // one node
-// ipc_one_shot, ipc_two_shot, two_level_ipc (gpu_allreduce.cpp): over the
+// ipc_one_shot, ipc_two_shot, two_level_ipc (gpu_ipc.cpp): over the
 // node's IPC buffers, in pieces of a buffer, one-shot where a piece is at
 // most SMDCCL_CUDA_ONESHOT_KB on one node, else two-shot; across nodes each
 // rank's slice of a piece staged between its reduce-scatter and gather.
 void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
-// ipc (gpu_scatter_gather.cpp): one node.
+// ipc (gpu_ipc.cpp): one node.
 void ipcReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r);
 void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b);
 

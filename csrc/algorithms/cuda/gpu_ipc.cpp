@@ -1,5 +1,5 @@
-// The IPC allreduce (the paths ipc_one_shot, ipc_two_shot, two_level_ipc:
-// algorithms/gpu_paths.h).
+// The IPC collectives (the paths ipc_one_shot, ipc_two_shot, two_level_ipc
+// and ipc: algorithms/gpu_paths.h): allreduce, reduce-scatter, allgather.
 //
 // The IPC steps are ordered across processes by node barriers, before
 // anyone reads what the others wrote and again before anyone overwrites its
@@ -11,20 +11,26 @@
 #include <cstdint>
 #include <vector>
 
-#include "algorithms/algorithm.h"
-#include "algorithms/collectives.h"
 #include "algorithms/slices.h"
-#include "algorithms/staged_collectives.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "kernels/cuda/kernels.h"
 #include "transport/cuda/cuda_check.h"
-#include "common/log.h"
 
 namespace smdccl {
 
 namespace {
 
+// One piece's steps over the node's IPC buffers.
 struct IpcStep {
+  IpcStep(Comm& comm, GpuContext& gpu, DType d, RedOp o)
+      : c(comm),
+        local(comm.sub(comm.levels->nodes[comm.levels->myNode])),
+        g(gpu),
+        space(gpu.ipc(*comm.levels, comm.ctx.deadline)),
+        dt(d),
+        op(o),
+        es(elementSize(d)) {}
+
   Comm& c;
   Comm local;
   GpuContext& g;
@@ -98,18 +104,13 @@ struct IpcStep {
 
 }  // namespace
 
-// The IPC allreduce: inside the node over the IPC buffers, in pieces of a
-// buffer: one-shot where a piece is at most SMDCCL_CUDA_ONESHOT_KB on one
-// node, else two-shot; with several nodes each rank's slice of a piece is
-// allreduced across nodes (staged) between its reduce-scatter and gather.
 void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   const DType dt = a.dt;
-  const RedOp op = a.op;
   const size_t es = elementSize(dt);
   const Hierarchy& h = *c.levels;
-  Comm local = c.sub(h.nodes[h.myNode]);
-  CudaIpcSpace& space = g.ipc(h, c.ctx.deadline);
-  IpcStep step{c, local, g, space, dt, op, es};
+  IpcStep step(c, g, dt, a.op);
+  Comm& local = step.local;
+  CudaIpcSpace& space = step.space;
   const bool multiNode = h.numNodes() > 1;
   Comm across = multiNode ? c.sub(h.acrossNodes(h.myLocal)) : local;
   size_t chunk = space.bytes() / es;
@@ -130,11 +131,63 @@ void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
                       {.buf = space.buffer(me) + s.begin[me] * es,
                        .count = s.end[me] - s.begin[me],
                        .dt = dt,
-                       .op = op},
+                       .op = a.op},
                       t);
       g.nodeBarrier(c, local, "inter-node allreduce");  // every slice final before the gather
     }
     step.gather(d, s);
+  }
+}
+
+// One node, rank r = local rank r. Per piece of `m` elements of every block:
+// each rank copies piece p of all P blocks into its IPC buffer (row q at
+// q*m), the node meets, each rank reduces row `me` of every buffer into its
+// output in one pass, the node meets again before buffers are reused.
+void ipcReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r) {
+  IpcStep step(c, g, r.dt, r.op);
+  const int P = step.space.localSize(), me = step.space.localRank();
+  const size_t es = step.es;
+  // Rows start on 16 bytes so the reduce takes its vector path.
+  const size_t align = std::max<size_t>(1, 16 / es);
+  size_t m = step.space.bytes() / (static_cast<size_t>(P) * es);
+  if (m >= align) m = m / align * align;
+  m = std::max<size_t>(1, m);
+  for (size_t a = 0; a < r.each; a += m) {
+    const size_t n = std::min(m, r.each - a);
+    for (int q = 0; q < P; ++q)
+      checkCuda(cudaMemcpyAsync(step.space.buffer(me) + static_cast<size_t>(q) * m * es,
+                                r.in + (static_cast<size_t>(q) * r.each + a) * es, n * es,
+                                cudaMemcpyDeviceToDevice, g.stream()),
+                "copy into the IPC buffer");
+    step.sync("copy into the IPC buffer");
+    auto rows = step.peers(static_cast<size_t>(me) * m * es);
+    checkCuda(cuda::reduceMulti(r.out + a * es, rows.data(), P, {n, r.dt, r.op}, g.stream()),
+              "IPC reduce-scatter");
+    step.sync("IPC reduce-scatter");
+  }
+}
+
+// One node. Per piece: each rank copies its block's piece into its IPC
+// buffer, the node meets, each rank copies every peer's piece into place,
+// the node meets again before buffers are reused.
+void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b) {
+  IpcStep step(c, g, DType::U8, RedOp::Sum);
+  const int P = step.space.localSize(), me = step.space.localRank();
+  char* mine = b.out + static_cast<size_t>(me) * b.eachBytes;
+  if (mine != b.in)
+    checkCuda(cudaMemcpyAsync(mine, b.in, b.eachBytes, cudaMemcpyDeviceToDevice, g.stream()),
+              "copy of this rank's block");
+  const size_t piece = std::max<size_t>(16, step.space.bytes() / 16 * 16);
+  for (size_t a = 0; a < b.eachBytes; a += piece) {
+    const size_t n = std::min(piece, b.eachBytes - a);
+    step.stageIn(b.in + a, n);
+    // Default kind: a peer's buffer may be on another GPU of the node.
+    for (int q = 0; q < P; ++q)
+      if (q != me)
+        checkCuda(cudaMemcpyAsync(b.out + static_cast<size_t>(q) * b.eachBytes + a,
+                                  step.space.buffer(q), n, cudaMemcpyDefault, g.stream()),
+                  "IPC allgather");
+    step.sync("IPC allgather");
   }
 }
 
