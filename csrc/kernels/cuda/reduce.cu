@@ -23,95 +23,67 @@ __host__ __device__ constexpr int unrollFor() {
   return u < 1 ? 1 : (u > 4 ? 4 : u);
 }
 
-// out = in[0] op in[1] op ... op in[k-1].
-// Every pointer 16-byte aligned: vectors for count / V elements, then the
-// last count % V elements one per thread of the first threads.
-template <DType D, RedOp OP>
-__global__ void __launch_bounds__(kThreads, 2)
-    reduceVecKernel(const __grid_constant__ InPtrs in, int k, void* out, size_t count) {
+// Vectors i, i + nth, ... (U of them) of out = in[0] op in[1] op ... op in[k-1].
+template <DType D, RedOp OP, int U>
+__device__ __forceinline__ void reduceVectors(const InPtrs& in, int k, uint4* o, size_t i,
+                                              size_t nth) {
   using E = Elem<D>;
-  using T = typename E::T;
-  using A = typename E::A;
-  using VT = Vec16<T>;
+  using VT = Vec16<typename E::T>;
   constexpr int V = VT::V;
-  constexpr int U = unrollFor<D>();
-  const size_t nvec = count / V;
-  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
-  uint4* o = static_cast<uint4*>(out);
-
-  size_t i = tid;
-  for (; i + (U - 1) * nth < nvec; i += U * nth) {
-    A acc[U][V];
-    {
-      const uint4* p = static_cast<const uint4*>(in.p[0]);
-      VT r[U];
+  typename E::A acc[U][V];
+  {
+    const uint4* p = static_cast<const uint4*>(in.p[0]);
+    VT r[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) r[u].u = p[i + u * nth];
+    for (int u = 0; u < U; ++u) r[u].u = p[i + u * nth];
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int e = 0; e < V; ++e) acc[u][e] = E::widen(r[u].e[e]);
-    }
-#pragma unroll 1
-    for (int j = 1; j < k; ++j) {
-      const uint4* p = static_cast<const uint4*>(in.p[j]);
-      VT r[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) r[u].u = p[i + u * nth];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int e = 0; e < V; ++e) acc[u][e] = applyOp<D, OP>(acc[u][e], E::widen(r[u].e[e]));
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      VT w;
-#pragma unroll
-      for (int e = 0; e < V; ++e) w.e[e] = E::narrow(acc[u][e]);
-      o[i + u * nth] = w.u;
-    }
+      for (int e = 0; e < V; ++e) acc[u][e] = E::widen(r[u].e[e]);
   }
-  for (; i < nvec; i += nth) {
-    A acc[V];
-    VT r;
-    r.u = static_cast<const uint4*>(in.p[0])[i];
+#pragma unroll 1
+  for (int j = 1; j < k; ++j) {
+    const uint4* p = static_cast<const uint4*>(in.p[j]);
+    VT r[U];
 #pragma unroll
-    for (int e = 0; e < V; ++e) acc[e] = E::widen(r.e[e]);
-    for (int j = 1; j < k; ++j) {
-      r.u = static_cast<const uint4*>(in.p[j])[i];
+    for (int u = 0; u < U; ++u) r[u].u = p[i + u * nth];
 #pragma unroll
-      for (int e = 0; e < V; ++e) acc[e] = applyOp<D, OP>(acc[e], E::widen(r.e[e]));
-    }
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[u][e] = applyOp<D, OP>(acc[u][e], E::widen(r[u].e[e]));
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
     VT w;
 #pragma unroll
-    for (int e = 0; e < V; ++e) w.e[e] = E::narrow(acc[e]);
-    o[i] = w.u;
-  }
-  const size_t tail = count - nvec * V;
-  if (tid < tail) {
-    const size_t idx = nvec * V + tid;
-    A acc = E::widen(static_cast<const T*>(in.p[0])[idx]);
-    for (int j = 1; j < k; ++j)
-      acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[idx]));
-    static_cast<T*>(out)[idx] = E::narrow(acc);
+    for (int e = 0; e < V; ++e) w.e[e] = E::narrow(acc[u][e]);
+    o[i + u * nth] = w.u;
   }
 }
 
-// The same, element by element (some pointer not 16-byte aligned).
+// out = in[0] op in[1] op ... op in[k-1]. `vec` (every pointer 16-byte
+// aligned): 16-byte vectors for count / V elements, then the last
+// count % V; otherwise element by element.
 template <DType D, RedOp OP>
-__global__ void __launch_bounds__(kThreads)
-    reduceScalarKernel(const __grid_constant__ InPtrs in, int k, void* out, size_t count) {
+__global__ void __launch_bounds__(kThreads, 2)
+    reduceKernel(const __grid_constant__ InPtrs in, int k, void* out, size_t count, bool vec) {
   using E = Elem<D>;
   using T = typename E::T;
-  using A = typename E::A;
+  constexpr int V = Vec16<T>::V;
+  constexpr int U = unrollFor<D>();
+  const size_t nvec = vec ? count / V : 0;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += nth) {
-    A acc = E::widen(static_cast<const T*>(in.p[0])[i]);
+  uint4* o = static_cast<uint4*>(out);
+  size_t i = tid;
+  for (; i + (U - 1) * nth < nvec; i += U * nth) reduceVectors<D, OP, U>(in, k, o, i, nth);
+  for (; i < nvec; i += nth) reduceVectors<D, OP, 1>(in, k, o, i, nth);
+  for (size_t x = nvec * V + tid; x < count; x += nth) {
+    typename E::A acc = E::widen(static_cast<const T*>(in.p[0])[x]);
 #pragma unroll 1
     for (int j = 1; j < k; ++j)
-      acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[i]));
-    static_cast<T*>(out)[i] = E::narrow(acc);
+      acc = applyOp<D, OP>(acc, E::widen(static_cast<const T*>(in.p[j])[x]));
+    static_cast<T*>(out)[x] = E::narrow(acc);
   }
 }
 
@@ -130,18 +102,10 @@ struct ReduceLaunch {
 template <DType D, RedOp OP>
 cudaError_t launchReduce(const ReduceLaunch& l) {
   constexpr int V = 16 / static_cast<int>(sizeof(typename Elem<D>::T));
-  if (l.loadOnly) {
-    cudaError_t e = loadKernel<reduceVecKernel<D, OP>>();
-    cudaError_t f = loadKernel<reduceScalarKernel<D, OP>>();
-    return e != cudaSuccess ? e : f;
-  }
-  if (l.vec) {
-    unsigned grid = gridFor<reduceVecKernel<D, OP>>(l.count / V, unrollFor<D>());
-    reduceVecKernel<D, OP><<<grid, kThreads, 0, l.stream>>>(l.in, l.k, l.out, l.count);
-  } else {
-    unsigned grid = gridFor<reduceScalarKernel<D, OP>>(l.count, 4);
-    reduceScalarKernel<D, OP><<<grid, kThreads, 0, l.stream>>>(l.in, l.k, l.out, l.count);
-  }
+  constexpr auto K = reduceKernel<D, OP>;
+  if (l.loadOnly) return loadKernel<K>();
+  const unsigned grid = l.vec ? gridFor<K>(l.count / V, unrollFor<D>()) : gridFor<K>(l.count, 4);
+  K<<<grid, kThreads, 0, l.stream>>>(l.in, l.k, l.out, l.count, l.vec);
   return cudaGetLastError();
 }
 
@@ -258,12 +222,8 @@ cudaError_t gatherSlices(void* out, const SliceTable& slices, cudaStream_t strea
   }
   if (longest == 0) return cudaSuccess;
   // One wave in all: the slices share the resident blocks.
-  size_t perBlock = static_cast<size_t>(kThreads) * 16 * kGatherUnroll;
-  size_t need = (longest + perBlock - 1) / perBlock;
-  size_t cap = static_cast<size_t>(kernelSms()) * blocksPerSm<gatherKernel>() / k;
-  if (cap < 1) cap = 1;
-  if (need > cap) need = cap;
-  if (need < 1) need = 1;
+  const size_t need = waveBlocks(longest, static_cast<size_t>(kThreads) * 16 * kGatherUnroll, 1,
+                                 kernelSms() * blocksPerSm<gatherKernel>() / k);
   dim3 grid(static_cast<unsigned>(need), static_cast<unsigned>(k));
   gatherKernel<<<grid, kThreads, 0, stream>>>(s, static_cast<unsigned char*>(out));
   return cudaGetLastError();
