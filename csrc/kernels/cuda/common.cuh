@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/dtype.h"
 #include "kernels/cuda/sm_cap.h"
@@ -18,31 +19,12 @@ namespace smdccl::cuda::detail {
 constexpr int kThreads = 512;  // threads per block of the streaming kernels
 
 // ---- float <-> 16-bit, round to nearest even, bit-identical to the CPU ----
-__host__ __device__ __forceinline__ uint32_t floatBits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-__host__ __device__ __forceinline__ float bitsFloat(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-
-__host__ __device__ __forceinline__ float bf16ToFloat(uint16_t h) {
-  return bitsFloat(static_cast<uint32_t>(h) << 16);
+__device__ __forceinline__ float bf16ToFloat(uint16_t h) {
+  return __uint_as_float(static_cast<uint32_t>(h) << 16);
 }
 // The CPU's floatToBf16: RNE; a NaN keeps its top bits and is made quiet.
-__host__ __device__ __forceinline__ uint16_t floatToBf16(float f) {
-  uint32_t u = floatBits(f);
+__device__ __forceinline__ uint16_t floatToBf16(float f) {
+  uint32_t u = __float_as_uint(f);
   uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   uint32_t quietNan = (u >> 16) | 0x40u;
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
@@ -83,15 +65,9 @@ __device__ __forceinline__ T floatOp(T a, T b) {
   }
 }
 
-template <typename T> struct UnsignedOf;
-template <> struct UnsignedOf<int8_t> { using type = uint8_t; };
-template <> struct UnsignedOf<uint8_t> { using type = uint8_t; };
-template <> struct UnsignedOf<int32_t> { using type = uint32_t; };
-template <> struct UnsignedOf<int64_t> { using type = uint64_t; };
-
 template <RedOp OP, typename T>
 __device__ __forceinline__ T intOp(T a, T b) {
-  using U = typename UnsignedOf<T>::type;
+  using U = std::make_unsigned_t<T>;
   if constexpr (OP == RedOp::Sum) return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
   else if constexpr (OP == RedOp::Prod) return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
   else if constexpr (OP == RedOp::Min) return b < a ? b : a;
@@ -112,16 +88,20 @@ __device__ __forceinline__ uint8_t boolOp(uint8_t a, uint8_t b) {
 enum class Kind { Float, Int, Bool };
 
 template <DType D> struct Elem;
-template <> struct Elem<DType::F32> {
-  using T = float; using A = float; static constexpr Kind kind = Kind::Float;
+// Stored as computed.
+template <typename X, Kind K> struct Same {
+  using T = X; using A = X; static constexpr Kind kind = K;
   static __device__ __forceinline__ A widen(T x) { return x; }
   static __device__ __forceinline__ T narrow(A x) { return x; }
 };
-template <> struct Elem<DType::F64> {
-  using T = double; using A = double; static constexpr Kind kind = Kind::Float;
-  static __device__ __forceinline__ A widen(T x) { return x; }
-  static __device__ __forceinline__ T narrow(A x) { return x; }
-};
+template <> struct Elem<DType::F32> : Same<float, Kind::Float> {};
+template <> struct Elem<DType::F64> : Same<double, Kind::Float> {};
+template <> struct Elem<DType::I8> : Same<int8_t, Kind::Int> {};
+template <> struct Elem<DType::I32> : Same<int32_t, Kind::Int> {};
+template <> struct Elem<DType::I64> : Same<int64_t, Kind::Int> {};
+template <> struct Elem<DType::U8> : Same<uint8_t, Kind::Int> {};
+template <> struct Elem<DType::Bool> : Same<uint8_t, Kind::Bool> {};
+// 16-bit floats: summed as float32.
 template <> struct Elem<DType::F16> {
   using T = uint16_t; using A = float; static constexpr Kind kind = Kind::Float;
   static __device__ __forceinline__ A widen(T x) { return f16ToFloat(x); }
@@ -131,20 +111,6 @@ template <> struct Elem<DType::BF16> {
   using T = uint16_t; using A = float; static constexpr Kind kind = Kind::Float;
   static __device__ __forceinline__ A widen(T x) { return bf16ToFloat(x); }
   static __device__ __forceinline__ T narrow(A x) { return floatToBf16(x); }
-};
-template <typename IT> struct IntElem {
-  using T = IT; using A = IT; static constexpr Kind kind = Kind::Int;
-  static __device__ __forceinline__ A widen(T x) { return x; }
-  static __device__ __forceinline__ T narrow(A x) { return x; }
-};
-template <> struct Elem<DType::I8> : IntElem<int8_t> {};
-template <> struct Elem<DType::I32> : IntElem<int32_t> {};
-template <> struct Elem<DType::I64> : IntElem<int64_t> {};
-template <> struct Elem<DType::U8> : IntElem<uint8_t> {};
-template <> struct Elem<DType::Bool> {
-  using T = uint8_t; using A = uint8_t; static constexpr Kind kind = Kind::Bool;
-  static __device__ __forceinline__ A widen(T x) { return x; }
-  static __device__ __forceinline__ T narrow(A x) { return x; }
 };
 
 template <DType D, RedOp OP>
@@ -161,10 +127,6 @@ union Vec16 {
   uint4 u;
   T e[V];
 };
-
-// Streaming 16-byte loads/stores (data touched once: evict-first).
-__device__ __forceinline__ uint4 loadStream(const uint4* p) { return __ldcs(p); }
-__device__ __forceinline__ void storeStream(uint4* p, uint4 v) { __stcs(p, v); }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
