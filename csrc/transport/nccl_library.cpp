@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "common/env.h"
+#include "common/hex.h"
 #include "common/error.h"
 
 namespace smdccl {
@@ -111,28 +112,11 @@ void NcclLibrary::check(int result, const std::string& what) const {
                                                   text ? text : "unknown", ")"));
 }
 
-std::string encodeNcclId(const NcclUniqueId& id) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (char c : id.bytes) {
-    const auto b = static_cast<unsigned char>(c);
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
+std::string encodeNcclId(const NcclUniqueId& id) { return toHex(id.bytes, sizeof(id.bytes)); }
 
 NcclUniqueId decodeNcclId(const std::string& s) {
   NcclUniqueId id{};
-  auto nibble = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-  };
-  bool ok = s.size() == 2 * sizeof(id.bytes);
-  for (size_t i = 0; ok && i < sizeof(id.bytes); ++i) {
-    const int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
-    ok = hi >= 0 && lo >= 0;
-    id.bytes[i] = static_cast<char>(hi << 4 | lo);
-  }
+  const bool ok = fromHex(s, id.bytes, sizeof(id.bytes));
   SMDCCL_CHECK_ARG(ok, "smdccl: a malformed NCCL unique id in the store (", s.size(), " characters)");
   return id;
 }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/hex.h"
 #include "common/log.h"
 #include "transport/byte_order.h"
 #include "transport/socket_util.h"
@@ -96,21 +97,12 @@ GroupToken randomToken() {
   return t;
 }
 
-std::string tokenToHex(const GroupToken& t) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : t) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
+std::string tokenToHex(const GroupToken& t) { return toHex(t.data(), t.size()); }
 
 GroupToken tokenFromHex(const std::string& hex) {
-  if (hex.size() != 32) throw CommError(CommError::Kind::Protocol, "malformed group token");
   GroupToken t;
-  for (size_t i = 0; i < 16; ++i)
-    t[i] = static_cast<uint8_t>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  if (!fromHex(hex, t.data(), t.size()))
+    throw CommError(CommError::Kind::Protocol, "malformed group token");
   return t;
 }
 

@@ -5,39 +5,13 @@
 
 #include <cstring>
 
+#include "common/hex.h"
 #include "common/log.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace smdccl {
 
 namespace {
-
-std::string toHex(const void* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  auto* b = static_cast<const unsigned char*>(p);
-  for (size_t i = 0; i < n; ++i) {
-    s += digits[b[i] >> 4];
-    s += digits[b[i] & 15];
-  }
-  return s;
-}
-
-void fromHex(const std::string& s, void* p, size_t n) {
-  auto nib = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  bool ok = s.size() == 2 * n;
-  auto* b = static_cast<unsigned char*>(p);
-  for (size_t i = 0; ok && i < n; ++i) {
-    int hi = nib(s[2 * i]), lo = nib(s[2 * i + 1]);
-    ok = hi >= 0 && lo >= 0;
-    b[i] = static_cast<unsigned char>(hi << 4 | lo);
-  }
-  if (!ok) throw CommError(CommError::Kind::Protocol, "malformed CUDA IPC handle in the store");
-}
 
 // Sets the device for this thread and restores the previous one on exit.
 struct DeviceScope {
@@ -132,7 +106,8 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline)
             strCat("CUDA IPC settings differ on this node: local rank ", l, " has ", theirs,
                    ", this rank ", settings, "; set SMDCCL_CUDA_* alike on every rank"));
       cudaIpcMemHandle_t peer;
-      fromHex(v.substr(colon + 1), &peer, sizeof peer);
+      if (!fromHex(v.substr(colon + 1), &peer, sizeof peer))
+        throw CommError(CommError::Kind::Protocol, "malformed CUDA IPC handle in the store");
       void* p = nullptr;
       // Lazy peer access: a buffer on another GPU of the node is reached
       // over NVLink / PCIe; one on this GPU needs none.
