@@ -101,8 +101,6 @@ CudaIpcSpace& GpuContext::ipc(const Hierarchy& h, Deadline deadline) {
                          .localSize = localSize,
                          .device = device_,
                          .bytes = tuning_.ipcBytes,
-                         .settings = strCat("SMDCCL_CUDA_IPC_MB=", tuning_.ipcBytes >> 20,
-                                            ",SMDCCL_CUDA_ONESHOT_KB=", tuning_.oneShotBytes >> 10),
                          .freeCached = freeCached_},
       deadline);
   return *ipc_;

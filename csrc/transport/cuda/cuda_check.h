@@ -30,6 +30,24 @@ inline void checkCuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throwCudaError(e, what);
 }
 
+// Sets the thread's device for a scope and restores the previous one at
+// its end. `strict`: a failed switch throws; otherwise (cleanup that must
+// not throw) the calls go to the device that is current.
+struct DeviceScope {
+  int prev = -1;
+  explicit DeviceScope(int dev, bool strict = true) {
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != dev) e = cudaSetDevice(dev);
+    if (e != cudaSuccess && strict) throwCudaError(e, "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    int cur = -1;
+    if (prev >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != prev) cudaSetDevice(prev);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+};
+
 // The result of a status query (cudaEventQuery, cudaStreamQuery), passed
 // through. "Not ready" may linger as the thread's last error (torch clears
 // it too): a later launch check (cudaGetLastError) would take it for its own.

@@ -13,20 +13,7 @@ namespace smdccl {
 
 namespace {
 
-// Sets the device for this thread and restores the previous one on exit.
-struct DeviceScope {
-  int prev = -1;
-  explicit DeviceScope(int dev) {
-    SMDCCL_CUDA_CHECK(cudaGetDevice(&prev));
-    if (prev != dev) SMDCCL_CUDA_CHECK(cudaSetDevice(dev));
-  }
-  ~DeviceScope() {
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev) cudaSetDevice(prev);
-  }
-};
-
-// A value of the store exchange: "pid:device:settings:handle", or
+// A value of the store exchange: "pid:device:handle", or
 // "error:<why>" from a rank that has no buffer to share.
 constexpr const char* kErrorTag = "error:";
 
@@ -62,33 +49,29 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline)
       device_(s.device),
       bytes_(s.bytes),
       ptrs_(s.localSize, nullptr) {
-  const std::string& keyPrefix = s.keyPrefix;
-  const int localRank = s.localRank, localSize = s.localSize, device = s.device;
-  const size_t bytes = s.bytes;
-  const std::string& settings = s.settings;
-  const std::function<void()>& freeCached = s.freeCached;
-  DeviceScope scope(device);
+  const int localRank = s.localRank, localSize = s.localSize;
+  DeviceScope scope(s.device);
   std::string mine;
   try {
     void* p = allocateDeviceMemory(
-        bytes, device, freeCached,
-        strCat("smdccl's CUDA IPC buffer (SMDCCL_CUDA_IPC_MB=", bytes >> 20, ")"),
+        s.bytes, s.device, s.freeCached,
+        strCat("smdccl's CUDA IPC buffer (SMDCCL_CUDA_IPC_MB=", s.bytes >> 20, ")"),
         "set SMDCCL_CUDA_IPC_MB lower, or SMDCCL_CUDA_IPC=0 to stage through host memory");
     ptrs_[localRank] = static_cast<char*>(p);
     cudaIpcMemHandle_t handle;
     SMDCCL_CUDA_CHECK(cudaIpcGetMemHandle(&handle, p));
     // The pid makes a stale key from an earlier group of the same name
     // recognisable in logs; the handle itself is what peers open.
-    mine = strCat(getpid(), ":", device, ":", settings, ":", toHex(&handle, sizeof handle));
+    mine = strCat(getpid(), ":", s.device, ":", toHex(&handle, sizeof handle));
   } catch (const std::exception& e) {
     // Node-mates wait for this rank's handle: tell them at once why there is none.
-    store.set(strCat(keyPrefix, "/", localRank), strCat(kErrorTag, e.what()));
+    store.set(strCat(s.keyPrefix, "/", localRank), strCat(kErrorTag, e.what()));
     release();
     throw;
   }
   try {
     std::vector<std::string> all =
-        allGatherStrings(store, {keyPrefix, localRank, localSize, deadline}, mine);
+        allGatherStrings(store, {s.keyPrefix, localRank, localSize, deadline}, mine);
     for (int l = 0; l < localSize; ++l) {
       if (l == localRank) continue;
       const std::string& v = all[static_cast<size_t>(l)];
@@ -96,17 +79,8 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline)
         throw CommError(CommError::Kind::PeerFailure,
                         strCat("local rank ", l, " of this node has no CUDA IPC buffer to share: ",
                                v.substr(std::char_traits<char>::length(kErrorTag))));
-      size_t colon = v.rfind(':');
-      size_t settingsAt = v.find(':', v.find(':') + 1) + 1;
-      std::string theirs = v.substr(settingsAt, colon - settingsAt);
-      // Each rank indexes its peers' buffers with its own sizes: they must agree.
-      if (theirs != settings)
-        throw CommError(
-            CommError::Kind::Mismatch,
-            strCat("CUDA IPC settings differ on this node: local rank ", l, " has ", theirs,
-                   ", this rank ", settings, "; set SMDCCL_CUDA_* alike on every rank"));
       cudaIpcMemHandle_t peer;
-      if (!fromHex(v.substr(colon + 1), &peer, sizeof peer))
+      if (!fromHex(v.substr(v.rfind(':') + 1), &peer, sizeof peer))
         throw CommError(CommError::Kind::Protocol, "malformed CUDA IPC handle in the store");
       void* p = nullptr;
       // Lazy peer access: a buffer on another GPU of the node is reached
@@ -126,39 +100,33 @@ CudaIpcSpace::CudaIpcSpace(KVStore& store, const Spec& s, Deadline deadline)
     // stays allocated until exit (the destructor's unmapped round, which
     // would free it safely, needs node-mates that are failing with this).
     unmapPeers();
-    SMDCCL_INFO("CUDA IPC: this rank's buffer of ", bytes >> 20,
+    SMDCCL_INFO("CUDA IPC: this rank's buffer of ", s.bytes >> 20,
                 " MiB stays allocated until exit: the node's IPC setup failed after its handle "
                 "was shared");
     ptrs_[static_cast<size_t>(localRank)] = nullptr;
     throw;
   }
-  SMDCCL_INFO("CUDA IPC: ", localSize, " buffers of ", bytes >> 10, " KiB mapped on device ",
-              device);
+  SMDCCL_INFO("CUDA IPC: ", localSize, " buffers of ", s.bytes >> 10, " KiB mapped on device ",
+              s.device);
 }
 
 // Frees this rank's buffer and unmaps the peers' (errors ignored): once no
 // peer can map it (before its handle is shared, or after the unmapped round).
 void CudaIpcSpace::release() noexcept {
   unmapPeers();
-  int prev = -1;
-  bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
-                 cudaSetDevice(device_) == cudaSuccess;
+  DeviceScope scope(device_, /*strict=*/false);
   char*& own = ptrs_[static_cast<size_t>(localRank_)];
   if (own) cudaFree(own);
   own = nullptr;
-  if (restore) cudaSetDevice(prev);
 }
 
 void CudaIpcSpace::unmapPeers() noexcept {
-  int prev = -1;
-  bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
-                 cudaSetDevice(device_) == cudaSuccess;
+  DeviceScope scope(device_, /*strict=*/false);
   for (size_t l = 0; l < ptrs_.size(); ++l) {
     if (!ptrs_[l] || static_cast<int>(l) == localRank_) continue;
     cudaIpcCloseMemHandle(ptrs_[l]);
     ptrs_[l] = nullptr;
   }
-  if (restore) cudaSetDevice(prev);
 }
 
 CudaIpcSpace::~CudaIpcSpace() {

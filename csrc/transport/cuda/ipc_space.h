@@ -30,10 +30,9 @@ class CudaIpcSpace {
     int localRank;
     int localSize;
     int device;
-    size_t bytes;  // each rank's buffer
-    // What every node-mate must have alike (no ':'): the sizes each uses to
-    // index the others' buffers; a difference is an error.
-    std::string settings;
+    // Each rank's buffer; alike on the node (GpuContext::agreeOnTuning
+    // checks the settings that size it before any path runs).
+    size_t bytes;
     // Out of memory: runs (torch's caching allocator handing its idle
     // blocks back) before the one retry; may be empty.
     std::function<void()> freeCached;
