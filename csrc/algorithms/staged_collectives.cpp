@@ -11,13 +11,13 @@
 namespace smdccl {
 
 namespace {
-// allreduceRounds' chunk in elements, and its slots.
-size_t chunkElems(DType dt, size_t chunkBytes) {
-  return std::max<size_t>(1, chunkBytes / elementSize(dt));
+// Slots for `rounds` rounds: one each, up to kStagedRoundSlots in turn.
+int slotsFor(size_t rounds) {
+  return static_cast<int>(std::clamp<size_t>(rounds, 1, kStagedRoundSlots));
 }
-int slotsFor(size_t count, size_t chunk) {
-  return static_cast<int>(
-      std::min<size_t>((count + chunk - 1) / chunk, static_cast<size_t>(kStagedRoundSlots)));
+// The quantization scratch of c's group (a lone test Comm: `own`).
+std::vector<char>& quantizedOf(const Comm& c, std::vector<char>& own) {
+  return c.book ? c.book->quantized : own;
 }
 
 // Packed rounds: the device leaves n wire values at the start of a
@@ -53,7 +53,7 @@ void allreduceSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   if (!c.int8Across(a.dt, a.op)) return allreduce(c, a, t);
   std::vector<char> own;
   int8AcrossAllreduce(c, a,
-                      {.scratch = c.book ? c.book->quantized : own,
+                      {.scratch = quantizedOf(c, own),
                        .feedback = c.int8Feedback,
                        .chunkBytes = t.pipelineChunkBytes});
 }
@@ -61,8 +61,7 @@ void allreduceSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
 void reduceScatterSlot(Comm& c, const CollectiveArgs& a, const Tuning& t) {
   if (!c.int8Across(a.dt, a.op)) return reduceScatter(c, a, t);
   std::vector<char> own;
-  int8AcrossReduceScatter(
-      c, a, {.scratch = c.book ? c.book->quantized : own, .feedback = c.int8Feedback});
+  int8AcrossReduceScatter(c, a, {.scratch = quantizedOf(c, own), .feedback = c.int8Feedback});
 }
 
 // Where each rank's piece (counts[j] float32 values) sits in a slot packed
@@ -104,24 +103,22 @@ StagedRound int8AllreduceRound(const Comm& c, char* dev, const Int8Slot& s) {
   }
   round.host = [comm = c, s](char* slot) mutable {
     std::vector<char> own;
-    int8AcrossPackedAllreduce(comm, slot, s, comm.book ? comm.book->quantized : own);
+    int8AcrossPackedAllreduce(comm, slot, s, quantizedOf(comm, own));
   };
   return round;
 }
 
 }  // namespace
 
-Wire stagedPackWire(const Comm& c, DType dt) { return c.resultWire(dt); }
-
 StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t chunkBytes,
                                 const Tuning& t) {
   const size_t es = elementSize(a.dt);
   // A tensor under a chunk takes a slot of its own size, not a chunk's.
-  const size_t chunk = std::min(chunkElems(a.dt, chunkBytes), std::max<size_t>(a.count, 1));
-  const Wire wire = stagedPackWire(c, a.dt);
+  const size_t chunk = std::min(std::max<size_t>(1, chunkBytes / es), std::max<size_t>(a.count, 1));
+  const Wire wire = c.resultWire(a.dt);
   StagedRoundsJob job;
   job.slotBytes = chunk * es;
-  job.slots = slotsFor(a.count, chunk);
+  job.slots = slotsFor((a.count + chunk - 1) / chunk);
   job.dt = a.dt;
   job.wire = wire;
   // int8 across nodes: the device quantizes the pieces the other nodes
@@ -158,7 +155,7 @@ StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, cons
   const size_t es = elementSize(r.dt);
   const size_t blockBytes = r.each * es;
   const size_t total = blockBytes * static_cast<size_t>(c.size());
-  const Wire wire = stagedPackWire(c, r.dt);
+  const Wire wire = c.resultWire(r.dt);
   // Packed, this rank's block comes back from its place in the packed layout.
   const size_t mine = blockBytes * static_cast<size_t>(c.rank());
   const size_t back = wire == Wire::F32 ? mine : mine / 2;
@@ -179,7 +176,7 @@ StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, cons
                            s.offsets[j], blockBytes, j != c.rank()});
     round.host = [comm = c, s](char* slot) mutable {
       std::vector<char> own;
-      int8AcrossPackedReduceScatter(comm, slot, s, comm.book ? comm.book->quantized : own);
+      int8AcrossPackedReduceScatter(comm, slot, s, quantizedOf(comm, own));
     };
     round.in.push_back({r.out, s.offsets[c.rank()], blockBytes});
     job.slotBytes = int8SlotBytes(s);
@@ -203,7 +200,7 @@ StagedRoundsJob broadcastRounds(const Comm& c, const StagedBroadcast& b, const T
   const bool root = c.rank() == b.root;
   StagedRoundsJob job;
   job.slotBytes = piece;
-  job.slots = static_cast<int>(std::min<size_t>((b.bytes + piece - 1) / piece, kStagedRoundSlots));
+  job.slots = slotsFor((b.bytes + piece - 1) / piece);
   for (size_t at = 0; at < b.bytes; at += piece) {
     const size_t n = std::min(piece, b.bytes - at);
     StagedRound round;
@@ -224,8 +221,7 @@ StagedRoundsJob allgatherRounds(const Comm& c, const BlockGather& b, size_t roun
   piece = std::min(piece, std::max<size_t>(each, 1));
   StagedRoundsJob job;
   job.slotBytes = piece * p;
-  const size_t rounds = (each + piece - 1) / piece;
-  job.slots = static_cast<int>(std::min<size_t>(std::max<size_t>(rounds, 1), kStagedRoundSlots));
+  job.slots = slotsFor((each + piece - 1) / piece);
   for (size_t at = 0; at < each; at += piece) {
     const size_t n = std::min(piece, each - at);
     StagedRound round;

@@ -16,22 +16,21 @@ namespace smdccl {
 // Rounds in flight, a slot each.
 constexpr int kStagedRoundSlots = 4;
 
-// What the device packs a staged reduction's float32 data to on its way to
-// the host: c's wire where c's results are rounded to it (Comm::resultWire:
-// some hop is compressed), else nothing (F32). Packed, the host widens the
+// A staged reduction's float32 data crosses PCIe packed to
+// c.resultWire(dt): c's 16-bit wire where some hop is compressed (its
+// results are rounded to it), else as it is. Packed, the host widens the
 // slot to float32, runs the collective a host tensor would get, with its
 // float32 sums and wire, and narrows the results (exactly: they are the
 // wire's values already) for the trip back. Half the bytes cross PCIe; the
 // one difference from a host tensor's results is that this rank's own
 // input was rounded to the wire first (within the wire's bound).
-Wire stagedPackWire(const Comm& c, DType dt);
+//
 // In-place allreduce of a (device memory), chunk by chunk: chunk k out
-// (packed as stagedPackWire says), the host allreduce of it (the host
-// path's bits for its size), back. Slots of a chunk, or of the tensor
-// where it is smaller.
+// (packed), the host allreduce of it (the host path's bits for its size),
+// back. Slots of a chunk, or of the tensor where it is smaller.
 StagedRoundsJob allreduceRounds(const Comm& c, const CollectiveArgs& a, size_t chunkBytes,
                                 const Tuning& t);
-// Every block of r.in out (packed as stagedPackWire says), the host
+// Every block of r.in out (packed), the host
 // reduce-scatter, this rank's block back to r.out: one round, so that the
 // host algorithm (and its bits) is the one the whole message gets.
 StagedRoundsJob reduceScatterRounds(const Comm& c, const BlockReduction& r, const Tuning& t);

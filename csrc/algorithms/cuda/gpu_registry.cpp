@@ -30,7 +30,7 @@ GpuFacts factsOf(const Comm& c, GpuContext& g, const GpuFacts& call, const Tunin
   int unused = 0;
   f.ncclTypes = NcclLibrary::dataType(f.dt, &unused) && NcclLibrary::redOp(f.op, &unused);
   f.ncclChosen = nodeEngineAsked(f) && g.intra(h, c.ctx.deadline).engine == IntraEngine::Nccl;
-  f.packWire = f.nodes > 1 ? stagedPackWire(c.sub(h.acrossNodes(h.myLocal)), f.dt) : Wire::F32;
+  f.packWire = f.nodes > 1 ? c.sub(h.acrossNodes(h.myLocal)).resultWire(f.dt) : Wire::F32;
   f.model = t.model;
   return f;
 }
