@@ -35,17 +35,22 @@ GpuFacts factsOf(const Comm& c, GpuContext& g, const GpuFacts& call, const Tunin
   return f;
 }
 
-const GpuPath& choose(Comm& c, GpuContext& g, const GpuFacts& call, const Tuning& t) {
+// The path chosen for a collective over c, and its span in a trace
+// (SMDCCL_TRACE): "cuda allreduce: nccl".
+struct Chosen {
+  const GpuPath& path;
+  trace::Span span;
+  bool is(const char* name) const { return std::strcmp(path.name(), name) == 0; }
+};
+
+Chosen choose(Comm& c, GpuContext& g, const GpuFacts& call, const Tuning& t) {
   g.agreeOnTuning(c, t);
-  return chooseGpuPath(factsOf(c, g, call, t));
+  const GpuPath& p = chooseGpuPath(factsOf(c, g, call, t));
+  return {p,
+          trace::Span(trace::enabled() ? strCat("cuda ", collectiveName(call.coll), ": ", p.name())
+                                       : std::string(),
+                      "algorithm", *c.ctx.group)};
 }
-
-// The chosen path's span in a trace (SMDCCL_TRACE): "cuda allreduce: nccl".
-std::string spanName(Collective coll, const GpuPath& p) {
-  return trace::enabled() ? strCat("cuda ", collectiveName(coll), ": ", p.name()) : std::string();
-}
-
-bool is(const GpuPath& p, const char* name) { return std::strcmp(p.name(), name) == 0; }
 
 // A one-rank group's reduce-scatter or allgather: the input is the output.
 void copyOnDevice(GpuContext& g, char* dst, const char* src, size_t bytes) {
@@ -54,73 +59,63 @@ void copyOnDevice(GpuContext& g, char* dst, const char* src, size_t bytes) {
               "copy to the output");
 }
 
-// The allreduce on `path` (a reduce that NCCL does not run on one node
-// takes it too).
-void runAllreduce(const GpuPath& path, Comm& c, GpuContext& g, const CollectiveArgs& a,
-                  const Tuning& t) {
-  if (is(path, "nccl")) ncclAllreduce(c, g, a, t);
-  else if (is(path, "staged")) stagedAllreduce(c, g, a, t);
+// An allreduce, or a reduce (NCCL's on one node where NCCL runs there,
+// else the allreduce).
+void allreduceOrReduce(Collective coll, Comm& c, GpuContext& g, const CollectiveArgs& a,
+                       const Tuning& t) {
+  if (a.count == 0 || c.size() == 1) return;
+  const Chosen path =
+      choose(c, g, {.coll = coll, .dt = a.dt, .op = a.op, .bytes = a.count * elementSize(a.dt)}, t);
+  if (path.is("nccl") && coll == Collective::Reduce && c.levels->numNodes() == 1)
+    ncclReduce(c, g, a);
+  else if (path.is("nccl")) ncclAllreduce(c, g, a, t);
+  else if (path.is("staged")) stagedAllreduce(c, g, a, t);
   else ipcAllreduce(c, g, a, t);  // ipc_one_shot, ipc_two_shot, two_level_ipc
 }
 
 }  // namespace
 
 void gpuAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  if (a.count == 0 || c.size() == 1) return;
-  const GpuPath& path = choose(
-      c, g, {.coll = Collective::Allreduce, .dt = a.dt, .op = a.op, .bytes = a.count * elementSize(a.dt)},
-      t);
-  trace::Span span(spanName(Collective::Allreduce, path), "algorithm", *c.ctx.group);
-  runAllreduce(path, c, g, a, t);
+  allreduceOrReduce(Collective::Allreduce, c, g, a, t);
 }
 
 void gpuReduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  if (a.count == 0 || c.size() == 1) return;
-  const GpuPath& path = choose(
-      c, g,
-      {.coll = Collective::Reduce, .dt = a.dt, .op = a.op, .bytes = a.count * elementSize(a.dt)},
-      t);
-  trace::Span span(spanName(Collective::Reduce, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl") && c.levels->numNodes() == 1) ncclReduce(c, g, a);
-  else runAllreduce(path, c, g, a, t);
+  allreduceOrReduce(Collective::Reduce, c, g, a, t);
 }
 
 void gpuReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
   if (r.each == 0) return;
   const size_t blockBytes = r.each * elementSize(r.dt);
   if (c.size() == 1) return copyOnDevice(g, r.out, r.in, blockBytes);
-  const GpuPath& path = choose(c, g,
-                               {.coll = Collective::ReduceScatter,
-                                .dt = r.dt,
-                                .op = r.op,
-                                .bytes = blockBytes * static_cast<size_t>(c.size())},
-                               t);
-  trace::Span span(spanName(Collective::ReduceScatter, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl")) ncclReduceScatter(c, g, r, t);
-  else if (is(path, "ipc")) ipcReduceScatter(c, g, r);
+  const Chosen path = choose(c, g,
+                             {.coll = Collective::ReduceScatter,
+                              .dt = r.dt,
+                              .op = r.op,
+                              .bytes = blockBytes * static_cast<size_t>(c.size())},
+                             t);
+  if (path.is("nccl")) ncclReduceScatter(c, g, r, t);
+  else if (path.is("ipc")) ipcReduceScatter(c, g, r);
   else stagedReduceScatter(c, g, r, t);
 }
 
 void gpuAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
   if (b.eachBytes == 0) return;
   if (c.size() == 1) return copyOnDevice(g, b.out, b.in, b.eachBytes);
-  const GpuPath& path = choose(c, g,
-                               {.coll = Collective::Allgather,
-                                .dt = DType::U8,
-                                .bytes = b.eachBytes * static_cast<size_t>(c.size())},
-                               t);
-  trace::Span span(spanName(Collective::Allgather, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl")) ncclAllgather(c, g, b, t);
-  else if (is(path, "ipc")) ipcAllgather(c, g, b);
+  const Chosen path = choose(c, g,
+                             {.coll = Collective::Allgather,
+                              .dt = DType::U8,
+                              .bytes = b.eachBytes * static_cast<size_t>(c.size())},
+                             t);
+  if (path.is("nccl")) ncclAllgather(c, g, b, t);
+  else if (path.is("ipc")) ipcAllgather(c, g, b);
   else stagedAllgather(c, g, b, t);
 }
 
 void gpuBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   if (a.bytes == 0 || c.size() == 1) return;
-  const GpuPath& path =
+  const Chosen path =
       choose(c, g, {.coll = Collective::Broadcast, .dt = DType::U8, .bytes = a.bytes}, t);
-  trace::Span span(spanName(Collective::Broadcast, path), "algorithm", *c.ctx.group);
-  if (is(path, "nccl")) ncclBroadcast(c, g, a, t);
+  if (path.is("nccl")) ncclBroadcast(c, g, a, t);
   else stagedBroadcast(c, g, a, t);
 }
 
