@@ -79,14 +79,4 @@ class StageDevice {
   uint64_t bytesToHost_ = 0, bytesFromHost_ = 0;
 };
 
-// The host's part of a staged op: run() queues the copies as their slots
-// free up, runs the host steps, and returns once every copy has run. Made
-// and run on one thread (the proxy's); dropped without run() or after a
-// failed one, it abandon()s its device.
-class StagedProxy {
- public:
-  virtual ~StagedProxy() = default;
-  virtual void run() = 0;
-};
-
 }  // namespace smdccl

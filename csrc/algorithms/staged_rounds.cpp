@@ -8,6 +8,10 @@
 
 namespace smdccl {
 
+namespace {
+
+// Waits until `ready()` (polled, backing off to short sleeps), or throws a
+// CommError at ctx's deadline or when its group is aborted.
 void waitForDevice(const OpContext& ctx, const std::function<bool()>& ready, const char* what) {
   for (int polls = 0; !ready(); ++polls) {
     if (ctx.cancel && ctx.cancel->load(std::memory_order_relaxed))
@@ -23,9 +27,7 @@ void waitForDevice(const OpContext& ctx, const std::function<bool()>& ready, con
   }
 }
 
-namespace {
-
-class StagedRounds final : public StagedProxy {
+class StagedRounds {
  public:
   StagedRounds(const OpContext& ctx, StageDevice& d, StagedRoundsJob job, char* slots)
       : ctx_(ctx), d_(d), job_(std::move(job)), slots_(slots) {
@@ -45,11 +47,7 @@ class StagedRounds final : public StagedProxy {
     in_.resize(job_.rounds.size());
   }
 
-  ~StagedRounds() override {
-    if (!ran_) d_.abandon();
-  }
-
-  void run() override {
+  void run() {
     try {
       const size_t rounds = job_.rounds.size();
       for (size_t k = 0; k < rounds; ++k) {
@@ -81,7 +79,6 @@ class StagedRounds final : public StagedProxy {
       d_.abandon();
       throw;
     }
-    ran_ = true;
   }
 
  private:
@@ -120,14 +117,13 @@ class StagedRounds final : public StagedProxy {
     }
   }
 
-  OpContext ctx_;  // a copy: the proxy may run after the caller's is gone
+  const OpContext& ctx_;
   StageDevice& d_;
   StagedRoundsJob job_;
   char* slots_;
   std::vector<std::vector<StageDevice::Ticket>> out_, in_;
   size_t nextOut_ = 0;
   size_t hostRan_ = 0;  // rounds whose host step has run
-  bool ran_ = false;
 };
 
 }  // namespace
@@ -140,10 +136,8 @@ bool StagedRoundsJob::hasInt8() const {
   return false;
 }
 
-std::unique_ptr<StagedProxy> planStagedRounds(const OpContext& ctx, StageDevice& device,
-                                              StagedRoundsJob job, char* slots) {
-  if (job.rounds.empty()) return nullptr;
-  return std::make_unique<StagedRounds>(ctx, device, std::move(job), slots);
+void runStagedRounds(const OpContext& ctx, StageDevice& device, StagedRoundsJob job, char* slots) {
+  if (!job.rounds.empty()) StagedRounds(ctx, device, std::move(job), slots).run();
 }
 
 }  // namespace smdccl

@@ -13,7 +13,6 @@
 // staged_collectives.h for what it does with it).
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <vector>
 
 #include "common/op_context.h"
@@ -52,17 +51,13 @@ struct StagedRoundsJob {
   size_t hostBytes() const { return static_cast<size_t>(slots) * slotBytes; }
 };
 
-// Checks `job`'s ranges against its slots and returns the proxy that runs
-// it on `device` (ctx: the op's deadline, cancel flag and name for its
-// waits). `slots`:
-// job.hostBytes() of host memory (pinned on a GPU); it and the device must
-// outlive the proxy.
-std::unique_ptr<StagedProxy> planStagedRounds(const OpContext& ctx, StageDevice& device,
-                                              StagedRoundsJob job, char* slots);
-
-// Waits until `ready()` (polled, backing off to short sleeps), or throws a
-// CommError at ctx's deadline ("timed out waiting for the device (what)")
-// or when its group is aborted.
-void waitForDevice(const OpContext& ctx, const std::function<bool()>& ready, const char* what);
+// Checks `job`'s ranges against its slots, then runs it on `device`:
+// queues the copies as their slots free up, runs the host steps, and
+// returns once every copy has run; on a failure the device abandon()s its
+// copies. ctx: the op's deadline, cancel flag and name for its waits (a
+// wait past the deadline, or after an abort, throws a CommError naming
+// what it waited for). `slots`: job.hostBytes() of host memory (pinned on
+// a GPU).
+void runStagedRounds(const OpContext& ctx, StageDevice& device, StagedRoundsJob job, char* slots);
 
 }  // namespace smdccl

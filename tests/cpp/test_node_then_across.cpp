@@ -72,7 +72,7 @@ class HostSteps final : public NodeThenAcrossSteps {
   void staged(Comm& across, StagedRoundsJob job) {
     HostStageDevice device(HostStageDevice::Mode::Deferred);
     std::vector<char> host(job.hostBytes());
-    planStagedRounds(across.ctx, device, std::move(job), host.data())->run();
+    runStagedRounds(across.ctx, device, std::move(job), host.data());
   }
 
   Comm node_;

@@ -69,7 +69,7 @@ void runStagedAllreduce(Comm& c, StageDevice& device, std::vector<float>& buf, s
                                          .op = RedOp::Sum},
                                         chunk * 4, kTuning);
   std::vector<char> host(job.hostBytes());
-  planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+  runStagedRounds(c.ctx, device, std::move(job), host.data());
 }
 
 // The staged reduce-scatter of `in` (c.size() blocks of `each` float32,
@@ -85,7 +85,7 @@ size_t runStagedReduceScatter(Comm& c, StageDevice& device, std::vector<float>& 
                                            kTuning);
   const size_t rounds = rs.rounds.size();
   std::vector<char> host(rs.hostBytes());
-  planStagedRounds(c.ctx, device, std::move(rs), host.data())->run();
+  runStagedRounds(c.ctx, device, std::move(rs), host.data());
   return rounds;
 }
 
@@ -124,7 +124,7 @@ TEST(staged_rounds_allreduce_matches_the_host_on_every_chunk) {
             HostStageDevice device(mode);
             StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, chunk, slots);
             std::vector<char> host(job.hostBytes());
-            planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+            runStagedRounds(c.ctx, device, std::move(job), host.data());
             std::lock_guard<std::mutex> lock(mu);
             if (std::memcmp(buf.data(), ref.data(), n * 4) != 0)
               failures.push_back("rank " + std::to_string(r) + " n=" + std::to_string(n) +
@@ -169,7 +169,7 @@ TEST(staged_allreduce_slots_follow_the_tensor) {
             static_cast<int>(std::min<size_t>((n + chunk - 1) / chunk, kStagedRoundSlots)));
       HostStageDevice device(Mode::Lagging);
       std::vector<char> host(job.hostBytes());
-      planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+      runStagedRounds(c.ctx, device, std::move(job), host.data());
       CHECK(std::memcmp(buf.data(), ref.data(), n * 4) == 0);
     }
   });
@@ -217,7 +217,7 @@ TEST(staged_rounds_reduce_scatter_and_allgather_match_the_host) {
           if (ag.slotBytes > std::max<size_t>(roundBytes, 16 * p))
             throw std::runtime_error("allgather rounds pin more than asked");
           std::vector<char> host2(ag.hostBytes());
-          planStagedRounds(c.ctx, device, std::move(ag), host2.data())->run();
+          runStagedRounds(c.ctx, device, std::move(ag), host2.data());
           if (all != want)
             throw std::runtime_error("allgather differs (each " + std::to_string(each) +
                                      ", round bytes " + std::to_string(roundBytes) +
@@ -281,7 +281,7 @@ TEST(staged_rounds_pack_the_16_bit_wire_with_the_host_paths_bits) {
           HostStageDevice device(mode);
           StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, chunk, 4);
           std::vector<char> host(job.hostBytes());
-          planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+          runStagedRounds(c.ctx, device, std::move(job), host.data());
           const std::string at = " n=" + std::to_string(n) + " chunk " + std::to_string(chunk);
           if (std::memcmp(buf.data(), ref.data(), n * 4) != 0)
             fail("allreduce" + at + ": differs from the host allreduce");
@@ -337,7 +337,7 @@ TEST(staged_rounds_packed_results_agree_and_keep_the_wire_bound) {
     HostStageDevice device(Mode::Deferred);
     StagedRoundsJob job = chunkedAllreduce(c, buf.data(), n, 1024, 2);
     std::vector<char> host(job.hostBytes());
-    planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+    runStagedRounds(c.ctx, device, std::move(job), host.data());
     got[r] = buf;
   });
   CHECK(error.empty());
@@ -400,7 +400,7 @@ TEST(staged_rounds_device_failure_mid_pipeline_fails_every_rank) {
         StagedRoundsJob job = chunkedAllreduce(c, buf.data(), buf.size(), 1024, 2);
         std::vector<char> host(job.hostBytes());
         try {
-          planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+          runStagedRounds(c.ctx, device, std::move(job), host.data());
         } catch (const CommError&) {
           ++failed;
           throw;
@@ -432,7 +432,7 @@ TEST(staged_rounds_broadcast_moves_the_roots_bytes) {
           StagedRoundsJob job = broadcastRounds(
               c, {.buf = buf.data(), .bytes = bytes, .root = root, .roundBytes = round}, kTuning);
           std::vector<char> host(job.hostBytes());
-          planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+          runStagedRounds(c.ctx, device, std::move(job), host.data());
           const std::string at = "bytes " + std::to_string(bytes) + " round " +
                                  std::to_string(round) + " root " + std::to_string(root);
           if (buf != want) throw std::runtime_error(at + ": not the root's bytes");
@@ -456,9 +456,8 @@ TEST(staged_rounds_stuck_device_times_out_naming_it) {
     StuckStageDevice device;
     StagedRoundsJob job = chunkedAllreduce(c, buf.data(), 64, 16, 2);
     std::vector<char> host(job.hostBytes());
-    auto proxy = planStagedRounds(c.ctx, device, std::move(job), host.data());
     try {
-      proxy->run();
+      runStagedRounds(c.ctx, device, std::move(job), host.data());
     } catch (const CommError& e) {
       std::string what = e.what();
       if (what.find("timed out waiting for the device (copy to host memory)") == std::string::npos)
@@ -480,14 +479,13 @@ TEST(staged_rounds_wait_stops_when_the_group_is_aborted) {
     StuckStageDevice device;
     StagedRoundsJob job = chunkedAllreduce(c, buf.data(), 64, 16, 2);
     std::vector<char> host(job.hostBytes());
-    auto proxy = planStagedRounds(c.ctx, device, std::move(job), host.data());
     std::thread aborter([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       cancel = true;
     });
     std::string what;
     try {
-      proxy->run();
+      runStagedRounds(c.ctx, device, std::move(job), host.data());
     } catch (const CommError& e) { what = e.what(); }
     aborter.join();
     if (what.find("aborted") == std::string::npos)
@@ -524,7 +522,7 @@ TEST(staged_rounds_copy_the_next_round_out_during_a_host_step) {
                               {{dev, 0, chunk * 4}}});
       }
       HostStageDevice device(mode);
-      planStagedRounds(c.ctx, device, std::move(job), host.data())->run();
+      runStagedRounds(c.ctx, device, std::move(job), host.data());
       if (overlapped.load() != static_cast<int>(rounds) - 1)
         throw std::runtime_error(std::string("mode ") + std::to_string(static_cast<int>(mode)) +
                                  ": the next round's copy out landed during " +

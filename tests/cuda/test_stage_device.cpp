@@ -73,7 +73,7 @@ std::string compareOnGpu(Comm& c, int r, const GpuRun& run, uint64_t* overflowsS
     StagedRoundsJob job = jobFor(c, run, reinterpret_cast<char*>(host.data()),
                                  reinterpret_cast<char*>(hostOut.data()));
     std::vector<char> slots(job.hostBytes());
-    planStagedRounds(c.ctx, ref, std::move(job), slots.data())->run();
+    runStagedRounds(c.ctx, ref, std::move(job), slots.data());
   }
   const std::vector<float>& want = run.reduceScatter ? hostOut : host;
   cudaOk(cudaSetDevice(0), "cudaSetDevice");

@@ -49,7 +49,7 @@ void CudaStageDevice::run(cudaStream_t opStream, char* slots, const OpContext& c
                           StagedRoundsJob job) {
   begin(opStream, slots, job, ctx);
   try {
-    if (auto proxy = planStagedRounds(ctx, *this, std::move(job), slots)) proxy->run();
+    runStagedRounds(ctx, *this, std::move(job), slots);
     queueEnd();
     waitForEvent(counted_, ctx, "the fp16 overflow count of the staged copies");
   } catch (...) {

@@ -12,7 +12,7 @@ namespace {
 
 // An op's one schedule, its slots laid out as the job asks: a small op
 // reserves only what its rounds use.
-void runStagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
+void runOnGpu(Comm& c, GpuContext& g, StagedRoundsJob job) {
   // Every copy of earlier ops has run: their runs waited for them.
   char* slots = g.staging().reserve(job.hostBytes());
   CudaStageDevice& d = g.stage();
@@ -34,27 +34,27 @@ void runStagedRounds(Comm& c, GpuContext& g, StagedRoundsJob job) {
 // host allreduce of it, back, in a few pinned slots in turn.
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   if (a.count == 0 || c.size() == 1) return;
-  runStagedRounds(c, g, allreduceRounds(c, a, g.tuning().stageChunkBytes, t));
+  runOnGpu(c, g, allreduceRounds(c, a, g.tuning().stageChunkBytes, t));
 }
 
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t) {
-  runStagedRounds(c, g, reduceScatterRounds(c, r, t));
+  runOnGpu(c, g, reduceScatterRounds(c, r, t));
 }
 
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
   // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
   // and copies back of successive rounds overlap.
-  runStagedRounds(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
+  runOnGpu(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
 }
 
 void stagedBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  runStagedRounds(c, g,
-                  broadcastRounds(c,
-                                  {.buf = a.buf,
-                                   .bytes = a.bytes,
-                                   .root = a.root,
-                                   .roundBytes = g.tuning().stageChunkBytes},
-                                  t));
+  runOnGpu(c, g,
+           broadcastRounds(c,
+                           {.buf = a.buf,
+                            .bytes = a.bytes,
+                            .root = a.root,
+                            .roundBytes = g.tuning().stageChunkBytes},
+                           t));
 }
 
 }  // namespace smdccl
