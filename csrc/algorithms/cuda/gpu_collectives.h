@@ -29,18 +29,12 @@ void gpuBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
 
 // What each path of algorithms/gpu_paths.h runs (gpu_registry.cpp maps
 // the chosen path's name to these).
-// staged: chunk k's copy out (packed to c's 16-bit wire where c
-// compresses), chunk k-1's host allreduce and chunk k-2's copy back
-// overlap, through a few chunk-sized pinned slots in turn; the NCCL and IPC
-// paths run it across nodes too.
+// staged (gpu_staged.cpp): the rounds of algorithms/staged_collectives.h
+// through the group's pinned slots; the NCCL and IPC paths run them across
+// nodes too.
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
-// staged: the whole input out (packed likewise), the host reduce-scatter,
-// this rank's block back.
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t);
-// staged: rounds of SMDCCL_CUDA_STAGE_CHUNK_KB pieces of every rank's block.
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
-// staged: rounds of SMDCCL_CUDA_STAGE_CHUNK_KB: the root's piece out, the
-// host broadcast, the piece back on the others.
 void stagedBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 // nccl (gpu_nccl.cpp): one node, NCCL's collective; several, NCCL's
 // reduce-scatter in the node, the staged allreduce of this rank's block

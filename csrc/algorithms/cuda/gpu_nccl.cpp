@@ -1,18 +1,10 @@
-// CUDA collectives with NCCL inside the node (GpuContext::intra chose it:
-// every rank of the node has a GPU of its own), Horovod's hierarchical
-// allreduce: NCCL's reduce-scatter inside the node, each rank's block
-// reduced across nodes by the host (the staged rounds: packed to the
-// group's 16-bit wire on the GPU where the group compresses), NCCL's
-// allgather inside the node. Everything NCCL does is queued on the op's
-// stream; the staged step waits for it and the op's stream for the staged
-// step, so the order needs no node barrier. Reduce-scatter, allgather and
-// broadcast across nodes: algorithms/node_then_across.h, NCCL inside the
-// node, the staged steps across nodes. The host does not wait for
-// NCCL's work: the group's watch (GpuContext::watchNccl) fails the group
-// and aborts NCCL if it has not finished by the op's deadline, or NCCL
-// reports an error. A staged step waits for the NCCL step before it, so
-// that step is watched as soon as it is queued: a node-mate's failure then
-// fails the group early, naming NCCL, not the staged step's wait.
+// CUDA collectives with NCCL inside the node (gpu_collectives.h): Horovod's
+// hierarchical allreduce across nodes. Everything NCCL does is queued on the
+// op's stream; the staged steps wait for it and the op's stream for them,
+// so the order needs no node barrier. The host does not wait for NCCL's
+// work: each NCCL step is watched as soon as it is queued
+// (GpuContext::watchNccl), so a node-mate's failure fails the group early,
+// naming NCCL, not a staged step's wait.
 
 #include "algorithms/cuda/gpu_collectives.h"
 #include "algorithms/node_then_across.h"
@@ -66,7 +58,6 @@ class NcclSteps final : public NodeThenAcrossSteps {
   void copy(char* dst, const char* src, size_t bytes) override {
     SMDCCL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, g_.stream()));
   }
-  // Each NCCL step watched as it is queued (see the top of the file).
   void nodeReduceScatter(const BlockReduction& r) override {
     nccl_.reduceScatter({r.in, r.out, r.each, r.dt, r.op}, g_.stream());
     g_.watchNccl(ctx_);

@@ -29,9 +29,6 @@ void runOnGpu(Comm& c, GpuContext& g, StagedRoundsJob job) {
 
 }  // namespace
 
-// Chunk k out (packed to c's 16-bit wire where c compresses, or quantized
-// where it runs the int8 wire across nodes without error feedback), the
-// host allreduce of it, back, in a few pinned slots in turn.
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
   if (a.count == 0 || c.size() == 1) return;
   runOnGpu(c, g, allreduceRounds(c, a, g.tuning().stageChunkBytes, t));
@@ -42,8 +39,6 @@ void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const 
 }
 
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t) {
-  // Pieces of SMDCCL_CUDA_STAGE_CHUNK_KB a round: copies out, the network
-  // and copies back of successive rounds overlap.
   runOnGpu(c, g, allgatherRounds(c, b, g.tuning().stageChunkBytes, t));
 }
 
