@@ -286,7 +286,7 @@ void bindBuild(py::module_& m) {
       "cuda_calls",
       [] {
 #ifdef SMDCCL_WITH_CUDA
-        return smdccl::cudaCallCount().load();
+        return smdccl::gCudaCalls.load();
 #else
         return uint64_t{0};
 #endif

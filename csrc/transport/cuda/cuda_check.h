@@ -13,11 +13,8 @@ namespace smdccl {
 // CUDA (and NCCL) calls smdccl made, process-wide: each checked call,
 // kernel launch and status query counts one. The benchmarks read it around
 // a collective: what the op costs the driver (cuda_staged_bench.py).
-inline std::atomic<uint64_t>& cudaCallCount() {
-  static std::atomic<uint64_t> calls{0};
-  return calls;
-}
-inline void countCudaCall() { cudaCallCount().fetch_add(1, std::memory_order_relaxed); }
+inline std::atomic<uint64_t> gCudaCalls{0};
+inline void countCudaCall() { gCudaCalls.fetch_add(1, std::memory_order_relaxed); }
 
 [[noreturn]] inline void throwCudaError(cudaError_t e, const char* what) {
   throw CommError(CommError::Kind::System, strCat("CUDA error in ", what, ": ", cudaGetErrorName(e),

@@ -95,21 +95,17 @@ std::string NcclNodeComm::asyncError() const {
   return strCat("NCCL reports error ", err, " on ", what_);
 }
 
-void NcclNodeComm::checkNotAborted(const char* call) const {
-  if (aborted_.load())
-    throw CommError(
-        CommError::Kind::System,
-        strCat("smdccl: ", what_, ": ", call,
-               " after the communicator was aborted (the group failed or was aborted)"));
-}
-
 NcclNodeComm::Call NcclNodeComm::startCall(const Args& a, const char* name) const {
   Call c{.what = strCat(what_, ": ", name)};
   SMDCCL_CHECK_ARG(NcclLibrary::dataType(a.dt, &c.dt), "smdccl: ", what_,
                    ": NCCL has no such dtype");
   SMDCCL_CHECK_ARG(NcclLibrary::redOp(a.op, &c.op), "smdccl: ", what_,
                    ": NCCL has no such reduction");
-  checkNotAborted(name);
+  if (aborted_.load())
+    throw CommError(
+        CommError::Kind::System,
+        strCat("smdccl: ", c.what,
+               " after the communicator was aborted (the group failed or was aborted)"));
   countCudaCall();
   return c;
 }

@@ -64,8 +64,6 @@ class NcclNodeComm {
   std::string asyncError() const;
 
  private:
-  // Throws a CommError naming `call` if the communicator was aborted.
-  void checkNotAborted(const char* call) const;
   // Before NCCL's collective `name` on a's buffers: a's dtype and op in
   // NCCL's terms (InvalidArgument where it has none), not aborted, counted.
   struct Call {

@@ -57,7 +57,7 @@ void StreamWatch::failAll(const std::string& why) {
 std::string StreamWatch::checkOldest(bool* done) {
   *done = false;
   const Watched& w = watched_.front();
-  // Not counted in cudaCallCount(): the polls are the watch's, not the op's.
+  // Not counted in gCudaCalls: the polls are the watch's, not the op's.
   cudaError_t e = cudaEventQuery(w.event);
   if (e == cudaErrorNotReady) (void)cudaGetLastError();
   if (e == cudaSuccess) {
