@@ -101,12 +101,10 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
 }
 
+// One warp per block of values, at most 8 CTAs per usable SM.
 unsigned gridOf(size_t n) {
-  const size_t blocks = (n + kInt8Block - 1) / kInt8Block;
-  const size_t warpsPerCta = kQuantThreads / kWarp;
-  size_t ctas = (blocks + warpsPerCta - 1) / warpsPerCta;
-  const size_t most = static_cast<size_t>(kernelSms()) * 8;
-  return static_cast<unsigned>(ctas < 1 ? 1 : (ctas > most ? most : ctas));
+  return static_cast<unsigned>(
+      waveBlocks((n + kInt8Block - 1) / kInt8Block, kQuantThreads / kWarp, kernelSms(), 8));
 }
 
 }  // namespace
