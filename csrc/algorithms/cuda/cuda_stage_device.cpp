@@ -151,24 +151,26 @@ char* CudaStageDevice::scratch(int lane, size_t slot) const {
 }
 
 void CudaStageDevice::queue(int lane, uint64_t number, const Copy& c) {
-  CallInFlight call(c.out ? "queueing a staged copy out (pack kernel, cudaMemcpyAsync)"
-                          : "queueing a staged copy in (cudaMemcpyAsync, unpack kernel)");
   Lane& l = lanes_[lane];
-  const cudaStream_t s = l.stream;
-  // Cast or quantized: the packed piece passes through this slot's scratch.
-  const bool viaScratch = transforms(c.how);
-  char* piece = viaScratch ? scratch(lane, slotIndex(c.slot)) : c.dev;
-  auto* f = reinterpret_cast<float*>(c.dev);
-  if (c.out && c.how.int8) SMDCCL_CUDA_CHECK(cuda::quantizeInt8(piece, f, c.count, s));
-  else if (c.out && viaScratch)
-    SMDCCL_CUDA_CHECK(cuda::packToWire(
-        piece, f, c.count, {c.how.wire, c.how.wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
-  if (const size_t bytes = slotBytes(c.count, c.how))
-    SMDCCL_CUDA_CHECK(c.out ? cudaMemcpyAsync(c.slot, piece, bytes, cudaMemcpyDeviceToHost, s)
-                            : cudaMemcpyAsync(piece, c.slot, bytes, cudaMemcpyHostToDevice, s));
-  if (!c.out && c.how.int8) SMDCCL_CUDA_CHECK(cuda::dequantizeInt8(f, piece, c.count, s));
-  else if (!c.out && viaScratch)
-    SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, piece, c.count, c.how.wire, s));
+  {  // record() below may wait for the host: not a CUDA call in flight
+    CallInFlight call(c.out ? "queueing a staged copy out (pack kernel, cudaMemcpyAsync)"
+                            : "queueing a staged copy in (cudaMemcpyAsync, unpack kernel)");
+    const cudaStream_t s = l.stream;
+    // Cast or quantized: the packed piece passes through this slot's scratch.
+    const bool viaScratch = transforms(c.how);
+    char* piece = viaScratch ? scratch(lane, slotIndex(c.slot)) : c.dev;
+    auto* f = reinterpret_cast<float*>(c.dev);
+    if (c.out && c.how.int8) SMDCCL_CUDA_CHECK(cuda::quantizeInt8(piece, f, c.count, s));
+    else if (c.out && viaScratch)
+      SMDCCL_CUDA_CHECK(cuda::packToWire(
+          piece, f, c.count, {c.how.wire, c.how.wire == Wire::F16 ? overflowsDev_ : nullptr}, s));
+    if (const size_t bytes = slotBytes(c.count, c.how))
+      SMDCCL_CUDA_CHECK(c.out ? cudaMemcpyAsync(c.slot, piece, bytes, cudaMemcpyDeviceToHost, s)
+                              : cudaMemcpyAsync(piece, c.slot, bytes, cudaMemcpyHostToDevice, s));
+    if (!c.out && c.how.int8) SMDCCL_CUDA_CHECK(cuda::dequantizeInt8(f, piece, c.count, s));
+    else if (!c.out && viaScratch)
+      SMDCCL_CUDA_CHECK(cuda::unpackFromWire(f, piece, c.count, c.how.wire, s));
+  }
   record(l, number);
 }
 
