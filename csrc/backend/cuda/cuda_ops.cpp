@@ -77,9 +77,14 @@ struct CudaState {
     // this would also create).
     c10::cuda::CUDAGuard guard(dev);
     // Out of device memory, smdccl's own buffers first take back what
-    // torch's caching allocator holds idle, then retry once.
-    gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv(),
-                                       [] { c10::cuda::CUDACachingAllocator::emptyCache(); });
+    // torch's caching allocator holds idle, then retry once. While another
+    // thread captures a CUDA graph the allocator refuses (it asserts): the
+    // retry then fails and names the out-of-memory, not the assert.
+    gpu = std::make_unique<GpuContext>(dev, raw, store, GpuTuning::fromEnv(), [] {
+      try {
+        c10::cuda::CUDACachingAllocator::emptyCache();
+      } catch (const c10::Error&) {}
+    });
   }
   ~CudaState() {
     c10::cuda::CUDAGuard guard(device);
