@@ -7,8 +7,8 @@ targets of the CUDA work: reduce kernels at >= 85 % of the device-to-device
 copy bandwidth of the same run, and a 64 MiB allreduce of 2 ranks on one GPU
 at >= 3x gloo's in the same run. Also reads probe.txt (what the machine
 allows), nccl-hosts-*.json and cluster-*.json (allreduce beside NCCL, every
-rank a host to it; their targets: nccl_hosts()), staged-bench*.txt (the
-staged path's summary lines) and burst-bench.json (burst <= 3x one call).
+rank a host to it; their targets: nccl_hosts()), staged-bench*.{json,txt} (the
+staged path's rows and summary lines) and burst-bench.json (burst <= 3x one call).
 """
 
 from __future__ import annotations
@@ -168,9 +168,17 @@ def nccl_hosts(logs: Path) -> dict:
 
 
 def staged_bench(logs: Path) -> list[str]:
-    """The summary lines of each staged-bench step (staged-bench*.txt), named by step."""
+    """Each staged-bench step, named by step: its rows (staged-bench*.json:
+    time, PCIe bytes and smdccl's CUDA/NCCL calls per call and rank, issue
+    41's counts) and its summary lines (staged-bench*.txt)."""
     out = []
     for p in sorted(logs.glob("staged-bench*.txt")):
+        rows = (_read_json(p.with_suffix(".json")) or {}).get("rows", [])
+        if rows:
+            out.append(f"[{p.stem}] {'path':>14} {'bytes':>10} {'time(us)':>11} {'pcie(MB)':>9} "
+                       f"{'calls':>7}")
+        out += [f"[{p.stem}] {r['path']:>14} {r['bytes']:>10} {r['time_us']:>11.1f} "
+                f"{r['pcie_mb']:>9.2f} {r['cuda_calls']:>7.0f}" for r in rows]
         out += [f"[{p.stem}] {ln[2:]}" for ln in p.read_text().splitlines()
                 if ln.startswith("# ") and "float32 staging" in ln]
     return out

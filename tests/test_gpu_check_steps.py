@@ -97,6 +97,9 @@ def test_report_reads_every_step(tmp_path):
     (logs / "probe.txt").write_text("nccl 2.28.9\nnetns no\n")
     (logs / "staged-bench-2x1.txt").write_text(
         "W noise\n# 67108864 B: fp16 packed 1.60x float32 staging, 2.27x gloo\n")
+    (logs / "staged-bench-2x1.json").write_text(json.dumps({"rows": [
+        {"path": "fp16 packed", "bytes": 64 << 20, "time_us": 21000.0, "cpu_us": 9000.0,
+         "pcie_mb": 67.1, "cuda_calls": 41.0}]}))
     hosts = [{"backend": b, "collective": "allreduce", "size": sz, "time_us": t, "algbw": sz / t / 1e3}
              for b, sz, t in (("nccl", 4096, 4800.0), ("smdccl", 4096, 400.0), ("nccl", 64 << 20, 37000.0),
                               ("smdccl", 64 << 20, 26000.0), ("smdccl+fp16", 64 << 20, 24000.0))]
@@ -124,6 +127,8 @@ def test_report_reads_every_step(tmp_path):
     assert "smdccl+fp16 algbw >= 1.6x nccl's at 64 MiB: 1.54 x nccl's algbw -> MISSED" in md
     assert "| 4 KiB | 4800 (0.00) | 400 (0.01) | - | 0.08x |" in md
     assert "fp16 packed 1.60x float32 staging" in md and "W noise" not in md
+    # the staged rows: PCIe bytes and CUDA calls per call (issue 41's counts)
+    assert "[staged-bench-2x1]    fp16 packed   67108864     21000.0     67.10      41" in md
 
 
 def test_resumed_check_runs_only_steps_without_a_result(tmp_path):
