@@ -449,6 +449,49 @@ def test_error_feedback_bounds_accumulated_drift(wire, ranks_per_node):
     print(f"\n[{wire} drift without / with error feedback, {topology}] {results[0]}")
 
 
+def shared_state_matches_a_state_each(wire: str) -> float:
+    """Two DDP models on one CompressionState keep their residuals apart:
+    training both gives the bits of a state each. The models have one shape,
+    so their buckets' indices and sizes are the same: keyed by the index
+    alone, one model's residuals were added to the other's gradients."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import smdccl.ddp as sddp
+    from smdccl.ddp import CompressionState
+
+    hook = getattr(sddp, f"{wire}_wire_hook")
+    rank = torch.distributed.get_rank()
+
+    def train(shared: bool):
+        torch.manual_seed(0)
+        models = [torch.nn.Linear(64, 8) for _ in range(2)]
+        ddps = [DDP(m) for m in models]
+        one = CompressionState(error_feedback=True)
+        for d in ddps:
+            d.register_comm_hook(one if shared else CompressionState(error_feedback=True), hook)
+        gen = torch.Generator().manual_seed(3 + rank)
+        grads = []
+        for _ in range(4):
+            for k, d in enumerate(ddps):  # gradients of very different scales
+                d.zero_grad()
+                (d(torch.randn(4, 64, generator=gen) * (30.0 if k else 0.01)) ** 2).sum().backward()
+                grads.append(torch.cat([p.grad.flatten() for p in d.parameters()]))
+        assert (one._residuals or one._int8_keys) if shared else True, "nothing was fed back"
+        return torch.stack(grads)
+
+    apart, shared = train(False), train(True)
+    diff = (apart - shared).abs().max().item()
+    assert torch.equal(apart, shared), f"{wire}: a shared state changed the gradients by {diff:.3g}"
+    return diff
+
+
+@pytest.mark.parametrize("wire", ["fp16", "int8"])
+def test_models_sharing_a_compression_state_keep_their_residuals(wire):
+    assert run_ranks(2, shared_state_matches_a_state_each, wire, env={"SMDCCL_TOPOLOGY": "1,1"},
+                     timeout=180) == [0.0, 0.0]
+
+
 def test_ddp_hooks_match_float32_ddp():
     results = run_ranks(4, ddp_hooks, env={"SMDCCL_TOPOLOGY": "2x2"}, timeout=300)
     print(f"\n{results[0]}")

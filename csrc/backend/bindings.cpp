@@ -113,7 +113,7 @@ void bindBackend(py::module_& m) {
           "nothing is rounded")
       .def("_int8_feedback_next", &smdccl::SmdcclBackend::int8FeedbackNext, py::arg("key"),
            "The next all_reduce or reduce_scatter_tensor this thread issues carries the int8 "
-           "wire's error feedback under `key` (smdccl.ddp.int8_wire_hook uses a bucket's index, "
+           "wire's error feedback under `key` (smdccl.ddp.int8_wire_hook uses one per DDP bucket, "
            "smdccl.fsdp.int8_error_feedback an FSDP2 module's). The mark is the thread's, not "
            "the group's: set it right before the call on this group, and -1 after it")
       .def_property_readonly("progress_cpu_seconds", &smdccl::SmdcclBackend::progressCpuSeconds,

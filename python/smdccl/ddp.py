@@ -48,7 +48,10 @@ class CompressionState:
     the hook in the same order, so the creation is collective).
     ``compress_intra``: compress inside nodes too (default: between nodes).
     ``error_feedback``: add last step's rounding residual of the same bucket
-    before sending, and keep the new one.
+    before sending, and keep the new one. A bucket is known by its index,
+    its first parameter and its size, so a residual only returns to the
+    gradients it came from: after DDP rebuilds its buckets (after the first
+    step), and when several DDP models share one state.
     ``timeout``: the hook's groups' timeout (a ``timedelta``; None: torch's
     default for a new group, 30 minutes, whatever DDP's group has): how long
     a bucket's allreduce waits for a rank that never comes before it fails,
@@ -62,6 +65,7 @@ class CompressionState:
     _groups: dict = field(default_factory=dict, repr=False)
     _residuals: dict = field(default_factory=dict, repr=False)
     _compressing: dict = field(default_factory=dict, repr=False)
+    _int8_keys: dict = field(default_factory=dict, repr=False)  # bucket key -> the backend's
 
     def group_for(self, compression: str):
         if compression not in self._groups:
@@ -89,7 +93,17 @@ class CompressionState:
             self._compressing[compression] = bool(self.backend_for(compression).compressed_hops)
         return self._compressing[compression]
 
-    def apply_error_feedback(self, index: int, buffer: torch.Tensor, wire: torch.dtype) -> None:
+    @staticmethod
+    def bucket_key(bucket) -> tuple:
+        """What a bucket's residuals are kept under (see ``error_feedback``)."""
+        params = bucket.parameters()
+        return (bucket.index(), params[0].data_ptr() if params else 0, bucket.buffer().numel())
+
+    def int8_key(self, bucket) -> int:
+        """The backend's key for a bucket's int8 residuals: one per bucket key."""
+        return self._int8_keys.setdefault(self.bucket_key(bucket), len(self._int8_keys))
+
+    def apply_error_feedback(self, key, buffer: torch.Tensor, wire: torch.dtype) -> None:
         """buffer += residual; residual = buffer - round(buffer); buffer = round(buffer).
 
         A value the wire cannot carry leaves no residual and is not rounded:
@@ -97,12 +111,12 @@ class CompressionState:
         otherwise make every later step non-finite, and a finite value past
         fp16's range reaches the backend as it is, whose overflow check
         raises as it does without feedback."""
-        residual = self._residuals.get(index)
+        residual = self._residuals.get(key)
         if residual is not None and residual.shape == buffer.shape:
             buffer.add_(residual)
         rounded = buffer.to(wire).to(buffer.dtype)
         carried = torch.isfinite(rounded)
-        self._residuals[index] = torch.where(carried, buffer - rounded, 0.0)
+        self._residuals[key] = torch.where(carried, buffer - rounded, 0.0)
         buffer.copy_(torch.where(carried, rounded, buffer))
 
 
@@ -135,9 +149,9 @@ def _compress_hook(compression: str, state: CompressionState, bucket) -> torch.f
     if state.error_feedback and state.compresses(compression):
         if compression == "int8":  # the backend keeps both quantizations' residuals
             keyed = state.backend_for(compression)
-            keyed._int8_feedback_next(bucket.index())
+            keyed._int8_feedback_next(state.int8_key(bucket))
         else:
-            state.apply_error_feedback(bucket.index(), buffer, _WIRE_DTYPES[compression])
+            state.apply_error_feedback(state.bucket_key(bucket), buffer, _WIRE_DTYPES[compression])
     try:
         work = dist.all_reduce(buffer, group=group, async_op=True)
     finally:

@@ -122,7 +122,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class _Bucket:
-    """Enough of ``dist.GradBucket`` for the comm hooks (buffer, index)."""
+    """Enough of ``dist.GradBucket`` for the comm hooks (buffer, index, and
+    parameters: none, so error feedback keys it by its index and size)."""
 
     def __init__(self, buffer, index: int):
         self._buffer, self._index = buffer, index
@@ -132,6 +133,9 @@ class _Bucket:
 
     def index(self) -> int:
         return self._index
+
+    def parameters(self) -> list:
+        return []
 
     def is_last(self) -> bool:  # pragma: no cover - unused by the hooks
         return False
