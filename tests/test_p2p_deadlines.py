@@ -240,3 +240,28 @@ def test_a_shorter_timeout_set_later_is_kept():
     assert "timed out" in err and "tag 2" in err, err
     assert took < 3, f"the receive with a 1.5 s timeout raised after {took:.1f} s"
     assert r1["first"][1] is None, r1
+
+
+def huge_timeout() -> dict:
+    """A group made with a timeout too long for the clock (a thousand years;
+    torch takes up to timedelta.max): its waits have no deadline, so a
+    receive whose sender comes 0.5 s later gets the message. The deadline
+    used to wrap into the past and fail every wait at once."""
+    rank = dist.get_rank()
+    g = dist.new_group(backend="smdccl", timeout=datetime.timedelta(days=365 * 1000))
+    got = torch.zeros(4)
+    if rank == 1:
+        time.sleep(0.5)
+        dist.send(torch.full((4,), 3.0), dst=0, group=g)
+    else:
+        dist.recv(got, src=1, group=g)
+    total = torch.full((8,), float(rank + 1))
+    dist.all_reduce(total, group=g)
+    dist.barrier(group=g)
+    return {"got": got.tolist(), "sum": total[0].item()}
+
+
+def test_a_timeout_past_the_clocks_range_never_expires():
+    res = run_ranks(2, huge_timeout, timeout=120)
+    assert res[0] == {"got": [3.0] * 4, "sum": 3.0}, res
+    assert res[1]["sum"] == 3.0, res

@@ -8,7 +8,14 @@ namespace smdccl {
 class Deadline {
  public:
   using Clock = std::chrono::steady_clock;
-  static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
+  // A timeout past the clock's range (torch takes timedelta.max) is no
+  // deadline, not one that wrapped into the past.
+  static Deadline after(std::chrono::milliseconds d) {
+    const auto now = Clock::now();
+    if (d >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now))
+      return never();
+    return Deadline(now + d);
+  }
   static Deadline never() { return Deadline(Clock::time_point::max()); }
   static Deadline until(Clock::time_point t) { return Deadline(t); }
   Deadline() : at_(Clock::time_point::max()) {}  // never

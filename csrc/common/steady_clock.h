@@ -12,4 +12,11 @@ inline int64_t steadyNowNs() {
       .count();
 }
 
+// `d` in nanoseconds, at most a century: a group timeout of timedelta.max
+// would overflow (and sums of it with other durations must not).
+inline int64_t durationNs(std::chrono::milliseconds d) {
+  constexpr int64_t kCenturyMs = 100LL * 365 * 24 * 3600 * 1000;
+  return (d.count() < kCenturyMs ? d.count() : kCenturyMs) * 1'000'000;
+}
+
 }  // namespace smdccl

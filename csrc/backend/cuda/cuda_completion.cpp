@@ -28,8 +28,7 @@ void CudaCompletion::blockCurrentStream(std::chrono::milliseconds timeout) {
   // being gone. Time spent queued behind earlier ops does not count (each
   // of those has its deadline too).
   const bool given = timeout.count() > 0;
-  const int64_t limitNs =
-      given ? std::chrono::nanoseconds(timeout).count() : timeoutNs_ + 1'000'000'000;
+  const int64_t limitNs = given ? durationNs(timeout) : timeoutNs_ + 1'000'000'000;
   const int64_t waitStartNs = steadyNowNs();
   while (!end_->recorded.load(std::memory_order_acquire)) {
     int64_t since = given ? waitStartNs : end_->startedNs.load(std::memory_order_acquire);

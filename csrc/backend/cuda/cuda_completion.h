@@ -72,7 +72,7 @@ class CudaCompletion : public DeviceCompletion {
         stream_(stream),
         end_(std::move(end)),
         what_(std::move(what)),
-        timeoutNs_(std::chrono::nanoseconds(timeout).count()) {}
+        timeoutNs_(durationNs(timeout)) {}
   bool done() const override;
   void blockCurrentStream(std::chrono::milliseconds timeout) override;
   c10::Device device() const override { return c10::Device(c10::kCUDA, device_); }
