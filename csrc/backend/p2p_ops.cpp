@@ -33,7 +33,6 @@ WorkPtr SmdcclBackend::barrier(const ::c10d::BarrierOptions& opts) {
 WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
   at::Tensor t = checkSingle(tensors, "send");
   checkRank(dstRank, size_, "send", "destination rank");
-  TORCH_CHECK_VALUE(dstRank != rank_, "smdccl: send: a rank cannot send to itself");
   auto work = c10::make_intrusive<SmdcclWork>(
       rank_, OpType::SEND, tensors, [dstRank, tag, group = cfg_.groupName] {
         return strCat("send to rank ", dstRank, " tag ", tag, " on group '", group, "'");
@@ -80,7 +79,6 @@ WorkPtr SmdcclBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int t
 WorkPtr SmdcclBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
   at::Tensor t = checkSingle(tensors, "recv");
   checkRank(srcRank, size_, "recv", "source rank");
-  TORCH_CHECK_VALUE(srcRank != rank_, "smdccl: recv: a rank cannot receive from itself");
   return postRecv(t, srcRank, tag);
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -96,12 +97,14 @@ void P2PEngine::abort(std::exception_ptr why) {
     anyRecvs_.clear();
     for (int r = 0; r < mesh_.size(); ++r)
       if (r != mesh_.rank()) failPeer(r, why, later);
+    failOwnRecvs(why, later);
   }
   wakeBoth();  // the loops end what they have in flight
   runP2PLater(later);
 }
 
 void P2PEngine::send(int rank, Outgoing m) {
+  if (rank == mesh_.rank()) return sendToSelf(std::move(m));
   std::unique_lock<std::mutex> lock(mu_);
   attachLoops();  // first: a request is queued only where loops serve it
   Peer& p = *peers_[rank];
@@ -114,6 +117,50 @@ void P2PEngine::send(int rank, Outgoing m) {
   p.sends.push_back(std::move(m));
   lock.unlock();
   wake(Direction::Out);
+}
+
+void P2PEngine::sendToSelf(Outgoing m) {
+  // No loop moves it: a CUDA send's copy to host is waited for here, by
+  // the send's deadline; if it fails, the receive is told why, as from a peer.
+  Arrived msg{{}, 0, 0};
+  std::exception_ptr notSent;
+  try {
+    for (int polls = 0; m.ready && !m.ready(); ++polls) {
+      if (m.deadline.expired())
+        throw CommError(CommError::Kind::Timeout, "its data was not ready by the send's deadline");
+      std::this_thread::sleep_for(std::chrono::microseconds(polls < 100 ? 1 : 50));
+    }
+    const char* data = static_cast<const char*>(m.buf);
+    msg.payload.assign(data, data + m.bytes);
+    msg.flags = m.flags;
+  } catch (const std::exception& e) {
+    notSent = std::current_exception();
+    msg.payload.assign(e.what(), e.what() + std::strlen(e.what()));
+    msg.flags = P2PHeader::kSenderFailed;
+  }
+  const int me = mesh_.rank();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (aborted_) {
+    lock.unlock();
+    m.done(aborted_);
+    return;
+  }
+  // The oldest receive from this rank of the tag takes it, else it waits
+  // for one (any-source receives wait for the other ranks, as gloo's).
+  Peer& p = *peers_[me];
+  auto own = std::find_if(p.recvs.begin(), p.recvs.end(),
+                          [&](const RecvReq& r) { return r.tag == m.tag; });
+  if (own == p.recvs.end()) {
+    msg.arrived = nextArrival_++;
+    p.early[m.tag].push_back(std::move(msg));
+    lock.unlock();
+  } else {
+    RecvReq req = std::move(*own);
+    p.recvs.erase(own);
+    lock.unlock();
+    completeFromBuffer(group_, me, req, msg);
+  }
+  m.done(notSent);
 }
 
 void P2PEngine::recv(int rank, Incoming m) {
@@ -139,6 +186,7 @@ void P2PEngine::recv(int rank, Incoming m) {
     return;
   }
   p.recvs.push_back(std::move(req));
+  if (rank == mesh_.rank()) return;  // sendToSelf takes it; the loop only expires it
   // The receiving loop starts on a peer at its first receive; after that
   // the message's arrival wakes it, and its deadline is within its
   // 100 ms turn.
@@ -278,6 +326,12 @@ std::exception_ptr P2PEngine::recvFailure(int rank, const std::string& why) cons
   return std::make_exception_ptr(
       CommError(CommError::Kind::PeerFailure,
                 strCat("smdccl: recv from rank ", rank, " on group '", group_, "': ", why)));
+}
+
+void P2PEngine::failOwnRecvs(std::exception_ptr e, Later& later) {
+  Peer& self = *peers_[mesh_.rank()];
+  for (RecvReq& r : self.recvs) finishLater(later, std::move(r), -1, e);
+  self.recvs.clear();
 }
 
 void P2PEngine::failPeer(int rank, std::exception_ptr e, Later& later) {

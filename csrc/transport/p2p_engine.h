@@ -47,7 +47,9 @@ class P2PEngine final : private P2PHandler {
             double warnAfterS = 0);
   ~P2PEngine();
 
-  // A message to send (p2p_requests.h).
+  // A message to send (p2p_requests.h). To this rank itself (torch's isend
+  // allows it): copied into its receive from itself, or kept until one is
+  // posted; done once copied (a CUDA tensor's copy to host waited for first).
   using Outgoing = P2PSend;
   void send(int peer, Outgoing m);
   // Where a message lands: `bytes` at `buf`, for a message of `tag`, by
@@ -111,6 +113,9 @@ class P2PEngine final : private P2PHandler {
   void wakeBoth();
   void wakeConnector();
   bool takeMatch(Peer& p, int64_t tag, RecvReq* out);  // mu_ held
+  void sendToSelf(Outgoing m);
+  // Fails this rank's receives from itself (abort, a failed group; mu_ held).
+  void failOwnRecvs(std::exception_ptr e, Later& later);
   static Arrived takeEarly(Peer& p, EarlyMap::iterator it);
   static void completeFromBuffer(const std::string& group, int rank, RecvReq& req,
                                  const Arrived& msg);

@@ -19,6 +19,7 @@ void P2PEngine::failAll(const std::string& what, Later& later) {
       CommError::Kind::System, strCat("smdccl: send/recv on group '", group_, "' failed: ", what)));
   for (int r = 0; r < mesh_.size(); ++r)
     if (r != mesh_.rank()) failPeer(r, why, later);
+  failOwnRecvs(why, later);
 }
 
 int P2PEngine::prepareTurn(Direction d, P2PPollSet& set, Later& later,

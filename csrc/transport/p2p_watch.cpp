@@ -40,10 +40,9 @@ void P2PEngine::expireRecvs(Later& later) {
   };
   take(anyRecvs_, -1);
   for (int r = 0; r < mesh_.size(); ++r) {
-    if (r == mesh_.rank()) continue;
     Peer& p = *peers_[r];
-    take(p.recvs, r);
-    if (!p.failed && p.in.reader.midMessage() && p.in.due.expired()) {
+    take(p.recvs, r);  // this rank's receives from itself too
+    if (r != mesh_.rank() && !p.failed && p.in.reader.midMessage() && p.in.due.expired()) {
       failPeer(r, recvFailure(r, strCat("timed out receiving from rank ", r)), later);
       endIn(r, p, later);
     }
