@@ -876,6 +876,44 @@ def test_fp16_error_feedback_survives_an_overflowed_step():
 
 
 
+def test_rebuilt_buckets_end_the_residuals_of_the_buckets_they_replace():
+    """DDP rebuilds its buckets after the first step: the residuals of the
+    old layout go (the fp16 state holds one set per model, not one per
+    layout), while a second model on the same state keeps its own."""
+    import torch
+
+    from smdccl.ddp import CompressionState
+
+    class Bucket:  # what the hooks read of dist.GradBucket
+        def __init__(self, index, params):
+            self._index, self._params = index, params
+            self._buffer = torch.cat([p.flatten() for p in params]) + 0.1
+
+        def index(self):
+            return self._index
+
+        def parameters(self):
+            return self._params
+
+        def buffer(self):
+            return self._buffer
+
+    state = CompressionState(error_feedback=True)
+
+    def step(buckets):
+        for b in buckets:
+            state.apply_error_feedback(state.bucket_key(b), b.buffer(), torch.float16)
+
+    ps = [torch.zeros(4) for _ in range(4)]
+    step([Bucket(0, ps[:2]), Bucket(1, ps[2:])])
+    other = [Bucket(0, [torch.zeros(4), torch.zeros(4)])]  # another model, same index and size
+    step(other)
+    assert len(state._residuals) == 3
+    rebuilt = [Bucket(0, [ps[3], ps[0]]), Bucket(1, [ps[1], ps[2]])]  # in gradient-ready order
+    step(rebuilt)
+    assert set(state._residuals) == {state.bucket_key(b) for b in rebuilt + other}
+
+
 def hook_group_times_out() -> dict:
     """The hook's group waits CompressionState's timeout for a rank that
     never comes (rank 1 skips the allreduce), not torch's 30 minutes."""

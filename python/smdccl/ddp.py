@@ -93,11 +93,20 @@ class CompressionState:
             self._compressing[compression] = bool(self.backend_for(compression).compressed_hops)
         return self._compressing[compression]
 
-    @staticmethod
-    def bucket_key(bucket) -> tuple:
-        """What a bucket's residuals are kept under (see ``error_feedback``)."""
+    def bucket_key(self, bucket) -> tuple:
+        """What a bucket's residuals are kept under (see ``error_feedback``).
+
+        A bucket seen for the first time after DDP rebuilt its buckets ends
+        the fp16/bf16 residuals of the buckets whose first parameter it now
+        holds (they are gone), so one set per model is kept, not one per
+        bucket layout."""
         params = bucket.parameters()
-        return (bucket.index(), params[0].data_ptr() if params else 0, bucket.buffer().numel())
+        key = (bucket.index(), params[0].data_ptr() if params else 0, bucket.buffer().numel())
+        if key not in self._residuals and params:
+            held = {p.data_ptr() for p in params}
+            for gone in [k for k in self._residuals if isinstance(k, tuple) and k[1] in held]:
+                del self._residuals[gone]
+        return key
 
     def int8_key(self, bucket) -> int:
         """The backend's key for a bucket's int8 residuals: one per bucket key."""
