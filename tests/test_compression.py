@@ -876,15 +876,11 @@ def test_fp16_error_feedback_survives_an_overflowed_step():
 
 
 
-def test_rebuilt_buckets_end_the_residuals_of_the_buckets_they_replace():
-    """DDP rebuilds its buckets after the first step: the residuals of the
-    old layout go (the fp16 state holds one set per model, not one per
-    layout), while a second model on the same state keeps its own."""
+def _grad_bucket_type():
+    """What the hooks read of dist.GradBucket: index, parameters, buffer."""
     import torch
 
-    from smdccl.ddp import CompressionState
-
-    class Bucket:  # what the hooks read of dist.GradBucket
+    class Bucket:
         def __init__(self, index, params):
             self._index, self._params = index, params
             self._buffer = torch.cat([p.flatten() for p in params]) + 0.1
@@ -898,6 +894,18 @@ def test_rebuilt_buckets_end_the_residuals_of_the_buckets_they_replace():
         def buffer(self):
             return self._buffer
 
+    return Bucket
+
+
+def test_rebuilt_buckets_end_the_residuals_of_the_buckets_they_replace():
+    """DDP rebuilds its buckets after the first step: the residuals of the
+    old layout go (the fp16 state holds one set per model, not one per
+    layout), while a second model on the same state keeps its own."""
+    import torch
+
+    from smdccl.ddp import CompressionState
+
+    Bucket = _grad_bucket_type()
     state = CompressionState(error_feedback=True)
 
     def step(buckets):
@@ -912,6 +920,39 @@ def test_rebuilt_buckets_end_the_residuals_of_the_buckets_they_replace():
     rebuilt = [Bucket(0, [ps[3], ps[0]]), Bucket(1, [ps[1], ps[2]])]  # in gradient-ready order
     step(rebuilt)
     assert set(state._residuals) == {state.bucket_key(b) for b in rebuilt + other}
+
+
+def int8_residuals_of_a_rebuilt_layout() -> list:
+    """The int8 hook's residuals live in the backend: after DDP rebuilds its
+    buckets, the old layout's are freed there too (a model's worth of
+    float32 each, kept for good before)."""
+    import torch
+
+    from smdccl.ddp import CompressionState, int8_wire_hook
+
+    Bucket = _grad_bucket_type()
+    state = CompressionState(error_feedback=True)
+    backend = state.backend_for("int8")
+
+    def step(buckets):
+        for b in buckets:
+            int8_wire_hook(state, b).wait()
+        return backend._int8_feedback_keys
+
+    ps = [torch.randn(64) for _ in range(4)]
+    held = [step([Bucket(0, ps[:2]), Bucket(1, ps[2:])])]
+    other = [Bucket(0, [torch.randn(64), torch.randn(64)])]  # another model, same index and size
+    held.append(step(other))
+    rebuilt = [Bucket(0, [ps[3], ps[0]]), Bucket(1, [ps[1], ps[2]])]  # in gradient-ready order
+    held.append(step(rebuilt))
+    held.append(step(rebuilt + other))  # steady: nothing new, nothing dropped
+    assert set(state._int8_keys) == {state.bucket_key(b) for b in rebuilt + other}
+    return held
+
+
+def test_rebuilt_buckets_end_the_int8_residuals_in_the_backend():
+    assert run_ranks(2, int8_residuals_of_a_rebuilt_layout, env={"SMDCCL_TOPOLOGY": "1,1"},
+                     timeout=120) == [[2, 3, 3, 3]] * 2
 
 
 def hook_group_times_out() -> dict:

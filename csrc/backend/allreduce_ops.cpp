@@ -112,9 +112,21 @@ struct AllreduceBody {
 
 thread_local int64_t SmdcclBackend::feedbackNext_ = -1;
 
+void SmdcclBackend::int8FeedbackDrop(int64_t key) {
+  std::lock_guard<std::mutex> lock(droppedMu_);
+  droppedKeys_.push_back(key);
+}
+
 Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key) {
-  if (key < 0 || !cfg_.int8) return {};
-  return {&int8Residuals_[key]};
+  {
+    std::lock_guard<std::mutex> lock(droppedMu_);
+    for (int64_t k : droppedKeys_) int8Residuals_.erase(k);
+    droppedKeys_.clear();
+  }
+  Int8Feedback f;
+  if (key >= 0 && cfg_.int8) f = {&int8Residuals_[key]};
+  int8Keys_.store(int8Residuals_.size(), std::memory_order_release);
+  return f;
 }
 
 WorkPtr SmdcclBackend::allreduce(std::vector<at::Tensor>& tensors,

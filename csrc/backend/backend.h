@@ -180,6 +180,11 @@ class SmdcclBackend : public ::c10d::Backend {
   // takes it): callers set it right before their call and -1 after. No
   // effect on a group without the int8 wire.
   void int8FeedbackNext(int64_t key) { feedbackNext_ = key; }
+  // Ends the residuals kept under `key` (a DDP bucket that a rebuilt layout
+  // replaced): freed by the next op that asks for feedback. Any thread.
+  void int8FeedbackDrop(int64_t key);
+  // Keys with residuals held, as of the last op that asked for feedback.
+  size_t int8FeedbackKeys() const { return int8Keys_.load(std::memory_order_acquire); }
   // Whether this group's float32 reductions put 16 bits on some hop
   // (Comm::compressesSomeHop over the whole group).
   bool compressesSomeHop() const;
@@ -272,8 +277,12 @@ class SmdcclBackend : public ::c10d::Backend {
   // residuals per key (touched only by the ops, which run one at a time).
   static thread_local int64_t feedbackNext_;
   std::unordered_map<int64_t, Int8Residuals> int8Residuals_;
+  std::mutex droppedMu_;
+  std::vector<int64_t> droppedKeys_;  // under droppedMu_, until int8FeedbackFor drops them
+  std::atomic<size_t> int8Keys_{0};
   // The residuals under `key` (none for key -1 or a group without the
-  // int8 wire). On the op's thread.
+  // int8 wire), after dropping the keys int8FeedbackDrop named. On the
+  // op's thread.
   Int8Feedback int8FeedbackFor(int64_t key);
   bool nanCheck_ = false;      // SMDCCL_NAN_CHECK
   bool detailChecks_ = false;  // SMDCCL_DEBUG=DETAIL / TORCH_DISTRIBUTED_DEBUG=DETAIL

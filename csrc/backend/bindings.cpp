@@ -116,6 +116,12 @@ void bindBackend(py::module_& m) {
            "wire's error feedback under `key` (smdccl.ddp.int8_wire_hook uses one per DDP bucket, "
            "smdccl.fsdp.int8_error_feedback an FSDP2 module's). The mark is the thread's, not "
            "the group's: set it right before the call on this group, and -1 after it")
+      .def("_int8_feedback_drop", &smdccl::SmdcclBackend::int8FeedbackDrop, py::arg("key"),
+           "Ends the int8 residuals kept under `key` (a DDP bucket that a rebuilt bucket layout "
+           "replaced); they are freed by the next call that carries a key")
+      .def_property_readonly("_int8_feedback_keys", &smdccl::SmdcclBackend::int8FeedbackKeys,
+                             "Keys the group holds int8 residuals under, as of its last call "
+                             "that carried one")
       .def_property_readonly("progress_cpu_seconds", &smdccl::SmdcclBackend::progressCpuSeconds,
                              "CPU seconds used so far by the group's progress thread (the "
                              "thread that runs async collectives), read after each of its tasks")

@@ -25,9 +25,10 @@ off; int8: nodes of unequal size too) nothing is rounded: the hook is plain
 float32 DDP.
 """
 
+import itertools
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,7 @@ class CompressionState:
     _residuals: dict = field(default_factory=dict, repr=False)
     _compressing: dict = field(default_factory=dict, repr=False)
     _int8_keys: dict = field(default_factory=dict, repr=False)  # bucket key -> the backend's
+    _int8_numbers: Iterator[int] = field(default_factory=itertools.count, repr=False)
 
     def group_for(self, compression: str):
         if compression not in self._groups:
@@ -97,20 +99,25 @@ class CompressionState:
         """What a bucket's residuals are kept under (see ``error_feedback``).
 
         A bucket seen for the first time after DDP rebuilt its buckets ends
-        the fp16/bf16 residuals of the buckets whose first parameter it now
-        holds (they are gone), so one set per model is kept, not one per
-        bucket layout."""
+        the residuals (fp16/bf16 here, int8 in the backend) of the buckets
+        whose first parameter it now holds (they are gone), so one set per
+        model is kept, not one per bucket layout."""
         params = bucket.parameters()
         key = (bucket.index(), params[0].data_ptr() if params else 0, bucket.buffer().numel())
-        if key not in self._residuals and params:
+        if key not in self._residuals and key not in self._int8_keys and params:
             held = {p.data_ptr() for p in params}
             for gone in [k for k in self._residuals if isinstance(k, tuple) and k[1] in held]:
                 del self._residuals[gone]
+            for gone in [k for k in self._int8_keys if k[1] in held]:
+                self.backend_for("int8")._int8_feedback_drop(self._int8_keys.pop(gone))
         return key
 
     def int8_key(self, bucket) -> int:
         """The backend's key for a bucket's int8 residuals: one per bucket key."""
-        return self._int8_keys.setdefault(self.bucket_key(bucket), len(self._int8_keys))
+        key = self.bucket_key(bucket)
+        if key not in self._int8_keys:
+            self._int8_keys[key] = next(self._int8_numbers)
+        return self._int8_keys[key]
 
     def apply_error_feedback(self, key, buffer: torch.Tensor, wire: torch.dtype) -> None:
         """buffer += residual; residual = buffer - round(buffer); buffer = round(buffer).
