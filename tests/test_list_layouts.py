@@ -102,6 +102,15 @@ def _all_gather_coalesced(chk: Checker, gloo, ranks: list[int], group=None, tag:
         for r in range(n):
             for i in range(3):
                 assert_equal_bits(outs[r][i], _input(ranks[r], i, torch.float64, 1), f"[{r}][{i}]")
+        # torch hands back the Work's future: its value is one list per rank, as gloo's is
+        ref = dist.all_gather_coalesced([[torch.empty_like(x) for x in ins] for _ in range(n)], ins,
+                                        group=gloo, async_op=True)
+        got, want = work.value(), ref.wait()
+        assert [type(x) for x in got] == [list] * n, f"not per-rank lists: {got}"
+        assert [len(x) for x in got] == [len(x) for x in want] == [3] * n, (got, want)
+        for r in range(n):
+            for i in range(3):
+                assert got[r][i].data_ptr() == outs[r][i].data_ptr(), f"future [{r}][{i}]"
 
 
 def _docstring_example(chk: Checker) -> None:

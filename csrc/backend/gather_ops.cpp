@@ -173,6 +173,7 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
                   .name = "allgather_coalesced",
                   .call = callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)),
                   .outputs = allOutputs,
+                  .outputsPerList = inputs.size(),
                   .body =
                       [ins, outs, tuning](Comm& c) {
                         allgatherPacked(c, ins, tuning,

@@ -47,6 +47,7 @@ struct OpRequest {
   const char* name = "";  // "allreduce": errors, traces and logs name the op by it
   OpCall call;
   std::vector<at::Tensor> outputs;  // what the Work's result() returns
+  size_t outputsPerList = 0;        // > 0: its future's value nests them (SmdcclWork)
   std::function<void(Comm&)> body;
   // The call's options: timeout (kUnsetTimeout: the group's), async_op.
   std::chrono::milliseconds timeout = ::c10d::kUnsetTimeout;

@@ -28,6 +28,7 @@ c10::intrusive_ptr<::c10d::Work> SmdcclBackend::enqueue(OpRequest r) {
   };
   op->work = c10::make_intrusive<SmdcclWork>(rank_, r.type, std::move(r.outputs), what);
   op->work->setRunner(progress_->key());
+  op->work->setOutputLists(r.outputsPerList);
   std::shared_ptr<QueuedAllreduce> fusable = std::move(r.fusable);
   if (fusable) {
     fusable->work = op->work;

@@ -11,8 +11,12 @@
 namespace smdccl {
 
 namespace {
-c10::intrusive_ptr<c10::ivalue::Future> newTensorListFuture(const DeviceCompletion* device) {
-  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+// A future of the outputs, or (perList > 0) of lists of perList outputs each.
+c10::intrusive_ptr<c10::ivalue::Future> newOutputsFuture(const DeviceCompletion* device,
+                                                         size_t perList) {
+  static const c10::TypePtr flat = c10::ListType::create(c10::TensorType::get());
+  static const c10::TypePtr nested = c10::ListType::create(flat);
+  const c10::TypePtr& type = perList ? nested : flat;
   // A CUDA-aware future: completed while the internal stream is current, it
   // records an event there; wait() and then() make the user's stream wait on it.
   if (device)
@@ -20,18 +24,26 @@ c10::intrusive_ptr<c10::ivalue::Future> newTensorListFuture(const DeviceCompleti
                                                     std::vector<c10::Device>{device->device()});
   return c10::make_intrusive<c10::ivalue::Future>(type);
 }
-// Completes a CUDA work's future with the internal stream current, so the
-// future's events follow the op's GPU work.
-void markDone(c10::ivalue::Future& f, const std::vector<at::Tensor>& outputs,
-              const DeviceCompletion* device) {
-  if (!device) {
-    f.markCompleted(c10::IValue(outputs));
-    return;
-  }
-  c10::StreamGuard guard(device->stream());
-  f.markCompleted(c10::IValue(outputs));
+c10::IValue outputsValue(const std::vector<at::Tensor>& outputs, size_t perList) {
+  if (!perList) return c10::IValue(outputs);
+  std::vector<std::vector<at::Tensor>> lists;
+  for (size_t at = 0; at < outputs.size(); at += perList)
+    lists.emplace_back(outputs.begin() + static_cast<std::ptrdiff_t>(at),
+                       outputs.begin() + static_cast<std::ptrdiff_t>(at + perList));
+  return c10::IValue(lists);
 }
 }  // namespace
+
+// Completes a CUDA work's future with the internal stream current, so the
+// future's events follow the op's GPU work.
+void SmdcclWork::markDone(c10::ivalue::Future& f) const {
+  if (!device_) {
+    f.markCompleted(outputsValue(outputs_, perList_));
+    return;
+  }
+  c10::StreamGuard guard(device_->stream());
+  f.markCompleted(outputsValue(outputs_, perList_));
+}
 
 SmdcclWork::SmdcclWork(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs,
                        std::function<std::string()> what)
@@ -68,7 +80,7 @@ void SmdcclWork::complete(std::exception_ptr error) {
   // Future callbacks (DDP's) run here, on the completing thread.
   if (future) {
     if (error) future->setError(error);
-    else markDone(*future, outputs_, device_.get());
+    else markDone(*future);
   }
 }
 
@@ -132,14 +144,14 @@ c10::intrusive_ptr<c10::ivalue::Future> SmdcclWork::getFuture() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!future_) {
-      future_ = newTensorListFuture(device_.get());
+      future_ = newOutputsFuture(device_.get(), perList_);
       completeNow = done_.load();
     }
     future = future_;
   }
   if (completeNow) {
     if (exception_) future->setError(exception_);
-    else markDone(*future, outputs_, device_.get());
+    else markDone(*future);
   }
   return future;
 }

@@ -60,6 +60,9 @@ class SmdcclWork : public ::c10d::Work {
   // callback waiting for an op queued behind it) could never return: it
   // raises instead.
   void setRunner(const void* runner) { runner_ = runner; }
+  // Before the work is queued: the future's value is the outputs in lists
+  // of `perList` (all_gather_coalesced's per-rank lists, as gloo's).
+  void setOutputLists(size_t perList) { perList_ = perList; }
 
  private:
   std::vector<at::Tensor> outputs_;
@@ -71,6 +74,9 @@ class SmdcclWork : public ::c10d::Work {
   std::chrono::steady_clock::time_point started_, finished_;
   std::atomic<int> sourceRank_{-1};
   const void* runner_ = nullptr;
+  size_t perList_ = 0;
+
+  void markDone(c10::ivalue::Future& f) const;
 };
 
 }  // namespace smdccl
