@@ -301,6 +301,20 @@ def test_uneven_nodes_never_offer_two_level_for_rs_ag(collective, monkeypatch):
     assert _plan(collective, 64 * MB, 4, 2, 2)[0] == "two_level"
 
 
+def test_one_node_reduce_scatter_of_3_or_4_ranks_goes_direct():
+    # Measured faster than the ring there (bench/results/cpu2-rs-direct-2026-11-29.txt);
+    # at 2 ranks both are one send and one reduce (the ring, registered first,
+    # keeps it); at 8 about even, and across nodes its uplinks carry more.
+    for ranks in (3, 4):
+        for nbytes in (4 * KB, 1 * MB, 64 * MB):
+            algo, est, _ = _plan("reduce_scatter", nbytes, ranks, 1, ranks)
+            assert algo == "direct" and est["direct"] < est["ring"], (ranks, nbytes, est)
+    assert _plan("reduce_scatter", 64 * MB, 2, 1, 2)[0] == "ring"
+    assert _plan("reduce_scatter", 64 * MB, 8, 1, 8)[0] != "direct"
+    assert _plan("reduce_scatter", 64 * MB, 4, 2, 2)[0] == "two_level"
+    assert _plan("allgather", 64 * MB, 4, 1, 4)[0] != "direct"  # its contention stays
+
+
 def test_smdccl_algo_ring_forces_ring(monkeypatch):
     assert _plan("allreduce", 4 * KB, 4, 2, 2)[0] != "ring"
     assert _plan("allreduce", 64 * MB, 4, 2, 2)[0] != "ring"

@@ -273,6 +273,10 @@ void twoLevelBroadcast(Comm& c, char* buf, size_t bytes, int root);
 void chainBroadcast(Comm& c, char* buf, size_t bytes, int root);
 // Every rank sends its block to every other rank in one round.
 void directAllgather(Comm& c, char* buf, const Blocks& b);
+// Every block straight to its owner, who sums the p-1 contributions into
+// its own in one chained pass (a.blocks, a.buf; out of place a.in, a.out,
+// as ringReduceScatter).
+void directReduceScatter(Comm& c, const CollectiveArgs& a);
 // sendBlocks index the input by destination, recvBlocks the output by source.
 void directAlltoall(Comm& c, const char* in, const Blocks& sendBlocks, char* out,
                     const Blocks& recvBlocks);

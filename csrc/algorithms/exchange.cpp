@@ -129,13 +129,13 @@ bool Exchange::moveWireSend(Transfer& t, size_t limit) {
   }
 }
 
-bool Exchange::moveWireRecv(Transfer& t) {
+bool Exchange::moveWireRecv(Transfer& t, size_t limit) {
   bool moved = false;
   if (t.link->inPlace()) {
     // Unpack (and reduce) straight out of the link's buffer.
-    while (t.done < t.bytes) {
+    while (t.done < limit) {
       const char* at = nullptr;
-      size_t k = std::min((t.bytes - t.done) / 4, t.link->readable(&at) / 2);
+      size_t k = std::min((limit - t.done) / 4, t.link->readable(&at) / 2);
       if (k == 0) break;
       float* dst = reinterpret_cast<float*>(t.buf + t.done);
       if (t.kind == Kind::RecvReduce) reduceFromWire(dst, at, k, wireCombine(t));
@@ -148,8 +148,8 @@ bool Exchange::moveWireRecv(Transfer& t) {
   }
   t.staging.resize(kWireStageElems);
   char* stage = reinterpret_cast<char*>(t.staging.data());
-  while (t.done < t.bytes) {
-    size_t want = std::min((t.bytes - t.done) / 4, kWireStageElems) * 2;
+  while (t.done < limit) {
+    size_t want = std::min((limit - t.done) / 4, kWireStageElems) * 2;
     size_t k = t.link->recv(stage + t.movedBytes, want - t.movedBytes);
     if (k == 0) return moved;
     moved = true;
@@ -290,7 +290,7 @@ bool Exchange::move(Transfer& t) {
     return move(t) || moved;
   }
   if (t.wire == Wire::F32) return moveRaw(t, limitOf(t));
-  return t.kind == Kind::Send ? moveWireSend(t, limitOf(t)) : moveWireRecv(t);
+  return t.kind == Kind::Send ? moveWireSend(t, limitOf(t)) : moveWireRecv(t, limitOf(t));
 }
 
 bool Exchange::moveRaw(Transfer& t, size_t limit) {

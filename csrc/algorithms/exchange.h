@@ -123,7 +123,7 @@ class Exchange {
   size_t recvReduceSome(Transfer& t, size_t n);
   static FromWire wireCombine(const Transfer& t);  // a 16-bit RecvReduce's arithmetic
   bool moveWireSend(Transfer& t, size_t limit);
-  bool moveWireRecv(Transfer& t);
+  bool moveWireRecv(Transfer& t, size_t limit);
   bool progressOnce(bool* allDone);
   // Its `after` and the message before it on its link have finished.
   bool depsDone(const Transfer& t) const;
