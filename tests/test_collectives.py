@@ -266,13 +266,14 @@ def _reductions(ctx: Ctx) -> None:
                             ctx.needs(feat)
                         specs = [(c, 0), (2, 4)]
                         outs = [filler(m, dtype) for m, _ in specs]
+                        ins = [rank_input(rank, ws * m, dtype, s, kind).clone() for m, s in specs]
                         with dist._coalescing_manager():
-                            for (m, s), o in zip(specs, outs):
-                                dist.reduce_scatter_tensor(o, rank_input(rank, ws * m, dtype, s, kind).clone(),
-                                                           op=make_op(op, factor_for(kind)))
-                        for (m, s), o in zip(specs, outs):
+                            for i, o in zip(ins, outs):
+                                dist.reduce_scatter_tensor(o, i, op=make_op(op, factor_for(kind)))
+                        for (m, s), o, i in zip(specs, outs, ins):
                             ref = ctx.ref(ws * m, dtype, op, kind, seed=s).slice(rank * m, (rank + 1) * m)
                             assert_matches(o, ref, f"output of {m}")
+                            assert_equal_bits(i, rank_input(rank, ws * m, dtype, s, kind), f"input of {m}")
         ctx.clear()
 
 

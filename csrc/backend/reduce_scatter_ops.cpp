@@ -111,6 +111,21 @@ struct ReduceScatterBody {
     overflow.finish(c);
   }
 
+  // reduce_scatter_tensor's form on the host: `input` (contiguous, c.size()
+  // blocks of output's bytes) read where it lies, the scratch taking
+  // partial sums only; a copy where the input must not be read in place (a
+  // pre-scale, an output overlapping another block).
+  void tensorOnHost(ScratchPool& scratch, const at::Tensor& input, at::Tensor& output,
+                    ReduceSpec spec) const {
+    Blocks blocks = Blocks::equal(c.size(), output.nbytes());
+    if (spec.needsPreScale() || !readsInPlace(input, output, c.rank())) {
+      at::Tensor work = scratch.copyOf(input);  // the input is left as it was
+      return onHost({work, blocks, output}, spec);
+    }
+    at::Tensor work = scratch.take(input.numel(), input.scalar_type());
+    onHost({work, blocks, output, &input}, spec);
+  }
+
   void onDevice(DeviceOp& dev, const DeviceReduceScatter& r, ReduceSpec spec) const {
     DType dt = toDType(r.output.scalar_type(), "reduce_scatter");
     if (sem.int8Widens(c, dt, spec)) {  // as on the host, on the device
@@ -234,16 +249,8 @@ WorkPtr SmdcclBackend::_reduce_scatter_base(at::Tensor& result, at::Tensor& give
                   .body =
                       [this, input, output, spec, feedbackKey](Comm& c) mutable {
                         c.int8Feedback = int8FeedbackFor(feedbackKey);
-                        Blocks blocks = Blocks::equal(c.size(), output.nbytes());
-                        if (spec.needsPreScale() || !readsInPlace(input, output, c.rank())) {
-                          at::Tensor work = scratch_.copyOf(input);  // the input is left as it was
-                          return ReduceScatterBody{reduce_, c, tuning_}.onHost(
-                              {work, blocks, output}, spec);
-                        }
-                        // Read where it is: the scratch takes partial sums only.
-                        at::Tensor work = scratch_.take(input.numel(), input.scalar_type());
-                        ReduceScatterBody{reduce_, c, tuning_}.onHost(
-                            {work, blocks, output, &input}, spec);
+                        ReduceScatterBody{reduce_, c, tuning_}.tensorOnHost(scratch_, input, output,
+                                                                            spec);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp});
@@ -284,12 +291,9 @@ WorkPtr SmdcclBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& 
                   .outputs = outputs,
                   .body =
                       [this, ins, outs, specs](Comm& c) mutable {
-                        for (size_t i = 0; i < ins.size(); ++i) {
-                          at::Tensor work = ins[i].clone();
-                          Blocks blocks = Blocks::equal(c.size(), outs[i].nbytes());
-                          ReduceScatterBody{reduce_, c, tuning_}.onHost({work, blocks, outs[i]},
-                                                                        specs[i]);
-                        }
+                        for (size_t i = 0; i < ins.size(); ++i)
+                          ReduceScatterBody{reduce_, c, tuning_}.tensorOnHost(scratch_, ins[i],
+                                                                              outs[i], specs[i]);
                       },
                   .timeout = opts.timeout,
                   .asyncOp = opts.asyncOp,
