@@ -310,8 +310,12 @@ def test_one_node_reduce_scatter_of_3_or_4_ranks_goes_direct():
             algo, est, _ = _plan("reduce_scatter", nbytes, ranks, 1, ranks)
             assert algo == "direct" and est["direct"] < est["ring"], (ranks, nbytes, est)
     assert _plan("reduce_scatter", 64 * MB, 2, 1, 2)[0] == "ring"
-    assert _plan("reduce_scatter", 64 * MB, 8, 1, 8)[0] != "direct"
     assert _plan("reduce_scatter", 64 * MB, 4, 2, 2)[0] == "two_level"
+    # offered only where it was measured: not on 8 ranks, nor across nodes, at any size
+    for shape in [(8, 1, 8), (4, 2, 2), (8, 8, 1), (16, 4, 4), (3, 3, 1)]:
+        for nbytes in (64, 4 * KB, 1 * MB, 64 * MB):
+            algo, est, _ = _plan("reduce_scatter", nbytes, *shape)
+            assert algo != "direct", (shape, nbytes, est)
     assert _plan("allgather", 64 * MB, 4, 1, 4)[0] != "direct"  # its contention stays
 
 

@@ -38,6 +38,9 @@ struct Situation {
   // feedback residuals (Comm::int8Feedback).
   bool int8 = false;
   bool int8Feedback = false;
+  // A part of the group (Comm::sub): modelled as one node, whatever links
+  // its ranks cross.
+  bool subgroup = false;
 };
 
 // One call's arguments; each collective reads its own.

@@ -91,6 +91,7 @@ Situation situationOf(const Comm& c, DType dt, const WireHops& hops, const Tunin
   Situation s = situationFor(g, hops, t);
   s.int8 = c.int8 && dt == DType::F32 && c.size() > 1;
   s.int8Feedback = s.int8 && static_cast<bool>(c.int8Feedback);
+  s.subgroup = !c.members.empty();
   return s;
 }
 

@@ -46,6 +46,8 @@ void directReduceScatter(Comm& c, const CollectiveArgs& a) {
                    .wire = f32 ? c.wireTo(r) : Wire::F32,
                    .roundTo = last ? c.resultWire(a.dt) : Wire::F32,
                    .from = before < 0 ? in + b.offset[me] : nullptr,
+                   // Past the caches only where this add reads `in` (p = 2): a
+                   // later add reads the running sum back from `mine`.
                    .streamOut = last && a.out && bytes >= streamingOutBytes()},
                   {-1, before});
     before = index;
@@ -142,6 +144,16 @@ class Direct final : public Algorithm {
   bool serves(Collective coll) const override {
     return coll == Collective::Allgather || coll == Collective::ReduceScatter;
   }
+  // A reduce-scatter on one node's shared memory contends too, but keeps
+  // its partial sums in cache where a ring writes p - 2 blocks of them
+  // through memory and reads them back: measured faster than the ring at 3
+  // and 4 ranks (1-64 MiB), about even at 8. Offered only there (elsewhere
+  // only by SMDCCL_ALGO), where it costs what a ring does less the ring's
+  // p - 2 extra steps.
+  bool autoCandidate(Collective coll, const Situation& s) const override {
+    return coll != Collective::ReduceScatter ||
+           (s.g.nodes == 1 && !s.subgroup && s.g.ranks <= kDirectReduceScatterRanks);
+  }
   double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
     const GroupShape& g = s.g;
@@ -151,14 +163,7 @@ class Direct final : public Algorithm {
     double through = g.nodes > 1 ? g.maxLocal * (p - g.maxLocal) * bytes / p : (p - 1) * bytes / p;
     if (coll == Collective::Allgather)
       return b.alphaUs * 1e-6 + b.bytesSeconds(through) * (p > 2 ? kDirectContention : 1.0);
-    // A reduce-scatter inside one node contends too, but keeps its partial
-    // sums in cache where a ring writes p - 2 blocks of them through memory
-    // and reads them back: measured faster than the ring at 3 and 4 ranks
-    // (1-64 MiB), about even at 8, where the ring stays.
-    const bool contends = p > kDirectReduceScatterRanks || g.nodes > 1;
-    const double contention = contends ? kDirectContention : 1.0;
-    return b.alphaUs * 1e-6 + b.bytesSeconds(through) * contention +
-           Costs{m, g}.reduceSeconds((p - 1) * bytes / p);
+    return b.alphaUs * 1e-6 + b.bytesSeconds(through) + Costs{m, g}.reduceSeconds(through);
   }
   void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     if (coll == Collective::ReduceScatter) directReduceScatter(comm, a);
