@@ -173,7 +173,7 @@ WorkPtr SmdcclBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>&
                   .name = "allgather_coalesced",
                   .call = callOf(ins, ins.empty() ? at::kByte : ins[0].scalar_type(), numelOf(ins)),
                   .outputs = allOutputs,
-                  .outputsPerList = inputs.size(),
+                  .outputsPerList = size_ > 1 ? inputs.size() : 0,  // gloo: flat on one rank
                   .body =
                       [ins, outs, tuning](Comm& c) {
                         allgatherPacked(c, ins, tuning,
