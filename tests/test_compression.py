@@ -920,6 +920,11 @@ def test_rebuilt_buckets_end_the_residuals_of_the_buckets_they_replace():
     rebuilt = [Bucket(0, [ps[3], ps[0]]), Bucket(1, [ps[1], ps[2]])]  # in gradient-ready order
     step(rebuilt)
     assert set(state._residuals) == {state.bucket_key(b) for b in rebuilt + other}
+    # Same index, first parameter and size as a replaced bucket, other parameters:
+    # a new bucket, which must not take the old one's residual (and ends both old ones).
+    again = [Bucket(0, [ps[3], ps[1]]), Bucket(1, [ps[0], ps[2]])]
+    step(again)
+    assert set(state._residuals) == {state.bucket_key(b) for b in again + other}
 
 
 def int8_residuals_of_a_rebuilt_layout() -> list:
@@ -946,13 +951,21 @@ def int8_residuals_of_a_rebuilt_layout() -> list:
     rebuilt = [Bucket(0, [ps[3], ps[0]]), Bucket(1, [ps[1], ps[2]])]  # in gradient-ready order
     held.append(step(rebuilt))
     held.append(step(rebuilt + other))  # steady: nothing new, nothing dropped
-    assert set(state._int8_keys) == {state.bucket_key(b) for b in rebuilt + other}
+    again = [Bucket(0, [ps[3], ps[1]]), Bucket(1, [ps[0], ps[2]])]  # the same first parameters
+    held.append(step(again))
+    assert set(state._int8_keys) == {state.bucket_key(b) for b in again + other}
+    # A dropped key is retired: a call still carrying it keeps nothing under it.
+    key = state._int8_keys.pop(state.bucket_key(other[0]))
+    backend._int8_feedback_drop(key)
+    backend._int8_feedback_next(key)
+    torch.distributed.all_reduce(torch.ones(64), group=state.group_for("int8"))
+    held.append(backend._int8_feedback_keys)
     return held
 
 
 def test_rebuilt_buckets_end_the_int8_residuals_in_the_backend():
     assert run_ranks(2, int8_residuals_of_a_rebuilt_layout, env={"SMDCCL_TOPOLOGY": "1,1"},
-                     timeout=120) == [[2, 3, 3, 3]] * 2
+                     timeout=120) == [[2, 3, 3, 3, 3, 2]] * 2
 
 
 def hook_group_times_out() -> dict:

@@ -120,11 +120,14 @@ void SmdcclBackend::int8FeedbackDrop(int64_t key) {
 Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key) {
   {
     std::lock_guard<std::mutex> lock(droppedMu_);
-    for (int64_t k : droppedKeys_) int8Residuals_.erase(k);
+    for (int64_t k : droppedKeys_) {
+      int8Residuals_.erase(k);
+      retiredKeys_.insert(k);
+    }
     droppedKeys_.clear();
   }
   Int8Feedback f;
-  if (key >= 0 && cfg_.int8) f = {&int8Residuals_[key]};
+  if (key >= 0 && cfg_.int8 && !retiredKeys_.count(key)) f = {&int8Residuals_[key]};
   int8Keys_.store(int8Residuals_.size(), std::memory_order_release);
   return f;
 }

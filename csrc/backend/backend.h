@@ -12,6 +12,7 @@
 #include <mutex>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "algorithms/comm.h"
 #include "algorithms/tuning.h"
@@ -279,6 +280,9 @@ class SmdcclBackend : public ::c10d::Backend {
   std::unordered_map<int64_t, Int8Residuals> int8Residuals_;
   std::mutex droppedMu_;
   std::vector<int64_t> droppedKeys_;  // under droppedMu_, until int8FeedbackFor drops them
+  // Dropped for good: an op still queued under one gets no feedback (the
+  // key's owner has forgotten it; nothing would ever free new residuals).
+  std::unordered_set<int64_t> retiredKeys_;
   std::atomic<size_t> int8Keys_{0};
   // The residuals under `key` (none for key -1 or a group without the
   // int8 wire), after dropping the keys int8FeedbackDrop named. On the

@@ -50,7 +50,7 @@ class CompressionState:
     ``compress_intra``: compress inside nodes too (default: between nodes).
     ``error_feedback``: add last step's rounding residual of the same bucket
     before sending, and keep the new one. A bucket is known by its index,
-    its first parameter and its size, so a residual only returns to the
+    its parameters and its size, so a residual only returns to the
     gradients it came from: after DDP rebuilds its buckets (after the first
     step), and when several DDP models share one state.
     ``timeout``: the hook's groups' timeout (a ``timedelta``; None: torch's
@@ -100,15 +100,17 @@ class CompressionState:
 
         A bucket seen for the first time after DDP rebuilt its buckets ends
         the residuals (fp16/bf16 here, int8 in the backend) of the buckets
-        whose first parameter it now holds (they are gone), so one set per
-        model is kept, not one per bucket layout."""
-        params = bucket.parameters()
-        key = (bucket.index(), params[0].data_ptr() if params else 0, bucket.buffer().numel())
+        that held any of its parameters (they are gone), so one set per
+        model is kept, not one per bucket layout. The whole parameter list
+        is in the key: a rebuilt bucket with the old one's index, first
+        parameter and size but other parameters must not take its residuals."""
+        params = tuple(p.data_ptr() for p in bucket.parameters())
+        key = (bucket.index(), params, bucket.buffer().numel())
         if key not in self._residuals and key not in self._int8_keys and params:
-            held = {p.data_ptr() for p in params}
-            for gone in [k for k in self._residuals if isinstance(k, tuple) and k[1] in held]:
+            held = set(params)
+            for gone in [k for k in self._residuals if isinstance(k, tuple) and held.intersection(k[1])]:
                 del self._residuals[gone]
-            for gone in [k for k in self._int8_keys if k[1] in held]:
+            for gone in [k for k in self._int8_keys if held.intersection(k[1])]:
                 self.backend_for("int8")._int8_feedback_drop(self._int8_keys.pop(gone))
         return key
 
