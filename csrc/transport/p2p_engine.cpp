@@ -148,15 +148,12 @@ void P2PEngine::sendToSelf(Outgoing m) {
   // The oldest receive from this rank of the tag takes it, else it waits
   // for one (any-source receives wait for the other ranks, as gloo's).
   Peer& p = *peers_[me];
-  auto own = std::find_if(p.recvs.begin(), p.recvs.end(),
-                          [&](const RecvReq& r) { return r.tag == m.tag; });
-  if (own == p.recvs.end()) {
+  RecvReq req;
+  if (!takeMatch(p, m.tag, &req, /*anySource=*/false)) {
     msg.arrived = nextArrival_++;
     p.early[m.tag].push_back(std::move(msg));
     lock.unlock();
   } else {
-    RecvReq req = std::move(*own);
-    p.recvs.erase(own);
     lock.unlock();
     completeFromBuffer(group_, me, req, msg);
   }
@@ -248,10 +245,10 @@ P2PEngine::Arrived P2PEngine::takeEarly(Peer& p, EarlyMap::iterator it) {
   return msg;
 }
 
-bool P2PEngine::takeMatch(Peer& p, int64_t tag, RecvReq* out) {
+bool P2PEngine::takeMatch(Peer& p, int64_t tag, RecvReq* out, bool anySource) {
   auto hasTag = [tag](const RecvReq& r) { return r.tag == tag; };
   auto own = std::find_if(p.recvs.begin(), p.recvs.end(), hasTag);
-  auto any = std::find_if(anyRecvs_.begin(), anyRecvs_.end(), hasTag);
+  auto any = anySource ? std::find_if(anyRecvs_.begin(), anyRecvs_.end(), hasTag) : anyRecvs_.end();
   bool useOwn = own != p.recvs.end();
   bool useAny = any != anyRecvs_.end();
   if (useOwn && useAny) (own->posted < any->posted ? useAny : useOwn) = false;

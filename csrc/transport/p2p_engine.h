@@ -112,7 +112,8 @@ class P2PEngine final : private P2PHandler {
   void wake(Direction d);
   void wakeBoth();
   void wakeConnector();
-  bool takeMatch(Peer& p, int64_t tag, RecvReq* out);  // mu_ held
+  // The oldest receive of `tag` from p, or (anySource) from any rank; mu_ held.
+  bool takeMatch(Peer& p, int64_t tag, RecvReq* out, bool anySource = true);
   void sendToSelf(Outgoing m);
   // Fails this rank's receives from itself (abort, a failed group; mu_ held).
   void failOwnRecvs(std::exception_ptr e, Later& later);
