@@ -113,11 +113,13 @@ struct AllreduceBody {
 thread_local int64_t SmdcclBackend::feedbackNext_ = -1;
 
 void SmdcclBackend::int8FeedbackDrop(int64_t key) {
+  if (!cfg_.int8) return;  // no residuals to end
   std::lock_guard<std::mutex> lock(droppedMu_);
   droppedKeys_.push_back(key);
 }
 
 Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key) {
+  if (!cfg_.int8) return {};  // every op of every group asks: nothing to drop or keep
   {
     std::lock_guard<std::mutex> lock(droppedMu_);
     for (int64_t k : droppedKeys_) {
@@ -127,7 +129,7 @@ Int8Feedback SmdcclBackend::int8FeedbackFor(int64_t key) {
     droppedKeys_.clear();
   }
   Int8Feedback f;
-  if (key >= 0 && cfg_.int8 && !retiredKeys_.count(key)) f = {&int8Residuals_[key]};
+  if (key >= 0 && !retiredKeys_.count(key)) f = {&int8Residuals_[key]};
   int8Keys_.store(int8Residuals_.size(), std::memory_order_release);
   return f;
 }
