@@ -1,10 +1,11 @@
 """CUDA tensors: every collective on GPU memory, in real multi-process runs.
 
 Several ranks share one GPU (smdccl allows it, NCCL does not), so all of this
-runs on a single-GPU machine: the one-shot and two-shot CUDA-IPC allreduce,
-the two-level path (CUDA IPC inside emulated nodes, pinned host staging and
-TCP between them, with and without the fp16 wire), the staged path
-(SMDCCL_CUDA_IPC=0) and the host-staged collectives, against the float64 /
+runs on a single-GPU machine: the CUDA-IPC allreduce, reduce-scatter and
+allgather inside one node, the staged path across emulated nodes (pinned
+host staging, the host's two-level algorithms, with and without the fp16
+wire) and with SMDCCL_CUDA_IPC=0, NCCL inside the node where each rank has
+its own NCCL_HOSTID, and the host-staged collectives, against the float64 /
 integer references of tests/reference.py. Stream semantics: work queued on
 the caller's stream before the call is seen, Work.wait() orders the caller's
 stream after the collective (waiting on the host only until the collective's
@@ -48,8 +49,8 @@ HAVE_GPU = torch.cuda.is_available() and torch.cuda.device_count() > 0
 needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA device on this machine "
                                "(scripts/gpu_check.sh runs these on a GPU machine)")
 
-# Sizes: empty, tiny, odd, one-shot (< 256 KiB), two-shot, and over the
-# 1 MiB IPC buffer the matrix runs with (several IPC chunks, uneven last).
+# Sizes: empty, tiny, odd, a few hundred KiB, and over the 1 MiB IPC buffer
+# the matrix runs with (several IPC pieces, uneven last).
 SIZES = [0, 1, 7, 1001, 65_537, 300_007]
 BIG = 700_001  # float32: 2.8 MB > SMDCCL_CUDA_IPC_MB=1
 # Every collective here takes milliseconds on a GPU: a stuck one fails in
@@ -154,7 +155,7 @@ def cuda_matrix(big: bool) -> dict:
 
         if dtype in (torch.float32, torch.float16, torch.int8):
             # A view at an odd offset: misaligned against the 16-byte IPC
-            # buffers (the two-shot gather copies instead of its vector kernel).
+            # buffers (the reduce writes it on its element-wise path).
             n = 300_007
             with chk.case(f"all_reduce {dn} SUM of x[1:], n={n}"):
                 x = torch.zeros(n + 1, dtype=dtype, device=dev)
@@ -418,8 +419,8 @@ def _check(results):
 @needs_gpu
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_cuda_collectives_one_node_ipc(world_size):
-    """One node: allreduce over CUDA IPC (one-shot and two-shot, 1 MiB IPC
-    buffers so big messages take several pieces), the rest host-staged."""
+    """One node: allreduce, reduce-scatter and allgather over CUDA IPC (1 MiB
+    IPC buffers so big messages take several pieces), the rest host-staged."""
     _check(run_ranks(world_size, cuda_matrix, world_size == 2,
                      env={"SMDCCL_CUDA_IPC_MB": "1"}, timeout=240, pg_timeout=PG_TIMEOUT))
 
@@ -617,12 +618,12 @@ def test_cuda_int8_wire_across_nodes(layout):
 
 
 @needs_gpu
-@pytest.mark.parametrize("layout", ["2x2-nccl", "2x2-ipc", "2x1-staged"])
+@pytest.mark.parametrize("layout", ["2x2-nccl", "2x2-staged", "2x1-staged"])
 def test_cuda_int8_error_feedback(layout):
     """smdccl.ddp.int8_wire_hook with error feedback on CUDA tensors: the
     step across nodes stages float32 and the host quantizes with the
-    bucket's residuals at this rank's elements (NCCL's block, an IPC chunk's
-    slice, the whole tensor), so the drift of 400 steps stays within one
+    bucket's residuals at this rank's elements (NCCL's block, the whole
+    tensor), so the drift of 400 steps stays within one
     step's bound and under a quarter of the drift without feedback
     (tests/test_compression.py's error_feedback_drift); the same for
     smdccl.fsdp's keyed reduce-scatter (reduce_scatter_feedback_drift)."""

@@ -53,48 +53,20 @@ class NcclPath final : public GpuPath {
   }
 };
 
-enum class IpcShape { OneShot, TwoShot, TwoLevel };
-
-class IpcAllreducePath final : public GpuPath {
- public:
-  IpcAllreducePath(const char* name, IpcShape shape) : name_(name), shape_(shape) {}
-  const char* name() const override { return name_; }
-  // Reduce: the allreduce, its result kept on the root.
-  bool serves(Collective coll) const override {
-    return coll == Collective::Allreduce || coll == Collective::Reduce;
-  }
-  bool canRun(const GpuFacts& f) const override {
-    if (!ipcMayRun(f)) return false;
-    const bool small = f.bytes <= f.oneShotBytes;
-    if (shape_ == IpcShape::TwoLevel) return f.nodes > 1;
-    return f.nodes == 1 && small == (shape_ == IpcShape::OneShot);
-  }
-  double estimate(const GpuFacts& f) const override {
-    const LevelCost& step = gpuLinks().ipcStep;
-    if (shape_ == IpcShape::OneShot)  // copy in, read every peer's buffer: 2 steps
-      return 2 * step.alphaUs * 1e-6 + step.bytesSeconds(f.bytes * f.localSize);
-    // copy in, reduce a slice, gather: 3 steps (a fourth across nodes)
-    double sec = 3 * step.alphaUs * 1e-6 + step.bytesSeconds(f.bytes * 3.0);
-    if (shape_ == IpcShape::TwoLevel)
-      sec += step.alphaUs * 1e-6 + stagedSeconds(f, f.bytes / f.localSize, f.nodes);
-    return sec;
-  }
-
- private:
-  const char* name_;
-  IpcShape shape_;
-};
-
-class IpcScatterGatherPath final : public GpuPath {
+// One node: every rank's data into its IPC buffer, then each reads every
+// node-mate's (gpu_ipc.cpp). Reduce: the allreduce, its result kept on the root.
+class IpcPath final : public GpuPath {
  public:
   const char* name() const override { return "ipc"; }
-  bool serves(Collective coll) const override {
-    return coll == Collective::ReduceScatter || coll == Collective::Allgather;
-  }
+  bool serves(Collective coll) const override { return coll != Collective::Broadcast; }
   bool canRun(const GpuFacts& f) const override { return ipcMayRun(f) && f.nodes == 1; }
   double estimate(const GpuFacts& f) const override {
-    const LevelCost& step = gpuLinks().ipcStep;  // copy in, read every peer's piece
-    return 2 * step.alphaUs * 1e-6 + step.bytesSeconds(2.0 * f.bytes);
+    // Two steps: copy in, read every peer's buffer (an allreduce the whole
+    // tensor from each, the others one block from each).
+    const LevelCost& step = gpuLinks().ipcStep;
+    const bool whole = f.coll == Collective::Allreduce || f.coll == Collective::Reduce;
+    return 2 * step.alphaUs * 1e-6 +
+           step.bytesSeconds(whole ? f.bytes * f.localSize : 2.0 * f.bytes);
   }
 };
 
@@ -116,7 +88,6 @@ GpuFacts groupFacts(const Hierarchy& h, const GpuTuning& t) {
   f.localSize = h.localSize();
   f.uniform = h.uniform();
   f.ipcOn = t.ipc;
-  f.oneShotBytes = t.oneShotBytes;
   return f;
 }
 
@@ -128,12 +99,9 @@ bool ncclQueuesWhole(const GpuFacts& f) { return ncclMayRun(f) && f.ncclChosen &
 
 const std::vector<const GpuPath*>& gpuPaths() {
   static const NcclPath nccl;
-  static const IpcAllreducePath oneShot("ipc_one_shot", IpcShape::OneShot),
-      twoShot("ipc_two_shot", IpcShape::TwoShot), twoLevel("two_level_ipc", IpcShape::TwoLevel);
-  static const IpcScatterGatherPath ipc;
+  static const IpcPath ipc;
   static const StagedPath staged;
-  static const std::vector<const GpuPath*> all = {&nccl,     &oneShot, &twoShot,
-                                                  &twoLevel, &ipc,     &staged};
+  static const std::vector<const GpuPath*> all = {&nccl, &ipc, &staged};
   return all;
 }
 

@@ -5,11 +5,10 @@
 // choice is a pure function of plain facts (GpuFacts), so it is tested
 // without a GPU; the CUDA layer runs what it names
 // (algorithms/cuda/gpu_registry.cpp). Registered: nccl (inside the node,
-// with the staged steps across nodes; reduce on one node), ipc_one_shot,
-// ipc_two_shot, two_level_ipc (smdccl's CUDA IPC allreduce), ipc
-// (reduce-scatter and allgather on one node), staged (through pinned host
-// memory; always runs). A reduce that NCCL does not run takes the path
-// its allreduce would.
+// with the staged steps across nodes; reduce on one node), ipc (smdccl's
+// CUDA IPC allreduce, reduce-scatter and allgather on one node), staged
+// (through pinned host memory; always runs). A reduce that NCCL does not
+// run takes the path its allreduce would.
 #include <cstddef>
 #include <vector>
 
@@ -30,9 +29,7 @@ struct GpuFacts {
   // whether the collective runs over the whole group (not a sub-group).
   int nodes = 1, localSize = 1;
   bool uniform = true, wholeGroup = true;
-  // SMDCCL_CUDA_IPC, SMDCCL_CUDA_ONESHOT_KB.
-  bool ipcOn = true;
-  size_t oneShotBytes = 256u << 10;
+  bool ipcOn = true;  // SMDCCL_CUDA_IPC
   // Whether the node's engine is NCCL (intra_engine.h) and NCCL has dt and op.
   bool ncclChosen = false, ncclTypes = false;
   // The staged step across nodes: the wire it packs to (F32: none).

@@ -19,10 +19,6 @@ SMDCCL_ENV_CHOICE(kIntra, "SMDCCL_INTRA", "auto", "auto, nccl, ipc",
 SMDCCL_ENV_INT(kCudaIpcMB, "SMDCCL_CUDA_IPC_MB", 64, 1, 1 << 16,
                "Size of each rank's CUDA IPC buffer, in MiB (allocated on the first CUDA "
                "allreduce); larger messages go through it in pieces of this size.");
-SMDCCL_ENV_INT(kCudaOneShotKB, "SMDCCL_CUDA_ONESHOT_KB", 256, 0, 1 << 20,
-               "CUDA allreduce inside one node: up to this many KiB every rank reduces all "
-               "peers' buffers at once (one-shot, fewer steps); above it each rank reduces a "
-               "slice and then gathers the others' (two-shot, less data read).");
 SMDCCL_ENV_INT(kCudaStageChunkKB, "SMDCCL_CUDA_STAGE_CHUNK_KB", 4096, 64, 1 << 20,
                "CUDA tensors that cross nodes (or every CUDA collective with SMDCCL_CUDA_IPC=0) "
                "go through pinned host memory in chunks of this many KiB, so copies overlap the "
@@ -45,7 +41,6 @@ GpuTuning GpuTuning::fromEnv() {
   t.intra = envChoice(env::kIntra);
   // envInt range-checks these: no clamping here.
   t.ipcBytes = static_cast<size_t>(envInt(env::kCudaIpcMB)) << 20;
-  t.oneShotBytes = static_cast<size_t>(envInt(env::kCudaOneShotKB)) << 10;
   t.stageChunkBytes = static_cast<size_t>(envInt(env::kCudaStageChunkKB)) << 10;
   t.maxSms = static_cast<int>(envInt(env::kCudaMaxSms));
   t.pinnedShrinkOps = static_cast<int>(envInt(env::kCudaPinnedShrinkOps));
@@ -54,7 +49,6 @@ GpuTuning GpuTuning::fromEnv() {
 
 std::string GpuTuning::describe() const {
   return strCat("SMDCCL_CUDA_IPC=", ipc ? 1 : 0, ", SMDCCL_INTRA=", intra, ", SMDCCL_CUDA_IPC_MB=", ipcBytes >> 20,
-                ", SMDCCL_CUDA_ONESHOT_KB=", oneShotBytes >> 10,
                 ", SMDCCL_CUDA_STAGE_CHUNK_KB=", stageChunkBytes >> 10);
 }
 

@@ -11,7 +11,6 @@ struct GpuTuning {
   bool ipc = true;                    // SMDCCL_CUDA_IPC
   std::string intra = "auto";         // SMDCCL_INTRA: auto, nccl, ipc
   size_t ipcBytes = 64u << 20;        // SMDCCL_CUDA_IPC_MB: each rank's IPC buffer
-  size_t oneShotBytes = 256u << 10;   // SMDCCL_CUDA_ONESHOT_KB: one-shot up to this
   size_t stageChunkBytes = 4u << 20;  // SMDCCL_CUDA_STAGE_CHUNK_KB: host staging pipeline
   int maxSms = 0;                     // SMDCCL_CUDA_MAX_SMS: 0, all (speed only: not agreed)
   int pinnedShrinkOps = 64;           // SMDCCL_CUDA_PINNED_SHRINK_OPS (memory only: not agreed)

@@ -1,7 +1,6 @@
 // The choice among the CUDA paths (algorithms/gpu_paths.h), a pure function
 // of the call's facts: NCCL where the node chose it, smdccl's IPC kernels
-// where ranks share a GPU (one-shot / two-shot by SMDCCL_CUDA_ONESHOT_KB,
-// two-level across nodes), staged where neither can run.
+// where ranks share a GPU on one node, staged where neither can run.
 #include <set>
 #include <string>
 
@@ -45,16 +44,17 @@ TEST(gpu_paths_nccl_where_the_node_chose_it) {
 }
 
 TEST(gpu_paths_ipc_where_ranks_share_a_gpu) {
-  CHECK(pick(facts(1, 4, false, Collective::Allreduce, 4096)) == "ipc_one_shot");
-  CHECK(pick(facts(1, 4, false, Collective::Allreduce, 256u << 10)) == "ipc_one_shot");
-  CHECK(pick(facts(1, 4, false, Collective::Allreduce, (256u << 10) + 1)) == "ipc_two_shot");
-  GpuFacts knob = facts(1, 4, false, Collective::Allreduce, 1u << 20);
-  knob.oneShotBytes = 2u << 20;  // SMDCCL_CUDA_ONESHOT_KB=2048
-  CHECK(pick(knob) == "ipc_one_shot");
-  CHECK(pick(facts(2, 2, false)) == "two_level_ipc");
-  CHECK(pick(facts(1, 4, false, Collective::ReduceScatter)) == "ipc");
-  CHECK(pick(facts(1, 4, false, Collective::Allgather)) == "ipc");
+  for (size_t bytes : {size_t(4096), size_t(1) << 20, size_t(64) << 20}) {
+    CHECK(pick(facts(1, 4, false, Collective::Allreduce, bytes)) == "ipc");
+    CHECK(pick(facts(1, 4, false, Collective::ReduceScatter, bytes)) == "ipc");
+    CHECK(pick(facts(1, 4, false, Collective::Allgather, bytes)) == "ipc");
+  }
+  CHECK(pick(facts(1, 4, false, Collective::Broadcast)) == "staged");
   CHECK(pick(facts(1, 32, false)) == "staged");  // past the kernels' 16 inputs
+  // Across nodes the whole tensor is staged: the host's two-level
+  // algorithms take the node's shared-memory hops and the network.
+  for (Collective c : {Collective::Allreduce, Collective::ReduceScatter, Collective::Allgather})
+    CHECK(pick(facts(2, 2, false, c)) == "staged");
 }
 
 TEST(gpu_paths_staged_where_nothing_else_runs) {
@@ -81,7 +81,7 @@ TEST(gpu_paths_staged_where_nothing_else_runs) {
   }
   GpuFacts shared = facts(1, 4, false, Collective::Allreduce, 4096);
   shared.ncclTypes = false;
-  CHECK(pick(shared) == "ipc_one_shot");
+  CHECK(pick(shared) == "ipc");
 }
 
 TEST(gpu_paths_ask_the_node_only_where_nccl_could_run) {
@@ -133,8 +133,8 @@ TEST(gpu_paths_only_nccl_on_one_node_needs_no_host_step) {
 TEST(gpu_paths_reduce_is_nccls_on_one_node_else_the_allreduces_path) {
   CHECK(pick(facts(1, 4, true, Collective::Reduce)) == "nccl");  // ncclReduce
   CHECK(pick(facts(2, 2, true, Collective::Reduce)) == "nccl");  // NCCL's two-level allreduce
-  CHECK(pick(facts(1, 4, false, Collective::Reduce, 4096)) == "ipc_one_shot");
-  CHECK(pick(facts(2, 2, false, Collective::Reduce)) == "two_level_ipc");
+  CHECK(pick(facts(1, 4, false, Collective::Reduce, 4096)) == "ipc");
+  CHECK(pick(facts(2, 2, false, Collective::Reduce)) == "staged");
   CHECK(pick(facts(2, 1, true, Collective::Reduce)) == "staged");
   // On one node NCCL's reduce moves half what its allreduce does.
   GpuFacts reduce = facts(1, 4, true, Collective::Reduce), allreduce = facts(1, 4, true);

@@ -322,7 +322,6 @@ TEST(cuda_zero_count_and_bad_arguments) {
         cudaErrorInvalidValue);
   CHECK(gpu::reduceMulti(nullptr, none, gpu::kMaxReduceInputs + 1, {10, DType::F32, RedOp::Sum},
                          nullptr) == cudaErrorInvalidValue);
-  CK(gpu::gatherSlices(nullptr, {none, nullptr, nullptr, 0}, nullptr));
   CK(gpu::packToWire(nullptr, nullptr, 0, {Wire::F16, nullptr}, nullptr));
   CK(gpu::unpackFromWire(nullptr, nullptr, 0, Wire::BF16, nullptr));
   CHECK(gpu::packToWire(nullptr, nullptr, 4, {Wire::F32, nullptr}, nullptr) ==
@@ -427,69 +426,6 @@ TEST(cuda_reduce_multi_rounds_once) {
   CK(reduce2(dout.p, dout.p, d2.p, {1, DType::BF16, RedOp::Sum}, nullptr));
   CK(cudaMemcpy(&got, dout.p, 2, cudaMemcpyDeviceToHost));
   CHECK(got == 0x3f82);
-}
-
-// ---------------------------------------------------------------- gatherSlices
-
-void checkGather(int k, size_t total, const std::vector<size_t>& cuts, size_t outOff, size_t inOff,
-                 bool outIsIn0, std::mt19937_64& rng) {
-  // cuts: k+1 boundaries; slice q = [cuts[q], cuts[q+1]) (may be empty).
-  std::vector<std::vector<unsigned char>> host(k, std::vector<unsigned char>(total));
-  std::vector<DevBuf*> bufs;
-  std::vector<const void*> ptrs;
-  for (int q = 0; q < k; ++q) {
-    for (auto& c : host[q]) c = static_cast<unsigned char>(rng());
-    bufs.push_back(new DevBuf(total));
-    CK(cudaMemcpy(bufs.back()->at(inOff), host[q].data(), total, cudaMemcpyHostToDevice));
-    ptrs.push_back(bufs.back()->at(inOff));
-  }
-  std::vector<unsigned char> before(total), want(total), got(total);
-  for (auto& c : before) c = static_cast<unsigned char>(rng());
-  DevBuf dout(total);
-  unsigned char* out = outIsIn0 ? bufs[0]->at(inOff) : dout.at(outOff);
-  if (outIsIn0) before = host[0];
-  else CK(cudaMemcpy(out, before.data(), total, cudaMemcpyHostToDevice));
-  want = before;
-  std::vector<size_t> b(k), e(k);
-  for (int q = 0; q < k; ++q) {
-    b[q] = cuts[q];
-    e[q] = cuts[q + 1];
-    for (size_t i = b[q]; i < e[q]; ++i) want[i] = host[q][i];
-  }
-  CK(gpu::gatherSlices(out, {ptrs.data(), b.data(), e.data(), k}, nullptr));
-  CK(cudaDeviceSynchronize());
-  CK(cudaMemcpy(got.data(), out, total, cudaMemcpyDeviceToHost));
-  size_t bad = 0;
-  for (size_t i = 0; i < total; ++i) bad += got[i] != want[i];
-  if (bad)
-    std::fprintf(stderr, "  gatherSlices k=%d total=%zu outOff=%zu inOff=%zu: %zu bytes wrong\n", k,
-                 total, outOff, inOff, bad);
-  CHECK(bad == 0);
-  for (DevBuf* d : bufs) delete d;
-}
-
-TEST(cuda_gather_slices) {
-  std::mt19937_64 rng(42);
-  for (int k : {1, 2, 3, 4, 7, 8, 16}) {
-    for (size_t total :
-         {size_t(1), size_t(100), size_t(4099), size_t(1) << 20, (size_t(3) << 20) + 13}) {
-      // Uneven random cuts (some slices empty when total is small).
-      std::vector<size_t> cuts(k + 1);
-      cuts[0] = 0;
-      cuts[k] = total;
-      std::vector<size_t> inner;
-      for (int q = 1; q < k; ++q) inner.push_back(rng() % (total + 1));
-      std::sort(inner.begin(), inner.end());
-      for (int q = 1; q < k; ++q) cuts[q] = inner[q - 1];
-      checkGather(k, total, cuts, 0, 0, false, rng);  // aligned bases
-      checkGather(k, total, cuts, 5, 5, false, rng);  // equally misaligned
-      checkGather(k, total, cuts, 3, 8, false, rng);  // differently misaligned
-      checkGather(k, total, cuts, 0, 0, true, rng);   // out is peer 0's buffer
-    }
-  }
-  // Slices that do not cover the buffer: the rest is left alone.
-  std::vector<size_t> cuts = {0, 10, 10, 5000};
-  checkGather(3, 8192, cuts, 0, 0, false, rng);
 }
 
 // ---------------------------------------------------------------- wire

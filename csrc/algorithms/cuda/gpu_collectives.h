@@ -30,8 +30,8 @@ void gpuBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning&
 // What each path of algorithms/gpu_paths.h runs (gpu_registry.cpp maps
 // the chosen path's name to these).
 // staged (gpu_staged.cpp): the rounds of algorithms/staged_collectives.h
-// through the group's pinned slots; the NCCL and IPC paths run them across
-// nodes too.
+// through the group's pinned slots; the NCCL path runs them across nodes
+// too.
 void stagedAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 void stagedReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tuning& t);
 void stagedAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
@@ -45,12 +45,8 @@ void ncclReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r, const Tu
 void ncclAllgather(Comm& c, GpuContext& g, const BlockGather& b, const Tuning& t);
 void ncclBroadcast(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
 void ncclReduce(Comm& c, GpuContext& g, const CollectiveArgs& a);  // one node
-// ipc_one_shot, ipc_two_shot, two_level_ipc (gpu_ipc.cpp): over the
-// node's IPC buffers, in pieces of a buffer, one-shot where a piece is at
-// most SMDCCL_CUDA_ONESHOT_KB on one node, else two-shot; across nodes each
-// rank's slice of a piece staged between its reduce-scatter and gather.
-void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t);
-// ipc (gpu_ipc.cpp): one node.
+// ipc (gpu_ipc.cpp): one node, over its IPC buffers (in pieces of a buffer).
+void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a);
 void ipcReduceScatter(Comm& c, GpuContext& g, const BlockReduction& r);
 void ipcAllgather(Comm& c, GpuContext& g, const BlockGather& b);
 

@@ -1,5 +1,9 @@
-// The IPC collectives (the paths ipc_one_shot, ipc_two_shot, two_level_ipc
-// and ipc: algorithms/gpu_paths.h): allreduce, reduce-scatter, allgather.
+// The IPC collectives of one node (the paths ipc_allreduce and ipc:
+// algorithms/gpu_paths.h): allreduce, reduce-scatter, allgather. Each step
+// reads every node-mate's buffer in one pass (one-shot): where ranks share
+// a GPU, the IPC path's case, all buffers are in the same memory, and a
+// two-shot split (reduce a slice, then gather) would add a step and a host
+// barrier to save no link's bytes.
 //
 // The IPC steps are ordered across processes by node barriers, before
 // anyone reads what the others wrote and again before anyone overwrites its
@@ -8,10 +12,8 @@
 // that ranks share (their contexts are time-sliced, not concurrent) while
 // the peer they wait for cannot run.
 #include <algorithm>
-#include <cstdint>
 #include <vector>
 
-#include "algorithms/slices.h"
 #include "algorithms/cuda/gpu_collectives.h"
 #include "kernels/cuda/kernels.h"
 #include "transport/cuda/cuda_check.h"
@@ -60,83 +62,15 @@ struct IpcStep {
               "one-shot reduce");
     sync("one-shot reduce");
   }
-  // Reduce-scatter: this rank's slice of every buffer, reduced into its own.
-  void reduceMySlice(const Slices& s) {
-    int me = space.localRank();
-    size_t n = s.end[me] - s.begin[me];
-    auto in = peers(s.begin[me] * es);
-    if (n)
-      checkCuda(cuda::reduceMulti(space.buffer(me) + s.begin[me] * es, in.data(), space.localSize(),
-                                  {n, dt, op}, g.stream()),
-                "two-shot reduce-scatter");
-    sync("two-shot reduce-scatter");
-  }
-  // Allgather: slice q from rank q's buffer into the output.
-  void gather(char* dev, const Slices& s) {
-    std::vector<size_t> b, e;
-    for (size_t q = 0; q < s.begin.size(); ++q) {
-      b.push_back(s.begin[q] * es);
-      e.push_back(s.end[q] * es);
-    }
-    std::vector<const void*> in(space.buffers().begin(), space.buffers().end());
-    // A tensor aligned unlike the IPC buffers (a view at an odd offset,
-    // x[1:]) would send the kernel down its byte-by-byte path: the copy
-    // engines take any alignment at full speed, one copy per slice.
-    bool misaligned = false;
-    for (size_t q = 0; q < b.size(); ++q)
-      misaligned |= ((reinterpret_cast<uintptr_t>(dev + b[q]) ^
-                      reinterpret_cast<uintptr_t>(static_cast<const char*>(in[q]) + b[q])) &
-                     15u) != 0;
-    if (misaligned) {
-      for (size_t q = 0; q < b.size(); ++q)
-        if (e[q] > b[q])
-          checkCuda(cudaMemcpyAsync(dev + b[q], static_cast<const char*>(in[q]) + b[q], e[q] - b[q],
-                                    cudaMemcpyDeviceToDevice, g.stream()),
-                    "two-shot allgather (copies)");
-    } else {
-      checkCuda(
-          cuda::gatherSlices(dev, {in.data(), b.data(), e.data(), space.localSize()}, g.stream()),
-          "two-shot allgather");
-    }
-    sync("two-shot allgather");
-  }
 };
 
 }  // namespace
 
-void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a, const Tuning& t) {
-  const DType dt = a.dt;
-  const size_t es = elementSize(dt);
-  const Hierarchy& h = *c.levels;
-  IpcStep step(c, g, dt, a.op);
-  Comm& local = step.local;
-  CudaIpcSpace& space = step.space;
-  const bool multiNode = h.numNodes() > 1;
-  Comm across = multiNode ? c.sub(h.acrossNodes(h.myLocal)) : local;
-  size_t chunk = space.bytes() / es;
-  for (size_t at = 0; at < a.count; at += chunk) {
-    size_t n = std::min(chunk, a.count - at);
-    char* d = a.buf + at * es;
-    if (!multiNode && n * es <= g.tuning().oneShotBytes) {
-      step.oneShot(d, n);
-      continue;
-    }
-    Slices s(n, space.localSize(), es);
-    step.stageIn(d, n);
-    step.reduceMySlice(s);
-    if (multiNode) {  // this rank's slice across nodes
-      const int me = space.localRank();
-      across.int8Feedback = c.int8Feedback.from(at + s.begin[me]);
-      stagedAllreduce(across, g,
-                      {.buf = space.buffer(me) + s.begin[me] * es,
-                       .count = s.end[me] - s.begin[me],
-                       .dt = dt,
-                       .op = a.op},
-                      t);
-      g.nodeBarrier(c, local, "inter-node allreduce");  // every slice final before the gather
-    }
-    step.gather(d, s);
-  }
+void ipcAllreduce(Comm& c, GpuContext& g, const CollectiveArgs& a) {
+  IpcStep step(c, g, a.dt, a.op);
+  const size_t chunk = step.space.bytes() / step.es;
+  for (size_t at = 0; at < a.count; at += chunk)
+    step.oneShot(a.buf + at * step.es, std::min(chunk, a.count - at));
 }
 
 // One node, rank r = local rank r. Per piece of `m` elements of every block:

@@ -70,7 +70,7 @@ void allreduceOrReduce(Collective coll, Comm& c, GpuContext& g, const Collective
     ncclReduce(c, g, a);
   else if (path.is("nccl")) ncclAllreduce(c, g, a, t);
   else if (path.is("staged")) stagedAllreduce(c, g, a, t);
-  else ipcAllreduce(c, g, a, t);  // ipc_one_shot, ipc_two_shot, two_level_ipc
+  else ipcAllreduce(c, g, a);
 }
 
 }  // namespace

@@ -36,18 +36,6 @@ struct Elementwise {
 cudaError_t reduceMulti(void* out, const void* const* in, int k, const Elementwise& e,
                         cudaStream_t stream);
 
-// Slice q (q < k) is bytes [beginBytes[q], endBytes[q]) of in[q] (host
-// arrays; in[q] are device pointers).
-struct SliceTable {
-  const void* const* in;
-  const size_t* beginBytes;
-  const size_t* endBytes;
-  int k;
-};
-// out[i] = in[q][i] for i in slice q, for each q: the allgather half of a
-// two-shot allreduce (each peer's reduced slice into one output).
-cudaError_t gatherSlices(void* out, const SliceTable& slices, cudaStream_t stream);
-
 // ---- float32 data over a 16-bit wire (F16 or BF16, round to nearest even) ----
 // dst16[i] = round(src[i]); counts finite values that became inf (fp16 only)
 // into *overflows (device memory, may be null).

@@ -1,4 +1,4 @@
-// reduceMulti and gatherSlices (kernels.h).
+// reduceMulti (kernels.h).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 #include <cstdint>
@@ -144,53 +144,6 @@ cudaError_t byType(DType dt, RedOp op, const ReduceLaunch& l) {
   return cudaErrorInvalidValue;
 }
 
-// ---- gatherSlices ----
-struct Slices {
-  const unsigned char* in[kMaxReduceInputs];
-  size_t begin[kMaxReduceInputs];
-  size_t end[kMaxReduceInputs];
-};
-
-constexpr int kGatherUnroll = 4;
-
-// blockIdx.y: the slice (`s` indexed by it stays in the parameter space,
-// __grid_constant__; a by-value copy would go to each thread's local
-// memory). Source and destination equally misaligned: bytes up to a 16-byte
-// boundary, then 16-byte vectors, then the last bytes; otherwise byte by byte.
-__global__ void __launch_bounds__(kThreads)
-    gatherKernel(const __grid_constant__ Slices s, unsigned char* out) {
-  const int q = blockIdx.y;
-  const size_t b = s.begin[q], e = s.end[q];
-  if (e <= b) return;
-  const unsigned char* src = s.in[q] + b;
-  unsigned char* dst = out + b;
-  const size_t n = e - b;
-  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t nth = static_cast<size_t>(gridDim.x) * blockDim.x;
-  const uintptr_t sa = reinterpret_cast<uintptr_t>(src), da = reinterpret_cast<uintptr_t>(dst);
-  if (((sa ^ da) & 15u) != 0) {
-    for (size_t i = tid; i < n; i += nth) dst[i] = src[i];
-    return;
-  }
-  size_t head = (16u - (sa & 15u)) & 15u;
-  if (head > n) head = n;
-  if (tid < head) dst[tid] = src[tid];
-  const size_t nvec = (n - head) / 16;
-  const uint4* vs = reinterpret_cast<const uint4*>(src + head);
-  uint4* vd = reinterpret_cast<uint4*>(dst + head);
-  size_t i = tid;
-  for (; i + (kGatherUnroll - 1) * nth < nvec; i += kGatherUnroll * nth) {
-    uint4 r[kGatherUnroll];
-#pragma unroll
-    for (int u = 0; u < kGatherUnroll; ++u) r[u] = vs[i + u * nth];
-#pragma unroll
-    for (int u = 0; u < kGatherUnroll; ++u) vd[i + u * nth] = r[u];
-  }
-  for (; i < nvec; i += nth) vd[i] = vs[i];
-  const size_t done = head + nvec * 16;
-  if (tid < n - done) dst[done + tid] = src[done + tid];
-}
-
 }  // namespace
 
 cudaError_t reduceMulti(void* out, const void* const* in, int k, const Elementwise& e,
@@ -206,29 +159,6 @@ cudaError_t reduceMulti(void* out, const void* const* in, int k, const Elementwi
   return byType(e.dt, e.op, {p, k, out, e.count, vec, stream});
 }
 
-cudaError_t gatherSlices(void* out, const SliceTable& slices, cudaStream_t stream) {
-  const auto& [in, beginBytes, endBytes, k] = slices;
-  if (k < 0 || k > kMaxReduceInputs) return cudaErrorInvalidValue;
-  if (k == 0) return cudaSuccess;
-  if (in == nullptr || beginBytes == nullptr || endBytes == nullptr) return cudaErrorInvalidValue;
-  Slices s{};
-  size_t longest = 0;
-  for (int q = 0; q < k; ++q) {
-    s.in[q] = static_cast<const unsigned char*>(in[q]);
-    s.begin[q] = beginBytes[q];
-    s.end[q] = endBytes[q];
-    if (endBytes[q] > beginBytes[q] && endBytes[q] - beginBytes[q] > longest)
-      longest = endBytes[q] - beginBytes[q];
-  }
-  if (longest == 0) return cudaSuccess;
-  // One wave in all: the slices share the resident blocks.
-  const size_t need = waveBlocks(longest, static_cast<size_t>(kThreads) * 16 * kGatherUnroll, 1,
-                                 kernelSms() * blocksPerSm<gatherKernel>() / k);
-  dim3 grid(static_cast<unsigned>(need), static_cast<unsigned>(k));
-  gatherKernel<<<grid, kThreads, 0, stream>>>(s, static_cast<unsigned char*>(out));
-  return cudaGetLastError();
-}
-
 cudaError_t preloadKernels() {
   cudaError_t first = cudaSuccess;
   auto keep = [&](cudaError_t e) {
@@ -242,7 +172,6 @@ cudaError_t preloadKernels() {
       // cudaErrorInvalidValue: a pair with no kernel (bitwise ops on floats).
       keep(byType(dt, op, {none, 0, nullptr, 0, false, nullptr, /*loadOnly=*/true}));
     }
-  keep(loadKernel<gatherKernel>());
   keep(preloadWireKernels());
   keep(preloadQuantizeKernels());
   return first;
