@@ -41,8 +41,10 @@ spread over the run does not, and the interleaving keeps the comparison fair.
 
 The control traffic of steps 4 and 6 is outside the timed calls, on the gloo
 default group, so it does not disturb the backend being measured. A backend
-that raises on a collective (e.g. gloo has no AVG) is skipped for that
-collective's remaining sizes, with the reason reported.
+that raises on a collective (e.g. gloo has no AVG), at the check or in a
+timed loop (a peer gone, a timeout), is skipped for that collective from
+that size on, with the reason reported (a size whose passes did not all
+run has no line); the other backends, collectives and smaller sizes go on.
 """
 
 from __future__ import annotations
@@ -93,26 +95,26 @@ def _iterations(estimate_s: float, args) -> int:
 
 
 def check(case, world: World) -> tuple[float, int]:
-    """(seconds of the checked call, this rank's #wrong). No control traffic:
-    an exception here (unsupported op or dtype) is raised on its own, before
-    the ranks compare notes."""
+    """(seconds of the checked call, this rank's #wrong)."""
     case.fill()
     first = _timed(case, world)
     return first, case.count_wrong()
 
 
-def size_loop(case, world: World, args, first: float) -> int:
-    """Iterations per pass for this case, the same on every rank (first pass:
-    ``--warmup`` calls, timed only to size the loop)."""
-    warm = [_timed(case, world) for _ in range(args.warmup)]
-    return _iterations(_max_over_ranks(statistics.median(warm) if warm else first, world), args)
-
-
-def timed_pass(case, world: World, iters: int) -> float:
-    """Seconds per call in one pass: per-call median on each rank, max over ranks."""
-    dist.barrier(group=world.ctrl)
-    times = [_timed(case, world) for _ in range(iters)]
-    return _max_over_ranks(statistics.median(times), world)
+def _agreed(world: World, work: Callable):
+    """``work()`` on this rank, then one round of the ranks: (its value, None),
+    or (None, the first rank's error) wherever any rank raised. A rank that
+    raised leaves its peers inside the collective it skipped until the
+    group's timeout fails it there too; then every rank is here, and the
+    sweep goes on with the other backends and sizes instead of ending."""
+    value, err = None, None
+    try:
+        value = work()
+    except Exception as exc:  # noqa: BLE001 - the sweep reports it
+        err = describe(exc)
+    if (err := first_error(world, err)) is not None:
+        return None, err
+    return value, None
 
 
 def row(backend: str, name: str, got: "_Series", world: World, args) -> dict:
@@ -201,24 +203,36 @@ def _one_pass(backend, group, name, nbytes, series, world, args, first_pass: boo
     """Measure one (backend, collective, size) once; returns an error or None."""
     if (reason := unsupported(backend, name, world.device)) is not None:
         return reason  # the same on every rank: no round needed
-    err, case = None, None
-    try:
+
+    def prepare():
         case = make_case(name, nbytes, DTYPES[args.dtype], args.op, group, world.rank,
                          world.size, world.device, lossy=_lossy(backend, world.size))
         if first_pass:
-            first, wrong = check(case, world)
-        else:
-            case.fill()
-            _timed(case, world)  # touches this pass's fresh buffers, untimed
-    except Exception as exc:  # unsupported op/dtype on this backend
-        err = describe(exc)
-    if (err := first_error(world, err)) is not None:
+            return case, check(case, world)
+        case.fill()
+        _timed(case, world)  # touches this pass's fresh buffers, untimed
+        return case, None
+
+    got, err = _agreed(world, prepare)  # an unsupported op or dtype fails here
+    if err is not None:
         return err
+    case, checked = got
     if first_pass:
+        first, wrong = checked
         series.size, series.count = case.size, case.count
         series.wrong = _sum_over_ranks(wrong, world)
-        series.iters = size_loop(case, world, args, first)
-    series.pass_s.append(timed_pass(case, world, series.iters))
+        # ``--warmup`` calls, timed only to size the loop alike on every rank
+        warm, err = _agreed(world, lambda: [_timed(case, world) for _ in range(args.warmup)])
+        if err is not None:
+            return err
+        series.iters = _iterations(_max_over_ranks(statistics.median(warm) if warm else first, world),
+                                   args)
+    dist.barrier(group=world.ctrl)
+    times, err = _agreed(world, lambda: [_timed(case, world) for _ in range(series.iters)])
+    if err is not None:
+        return err
+    # seconds per call: the per-call median on each rank, the max over ranks
+    series.pass_s.append(_max_over_ranks(statistics.median(times), world))
     return None
 
 
