@@ -38,8 +38,8 @@ struct Situation {
   // feedback residuals (Comm::int8Feedback).
   bool int8 = false;
   bool int8Feedback = false;
-  // A part of the group (Comm::sub): modelled as one node, whatever links
-  // its ranks cross.
+  // A part of the group (Comm::sub): shaped by the nodes its ranks are on,
+  // without the group's levels (no two-level algorithm runs on it).
   bool subgroup = false;
 };
 

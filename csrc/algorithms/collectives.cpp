@@ -1,9 +1,11 @@
 #include "algorithms/collectives.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
@@ -78,10 +80,28 @@ WireHops wireHopsOf(const Comm& c, DType dt) {
 
 namespace {
 
+// The nodes a sub-communicator's ranks are on: the step across nodes of
+// the CUDA paths (a rank per node) is costed on the network it crosses.
+GroupShape shapeOfMembers(const Comm& c) {
+  std::map<int, int> perNode;
+  for (int r : c.members) ++perNode[c.mesh.topology().nodeOf[r]];
+  GroupShape g;
+  g.ranks = c.size();
+  g.nodes = static_cast<int>(perNode.size());
+  g.maxLocal = 0;
+  for (const auto& [node, ranks] : perNode) {
+    g.uniform = g.uniform && ranks == perNode.begin()->second;
+    g.maxLocal = std::max(g.maxLocal, ranks);
+  }
+  return g;
+}
+
 Situation situationOf(const Comm& c, DType dt, const WireHops& hops, const Tuning& t) {
   GroupShape g;
   g.ranks = c.size();
-  if (c.levels && c.members.empty()) {
+  if (!c.members.empty()) {
+    g = shapeOfMembers(c);
+  } else if (c.levels) {
     g.nodes = c.levels->numNodes();
     g.maxLocal = c.levels->maxLocal();
     g.uniform = c.levels->uniform();

@@ -219,7 +219,8 @@ class TwoLevel final : public Algorithm {
   // Several nodes with several ranks; reduce-scatter and allgather need
   // every node the same size.
   bool canRun(Collective coll, const Situation& s) const override {
-    return s.g.nodes > 1 && s.g.maxLocal > 1 && (coll == Collective::Allreduce || s.g.uniform);
+    return !s.subgroup && s.g.nodes > 1 && s.g.maxLocal > 1 &&
+           (coll == Collective::Allreduce || s.g.uniform);
   }
   double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {

@@ -452,7 +452,7 @@ class TwoLevelInt8 final : public Algorithm {
   }
   // A group compressed to int8, float32 SUM, several uniform nodes.
   bool canRun(Collective coll, const Situation& s) const override {
-    return s.int8 && s.g.nodes > 1 && s.g.uniform;
+    return s.int8 && !s.subgroup && s.g.nodes > 1 && s.g.uniform;
   }
   // The direct exchange: per phase, a message to every other node, posted
   // at once (one start-up, and the software cost of each further message;

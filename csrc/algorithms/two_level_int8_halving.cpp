@@ -137,7 +137,8 @@ class TwoLevelInt8Halving final : public Algorithm {
   // uniform nodes (two nodes: the direct exchange is one message already),
   // no error feedback.
   bool canRun(Collective coll, const Situation& s) const override {
-    return s.int8 && s.g.nodes > 2 && powerOfTwo(s.g.nodes) && s.g.uniform && !s.int8Feedback;
+    return s.int8 && !s.subgroup && s.g.nodes > 2 && powerOfTwo(s.g.nodes) && s.g.uniform &&
+           !s.int8Feedback;
   }
   // log2(n) rounds of one message per phase, each a start-up; no
   // pipeline: the node's steps and the network's follow each other.

@@ -35,7 +35,7 @@ class TwoLevelRd final : public Algorithm {
   const char* name() const override { return "two_level_rd"; }
   bool serves(Collective coll) const override { return coll == Collective::Allreduce; }
   bool canRun(Collective coll, const Situation& s) const override {
-    return s.g.nodes > 1 && s.g.maxLocal > 1;
+    return !s.subgroup && s.g.nodes > 1 && s.g.maxLocal > 1;
   }
   double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {

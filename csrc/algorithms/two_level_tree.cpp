@@ -42,7 +42,7 @@ class TwoLevelTree final : public Algorithm {
     return coll == Collective::Allreduce || coll == Collective::Broadcast;
   }
   bool canRun(Collective coll, const Situation& s) const override {
-    return s.g.nodes > 1 && s.g.maxLocal > 1;
+    return !s.subgroup && s.g.nodes > 1 && s.g.maxLocal > 1;
   }
   double estimate(Collective coll, double bytes, const Situation& s,
                   const CostModel& m) const override {
