@@ -2,7 +2,8 @@
 // rounds of the GPU's inter-node allreduce and reduce-scatter
 // (staged_collectives.h), packed to a 16-bit wire where the group
 // compresses, with ranks as threads sharing this GPU, each with a
-// CudaStageDevice, must give the bits the same job gives on HostStageDevice,
+// CudaStageDevice reused from op to op, must give the bits the same job
+// gives on HostStageDevice (also on the int8 wire),
 // count the same bytes across PCIe, and raise the fp16 overflow count where
 // the host pack does. Runs only where a GPU is (test_kernels.cu exits 77
 // first otherwise).
@@ -59,10 +60,11 @@ StagedRoundsJob jobFor(Comm& c, const GpuRun& run, char* buf, char* out) {
                          run.chunkBytes, kTuning);
 }
 
-// Runs the job on the GPU (device buffers, CudaStageDevice) and on the host
-// stand-in with the same inputs; returns "" when the bits and the PCIe
-// bytes agree.
-std::string compareOnGpu(Comm& c, int r, const GpuRun& run, uint64_t* overflowsSeen) {
+// Runs the job on the GPU (device buffers, the rank's CudaStageDevice `d`,
+// reused from op to op as a group's is) and on the host stand-in with the
+// same inputs; returns "" when the bits and the PCIe bytes agree.
+std::string compareOnGpu(Comm& c, int r, const GpuRun& run, CudaStageDevice& d,
+                         uint64_t* overflowsSeen) {
   const size_t in = run.reduceScatter ? run.n * static_cast<size_t>(c.size()) : run.n;
   const size_t outN = run.reduceScatter ? run.n : in;
   std::vector<float> host(in), hostOut(outN, -1.0f), back(outN);
@@ -87,7 +89,7 @@ std::string compareOnGpu(Comm& c, int r, const GpuRun& run, uint64_t* overflowsS
   cudaOk(cudaMemcpy(dev, input.data(), in * 4, cudaMemcpyHostToDevice), "copy in");
   std::string why;
   {
-    CudaStageDevice d;
+    const uint64_t out0 = d.bytesToHost(), in0 = d.bytesFromHost();
     StagedRoundsJob job = jobFor(c, run, static_cast<char*>(dev), static_cast<char*>(devOut));
     cudaOk(cudaHostAlloc(&slots, job.hostBytes(), cudaHostAllocPortable), "cudaHostAlloc");
     uint64_t before = tlsFp16Overflows;
@@ -99,9 +101,10 @@ std::string compareOnGpu(Comm& c, int r, const GpuRun& run, uint64_t* overflowsS
            "copy out");
     if (std::memcmp(back.data(), want.data(), outN * 4) != 0)
       why = "GPU staged bits differ from the host stand-in's";
-    else if (d.bytesToHost() != ref.bytesToHost() || d.bytesFromHost() != ref.bytesFromHost())
-      why = "PCIe bytes " + std::to_string(d.bytesToHost()) + " / " +
-            std::to_string(d.bytesFromHost()) + ", the host stand-in's " +
+    else if (d.bytesToHost() - out0 != ref.bytesToHost() ||
+             d.bytesFromHost() - in0 != ref.bytesFromHost())
+      why = "PCIe bytes " + std::to_string(d.bytesToHost() - out0) + " / " +
+            std::to_string(d.bytesFromHost() - in0) + ", the host stand-in's " +
             std::to_string(ref.bytesToHost()) + " / " + std::to_string(ref.bytesFromHost());
   }
   cudaFree(dev);
@@ -129,6 +132,8 @@ TEST(cuda_staged_rounds_have_the_host_stand_ins_bits) {
     std::string error = fabric.run(
         [&](int r, Comm& c) {
           c.wire = s.wire;
+          cudaOk(cudaSetDevice(0), "cudaSetDevice");
+          CudaStageDevice d;  // one per rank, for every op below
           for (size_t chunk : chunks)
             for (size_t n : sizes)
               for (bool rs : {false, true}) {
@@ -136,10 +141,51 @@ TEST(cuda_staged_rounds_have_the_host_stand_ins_bits) {
                   continue;  // a million tiny rounds: slow, not new
                 uint64_t overflows = 0;
                 std::string why = compareOnGpu(
-                    c, r, {.n = n, .chunkBytes = chunk, .reduceScatter = rs}, &overflows);
+                    c, r, {.n = n, .chunkBytes = chunk, .reduceScatter = rs}, d, &overflows);
                 if (!why.empty()) {
                   std::lock_guard<std::mutex> lock(mu);
                   failures.push_back(std::string(wireName(s.wire)) + (rs ? " reduce-scatter" : "") +
+                                     " p=" + std::to_string(c.size()) + " n=" + std::to_string(n) +
+                                     " chunk " + std::to_string(chunk) + ": rank " +
+                                     std::to_string(r) + ": " + why);
+                }
+              }
+        },
+        120);
+    if (!error.empty()) failures.push_back(error);
+  }
+  for (const auto& f : failures) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
+  CHECK(failures.empty());
+}
+
+TEST(cuda_staged_int8_rounds_have_the_host_stand_ins_bits) {
+  // compression="int8" across nodes (a rank per node): the GPU quantizes
+  // the pieces other ranks own and decodes what comes back, through the
+  // device's packing scratch; the host runs the int8 exchange. The same
+  // bits and PCIe bytes as on the host stand-in, one device per rank for
+  // every op (scratch reused and grown). n = 1: too few values to
+  // quantize, float32 staged.
+  const size_t chunks[] = {4u << 20, 4096};
+  const size_t sizes[] = {1, 1021, 3u << 20};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  for (const std::vector<int>& nodes : {std::vector<int>{1, 1}, std::vector<int>{1, 1, 1}}) {
+    MemoryFabric fabric(nodes);
+    std::string error = fabric.run(
+        [&](int r, Comm& c) {
+          c.int8 = true;
+          cudaOk(cudaSetDevice(0), "cudaSetDevice");
+          CudaStageDevice d;
+          for (size_t chunk : chunks)
+            for (size_t n : sizes)
+              for (bool rs : {false, true}) {
+                if (rs && chunk != chunks[0]) continue;  // one round whatever the chunk
+                uint64_t overflows = 0;
+                std::string why = compareOnGpu(
+                    c, r, {.n = n, .chunkBytes = chunk, .reduceScatter = rs}, d, &overflows);
+                if (!why.empty()) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  failures.push_back(std::string("int8") + (rs ? " reduce-scatter" : "") +
                                      " p=" + std::to_string(c.size()) + " n=" + std::to_string(n) +
                                      " chunk " + std::to_string(chunk) + ": rank " +
                                      std::to_string(r) + ": " + why);
@@ -162,7 +208,9 @@ TEST(cuda_staged_rounds_count_fp16_overflows) {
       [&](int r, Comm& c) {
         c.wire = Wire::F16;
         uint64_t overflows = 0;
-        compareOnGpu(c, r, {.n = 4096, .chunkBytes = 4096, .scale = 80000.0f}, &overflows);
+        cudaOk(cudaSetDevice(0), "cudaSetDevice");
+        CudaStageDevice d;
+        compareOnGpu(c, r, {.n = 4096, .chunkBytes = 4096, .scale = 80000.0f}, d, &overflows);
         seen[r] = overflows;
       },
       60);
