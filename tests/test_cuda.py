@@ -817,6 +817,59 @@ def test_cuda_nccl_intra_watch_fails_the_group_when_a_node_mate_never_arrives():
     assert got["later"] and "did not finish within the group timeout" in got["later"], got
 
 
+FIRST_COLLECTIVE_PEER_SLEEP = 20.0
+
+
+def node_mate_never_arrives_at_a_first_collective() -> dict:
+    """With NCCL inside the node, rank 1 (alive, busy elsewhere) skips the
+    first reduce_scatter_tensor and all_gather_into_tensor of a group whose
+    communicator has run only an allreduce. NCCL >= 2.22 connects an
+    algorithm's channels at its first collective (NCCL_RUNTIME_CONNECT),
+    inside the host call, which waits for the node-mates there. Rank 0 must
+    still get an error naming the op within about the group timeout, not
+    when rank 1 happens to exit (FIRST_COLLECTIVE_PEER_SLEEP later)."""
+    dev = _device()
+    rank = dist.get_rank()
+    t = torch.ones(1024, device=dev)
+    dist.all_reduce(t)
+    group = dist.new_group(backend="smdccl", timeout=timedelta(seconds=NODE_MATE_TIMEOUT))
+    dist.all_reduce(t, group=group)  # the communicator, and an allreduce's channels
+    torch.cuda.synchronize()
+    if rank == 1:
+        time.sleep(FIRST_COLLECTIVE_PEER_SLEEP)
+        return {"rank": 1}
+    t0 = time.perf_counter()
+    error = None
+    try:
+        out = torch.empty(1 << 20, device=dev)
+        w = dist.reduce_scatter_tensor(out, torch.ones(2 << 20, device=dev), group=group,
+                                       async_op=True)
+        w.wait()
+        torch.cuda.synchronize()
+        error = None if w.is_success() else _work_error(w)
+        if error is None:
+            gathered = torch.empty(2 << 20, device=dev)
+            w = dist.all_gather_into_tensor(gathered, out, group=group, async_op=True)
+            w.wait()
+            torch.cuda.synchronize()
+            error = None if w.is_success() else _work_error(w)
+    except Exception as e:  # noqa: BLE001 - the test reads where and when it failed
+        error = f"{type(e).__name__}: {e}"
+    return {"rank": 0, "seconds": time.perf_counter() - t0, "error": error}
+
+
+@needs_gpu
+def test_cuda_nccl_intra_node_mate_never_arrives_at_a_first_collective():
+    res = run_ranks(2, with_nccl_host_per_rank,
+                    "test_cuda:node_mate_never_arrives_at_a_first_collective",
+                    timeout=FIRST_COLLECTIVE_PEER_SLEEP + 40, pg_timeout=PG_TIMEOUT,
+                    env={**NCCL_INTRA, "SMDCCL_FUSION_MB": "0"})
+    got = res[0]
+    print(f"\n[first collective without its node-mate] {got}")
+    assert got["error"], got
+    assert got["seconds"] < NODE_MATE_TIMEOUT + 5, got
+
+
 def tuning_mismatch() -> dict:
     """Ranks whose SMDCCL_CUDA_* differ would take different GPU paths (a rank
     without IPC leaves its node-mates waiting for its buffer): the first GPU
