@@ -42,10 +42,10 @@ struct GpuFacts {
 // The facts of the group `h` (its nodes) and the settings, for a
 // collective over the whole group; the call's own facts at their defaults.
 GpuFacts groupFacts(const Hierarchy& h, const GpuTuning& t);
-// Whether the CUDA layer asks the node which engine it runs (a store round
-// of its ranks, at the group's first CUDA collective): from the group's
-// shape and settings alone, so that every rank of the node joins the round
-// whatever the call's dtype and whether this rank's NCCL has it.
+// Whether the CUDA layer asks which engine the nodes run (a store round of
+// the group's ranks, at its first CUDA collective): from the group's shape
+// and settings alone, so that every rank joins the round whatever the
+// call's dtype and whether this rank's NCCL has it.
 bool nodeEngineAsked(const GpuFacts& f);
 // Whether the NCCL path could run but for the node's engine choice.
 bool ncclMayRun(const GpuFacts& f);

@@ -26,6 +26,18 @@ IntraChoice chooseIntraEngine(const std::string& setting, const std::vector<Intr
   return {IntraEngine::Nccl, strCat("every rank of the node has a GPU of its own")};
 }
 
+IntraChoice chooseGroupEngine(const std::string& setting,
+                              const std::vector<std::vector<IntraRank>>& nodes) {
+  IntraChoice first;
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    IntraChoice node = chooseIntraEngine(setting, nodes[n]);
+    if (nodes.size() == 1) return node;
+    if (node.engine == IntraEngine::Ipc) return {node.engine, strCat("node ", n, ": ", node.why)};
+  }
+  return {IntraEngine::Nccl, setting == "nccl" ? "SMDCCL_INTRA=nccl"
+                                               : "every rank of every node has a GPU of its own"};
+}
+
 std::string encodeIntraRank(const IntraRank& r) {
   // The bus id has no '|'; the reason may: it goes last.
   return strCat(r.gpu, "|", r.ncclLoaded ? 1 : 0, "|", r.ncclWhy);

@@ -6,7 +6,7 @@
 //  - smdccl's own CUDA-IPC kernels, which also serve ranks sharing a GPU,
 //    and are the fallback.
 // SMDCCL_INTRA picks: auto (the above), nccl or ipc (forced). Decided from
-// what every rank of the node reported, so all of them decide alike.
+// what every rank of the group reported, so all of them decide alike.
 // Pure: unit-tested without a GPU.
 #include <string>
 #include <vector>
@@ -33,6 +33,13 @@ struct IntraChoice {
 // InvalidArgument naming that rank and why (a user who asked for NCCL gets
 // an error, not a silent fallback).
 IntraChoice chooseIntraEngine(const std::string& setting, const std::vector<IntraRank>& ranks);
+// The group's engine: every node's choice (`nodes`: each node's ranks, by
+// node), NCCL only where every node chose it. The paths across nodes take
+// each node's share in one schedule (NCCL's blocks, or the whole tensor
+// staged): a node on NCCL beside one on the IPC kernels would run
+// different collectives and wait on each other.
+IntraChoice chooseGroupEngine(const std::string& setting,
+                              const std::vector<std::vector<IntraRank>>& nodes);
 
 // One rank's report as a store value, and back.
 std::string encodeIntraRank(const IntraRank& r);

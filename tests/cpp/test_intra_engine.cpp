@@ -48,6 +48,31 @@ TEST(intra_engine_forced_choices) {
                "libnccl.so.2: not found");
 }
 
+TEST(intra_engine_nodes_agree_on_one_engine) {
+  // NCCL only where every node chose it: a node whose ranks share a GPU (or
+  // lack NCCL) puts the whole group on the other paths, naming that node.
+  const std::vector<IntraRank> own = {gpu("a"), gpu("b")}, shared = {gpu("c"), gpu("c")};
+  IntraChoice both = chooseGroupEngine("auto", {own, own});
+  CHECK(both.engine == IntraEngine::Nccl);
+  CHECK(both.why == "every rank of every node has a GPU of its own");
+  IntraChoice mixed = chooseGroupEngine("auto", {own, shared});
+  CHECK(mixed.engine == IntraEngine::Ipc);
+  CHECK(mixed.why == "node 1: 2 ranks share 1 GPU (NCCL needs one GPU per rank)");
+  IntraChoice lacking = chooseGroupEngine("auto", {{gpu("a"), gpu("b", false)}, own});
+  CHECK(lacking.engine == IntraEngine::Ipc);
+  CHECK(lacking.why ==
+        "node 0: local rank 1 cannot load NCCL: cannot load libnccl.so.2: not found");
+  // One node: its own choice and words, as before.
+  IntraChoice one = chooseGroupEngine("auto", {own});
+  CHECK(one.engine == IntraEngine::Nccl &&
+        one.why == "every rank of the node has a GPU of its own");
+  // Forced: ipc everywhere; nccl everywhere, or an error on every rank.
+  CHECK(chooseGroupEngine("ipc", {own, own}).engine == IntraEngine::Ipc);
+  IntraChoice forced = chooseGroupEngine("nccl", {own, shared});
+  CHECK(forced.engine == IntraEngine::Nccl && forced.why == "SMDCCL_INTRA=nccl");
+  CHECK_THROWS(chooseGroupEngine("nccl", {own, {gpu("c"), gpu("d", false)}}), InvalidArgument);
+}
+
 TEST(intra_engine_reports_round_trip_through_the_store_format) {
   IntraRank r{"0000:07:00.0", false, "cannot load x|y: no"};
   IntraRank back = decodeIntraRank(encodeIntraRank(r));

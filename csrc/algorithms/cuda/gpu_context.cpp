@@ -150,16 +150,20 @@ const IntraChoice& GpuContext::intra(const Hierarchy& h, Deadline deadline) {
   SMDCCL_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device_));
   me.gpu = bus;
   me.ncclLoaded = NcclLibrary::get(&me.ncclWhy) != nullptr;
-  std::vector<IntraRank> ranks;
-  for (const std::string& s :
-       allGatherStrings(store_,
-                        {strCat("smdccl/cuda_intra/node", h.myNode), h.myLocal, h.localSize(),
-                         deadline},
-                        encodeIntraRank(me)))
-    ranks.push_back(decodeIntraRank(s));
-  intra_ = std::make_unique<IntraChoice>(chooseIntraEngine(tuning_.intra, ranks));
+  // Every rank of the group reports (chooseGroupEngine: the nodes must agree).
+  int groupSize = 0;
+  for (const auto& node : h.nodes) groupSize += static_cast<int>(node.size());
+  const std::vector<std::string> all = allGatherStrings(
+      store_, {"smdccl/cuda_intra/group", h.nodes[h.myNode][h.myLocal], groupSize, deadline},
+      encodeIntraRank(me));
+  std::vector<std::vector<IntraRank>> nodes;
+  for (const auto& node : h.nodes) {
+    nodes.emplace_back();
+    for (int r : node) nodes.back().push_back(decodeIntraRank(all[static_cast<size_t>(r)]));
+  }
+  intra_ = std::make_unique<IntraChoice>(chooseGroupEngine(tuning_.intra, nodes));
   ncclChosen_.store(intra_->engine == IntraEngine::Nccl, std::memory_order_release);
-  SMDCCL_INFO("CUDA collectives inside node ", h.myNode, " run on ",
+  SMDCCL_INFO("CUDA collectives inside the nodes (this rank's: ", h.myNode, ") run on ",
               intraEngineName(intra_->engine), ": ", intra_->why);
   return *intra_;
 }

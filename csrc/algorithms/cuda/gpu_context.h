@@ -55,9 +55,9 @@ class GpuContext {
   }
   uint64_t bytesToHost() const { return bytesToHost_.load(); }
   uint64_t bytesFromHost() const { return bytesFromHost_.load(); }
-  // The engine of this group's CUDA collectives inside the node (NCCL or
+  // The engine of this group's CUDA collectives inside the nodes (NCCL or
   // smdccl's IPC; algorithms/intra_engine.h), decided at the first one the
-  // node's ranks make together (a store round among them), then kept.
+  // group's ranks make together (a store round among them), then kept.
   const IntraChoice& intra(const Hierarchy& h, Deadline deadline);
   // The node's NCCL communicator (made at first use; intra() chose NCCL).
   NcclNodeComm& nccl(const Hierarchy& h, Deadline deadline);

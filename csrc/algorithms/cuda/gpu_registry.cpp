@@ -16,9 +16,9 @@ static_assert(GpuFacts::kMaxIpcRanks == cuda::kMaxReduceInputs,
 
 namespace {
 
-// The facts of a collective over c; the node's engine is asked (a store
-// round among its ranks, at the first call) where the group's shape lets
-// an engine run inside the node (nodeEngineAsked).
+// The facts of a collective over c; the nodes' engine is asked (a store
+// round among the group's ranks, at the first call) where the group's
+// shape lets an engine run inside the node (nodeEngineAsked).
 GpuFacts factsOf(const Comm& c, GpuContext& g, const GpuFacts& call, const Tuning& t) {
   const Hierarchy& h = *c.levels;
   GpuFacts f = groupFacts(h, g.tuning());
