@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "algorithms/staged_collectives.h"
 #include "algorithms/staged_rounds.h"
 #include "check.h"
+#include "common/error.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/sm_cap.h"
@@ -114,48 +116,57 @@ std::string compareOnGpu(Comm& c, int r, const GpuRun& run, CudaStageDevice& d,
   return why;
 }
 
-}  // namespace
+// Every (chunk, size, allreduce / reduce-scatter) case on every rank of
+// each group of `nodes`, `setUp` applied to the rank's Comm (its wire), one
+// CudaStageDevice per rank for all of them: what failed (empty: nothing).
+struct Cases {
+  const char* label;
+  std::vector<std::vector<int>> nodes;
+  std::function<void(Comm&)> setUp;
+  std::vector<size_t> chunks, sizes;
+};
 
-TEST(cuda_staged_rounds_have_the_host_stand_ins_bits) {
-  struct Shape {
-    std::vector<int> nodes;
-    Wire wire;
-  };
-  const Shape shapes[] = {{{1, 1}, Wire::F16}, {{1, 1, 1}, Wire::BF16}, {{2, 2}, Wire::F16},
-                          {{1, 1, 1, 1}, Wire::F32}};
-  const size_t chunks[] = {4u << 20, 4096, 64};
-  const size_t sizes[] = {1, 1021, 3u << 20};
+std::vector<std::string> failuresOf(const Cases& k) {
   std::mutex mu;
   std::vector<std::string> failures;
-  for (const Shape& s : shapes) {
-    MemoryFabric fabric(s.nodes);
+  for (const std::vector<int>& nodes : k.nodes) {
+    MemoryFabric fabric(nodes);
     std::string error = fabric.run(
         [&](int r, Comm& c) {
-          c.wire = s.wire;
+          k.setUp(c);
           cudaOk(cudaSetDevice(0), "cudaSetDevice");
           CudaStageDevice d;  // one per rank, for every op below
-          for (size_t chunk : chunks)
-            for (size_t n : sizes)
+          for (size_t chunk : k.chunks)
+            for (size_t n : k.sizes)
               for (bool rs : {false, true}) {
-                if ((chunk < 1024 && n > 100000) || (rs && chunk != chunks[0]))
-                  continue;  // a million tiny rounds: slow, not new
+                // A million tiny rounds: slow, not new. A reduce-scatter is
+                // one round whatever the chunk.
+                if ((chunk < 1024 && n > 100000) || (rs && chunk != k.chunks[0])) continue;
                 uint64_t overflows = 0;
                 std::string why = compareOnGpu(
                     c, r, {.n = n, .chunkBytes = chunk, .reduceScatter = rs}, d, &overflows);
-                if (!why.empty()) {
-                  std::lock_guard<std::mutex> lock(mu);
-                  failures.push_back(std::string(wireName(s.wire)) + (rs ? " reduce-scatter" : "") +
-                                     " p=" + std::to_string(c.size()) + " n=" + std::to_string(n) +
-                                     " chunk " + std::to_string(chunk) + ": rank " +
-                                     std::to_string(r) + ": " + why);
-                }
+                if (why.empty()) continue;
+                std::lock_guard<std::mutex> lock(mu);
+                failures.push_back(strCat(k.label, rs ? " reduce-scatter" : "", " p=", c.size(),
+                                          " n=", n, " chunk ", chunk, ": rank ", r, ": ", why));
               }
         },
         120);
     if (!error.empty()) failures.push_back(error);
   }
   for (const auto& f : failures) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
-  CHECK(failures.empty());
+  return failures;
+}
+
+}  // namespace
+
+TEST(cuda_staged_rounds_have_the_host_stand_ins_bits) {
+  const std::vector<size_t> chunks = {4u << 20, 4096, 64}, sizes = {1, 1021, 3u << 20};
+  const std::pair<std::vector<int>, Wire> shapes[] = {
+      {{1, 1}, Wire::F16}, {{1, 1, 1}, Wire::BF16}, {{2, 2}, Wire::F16}, {{1, 1, 1, 1}, Wire::F32}};
+  for (const auto& [nodes, wire] : shapes)
+    CHECK(failuresOf({wireName(wire), {nodes}, [w = wire](Comm& c) { c.wire = w; }, chunks, sizes})
+              .empty());
 }
 
 TEST(cuda_staged_int8_rounds_have_the_host_stand_ins_bits) {
@@ -165,38 +176,12 @@ TEST(cuda_staged_int8_rounds_have_the_host_stand_ins_bits) {
   // bits and PCIe bytes as on the host stand-in, one device per rank for
   // every op (scratch reused and grown). n = 1: too few values to
   // quantize, float32 staged.
-  const size_t chunks[] = {4u << 20, 4096};
-  const size_t sizes[] = {1, 1021, 3u << 20};
-  std::mutex mu;
-  std::vector<std::string> failures;
-  for (const std::vector<int>& nodes : {std::vector<int>{1, 1}, std::vector<int>{1, 1, 1}}) {
-    MemoryFabric fabric(nodes);
-    std::string error = fabric.run(
-        [&](int r, Comm& c) {
-          c.int8 = true;
-          cudaOk(cudaSetDevice(0), "cudaSetDevice");
-          CudaStageDevice d;
-          for (size_t chunk : chunks)
-            for (size_t n : sizes)
-              for (bool rs : {false, true}) {
-                if (rs && chunk != chunks[0]) continue;  // one round whatever the chunk
-                uint64_t overflows = 0;
-                std::string why = compareOnGpu(
-                    c, r, {.n = n, .chunkBytes = chunk, .reduceScatter = rs}, d, &overflows);
-                if (!why.empty()) {
-                  std::lock_guard<std::mutex> lock(mu);
-                  failures.push_back(std::string("int8") + (rs ? " reduce-scatter" : "") +
-                                     " p=" + std::to_string(c.size()) + " n=" + std::to_string(n) +
-                                     " chunk " + std::to_string(chunk) + ": rank " +
-                                     std::to_string(r) + ": " + why);
-                }
-              }
-        },
-        120);
-    if (!error.empty()) failures.push_back(error);
-  }
-  for (const auto& f : failures) std::fprintf(stderr, "  FAIL %s\n", f.c_str());
-  CHECK(failures.empty());
+  CHECK(failuresOf({"int8",
+                    {{1, 1}, {1, 1, 1}},
+                    [](Comm& c) { c.int8 = true; },
+                    {4u << 20, 4096},
+                    {1, 1021, 3u << 20}})
+            .empty());
 }
 
 TEST(cuda_staged_rounds_count_fp16_overflows) {
