@@ -17,26 +17,34 @@ namespace smdccl {
 CudaStageDevice::CudaStageDevice(std::function<void()> freeCached)
     : packing_(std::move(freeCached), "the staged copies' packing scratch",
                "SMDCCL_CUDA_STAGE_CHUNK_KB sizes it (2x the chunk)") {
-  for (Lane& l : lanes_) {
-    SMDCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
-    l.events.resize(kEvents);
-    for (cudaEvent_t& e : l.events)
-      SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  try {  // a failure part way (out of memory) frees what was made: no destructor runs
+    for (Lane& l : lanes_) {
+      SMDCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+      l.events.resize(kEvents);
+      for (cudaEvent_t& e : l.events)
+        SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    for (cudaEvent_t* e : {&opMark_, &laneMark_, &counted_})
+      SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    void* p = nullptr;
+    SMDCCL_CUDA_CHECK(cudaMalloc(&p, sizeof(unsigned long long)));
+    overflowsDev_ = static_cast<unsigned long long*>(p);
+    SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(unsigned long long), cudaHostAllocPortable));
+    overflowsHost_ = static_cast<unsigned long long*>(p);
+  } catch (...) {
+    release();
+    throw;
   }
-  for (cudaEvent_t* e : {&opMark_, &laneMark_, &counted_})
-    SMDCCL_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-  void* p = nullptr;
-  SMDCCL_CUDA_CHECK(cudaMalloc(&p, sizeof(unsigned long long)));
-  overflowsDev_ = static_cast<unsigned long long*>(p);
-  SMDCCL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(unsigned long long), cudaHostAllocPortable));
-  overflowsHost_ = static_cast<unsigned long long*>(p);
 }
 
-CudaStageDevice::~CudaStageDevice() {
+CudaStageDevice::~CudaStageDevice() { release(); }
+
+void CudaStageDevice::release() noexcept {
   // Nothing of ours may still run when the scratch goes.
   for (Lane& l : lanes_) {
     if (l.stream) cudaStreamSynchronize(l.stream);
-    for (cudaEvent_t e : l.events) cudaEventDestroy(e);
+    for (cudaEvent_t e : l.events)
+      if (e) cudaEventDestroy(e);
     if (l.stream) cudaStreamDestroy(l.stream);
   }
   for (cudaEvent_t e : {opMark_, laneMark_, counted_})

@@ -42,6 +42,9 @@ class CudaStageDevice final : public StageDevice {
   bool ran(int lane, uint64_t number) override;
 
  private:
+  // Waits for the lanes, then frees every handle made (the constructor's
+  // failure path too).
+  void release() noexcept;
   // Events are reused in turn; one whose copy is about to be reused is
   // waited for first (with the op's deadline).
   static constexpr uint64_t kEvents = 64;
