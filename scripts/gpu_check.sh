@@ -96,7 +96,7 @@ export -f probe
 run_step probe 30 bash -c probe > "$LOGS/probe.txt" 2>&1
 cat "$LOGS/probe.txt"
 
-run_step kernel-tests 60 "$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2>&1 ||
+run_step kernel-tests 90 "$BUILD/smdccl_cuda_tests" > "$LOGS/kernel-tests.txt" 2>&1 ||
   grep -m20 FAIL "$LOGS/kernel-tests.txt"
 tail -1 "$LOGS/kernel-tests.txt"
 
