@@ -17,8 +17,9 @@ SMDCCL_ENV_CHOICE(kIntra, "SMDCCL_INTRA", "auto", "auto, nccl, ipc",
                   "or ipc forces one (nccl where NCCL cannot be loaded is an error). Between "
                   "nodes the host reduces either way.");
 SMDCCL_ENV_INT(kCudaIpcMB, "SMDCCL_CUDA_IPC_MB", 64, 1, 1 << 16,
-               "Size of each rank's CUDA IPC buffer, in MiB (allocated on the first CUDA "
-               "allreduce); larger messages go through it in pieces of this size.");
+               "Size of each rank's CUDA IPC buffer, in MiB (allocated at the group's first "
+               "collective over CUDA IPC); larger messages go through it in pieces of this "
+               "size.");
 SMDCCL_ENV_INT(kCudaStageChunkKB, "SMDCCL_CUDA_STAGE_CHUNK_KB", 4096, 64, 1 << 20,
                "CUDA tensors that cross nodes (or every CUDA collective with SMDCCL_CUDA_IPC=0) "
                "go through pinned host memory in chunks of this many KiB, so copies overlap the "

@@ -1,5 +1,5 @@
-// The IPC collectives of one node (the paths ipc_allreduce and ipc:
-// algorithms/gpu_paths.h): allreduce, reduce-scatter, allgather. Each step
+// The IPC collectives of one node (the path ipc: algorithms/gpu_paths.h):
+// allreduce, reduce-scatter, allgather. Each step
 // reads every node-mate's buffer in one pass (one-shot): where ranks share
 // a GPU, the IPC path's case, all buffers are in the same memory, and a
 // two-shot split (reduce a slice, then gather) would add a step and a host
