@@ -28,7 +28,6 @@ IntraChoice chooseIntraEngine(const std::string& setting, const std::vector<Intr
 
 IntraChoice chooseGroupEngine(const std::string& setting,
                               const std::vector<std::vector<IntraRank>>& nodes) {
-  IntraChoice first;
   for (size_t n = 0; n < nodes.size(); ++n) {
     IntraChoice node = chooseIntraEngine(setting, nodes[n]);
     if (nodes.size() == 1) return node;
