@@ -1,6 +1,5 @@
 #include "algorithms/collectives.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -80,34 +79,26 @@ WireHops wireHopsOf(const Comm& c, DType dt) {
 
 namespace {
 
-// The nodes a sub-communicator's ranks are on: the step across nodes of
-// the CUDA paths (a rank per node) is costed on the network it crosses.
-GroupShape shapeOfMembers(const Comm& c) {
-  std::map<int, int> perNode;
-  for (int r : c.members) ++perNode[c.mesh.topology().nodeOf[r]];
-  GroupShape g;
-  g.ranks = c.size();
-  g.nodes = static_cast<int>(perNode.size());
-  g.maxLocal = 0;
-  for (const auto& [node, ranks] : perNode) {
-    g.uniform = g.uniform && ranks == perNode.begin()->second;
-    g.maxLocal = std::max(g.maxLocal, ranks);
-  }
-  return g;
+// The nodes a sub-communicator's ranks are on (its indices, by node): the
+// step across nodes of the CUDA paths (a rank per node) is costed on the
+// network it crosses.
+Hierarchy nodesOfMembers(const Comm& c) {
+  std::map<int, std::vector<int>> byNode;
+  for (int i = 0; i < c.size(); ++i)
+    byNode[c.mesh.topology().nodeOf[c.members[static_cast<size_t>(i)]]].push_back(i);
+  Hierarchy h;
+  for (auto& [node, ranks] : byNode) h.nodes.push_back(std::move(ranks));
+  return h;
+}
+
+GroupShape shapeOf(const Hierarchy& h, int ranks) {
+  return {.ranks = ranks, .nodes = h.numNodes(), .maxLocal = h.maxLocal(), .uniform = h.uniform()};
 }
 
 Situation situationOf(const Comm& c, DType dt, const WireHops& hops, const Tuning& t) {
-  GroupShape g;
-  g.ranks = c.size();
-  if (!c.members.empty()) {
-    g = shapeOfMembers(c);
-  } else if (c.levels) {
-    g.nodes = c.levels->numNodes();
-    g.maxLocal = c.levels->maxLocal();
-    g.uniform = c.levels->uniform();
-  } else {
-    g.maxLocal = g.ranks;
-  }
+  GroupShape g{.ranks = c.size(), .maxLocal = c.size()};  // no levels: one node
+  if (!c.members.empty()) g = shapeOf(nodesOfMembers(c), c.size());
+  else if (c.levels) g = shapeOf(*c.levels, c.size());
   Situation s = situationFor(g, hops, t);
   s.int8 = c.int8 && dt == DType::F32 && c.size() > 1;
   s.int8Feedback = s.int8 && static_cast<bool>(c.int8Feedback);
