@@ -158,12 +158,13 @@ class Direct final : public Algorithm {
                   const CostModel& m) const override {
     const GroupShape& g = s.g;
     int p = g.ranks;
-    const LevelCost& b = Costs{m, g}.bottleneck();
+    const Costs costs{m, g};
+    const LevelCost& b = costs.bottleneck();
     // Through a node's uplink: its L ranks' blocks to every other node's ranks.
     double through = g.nodes > 1 ? g.maxLocal * (p - g.maxLocal) * bytes / p : (p - 1) * bytes / p;
     if (coll == Collective::Allgather)
       return b.alphaUs * 1e-6 + b.bytesSeconds(through) * (p > 2 ? kDirectContention : 1.0);
-    return b.alphaUs * 1e-6 + b.bytesSeconds(through) + Costs{m, g}.reduceSeconds(through);
+    return b.alphaUs * 1e-6 + b.bytesSeconds(through) + costs.reduceSeconds(through);
   }
   void run(Collective coll, Comm& comm, const CollectiveArgs& a, const Tuning& t) const override {
     if (coll == Collective::ReduceScatter) directReduceScatter(comm, a);
